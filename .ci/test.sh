@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's test command: set up, start the local Kafka broker, run every test
+# (unit and integration), and stop the broker even when tests fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./.ci/setup.sh
+export LIVERL_STATE_DIR="${LIVERL_STATE_DIR:-$PWD/.liverl/test}"
+stop_broker() { .venv/bin/liverl broker down || true; }
+trap stop_broker EXIT
+.venv/bin/liverl broker up
+.venv/bin/liverl topics apply
+.venv/bin/ruff check pipeline tests bench
+.venv/bin/python -m pytest "$@"

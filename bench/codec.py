@@ -1,0 +1,90 @@
+"""Event codec throughput on a realistic interaction (2,048 prompt tokens, 512 response tokens
+with log-probs, tool-use messages: ~31 KB of JSON). Prints figures; asserts nothing.
+
+    python bench/codec.py [-n ITERATIONS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+
+import orjson
+
+from pipeline.events import decode, encode, load_schema
+from pipeline.events.examples import interaction
+
+
+def measure(fn: Callable[[], object], n: int) -> float:
+    """Seconds per call, best of 3 runs of n calls (less noise from other processes)."""
+    fn()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - start) / n)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--iterations", type=int, default=3000)
+    parser.add_argument(
+        "--reference-iterations",
+        type=int,
+        default=100,
+        help="iterations for the (slow) jsonschema reference validator",
+    )
+    args = parser.parse_args()
+    n = args.iterations
+
+    event = interaction(prompt_tokens=2048, response_tokens=512, text_repeat=5)
+    raw = encode(event, validate=True)
+    size = len(raw)
+    assert decode(raw) == event
+
+    def stdlib_round_trip() -> object:
+        return json.loads(json.dumps(dataclasses.asdict(event)))
+
+    cases: list[tuple[str, Callable[[], object], int]] = [
+        ("orjson encode only", lambda: encode(event), n),
+        ("decode (orjson + fastjsonschema + dataclass)", lambda: decode(raw), n),
+        ("encode + validate + decode", lambda: decode(encode(event, validate=True)), n),
+        ("orjson round trip, no validation", lambda: orjson.loads(orjson.dumps(event)), n),
+        ("stdlib json round trip, no validation", stdlib_round_trip, n),
+    ]
+    try:
+        from jsonschema import Draft7Validator
+
+        reference = Draft7Validator(load_schema("interaction"))
+        doc = orjson.loads(raw)
+        cases.append(
+            (
+                "jsonschema Draft7Validator, validate only",
+                lambda: reference.validate(doc),
+                args.reference_iterations,
+            )
+        )
+    except ImportError:
+        pass
+
+    print(f"interaction event: {size:,} bytes of JSON; {n:,} iterations per case (best of 3)")
+    print(f"{'case':<46} {'us/event':>10} {'events/s':>11} {'MB/s':>8}")
+    started = time.perf_counter()
+    results: dict[str, float] = {}
+    for name, fn, iterations in cases:
+        per = measure(fn, iterations)
+        results[name] = per
+        print(f"{name:<46} {per * 1e6:>10.1f} {1 / per:>11,.0f} {size / per / 1e6:>8.1f}")
+    ours = results["encode + validate + decode"]
+    stdlib = results["stdlib json round trip, no validation"]
+    print(f"stdlib json round trip / validated orjson round trip: {stdlib / ours:.1f}x")
+    print(f"time spent: {time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

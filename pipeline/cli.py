@@ -1,0 +1,265 @@
+"""``liverl`` command line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pipeline import __version__
+from pipeline.settings import Settings, load_settings
+
+# Wide when piped (CI logs, tests) so tables are never cut to 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def _human_ms(value: str) -> str:
+    """``1209600000`` -> ``14d``; keeps the raw value when it is not a whole unit."""
+    try:
+        ms = int(value)
+    except ValueError:
+        return value
+    if ms < 0:
+        return "forever"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def _settings(ctx: click.Context) -> Settings:
+    return ctx.obj["settings"]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Settings TOML file (default: $LIVERL_CONFIG or ./liverl.toml if present).",
+)
+@click.version_option(__version__, prog_name="liverl")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None) -> None:
+    """liverl: real-time RL for LLM agents on Kafka.
+
+    Every interaction, next-state signal, reward, sample, gradient step and weight
+    version is an event. Settings come from a TOML file and LIVERL_* environment
+    variables (e.g. LIVERL_KAFKA_BOOTSTRAP=host:9092 to use an existing cluster).
+    """
+    try:
+        ctx.obj = {"settings": load_settings(config)}
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+
+
+# ---- broker -------------------------------------------------------------------------------
+
+
+@cli.group()
+def broker() -> None:
+    """Run the embedded single-node Apache Kafka (KRaft) for local use and tests.
+
+    Jars come from Maven Central (resolved once with Maven into ~/.cache/liverl);
+    data lives under the state dir (.liverl/kafka/data) and survives down/up.
+    With LIVERL_KAFKA_BOOTSTRAP set, nothing local is started.
+    """
+
+
+def _local_broker(ctx: click.Context):  # type: ignore[no-untyped-def]
+    from pipeline.kafka.broker import LocalBroker
+
+    settings = _settings(ctx)
+    if not settings.uses_local_broker:
+        console.print(
+            f"an external cluster is configured ({settings.bootstrap}); nothing local to manage"
+        )
+        sys.exit(0)
+    return LocalBroker(settings)
+
+
+@broker.command("up")
+@click.pass_context
+def broker_up(ctx: click.Context) -> None:
+    """Start Kafka (idempotent) and wait until it answers metadata requests."""
+    from pipeline.kafka.broker import BrokerError
+
+    try:
+        _local_broker(ctx).up()
+    except BrokerError as exc:
+        _fail(str(exc))
+
+
+@broker.command("down")
+@click.pass_context
+def broker_down(ctx: click.Context) -> None:
+    """Stop Kafka gracefully (SIGTERM, then SIGKILL after broker.stop_timeout_s)."""
+    _local_broker(ctx).down()
+
+
+@broker.command("status")
+@click.pass_context
+def broker_status(ctx: click.Context) -> None:
+    """Show whether Kafka runs, where, and whether it answers."""
+    status = _local_broker(ctx).status()
+    if not status.running:
+        console.print(f"Kafka: [red]stopped[/] (would listen on {status.bootstrap})")
+        sys.exit(3)
+    state = "[green]answering[/]" if status.answering else "[yellow]not answering[/]"
+    console.print(
+        f"Kafka: running, pid {status.pid}, {status.bootstrap}, {state}, data {status.data_dir}"
+    )
+
+
+@broker.command("logs")
+@click.option("-n", "--lines", default=50, show_default=True, help="Lines to show.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.pass_context
+def broker_logs(ctx: click.Context, lines: int, follow: bool) -> None:
+    """Print the broker's log tail."""
+    local = _local_broker(ctx)
+    console.print(local.log_tail(lines), highlight=False, markup=False)
+    if follow:
+        path = local.log_file
+        with open(path, errors="replace") as fh:
+            fh.seek(0, 2)
+            try:
+                while True:
+                    line = fh.readline()
+                    if line:
+                        print(line, end="")
+                    else:
+                        time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass
+
+
+# ---- topics -------------------------------------------------------------------------------
+
+
+@cli.group()
+def topics() -> None:
+    """Keep the cluster's topics equal to the specs in topics/*.yaml."""
+
+
+def _admin(settings: Settings):  # type: ignore[no-untyped-def]
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    try:
+        admin.list_topics(timeout=10)
+    except Exception as exc:  # noqa: BLE001
+        hint = (
+            "start it with `liverl broker up`"
+            if settings.uses_local_broker
+            else "check LIVERL_KAFKA_BOOTSTRAP and the client settings"
+        )
+        _fail(f"cannot reach Kafka at {settings.bootstrap} ({exc}); {hint}")
+    return admin
+
+
+def _specs(settings: Settings):  # type: ignore[no-untyped-def]
+    from pipeline.kafka.topics import TopicSpecError, load_specs
+
+    try:
+        return load_specs(settings.topics.specs_dir, settings.topics.replication_factor)
+    except TopicSpecError as exc:
+        _fail(str(exc))
+
+
+@topics.command("apply")
+@click.option("--dry-run", is_flag=True, help="Show the plan, change nothing.")
+@click.pass_context
+def topics_apply(ctx: click.Context, dry_run: bool) -> None:
+    """Create missing topics, grow partitions, align configs; refuse shrinks.
+
+    A second run changes nothing and says so.
+    """
+    from pipeline.kafka import topics as t
+
+    settings = _settings(ctx)
+    specs = _specs(settings)
+    admin = _admin(settings)
+    the_plan = t.plan(admin, specs)
+    for refusal in the_plan.refusals:
+        err_console.print(f"[bold red]refused:[/] {refusal}", highlight=False)
+    if the_plan.refusals:
+        _fail("nothing was changed; fix the specs above and run again")
+    if not the_plan.changes:
+        console.print(f"topics up to date: {len(specs)} topic(s) match {settings.topics.specs_dir}")
+        return
+    for change in the_plan.changes:
+        console.print(f"  {change.action:<15} {change.topic}: {change.detail}", highlight=False)
+    if dry_run:
+        console.print(f"dry run: {len(the_plan.changes)} change(s) not applied")
+        return
+    try:
+        t.apply(admin, the_plan)
+    except t.TopicSpecError as exc:
+        _fail(str(exc))
+    console.print(f"applied {len(the_plan.changes)} change(s); {len(the_plan.unchanged)} unchanged")
+
+
+@topics.command("list")
+@click.pass_context
+def topics_list(ctx: click.Context) -> None:
+    """Show each spec next to the broker's topic, differences marked."""
+    from pipeline.kafka import topics as t
+
+    settings = _settings(ctx)
+    specs = _specs(settings)
+    admin = _admin(settings)
+    states = t.describe(admin, [s.name for s in specs])
+    table = Table(title=f"topics ({settings.bootstrap})")
+    for col in ("topic", "partitions", "replication", "retention", "key", "schema", "status"):
+        table.add_column(col)
+    drifted = 0
+    for spec in specs:
+        state = states.get(spec.name)
+        retention = _human_ms(spec.config.get("retention.ms", "-"))
+        if state is None:
+            drifted += 1
+            table.add_row(spec.name, str(spec.partitions), str(spec.replication), retention,
+                          spec.key, spec.value_schema, "[red]missing[/]")
+            continue
+        diffs = []
+        parts = str(spec.partitions)
+        if state.partitions != spec.partitions:
+            parts = f"[yellow]{spec.partitions} (broker {state.partitions})[/]"
+            diffs.append("partitions")
+        repl = str(spec.replication)
+        if state.replication != spec.replication:
+            repl = f"[yellow]{spec.replication} (broker {state.replication})[/]"
+            diffs.append("replication")
+        for key, value in spec.config.items():
+            if state.config.get(key) != value:
+                diffs.append(f"{key}={state.config.get(key)}")
+        if "retention.ms" in spec.config and state.config.get("retention.ms") != spec.config["retention.ms"]:
+            broker_ret = _human_ms(state.config.get("retention.ms", "-"))
+            retention = f"[yellow]{retention} (broker {broker_ret})[/]"
+        drifted += bool(diffs)
+        status = "[green]ok[/]" if not diffs else "[yellow]differs: " + ", ".join(diffs) + "[/]"
+        table.add_row(spec.name, parts, repl, retention, spec.key, spec.value_schema, status)
+    console.print(table)
+    if drifted:
+        console.print(f"{drifted} topic(s) differ from the specs; run `liverl topics apply`")
+        sys.exit(2)
+
+
+def main() -> None:
+    cli(prog_name="liverl")
+
+
+if __name__ == "__main__":
+    main()

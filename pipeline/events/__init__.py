@@ -1,0 +1,62 @@
+"""liverl events: typed envelopes, wire codec and validation against `schemas/`."""
+
+from .codec import TYPE_HEADER, VERSION_HEADER, decode, encode, from_dict, headers, key, to_dict
+from .errors import EventValidationError
+from .ids import derive_event_id, new_event_id, now_ms
+from .types import (
+    EVENT_TYPES,
+    DeadLetter,
+    Event,
+    GradientStep,
+    Hint,
+    Interaction,
+    NextState,
+    PathPenalty,
+    PrmScore,
+    Producer,
+    Reward,
+    RuleHit,
+    Sample,
+    ServingStatus,
+    TurnEvent,
+    WeightFile,
+    WeightsPublished,
+)
+from .validation import SCHEMA_VERSION, load_schema, schema_files, schemas_dir, validate
+
+__all__ = [
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "TYPE_HEADER",
+    "VERSION_HEADER",
+    "DeadLetter",
+    "Event",
+    "EventValidationError",
+    "GradientStep",
+    "Hint",
+    "Interaction",
+    "NextState",
+    "PathPenalty",
+    "PrmScore",
+    "Producer",
+    "Reward",
+    "RuleHit",
+    "Sample",
+    "ServingStatus",
+    "TurnEvent",
+    "WeightFile",
+    "WeightsPublished",
+    "decode",
+    "derive_event_id",
+    "encode",
+    "from_dict",
+    "headers",
+    "key",
+    "load_schema",
+    "new_event_id",
+    "now_ms",
+    "schema_files",
+    "schemas_dir",
+    "to_dict",
+    "validate",
+]

@@ -1,0 +1,284 @@
+"""Typed events: one dataclass per event type, mirroring `schemas/<type>.v1.json`.
+
+Field names and optionality match the schema files exactly (a test checks it):
+fields without a default are required by the schema; `type` and
+`schema_version` are fixed per class and filled in automatically.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypedDict
+
+from .ids import derive_event_id, now_ms
+from .validation import SCHEMA_VERSION
+
+FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+NextStateKind = Literal[
+    "user_reply", "tool_result", "terminal", "gui", "test_result", "feedback", "session_end"
+]
+WeightsStatus = Literal["candidate", "promoted", "rejected"]
+
+
+class WeightFile(TypedDict):
+    """One file of a published weight version (path relative to the manifest's uri)."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+
+class RuleHit(TypedDict, total=False):
+    """One path-penalty rule that fired on a turn."""
+
+    rule_id: str
+    detail: str
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class Producer:
+    """Which component (and config version) wrote an event."""
+
+    component: str
+    version: str
+
+
+@dataclass(slots=True, kw_only=True)
+class Event:
+    """Envelope shared by every event; not an event type by itself."""
+
+    event_id: str
+    type: str = field(default="", init=False)
+    schema_version: int = field(default=SCHEMA_VERSION, init=False)
+    ts_ms: int = field(default_factory=now_ms)
+    producer: Producer
+    parents: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class TurnEvent(Event):
+    """Envelope of session- and turn-scoped events; `session_id` is the Kafka key."""
+
+    session_id: str
+    turn: int
+
+
+@dataclass(slots=True, kw_only=True)
+class Interaction(TurnEvent):
+    """A main-line model call with the engine's exact tokens and log-probs."""
+
+    type: str = field(default="interaction", init=False)
+    policy_id: str
+    weight_version: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_logprobs: list[float]
+    response_text: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+    finish_reason: FinishReason
+    latency_ms: float
+    train: bool = True
+    turn_type: Literal["main", "side"] = "main"
+    session_done: bool = False
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class NextState(TurnEvent):
+    """What followed a turn; the evidence the judges score it against."""
+
+    type: str = field(default="next_state", init=False)
+    kind: NextStateKind
+    content: str
+    role: str | None = None
+    exit_code: int | None = None
+    source: str
+    score: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class PrmScore(TurnEvent):
+    """Judge verdict on a turn: plurality of votes in {-1, 0, +1}."""
+
+    type: str = field(default="prm_score", init=False)
+    score: Literal[-1, 0, 1]
+    votes: list[int | None]
+    judge_id: str
+    judge_version: str
+    rationale: str = ""
+    error: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class Hint(TurnEvent):
+    """An accepted hint candidate for on-policy distillation."""
+
+    type: str = field(default="hint", init=False)
+    hint: str
+    judge_id: str
+    rank: int
+
+
+@dataclass(slots=True, kw_only=True)
+class PathPenalty(TurnEvent):
+    """Verifiable rule hits on a turn: penalty is Phi in R = O + beta * Phi."""
+
+    type: str = field(default="path_penalty", init=False)
+    rule_ids: list[str]
+    penalty: float
+    compliance_bonus: float
+    beta: float
+    hits: list[RuleHit] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class Reward(TurnEvent):
+    """A turn's reward by part, and the formula version that combined them."""
+
+    type: str = field(default="reward", init=False)
+    outcome: float
+    prm: float
+    penalty: float
+    total: float
+    formula_version: str
+
+
+@dataclass(slots=True, kw_only=True)
+class Sample(TurnEvent):
+    """A trainable sample: what the trainer consumes."""
+
+    type: str = field(default="sample", init=False)
+    policy_id: str
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    loss_mask: list[int]
+    behavior_logprobs: list[float]
+    reward: float
+    hints: list[str] = field(default_factory=list)
+    behavior_weight_version: int
+    masked: bool = False
+    group_id: str | None = None
+    step_index: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class GradientStep(Event):
+    """One optimizer step and the sample offsets it consumed."""
+
+    type: str = field(default="gradient_step", init=False)
+    policy_id: str
+    step: int
+    losses: dict[str, float]
+    kl: float
+    clip_fraction: float
+    grad_norm: float | None
+    consumed_offsets: dict[str, int]
+    samples: int
+    tokens: int
+    weight_version: int
+
+
+@dataclass(slots=True, kw_only=True)
+class WeightsPublished(Event):
+    """Manifest of a weight version; the weights themselves live at `uri`."""
+
+    type: str = field(default="weights", init=False)
+    policy_id: str
+    version: int
+    parent: int | None
+    uri: str
+    files: list[WeightFile]
+    step: int
+    status: WeightsStatus
+    consumed_offsets: dict[str, int]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class ServingStatus(Event):
+    """Result of a weight reload on one serving replica."""
+
+    type: str = field(default="serving_status", init=False)
+    replica_id: str
+    policy_id: str
+    version: int
+    reload_ms: float
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class DeadLetter(Event):
+    """A record that failed processing, kept byte-exact for inspection or replay."""
+
+    type: str = field(default="dlq", init=False)
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    error: str
+    original_b64: str
+    original_key_b64: str | None = None
+    original_headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def wrap(
+        cls,
+        value: bytes | None,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        error: str,
+        producer: Producer,
+        key: bytes | None = None,
+        headers: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None] = (),
+    ) -> DeadLetter:
+        """Build the DLQ event for a failed record; the id is derived from its coordinates,
+        so re-processing the same record yields the same DLQ event."""
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        return cls(
+            event_id=derive_event_id("dlq", [], producer.version, topic, partition, offset),
+            producer=producer,
+            source_topic=topic,
+            source_partition=partition,
+            source_offset=offset,
+            error=error,
+            original_b64=base64.b64encode(value or b"").decode("ascii"),
+            original_key_b64=None if key is None else base64.b64encode(key).decode("ascii"),
+            original_headers={k: (v or b"").decode("utf-8", "backslashreplace") for k, v in items},
+        )
+
+    def original(self) -> bytes:
+        """The failed record's value bytes."""
+        return base64.b64decode(self.original_b64)
+
+    def original_key(self) -> bytes | None:
+        """The failed record's key bytes, if it had a key."""
+        return None if self.original_key_b64 is None else base64.b64decode(self.original_key_b64)
+
+
+def _type_name(cls: type[Event]) -> str:
+    return next(f.default for f in fields(cls) if f.name == "type")  # type: ignore[misc]
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    _type_name(cls): cls
+    for cls in (
+        Interaction,
+        NextState,
+        PrmScore,
+        Hint,
+        PathPenalty,
+        Reward,
+        Sample,
+        GradientStep,
+        WeightsPublished,
+        ServingStatus,
+        DeadLetter,
+    )
+}

@@ -1,0 +1,146 @@
+"""Validation against the schema files in `schemas/`, the public contract.
+
+The files are compiled once each with fastjsonschema (about 25x faster than the
+reference `jsonschema` validator); tests/test_schemas_contract.py proves both
+accept and reject the same documents.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import fastjsonschema
+import orjson
+
+from .errors import EventValidationError
+
+SCHEMA_VERSION = 1
+_FILE_RE = re.compile(r"^(?P<type>[a-z_]+)\.v(?P<version>[0-9]+)\.json$")
+_lock = threading.Lock()
+
+
+def schemas_dir() -> Path:
+    """Folder holding `<type>.v<N>.json`; `LIVERL_SCHEMAS_DIR` overrides the repo's `schemas/`."""
+    override = os.environ.get("LIVERL_SCHEMAS_DIR")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "schemas"
+
+
+@cache
+def _schema_files(root: Path) -> dict[tuple[str, int], Path]:
+    files: dict[tuple[str, int], Path] = {}
+    for path in sorted(root.glob("*.json")):
+        m = _FILE_RE.match(path.name)
+        if m:
+            files[(m["type"], int(m["version"]))] = path
+    if not files:
+        raise FileNotFoundError(f"no event schemas (<type>.v<N>.json) in {root}")
+    return files
+
+
+def schema_files() -> dict[tuple[str, int], Path]:
+    """Map (type, version) -> schema file path."""
+    return _schema_files(schemas_dir())
+
+
+def load_schema(type: str, version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The parsed schema document for a type and version."""
+    try:
+        path = schema_files()[(type, version)]
+    except KeyError:
+        raise EventValidationError(f"no schema for {type}.v{version}", field="type") from None
+    return orjson.loads(path.read_bytes())
+
+
+_compiled: dict[tuple[Path, str, int], Callable[[Any], Any]] = {}
+
+
+def _validator(type: str, version: int) -> Callable[[Any], Any]:
+    key = (schemas_dir(), type, version)
+    fn = _compiled.get(key)
+    if fn is None:
+        with _lock:
+            fn = _compiled.get(key)
+            if fn is None:
+                # use_default=False: validation must never mutate the caller's dict.
+                fn = fastjsonschema.compile(load_schema(type, version), use_default=False)
+                _compiled[key] = fn
+    return fn
+
+
+def _path(name: str) -> str | None:
+    """fastjsonschema's 'data.messages[0].role' -> 'messages[0].role'; 'data' -> None."""
+    if name == "data":
+        return None
+    return name[5:] if name.startswith("data.") else name
+
+
+def _join(parent: str | None, child: str) -> str:
+    return f"{parent}.{child}" if parent else child
+
+
+def _translate(exc: fastjsonschema.JsonSchemaValueException, schema: str) -> EventValidationError:
+    where = _path(exc.name or "data")
+    definition = exc.definition or {}
+    if exc.rule == "required" and isinstance(exc.value, dict):
+        missing = [k for k in definition.get("required", ()) if k not in exc.value]
+        if missing:
+            return EventValidationError(
+                "required field is missing", _join(where, missing[0]), schema
+            )
+    if exc.rule == "additionalProperties" and isinstance(exc.value, dict):
+        known = definition.get("properties", {})
+        extra = sorted(k for k in exc.value if k not in known)
+        if extra:
+            return EventValidationError("unexpected field", _join(where, extra[0]), schema)
+    message = exc.message or "invalid"
+    name = exc.name or "data"
+    reason = message[len(name) :].strip() if message.startswith(name) else message
+    return EventValidationError(reason, where, schema)
+
+
+def validate(obj: Any) -> None:
+    """Check a decoded event (a dict) against the schema file named by its type and version."""
+    if not isinstance(obj, dict):
+        raise EventValidationError(f"event must be a JSON object, got {_json_kind(obj)}")
+    type_ = obj.get("type")
+    if not isinstance(type_, str):
+        raise EventValidationError(
+            "required field is missing" if "type" not in obj else "must be string", field="type"
+        )
+    version = obj.get("schema_version")
+    if isinstance(version, float) and version.is_integer():
+        version = int(version)  # JSON Schema treats 1.0 as the integer 1; so do we.
+    files = schema_files()
+    if not any(t == type_ for t, _ in files):
+        raise EventValidationError(f"unknown event type {type_!r}", field="type")
+    if isinstance(version, bool) or not isinstance(version, int) or (type_, version) not in files:
+        reason = (
+            "required field is missing"
+            if "schema_version" not in obj
+            else f"unsupported version {version!r}"
+        )
+        raise EventValidationError(reason, field="schema_version", schema=type_)
+    try:
+        _validator(type_, version)(obj)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        raise _translate(exc, f"{type_}.v{version}") from None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__

@@ -1,0 +1,196 @@
+"""Batch event consumer with manual offset storage and dead-letter routing.
+
+Offset protocol (why records are neither lost nor silently dropped):
+1. ``poll_batch`` decodes every record; one that fails to decode or validate is produced
+   to ``liverl.dlq.v1`` with its raw bytes, coordinates and the reason;
+2. before the batch is returned, the DLQ producer is flushed: a dead letter that was not
+   acknowledged raises, so its offset is never stored;
+3. the caller processes ``batch.records`` and only then calls :meth:`EventConsumer.store`
+   (or :meth:`commit`); offsets cover the dead letters too, so the consumer moves past them.
+A crash before step 3 re-delivers the batch (at-least-once); sinks deduplicate by event id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from pipeline import __version__, events
+from pipeline.kafka import names
+from pipeline.kafka.producer import EventProducer
+from pipeline.kafka.topics import TopicSpecError, load_specs
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp_ms: int
+    event: events.Event
+
+
+@dataclass
+class Batch:
+    records: list[Record] = field(default_factory=list)
+    dead_lettered: int = 0
+    # (topic, partition) -> next offset to consume, covering valid and dead-lettered records.
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.records)
+
+
+def expected_types_from_specs(settings: Settings) -> dict[str, str]:
+    """topic -> event type, read from ``topics/`` (``interaction.v1`` -> ``interaction``)."""
+    try:
+        specs = load_specs(settings.topics.specs_dir)
+    except TopicSpecError:
+        return {}
+    return {s.name: s.value_schema.rsplit(".v", 1)[0] for s in specs}
+
+
+class EventConsumer:
+    """Thin typed wrapper over confluent-kafka's Consumer that never stops on a bad record."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        group_id: str,
+        topics: Iterable[str] | None = None,
+        dlq: EventProducer | None = None,
+        dlq_topic: str = names.DLQ,
+        component: str = "consumer",
+        expected_types: dict[str, str] | None = None,
+        auto_offset_reset: str = "earliest",
+        on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
+        **extra: Any,
+    ) -> None:
+        conf = settings.kafka_client_config(
+            **{
+                "group.id": group_id,
+                "enable.auto.offset.store": False,
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 1000,
+                "auto.offset.reset": auto_offset_reset,
+                "isolation.level": "read_committed",
+                "fetch.max.bytes": max(52428800, settings.kafka.max_event_bytes * 2),
+                "max.partition.fetch.bytes": settings.kafka.max_event_bytes + 1024 * 1024,
+            }
+        )
+        conf.update(extra)
+        self._consumer = Consumer(conf)
+        self._dlq = dlq if dlq is not None else EventProducer(settings, client_id=f"{group_id}-dlq")
+        self._dlq_topic = dlq_topic
+        self._component = component
+        self._max_bytes = settings.kafka.max_event_bytes
+        self._expected = (
+            expected_types if expected_types is not None else expected_types_from_specs(settings)
+        )
+        self.dead_lettered = 0
+        if topics:
+            self.subscribe(list(topics), on_assign=on_assign)
+
+    @property
+    def raw(self) -> Consumer:
+        return self._consumer
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {}
+        if on_assign is not None:
+            kwargs["on_assign"] = on_assign
+        self._consumer.subscribe(topics, **kwargs)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self._consumer.assign(partitions)
+
+    def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> Batch:
+        """Up to ``max_records`` decoded records; bad ones are dead-lettered, not returned."""
+        batch = Batch()
+        messages = self._consumer.consume(num_messages=max_records, timeout=timeout)
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer error: %s", err)
+                continue
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            batch.offsets[(topic, partition)] = offset + 1
+            try:
+                event = events.decode(
+                    msg.value() or b"",
+                    expected_type=self._expected.get(topic),
+                    max_bytes=self._max_bytes,
+                )
+            except events.EventValidationError as exc:
+                self._dead_letter(msg, str(exc))
+                batch.dead_lettered += 1
+                continue
+            ts = msg.timestamp()[1]
+            batch.records.append(Record(topic, partition, offset, msg.key(), ts, event))
+        if batch.dead_lettered:
+            # A dead letter must be durable before its offset can ever be stored.
+            self._dlq.flush()
+            self.dead_lettered += batch.dead_lettered
+        return batch
+
+    def store(self, batch: Batch) -> None:
+        """Mark the batch processed; auto-commit (or :meth:`commit`) persists it."""
+        if batch.offsets:
+            self._consumer.store_offsets(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()]
+            )
+
+    def commit(self, batch: Batch | None = None) -> None:
+        """Synchronously commit ``batch`` (or every stored offset)."""
+        if batch is not None:
+            if not batch.offsets:
+                return
+            tps = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items()]
+            self._consumer.commit(offsets=tps, asynchronous=False)
+            return
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                raise
+
+    def close(self) -> None:
+        try:
+            self._dlq.flush()
+        finally:
+            self._consumer.close()
+
+    def _dead_letter(self, msg: Message, reason: str) -> None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        letter = events.DeadLetter.wrap(
+            msg.value(),
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            error=reason,
+            producer=events.Producer(component=self._component, version=__version__),
+            key=msg.key(),
+            headers=msg.headers() or [],
+        )
+        log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, reason)
+        self._dlq.send(self._dlq_topic, letter, key=msg.key())

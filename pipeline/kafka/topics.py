@@ -1,0 +1,235 @@
+"""Topics as code: specs in ``topics/*.yaml``, planned and applied idempotently.
+
+``plan`` compares specs with the broker and lists changes; ``apply`` executes a plan.
+A plan that would need a shrink (fewer partitions) or a replication change is refused
+as a whole before anything is touched, so a bad spec never half-applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
+
+SESSION_KEY = "session_id"
+
+
+class TopicSpecError(ValueError):
+    """A spec file is invalid or cannot be applied as written."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication: int
+    key: str
+    value_schema: str
+    config: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    source: Path | None = None
+
+
+@dataclass
+class TopicState:
+    """What the broker has for one topic."""
+
+    partitions: int
+    replication: int
+    config: dict[str, str]
+
+
+@dataclass
+class Change:
+    topic: str
+    action: str  # create | add_partitions | alter_config
+    detail: str
+    spec: TopicSpec
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    changes: list[Change]
+    refusals: list[str]
+    unchanged: list[str]
+
+    @property
+    def empty(self) -> bool:
+        return not self.changes and not self.refusals
+
+
+def load_specs(specs_dir: Path, replication_override: int | None = None) -> list[TopicSpec]:
+    """Read every ``*.yaml`` spec; session-keyed topics must share a partition count."""
+    files = sorted(Path(specs_dir).glob("*.yaml"))
+    if not files:
+        raise TopicSpecError(f"no topic specs (*.yaml) in {specs_dir}")
+    specs: list[TopicSpec] = []
+    for path in files:
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise TopicSpecError(f"{path}: not valid YAML: {exc}") from exc
+        missing = [k for k in ("name", "partitions", "key", "value_schema") if k not in raw]
+        if missing:
+            raise TopicSpecError(f"{path}: missing field(s) {', '.join(missing)}")
+        partitions = raw["partitions"]
+        if not isinstance(partitions, int) or partitions < 1:
+            raise TopicSpecError(f"{path}: partitions must be a positive integer")
+        replication = replication_override or raw.get("replication", 1)
+        specs.append(
+            TopicSpec(
+                name=str(raw["name"]),
+                partitions=partitions,
+                replication=int(replication),
+                key=str(raw["key"]),
+                value_schema=str(raw["value_schema"]),
+                config={str(k): str(v) for k, v in (raw.get("config") or {}).items()},
+                description=_leading_comment(path),
+                source=path,
+            )
+        )
+    names = [s.name for s in specs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise TopicSpecError(f"topic(s) specified twice: {', '.join(sorted(dupes))}")
+    session_counts = {s.partitions for s in specs if s.key == SESSION_KEY}
+    if len(session_counts) > 1:
+        detail = ", ".join(f"{s.name}={s.partitions}" for s in specs if s.key == SESSION_KEY)
+        raise TopicSpecError(
+            "topics keyed by session_id must have the same partition count so joins need no "
+            f"repartition (co-partitioning); got {detail}"
+        )
+    return specs
+
+
+def spec_for(specs: list[TopicSpec], name: str) -> TopicSpec:
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise KeyError(name)
+
+
+def describe(admin: AdminClient, names: list[str], timeout: float = 10.0) -> dict[str, TopicState]:
+    """Partitions, replication and non-default configs of the named topics that exist."""
+    md = admin.list_topics(timeout=timeout)
+    present = [n for n in names if n in md.topics and md.topics[n].error is None]
+    states: dict[str, TopicState] = {}
+    if not present:
+        return states
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in present]
+    futures = admin.describe_configs(resources, request_timeout=timeout)
+    for resource, fut in futures.items():
+        entries = fut.result(timeout=timeout)
+        topic = md.topics[resource.name]
+        first = next(iter(topic.partitions.values()), None)
+        states[resource.name] = TopicState(
+            partitions=len(topic.partitions),
+            replication=len(first.replicas) if first is not None else 0,
+            config={k: str(e.value) for k, e in entries.items()},
+        )
+    return states
+
+
+def plan(admin: AdminClient, specs: list[TopicSpec], timeout: float = 10.0) -> Plan:
+    states = describe(admin, [s.name for s in specs], timeout)
+    changes: list[Change] = []
+    refusals: list[str] = []
+    unchanged: list[str] = []
+    for spec in specs:
+        state = states.get(spec.name)
+        if state is None:
+            changes.append(
+                Change(spec.name, "create",
+                       f"{spec.partitions} partitions, replication {spec.replication}", spec)
+            )
+            continue
+        touched = False
+        if spec.partitions < state.partitions:
+            refusals.append(
+                f"{spec.name}: spec has {spec.partitions} partitions but the broker has "
+                f"{state.partitions}; Kafka cannot shrink a topic (it would re-key every "
+                "session). Raise the spec back, or create a new topic version and migrate."
+            )
+        elif spec.partitions > state.partitions:
+            changes.append(
+                Change(spec.name, "add_partitions",
+                       f"partitions {state.partitions} -> {spec.partitions}", spec)
+            )
+            touched = True
+        if spec.replication != state.replication:
+            refusals.append(
+                f"{spec.name}: spec asks replication {spec.replication}, broker has "
+                f"{state.replication}; change it with kafka-reassign-partitions, not liverl."
+            )
+        drift = {k: v for k, v in spec.config.items() if state.config.get(k) != v}
+        if drift:
+            detail = ", ".join(f"{k} {state.config.get(k)!r} -> {v!r}" for k, v in drift.items())
+            changes.append(Change(spec.name, "alter_config", detail, spec, configs=drift))
+            touched = True
+        if not touched and not any(r.startswith(spec.name + ":") for r in refusals):
+            unchanged.append(spec.name)
+    return Plan(changes, refusals, unchanged)
+
+
+def apply(admin: AdminClient, the_plan: Plan, timeout: float = 30.0) -> None:
+    """Execute a plan; refuses (changing nothing) if the plan holds any refusal."""
+    if the_plan.refusals:
+        raise TopicSpecError("refusing to apply:\n  " + "\n  ".join(the_plan.refusals))
+    creates = [
+        NewTopic(c.topic, c.spec.partitions, c.spec.replication, config=dict(c.spec.config))
+        for c in the_plan.changes
+        if c.action == "create"
+    ]
+    grows = [
+        NewPartitions(c.topic, c.spec.partitions)
+        for c in the_plan.changes
+        if c.action == "add_partitions"
+    ]
+    alters = [
+        ConfigResource(
+            ConfigResource.Type.TOPIC,
+            c.topic,
+            incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in c.configs.items()
+            ],
+        )
+        for c in the_plan.changes
+        if c.action == "alter_config"
+    ]
+    futures: dict[Any, Any] = {}
+    if creates:
+        futures.update(admin.create_topics(creates, request_timeout=timeout))
+    if grows:
+        futures.update(admin.create_partitions(grows, request_timeout=timeout))
+    if alters:
+        futures.update(admin.incremental_alter_configs(alters, request_timeout=timeout))
+    errors = []
+    for what, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+        except KafkaException as exc:
+            errors.append(f"{getattr(what, 'name', what)}: {exc.args[0]}")
+    if errors:
+        raise TopicSpecError("broker rejected changes:\n  " + "\n  ".join(errors))
+
+
+def _leading_comment(path: Path) -> str:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").rstrip())
+    return " ".join(lines)

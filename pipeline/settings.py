@@ -1,0 +1,126 @@
+"""One typed settings object: defaults < TOML file < ``LIVERL_*`` environment variables.
+
+Nested sections map to ``LIVERL_<SECTION>_<FIELD>`` (``LIVERL_KAFKA_BOOTSTRAP``,
+``LIVERL_BROKER_PORT``); dict fields take JSON (``LIVERL_KAFKA_CLIENT='{"security.protocol":
+"SASL_SSL"}'``). The file is ``$LIVERL_CONFIG`` or ``./liverl.toml`` when present.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class KafkaSettings(BaseModel):
+    """Where the cluster is. ``bootstrap`` unset means the embedded local broker."""
+
+    bootstrap: str | None = Field(
+        default=None,
+        description="External cluster bootstrap servers; when set nothing local is started.",
+    )
+    client: dict[str, str] = Field(
+        default_factory=dict,
+        description="librdkafka settings passed through to every client (SASL/SSL etc.).",
+    )
+    compression: str = "lz4"
+    max_event_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        description="Largest event value accepted; larger ones are dead-lettered.",
+    )
+
+
+class BrokerSettings(BaseModel):
+    """The embedded single-node Apache Kafka (KRaft) started by ``liverl broker up``."""
+
+    host: str = "127.0.0.1"
+    port: int = 9092
+    controller_port: int = 9093
+    kafka_version: str = "4.4.0"
+    scala_version: str = "2.13"
+    log4j_version: str = "2.26.1"
+    slf4j_version: str = "2.0.17"
+    heap_mb: int = Field(default=512, le=1024, description="JVM heap (-Xmx), at most 1 GiB.")
+    start_timeout_s: float = 90.0
+    stop_timeout_s: float = 30.0
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Where resolved Kafka jars live (default ~/.cache/liverl/kafka).",
+    )
+
+
+class TopicSettings(BaseModel):
+    """Topic specs are data in ``topics/``; these knobs adapt them to a cluster."""
+
+    specs_dir: Path = PROJECT_ROOT / "topics"
+    replication_factor: int | None = Field(
+        default=None, description="Override every spec's replication (e.g. 3 in production)."
+    )
+
+
+class Settings(BaseSettings):
+    """Everything configurable in liverl."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LIVERL_",
+        env_nested_delimiter="_",
+        env_nested_max_split=1,
+        extra="ignore",
+    )
+
+    state_dir: Path = Field(default=Path(".liverl"), description="Durable local state.")
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = os.environ.get("LIVERL_CONFIG", "liverl.toml")
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        """Bootstrap servers every component uses."""
+        return self.kafka.bootstrap or f"{self.broker.host}:{self.broker.port}"
+
+    @property
+    def uses_local_broker(self) -> bool:
+        return self.kafka.bootstrap is None
+
+    def kafka_client_config(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka config for any client: bootstrap + pass-through settings + ``extra``."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        conf.update(self.kafka.client)
+        conf.update(extra)
+        return conf
+
+
+def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load settings; ``config`` names a TOML file (else ``$LIVERL_CONFIG``/``liverl.toml``)."""
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise FileNotFoundError(f"settings file {path} does not exist")
+        os.environ["LIVERL_CONFIG"] = str(path)
+    return Settings(**overrides)

@@ -1,0 +1,1 @@
+"""Trainer: losses, hint selection, batching, checkpoint/publish, exactly-once bookkeeping."""

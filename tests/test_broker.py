@@ -1,0 +1,131 @@
+"""The embedded broker: durable across down/up, idempotent up, clear errors."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.kafka.broker import BrokerError, LocalBroker
+from pipeline.settings import BrokerSettings, Settings
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _settings(tmp_path: Path, **broker: object) -> Settings:
+    cfg = BrokerSettings(port=_free_port(), controller_port=_free_port(), **broker)
+    return Settings(state_dir=tmp_path / "state", broker=cfg)
+
+
+@pytest.mark.integration
+def test_records_survive_down_and_up(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    local = LocalBroker(settings)
+    try:
+        elapsed = local.up(quiet=True)
+        assert elapsed > 0
+        assert local.up(quiet=True) == 0.0, "a second up must be a harmless no-op"
+        pid = local.pid()
+        assert pid is not None
+
+        admin = AdminClient({"bootstrap.servers": local.bootstrap})
+        for fut in admin.create_topics([NewTopic("durable", 2, 1)]).values():
+            fut.result(timeout=30)
+        producer = Producer({"bootstrap.servers": local.bootstrap, "enable.idempotence": True})
+        sent = [f"record-{i}".encode() for i in range(50)]
+        for value in sent:
+            producer.produce("durable", value=value, key=value[-1:])
+        assert producer.flush(30) == 0
+
+        assert local.down(quiet=True) is True
+        assert local.pid() is None
+        assert local.status().running is False
+        with pytest.raises(Exception):
+            AdminClient({"bootstrap.servers": local.bootstrap}).list_topics(timeout=1)
+
+        local.up(quiet=True)
+        assert local.pid() != pid
+        consumer = Consumer(
+            {
+                "bootstrap.servers": local.bootstrap,
+                "group.id": "survivor",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe(["durable"])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        consumer.close()
+        assert sorted(got) == sorted(sent)
+    finally:
+        local.down(quiet=True)
+
+
+@pytest.mark.integration
+def test_taken_port_gives_clear_error(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", settings.broker.port))
+        squatter.listen()
+        with pytest.raises(BrokerError) as info:
+            LocalBroker(settings).up(quiet=True)
+    message = str(info.value)
+    assert f"127.0.0.1:{settings.broker.port} is taken" in message
+    assert "LIVERL_BROKER_PORT" in message
+    assert LocalBroker(settings).pid() is None
+
+
+@pytest.mark.integration
+def test_death_during_startup_shows_log_tail(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    local = LocalBroker(settings)
+    local.data_dir.mkdir(parents=True)
+    # A data folder formatted for another node: Kafka refuses to start with it.
+    (local.data_dir / "meta.properties").write_text(
+        "version=1\nnode.id=7\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\n"
+        "directory.id=AAAAAAAAAAAAAAAAAAAAAA\n"
+    )
+    with pytest.raises(BrokerError) as info:
+        local.up(quiet=True)
+    message = str(info.value)
+    assert "exited during start-up" in message
+    assert "Log tail" in message
+    assert "Stored node id 7 doesn't match" in message, "the cause must be shown, not just frames"
+    assert local.pid() is None
+
+
+def test_missing_java_names_the_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BrokerError, match=r"Java 17\+ is needed.*openjdk-17"):
+        LocalBroker(_settings(tmp_path)).check_java()
+
+
+def test_missing_maven_names_the_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    settings = _settings(tmp_path, cache_dir=tmp_path / "empty-cache")
+    with pytest.raises(BrokerError, match=r"Maven is needed.*apt-get install maven"):
+        LocalBroker(settings).ensure_jars(quiet=True)
+
+
+def test_external_cluster_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIVERL_KAFKA_BOOTSTRAP", "kafka-1:9093,kafka-2:9093")
+    monkeypatch.setenv("LIVERL_KAFKA_CLIENT", '{"security.protocol": "SASL_SSL"}')
+    settings = Settings()
+    assert not settings.uses_local_broker
+    conf = settings.kafka_client_config(**{"group.id": "g"})
+    assert conf["bootstrap.servers"] == "kafka-1:9093,kafka-2:9093"
+    assert conf["security.protocol"] == "SASL_SSL"
+    assert conf["group.id"] == "g"

@@ -1,0 +1,116 @@
+"""Topics as code: specs load and validate; apply is idempotent, grows, refuses shrinks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import cli
+from pipeline.kafka import names, topics
+from pipeline.settings import Settings
+
+from .conftest import create_topic
+
+
+def _write(dir_: Path, name: str, partitions: int, retention: str = "86400000") -> None:
+    (dir_ / f"{name}.yaml").write_text(
+        f"# test topic\nname: {name}\npartitions: {partitions}\nreplication: 1\n"
+        f"key: session_id\nvalue_schema: interaction.v1\n"
+        f"config:\n  cleanup.policy: delete\n  retention.ms: \"{retention}\"\n"
+    )
+
+
+def test_repository_specs_cover_the_event_catalog() -> None:
+    specs = topics.load_specs(Settings().topics.specs_dir)
+    assert sorted(s.name for s in specs) == sorted(names.ALL)
+    session = {s.partitions for s in specs if s.key == "session_id"}
+    assert len(session) == 1, "session-keyed topics must be co-partitioned"
+    schemas = Path(__file__).resolve().parents[1] / "schemas"
+    for spec in specs:
+        assert (schemas / f"{spec.value_schema}.json").is_file(), spec.value_schema
+
+
+def test_mismatched_session_partitions_are_rejected(tmp_path: Path) -> None:
+    _write(tmp_path, "a", 3)
+    _write(tmp_path, "b", 4)
+    with pytest.raises(topics.TopicSpecError, match="co-partitioning"):
+        topics.load_specs(tmp_path)
+
+
+def test_spec_missing_fields_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "x.yaml").write_text("name: x\n")
+    with pytest.raises(topics.TopicSpecError, match="missing field.*partitions"):
+        topics.load_specs(tmp_path)
+
+
+@pytest.mark.integration
+def test_apply_is_idempotent_grows_and_refuses_shrink(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path
+) -> None:
+    name = f"test.topics.{unique}"
+    _write(tmp_path, name, 2)
+    specs = topics.load_specs(tmp_path)
+
+    first = topics.plan(admin, specs)
+    assert [(c.action, c.topic) for c in first.changes] == [("create", name)]
+    topics.apply(admin, first)
+    second = topics.plan(admin, specs)
+    assert second.empty and second.unchanged == [name]
+
+    _write(tmp_path, name, 3, retention="172800000")
+    grown = topics.plan(admin, topics.load_specs(tmp_path))
+    assert sorted(c.action for c in grown.changes) == ["add_partitions", "alter_config"]
+    topics.apply(admin, grown)
+    state = topics.describe(admin, [name])[name]
+    assert state.partitions == 3
+    assert state.config["retention.ms"] == "172800000"
+    assert topics.plan(admin, topics.load_specs(tmp_path)).empty
+
+    _write(tmp_path, name, 1)
+    shrink = topics.plan(admin, topics.load_specs(tmp_path))
+    assert shrink.refusals and "cannot shrink" in shrink.refusals[0]
+    with pytest.raises(topics.TopicSpecError, match="refusing"):
+        topics.apply(admin, shrink)
+    assert topics.describe(admin, [name])[name].partitions == 3
+
+
+@pytest.mark.integration
+def test_cli_apply_twice_then_list(kafka_settings: Settings, admin, unique: str,
+                                   tmp_path: Path) -> None:
+    name = f"test.cli.{unique}"
+    _write(tmp_path, name, 2)
+    env = {"LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+           "LIVERL_TOPICS_SPECS_DIR": str(tmp_path)}
+    runner = CliRunner()
+    first = runner.invoke(cli, ["topics", "apply"], env=env)
+    assert first.exit_code == 0, first.output
+    assert f"create          {name}" in first.output
+    second = runner.invoke(cli, ["topics", "apply"], env=env)
+    assert second.exit_code == 0, second.output
+    assert "topics up to date: 1 topic(s)" in second.output
+    listed = runner.invoke(cli, ["topics", "list"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert name in listed.output and "ok" in listed.output
+
+    _write(tmp_path, name, 1)
+    refused = runner.invoke(cli, ["topics", "apply"], env=env)
+    assert refused.exit_code == 1
+    assert "cannot shrink" in refused.output
+    drift = runner.invoke(cli, ["topics", "list"], env=env)
+    assert drift.exit_code == 2 and "differs" in drift.output
+
+
+@pytest.mark.integration
+def test_cli_list_marks_missing_topic(kafka_settings: Settings, admin, unique: str,
+                                      tmp_path: Path) -> None:
+    present, missing = f"test.present.{unique}", f"test.missing.{unique}"
+    create_topic(admin, present, 2)
+    _write(tmp_path, present, 2)
+    _write(tmp_path, missing, 2)
+    env = {"LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+           "LIVERL_TOPICS_SPECS_DIR": str(tmp_path)}
+    out = CliRunner().invoke(cli, ["topics", "list"], env=env)
+    assert out.exit_code == 2
+    assert "missing" in out.output
