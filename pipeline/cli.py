@@ -230,8 +230,15 @@ def topics_list(ctx: click.Context) -> None:
         retention = _human_ms(spec.config.get("retention.ms", "-"))
         if state is None:
             drifted += 1
-            table.add_row(spec.name, str(spec.partitions), str(spec.replication), retention,
-                          spec.key, spec.value_schema, "[red]missing[/]")
+            table.add_row(
+                spec.name,
+                str(spec.partitions),
+                str(spec.replication),
+                retention,
+                spec.key,
+                spec.value_schema,
+                "[red]missing[/]",
+            )
             continue
         diffs = []
         parts = str(spec.partitions)
@@ -245,7 +252,10 @@ def topics_list(ctx: click.Context) -> None:
         for key, value in spec.config.items():
             if state.config.get(key) != value:
                 diffs.append(f"{key}={state.config.get(key)}")
-        if "retention.ms" in spec.config and state.config.get("retention.ms") != spec.config["retention.ms"]:
+        if (
+            "retention.ms" in spec.config
+            and state.config.get("retention.ms") != spec.config["retention.ms"]
+        ):
             broker_ret = _human_ms(state.config.get("retention.ms", "-"))
             retention = f"[yellow]{retention} (broker {broker_ret})[/]"
         drifted += bool(diffs)
@@ -255,6 +265,27 @@ def topics_list(ctx: click.Context) -> None:
     if drifted:
         console.print(f"{drifted} topic(s) differ from the specs; run `liverl topics apply`")
         sys.exit(2)
+
+
+# ---- the whole stack ----------------------------------------------------------------------
+
+
+@cli.command("up")
+@click.pass_context
+def up(ctx: click.Context) -> None:
+    """Run liverl on this machine: the local broker (unless an external cluster is set)
+    and every topic of topics/."""
+    from pipeline.kafka.broker import BrokerError, LocalBroker
+
+    settings = _settings(ctx)
+    if settings.uses_local_broker:
+        try:
+            LocalBroker(settings).up()
+        except BrokerError as exc:
+            _fail(str(exc))
+    else:
+        console.print(f"using external Kafka at {settings.bootstrap}")
+    ctx.invoke(topics_apply, dry_run=False)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ Nested sections map to ``LIVERL_<SECTION>_<FIELD>`` (``LIVERL_KAFKA_BOOTSTRAP``,
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from pydantic_settings import (
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+# Set by load_settings(config=...) for the duration of one construction; no global side effect.
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("liverl_config_file", default=None)
 
 
 class KafkaSettings(BaseModel):
@@ -92,7 +96,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_file = os.environ.get("LIVERL_CONFIG", "liverl.toml")
+        toml_file = _CONFIG_FILE.get() or os.environ.get("LIVERL_CONFIG", "liverl.toml")
         return (
             init_settings,
             env_settings,
@@ -122,5 +126,9 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
         path = Path(config)
         if not path.is_file():
             raise FileNotFoundError(f"settings file {path} does not exist")
-        os.environ["LIVERL_CONFIG"] = str(path)
+        token = _CONFIG_FILE.set(path)
+        try:
+            return Settings(**overrides)
+        finally:
+            _CONFIG_FILE.reset(token)
     return Settings(**overrides)

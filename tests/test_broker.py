@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.kafka.broker import BrokerError, LocalBroker
@@ -48,7 +48,7 @@ def test_records_survive_down_and_up(tmp_path: Path) -> None:
         assert local.down(quiet=True) is True
         assert local.pid() is None
         assert local.status().running is False
-        with pytest.raises(Exception):
+        with pytest.raises(KafkaException):
             AdminClient({"bootstrap.servers": local.bootstrap}).list_topics(timeout=1)
 
         local.up(quiet=True)

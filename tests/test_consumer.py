@@ -22,8 +22,11 @@ pytestmark = pytest.mark.integration
 
 def _dlq_letters(settings: Settings, source_topic: str, expected: int) -> list[events.DeadLetter]:
     """Read the shared DLQ topic from the start and keep this test's letters."""
-    consumer = Consumer(settings.kafka_client_config(**{"group.id": f"dlq-reader-{source_topic}",
-                                                        "auto.offset.reset": "earliest"}))
+    consumer = Consumer(
+        settings.kafka_client_config(
+            **{"group.id": f"dlq-reader-{source_topic}", "auto.offset.reset": "earliest"}
+        )
+    )
     md = consumer.list_topics(names.DLQ, timeout=10)
     consumer.assign([TopicPartition(names.DLQ, p, 0) for p in md.topics[names.DLQ].partitions])
     letters: list[events.DeadLetter] = []
@@ -57,8 +60,13 @@ def test_poison_records_go_to_dlq_and_consumer_goes_on(
     wrong_type = events.to_dict(good)
     wrong_type["turn"] = "three"
     next_state = events.NextState(
-        event_id="ns", producer=good.producer, session_id="s", turn=0,
-        kind="user_reply", content="thanks", source="test",
+        event_id="ns",
+        producer=good.producer,
+        session_id="s",
+        turn=0,
+        kind="user_reply",
+        content="thanks",
+        source="test",
     )
     oversized = replace(good, event_id="big", response_text="x" * (80 * 1024))
 
@@ -79,8 +87,13 @@ def test_poison_records_go_to_dlq_and_consumer_goes_on(
     producer.flush()
 
     group = f"g-{unique}"
-    consumer = EventConsumer(settings, group_id=group, topics=[topic], component="test",
-                             expected_types={topic: "interaction"})
+    consumer = EventConsumer(
+        settings,
+        group_id=group,
+        topics=[topic],
+        component="test",
+        expected_types={topic: "interaction"},
+    )
     received: list[events.Event] = []
     dead = 0
     deadline = time.monotonic() + 60
@@ -112,8 +125,9 @@ def test_poison_records_go_to_dlq_and_consumer_goes_on(
             assert base64.b64decode(by_key[label.encode()].original_b64) == value
 
     # Offsets moved past the dead letters: the group has nothing left to read.
-    again = EventConsumer(settings, group_id=group, topics=[topic],
-                          expected_types={topic: "interaction"})
+    again = EventConsumer(
+        settings, group_id=group, topics=[topic], expected_types={topic: "interaction"}
+    )
     leftover = again.poll_batch(timeout=5.0)
     again.close()
     assert len(leftover) == 0 and leftover.dead_lettered == 0
@@ -125,15 +139,21 @@ def test_round_trip_through_broker_keyed_by_session(
     topic = f"test.rt.{unique}"
     create_topic(admin, topic, 3)
     producer = EventProducer(kafka_settings)
-    sent = [replace(examples.interaction(), event_id=f"e{i}", session_id=f"s{i % 4}", turn=i)
-            for i in range(24)]
+    sent = [
+        replace(examples.interaction(), event_id=f"e{i}", session_id=f"s{i % 4}", turn=i)
+        for i in range(24)
+    ]
     for event in sent:
         producer.send(topic, event)
     producer.flush()
     assert producer.delivered == len(sent)
 
-    consumer = EventConsumer(kafka_settings, group_id=f"rt-{unique}", topics=[topic],
-                             expected_types={topic: "interaction"})
+    consumer = EventConsumer(
+        kafka_settings,
+        group_id=f"rt-{unique}",
+        topics=[topic],
+        expected_types={topic: "interaction"},
+    )
     got = []
     deadline = time.monotonic() + 60
     while len(got) < len(sent) and time.monotonic() < deadline:

@@ -18,7 +18,7 @@ def _write(dir_: Path, name: str, partitions: int, retention: str = "86400000") 
     (dir_ / f"{name}.yaml").write_text(
         f"# test topic\nname: {name}\npartitions: {partitions}\nreplication: 1\n"
         f"key: session_id\nvalue_schema: interaction.v1\n"
-        f"config:\n  cleanup.policy: delete\n  retention.ms: \"{retention}\"\n"
+        f'config:\n  cleanup.policy: delete\n  retention.ms: "{retention}"\n'
     )
 
 
@@ -77,12 +77,15 @@ def test_apply_is_idempotent_grows_and_refuses_shrink(
 
 
 @pytest.mark.integration
-def test_cli_apply_twice_then_list(kafka_settings: Settings, admin, unique: str,
-                                   tmp_path: Path) -> None:
+def test_cli_apply_twice_then_list(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path
+) -> None:
     name = f"test.cli.{unique}"
     _write(tmp_path, name, 2)
-    env = {"LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
-           "LIVERL_TOPICS_SPECS_DIR": str(tmp_path)}
+    env = {
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "LIVERL_TOPICS_SPECS_DIR": str(tmp_path),
+    }
     runner = CliRunner()
     first = runner.invoke(cli, ["topics", "apply"], env=env)
     assert first.exit_code == 0, first.output
@@ -103,14 +106,17 @@ def test_cli_apply_twice_then_list(kafka_settings: Settings, admin, unique: str,
 
 
 @pytest.mark.integration
-def test_cli_list_marks_missing_topic(kafka_settings: Settings, admin, unique: str,
-                                      tmp_path: Path) -> None:
+def test_cli_list_marks_missing_topic(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path
+) -> None:
     present, missing = f"test.present.{unique}", f"test.missing.{unique}"
     create_topic(admin, present, 2)
     _write(tmp_path, present, 2)
     _write(tmp_path, missing, 2)
-    env = {"LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
-           "LIVERL_TOPICS_SPECS_DIR": str(tmp_path)}
+    env = {
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "LIVERL_TOPICS_SPECS_DIR": str(tmp_path),
+    }
     out = CliRunner().invoke(cli, ["topics", "list"], env=env)
     assert out.exit_code == 2
     assert "missing" in out.output

@@ -25,10 +25,13 @@ _FILE_RE = re.compile(r"^(?P<type>[a-z_]+)\.v(?P<version>[0-9]+)\.json$")
 _lock = threading.Lock()
 
 
+_DEFAULT_DIR = Path(__file__).resolve().parents[2] / "schemas"  # resolved once: hot path
+
+
 def schemas_dir() -> Path:
     """Folder holding `<type>.v<N>.json`; `LIVERL_SCHEMAS_DIR` overrides the repo's `schemas/`."""
     override = os.environ.get("LIVERL_SCHEMAS_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "schemas"
+    return Path(override) if override else _DEFAULT_DIR
 
 
 @cache

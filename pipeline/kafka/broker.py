@@ -82,9 +82,10 @@ class LocalBroker:
         self.pid_file = self.home / "broker.pid"
         self.log_file = self.home / "server.log"
         self.stdout_file = self.home / "stdout.log"
-        cache = self.cfg.cache_dir or Path(
-            os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")
-        ) / "liverl" / "kafka"
+        cache = (
+            self.cfg.cache_dir
+            or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "liverl" / "kafka"
+        )
         self.lib_dir = Path(cache) / f"kafka_{self.cfg.scala_version}-{self.cfg.kafka_version}"
 
     @property
@@ -133,8 +134,14 @@ class LocalBroker:
                 log4j=self.cfg.log4j_version,
             )
         )
-        cmd = [mvn, "-B", "-q", "dependency:copy-dependencies", "-DoutputDirectory=lib",
-               "-DincludeScope=runtime"]
+        cmd = [
+            mvn,
+            "-B",
+            "-q",
+            "dependency:copy-dependencies",
+            "-DoutputDirectory=lib",
+            "-DincludeScope=runtime",
+        ]
         if not quiet:
             print(f"resolving Apache Kafka {self.cfg.kafka_version} jars with Maven (once)…")
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
@@ -190,8 +197,16 @@ class LocalBroker:
         props = self._write_config()
         classpath = f"{lib}/*"
         log4j = f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}"
-        jvm = [java, f"-Xmx{self.cfg.heap_mb}m", f"-Xms{min(256, self.cfg.heap_mb)}m",
-               "-XX:+UseG1GC", "-Djava.awt.headless=true", log4j, "-cp", classpath]
+        jvm = [
+            java,
+            f"-Xmx{self.cfg.heap_mb}m",
+            f"-Xms{min(256, self.cfg.heap_mb)}m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            log4j,
+            "-cp",
+            classpath,
+        ]
         if not (self.data_dir / "meta.properties").exists():
             self._format(jvm, props)
         with open(self.stdout_file, "ab") as out:
@@ -332,8 +347,16 @@ class LocalBroker:
             cluster_file.write_text(base64.urlsafe_b64encode(raw).decode().rstrip("="))
         cluster_id = cluster_file.read_text().strip()
         proc = subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
-             "--ignore-formatted"],
+            [
+                *jvm,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(props),
+                "--ignore-formatted",
+            ],
             capture_output=True,
             text=True,
         )

@@ -151,8 +151,12 @@ def plan(admin: AdminClient, specs: list[TopicSpec], timeout: float = 10.0) -> P
         state = states.get(spec.name)
         if state is None:
             changes.append(
-                Change(spec.name, "create",
-                       f"{spec.partitions} partitions, replication {spec.replication}", spec)
+                Change(
+                    spec.name,
+                    "create",
+                    f"{spec.partitions} partitions, replication {spec.replication}",
+                    spec,
+                )
             )
             continue
         touched = False
@@ -164,8 +168,12 @@ def plan(admin: AdminClient, specs: list[TopicSpec], timeout: float = 10.0) -> P
             )
         elif spec.partitions > state.partitions:
             changes.append(
-                Change(spec.name, "add_partitions",
-                       f"partitions {state.partitions} -> {spec.partitions}", spec)
+                Change(
+                    spec.name,
+                    "add_partitions",
+                    f"partitions {state.partitions} -> {spec.partitions}",
+                    spec,
+                )
             )
             touched = True
         if spec.replication != state.replication:
