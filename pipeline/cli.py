@@ -288,6 +288,51 @@ def up(ctx: click.Context) -> None:
     ctx.invoke(topics_apply, dry_run=False)
 
 
+@cli.command("status")
+@click.pass_context
+def status(ctx: click.Context) -> None:
+    """Show the broker, consumer lag per group and the live weight version per policy."""
+    from pipeline.kafka.inspect import consumer_lag, latest_weights
+
+    settings = _settings(ctx)
+    if settings.uses_local_broker:
+        from pipeline.kafka.broker import LocalBroker
+
+        bstat = LocalBroker(settings).status()
+        if not bstat.running:
+            _fail(f"local Kafka is not running ({bstat.bootstrap}); start it with `liverl up`", 3)
+        console.print(f"Kafka: running, pid {bstat.pid}, {bstat.bootstrap}")
+    admin = _admin(settings)
+    names_on_broker = admin.list_topics(timeout=10).topics
+    console.print(f"topics: {sum(1 for n in names_on_broker if n.startswith('liverl.'))} liverl")
+    table = Table(title="consumer groups")
+    for col in ("group", "state", "lag", "by topic"):
+        table.add_column(col)
+    for group in consumer_lag(settings):
+        detail = ", ".join(f"{t}={n}" for t, n in sorted(group.by_topic.items()))
+        table.add_row(group.group, group.state, str(group.lag), detail or "-")
+    console.print(table)
+    weights = latest_weights(settings)
+    if not weights:
+        console.print("weights: no version published yet")
+    for policy, event in sorted(weights.items()):
+        console.print(
+            f"policy {policy}: v{event['version']} ({event['status']}, step {event['step']}, "
+            f"{event['uri']})",
+            highlight=False,
+        )
+
+
+def _register_components() -> None:
+    """Component commands live with their component; the CLI only lists them."""
+    from pipeline.serving.commands import serve
+
+    cli.add_command(serve)
+
+
+_register_components()
+
+
 def main() -> None:
     cli(prog_name="liverl")
 

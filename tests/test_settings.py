@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,14 @@ import pytest
 from pipeline.settings import Settings, load_settings
 
 
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("LIVERL_"):
+            monkeypatch.delenv(name)
+
+
 def test_defaults_use_the_embedded_broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LIVERL_KAFKA_BOOTSTRAP", raising=False)
+    _clean_env(monkeypatch)
     monkeypatch.setenv("LIVERL_CONFIG", "/nonexistent/liverl.toml")
     settings = Settings()
     assert settings.uses_local_broker
@@ -23,8 +30,8 @@ def test_toml_then_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         'state_dir = "/srv/liverl"\n[broker]\nport = 19092\nheap_mb = 768\n'
         '[kafka.client]\n"sasl.mechanism" = "SCRAM-SHA-512"\n'
     )
+    _clean_env(monkeypatch)
     monkeypatch.setenv("LIVERL_BROKER_PORT", "29092")
-    monkeypatch.delenv("LIVERL_STATE_DIR", raising=False)
     settings = load_settings(cfg)
     assert settings.state_dir == Path("/srv/liverl")
     assert settings.broker.port == 29092, "environment beats the file"

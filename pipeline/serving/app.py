@@ -1,0 +1,343 @@
+"""The HTTP surface: OpenAI chat completions (JSON and SSE), models, health and metrics.
+
+The answer never waits for recording: the interaction is handed to the recorder's queue after
+the last token is produced. Every error leaves OpenAI-shaped; nothing a client sends can
+cause a 500.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pipeline import __version__, events
+
+from .auth import Authenticator, RateLimiter
+from .backends.base import Backend, Done, Piece, SamplingParams
+from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
+from .errors import ApiError
+from .metrics import Metrics
+from .protocol import ChatRequest, parse_request
+from .recorder import Recorder
+from .sessions import Sessions, TurnInfo
+from .settings import ServeSettings
+
+log = logging.getLogger(__name__)
+PRODUCER = events.Producer(component="gateway", version=__version__)
+
+
+@dataclass
+class Turn:
+    """One request in flight: its inputs and what the engine produced so far."""
+
+    req: ChatRequest
+    info: TurnInfo
+    prompt_ids: list[int]
+    params: SamplingParams
+    started: float
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: str = "stop"
+    version: int = 0
+    turn: int | None = None
+
+
+class Gateway:
+    def __init__(
+        self,
+        cfg: ServeSettings,
+        backend: Backend,
+        recorder: Recorder | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.recorder = recorder
+        self.metrics = metrics or Metrics()
+        self.auth = Authenticator(cfg.api_key_hashes)
+        self.limiter = RateLimiter(cfg.rate_limit_per_min, cfg.rate_limit_burst)
+        self.sessions = Sessions(cfg.session_prefix_messages, cfg.max_sessions)
+        self.model_name = cfg.served_model_name or backend.policy_id
+        self.metrics.bind(
+            lambda: float(backend.version),
+            (lambda: float(recorder.backlog)) if recorder else None,
+            (lambda: float(recorder.spool.size_bytes())) if recorder else None,
+        )
+
+    # ---- request handling ---------------------------------------------------------------
+
+    async def read_body(self, request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
+            raise self._too_large()
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > self.cfg.max_body_bytes:
+                raise self._too_large()
+        try:
+            return orjson.loads(buf)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413, f"request body exceeds {self.cfg.max_body_bytes} bytes",
+            code="request_too_large",
+        )
+
+    def prepare(self, request: Request, doc: Any, key_id: str) -> Turn:
+        req = parse_request(doc)
+        if req.model not in (self.model_name, self.backend.policy_id):
+            raise ApiError(
+                404, f"The model '{req.model}' does not exist; this gateway serves "
+                f"'{self.model_name}'.", param="model", code="model_not_found",
+            )
+        messages = [m.to_record() for m in req.messages]
+        info = self.sessions.resolve(request.headers, doc, key_id, messages)
+        prompt_ids = render_prompt(self.backend.tokenizer, messages, req.tools)
+        ctx = self.backend.context_length
+        if len(prompt_ids) >= ctx:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {ctx} tokens; your messages resulted "
+                f"in {len(prompt_ids)} tokens.",
+                param="messages", code="context_length_exceeded",
+            )
+        wanted = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
+        params = SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            max_tokens=min(wanted, ctx - len(prompt_ids)),
+            stop=req.stop_list(),
+            seed=req.seed,
+        )
+        return Turn(req, info, prompt_ids, params, time.perf_counter())
+
+    async def run(self, turn: Turn) -> AsyncIterator[list[int]]:
+        """Drive the backend; yields each batch of new token ids."""
+        async for item in self.backend.generate(turn.prompt_ids, turn.params):
+            if isinstance(item, Piece):
+                turn.ids += item.token_ids
+                turn.logprobs += item.logprobs
+                yield item.token_ids
+            elif isinstance(item, Done):
+                turn.finish, turn.version = item.finish_reason, item.weight_version
+
+    def text_of(self, turn: Turn) -> str:
+        return self.backend.tokenizer.decode(turn.ids, skip_special_tokens=True)
+
+    def finish(self, turn: Turn, text: str) -> tuple[str | None, list[dict[str, Any]], str]:
+        """Final content, tool calls and finish reason; records the turn if it trains."""
+        text, stopped = cut_at_stop(text, turn.params.stop)
+        content: str | None = text
+        calls: list[dict[str, Any]] = []
+        if turn.req.tools:
+            content, calls = parse_tool_calls(text)
+        finish = "tool_calls" if calls else ("stop" if stopped else turn.finish)
+        latency_ms = (time.perf_counter() - turn.started) * 1000
+        self.metrics.latency.observe(latency_ms / 1000)
+        self.metrics.tokens.labels("prompt").inc(len(turn.prompt_ids))
+        self.metrics.tokens.labels("completion").inc(len(turn.ids))
+        if turn.info.recorded:
+            turn.turn = self.sessions.next_turn(turn.info.session_id)
+            if self.recorder is not None:
+                event = self._event(turn, text, calls, finish, latency_ms)
+                self.recorder.record(self.cfg.interactions_topic, event)
+                self.metrics.recorded.inc()
+        if turn.info.done:
+            self.sessions.close(turn.info.session_id)
+        return content, calls, finish
+
+    def _event(self, turn: Turn, text: str, calls: list[dict[str, Any]], finish: str,
+               latency_ms: float) -> events.Interaction:
+        p = turn.params
+        return events.Interaction(
+            event_id=events.new_event_id(),
+            producer=PRODUCER,
+            session_id=turn.info.session_id,
+            turn=turn.turn or 0,
+            policy_id=self.backend.policy_id,
+            weight_version=turn.version,
+            messages=[m.to_record() for m in turn.req.messages],
+            tools=turn.req.tools or [],
+            prompt_token_ids=turn.prompt_ids,
+            response_token_ids=turn.ids,
+            response_logprobs=turn.logprobs,
+            response_text=text,
+            sampling={"temperature": p.temperature, "top_p": p.top_p,
+                      "max_tokens": p.max_tokens, "stop": p.stop or None, "seed": p.seed},
+            finish_reason=finish,  # type: ignore[arg-type]
+            latency_ms=latency_ms,
+            train=True,
+            turn_type="main",
+            session_done=turn.info.done,
+            tool_calls=calls,
+        )
+
+    def headers(self, turn: Turn) -> dict[str, str]:
+        out = {"X-Session-Id": turn.info.session_id,
+               "X-Liverl-Weight-Version": str(turn.version)}
+        if turn.turn is not None:
+            out["X-Liverl-Turn"] = str(turn.turn)
+        return out
+
+    async def complete(self, turn: Turn) -> JSONResponse:
+        async for _ in self.run(turn):
+            pass
+        content, calls, finish = self.finish(turn, self.text_of(turn))
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        body = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "system_fingerprint": f"liverl-v{turn.version}",
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": self._usage(turn),
+        }
+        return JSONResponse(body, headers=self.headers(turn))
+
+    def _usage(self, turn: Turn) -> dict[str, int]:
+        n, m = len(turn.prompt_ids), len(turn.ids)
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+
+    async def stream(self, turn: Turn) -> AsyncIterator[bytes]:
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        tools = bool(turn.req.tools)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            doc = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                   "model": self.model_name, "system_fingerprint": f"liverl-v{turn.version}",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                "logprobs": None}], **extra}
+            return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        streamed = ""
+        try:
+            async for _ in self.run(turn):
+                safe = streamable(self.text_of(turn), turn.params.stop, tools)
+                if len(safe) > len(streamed):
+                    yield chunk({"content": safe[len(streamed):]})
+                    streamed = safe
+        except Exception as exc:  # headers are gone: report in-band, OpenAI style
+            log.exception("generation failed mid-stream")
+            err = ApiError(502, f"generation failed: {exc}", type="server_error",
+                           code="backend_error")
+            yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
+            return
+        content, calls, finish = self.finish(turn, self.text_of(turn))
+        final = content or ""
+        rest = final[len(streamed):] if final.startswith(streamed) else ""
+        if rest:
+            yield chunk({"content": rest})
+        if calls:
+            yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+        yield chunk({}, finish)
+        opts = turn.req.stream_options
+        if opts is not None and opts.include_usage:
+            doc = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                   "model": self.model_name, "choices": [], "usage": self._usage(turn)}
+            yield b"data: " + orjson.dumps(doc) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+
+def create_app(
+    gateway: Gateway,
+    on_startup: Callable[[], Any] | None = None,
+    on_shutdown: Callable[[], Any] | None = None,
+) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if on_startup is not None:
+            await on_startup()
+        try:
+            yield
+        finally:
+            if on_shutdown is not None:
+                await on_shutdown()
+
+    app = FastAPI(title="liverl gateway", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+    m = gateway.metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_r: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_r: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return ApiError(502, f"internal error: {type(exc).__name__}", type="server_error",
+                        code="backend_error").response()
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        try:
+            key_id = gateway.auth.key_id(request.headers.get("authorization"))
+            gateway.limiter.check(key_id)
+            doc = await gateway.read_body(request)
+            turn = gateway.prepare(request, doc, key_id)
+            if turn.req.stream:
+                m.requests.labels("200").inc()
+                return StreamingResponse(
+                    gateway.stream(turn), media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Session-Id": turn.info.session_id},
+                )
+            resp = await gateway.complete(turn)
+        except ApiError as exc:
+            m.requests.labels(str(exc.status)).inc()
+            return exc.response()
+        except Exception as exc:  # the engine failed, not the client: a gateway error
+            log.exception("generation failed")
+            m.requests.labels("502").inc()
+            return ApiError(502, f"generation failed: {exc}", type="server_error",
+                            code="backend_error").response()
+        m.requests.labels("200").inc()
+        return resp
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        gateway.auth.key_id(request.headers.get("authorization"))
+        return JSONResponse({"object": "list", "data": [{
+            "id": gateway.model_name, "object": "model", "created": 0, "owned_by": "liverl",
+            "weight_version": gateway.backend.version,
+        }]})
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        rec = gateway.recorder
+        return JSONResponse({
+            "status": "ok", "policy_id": gateway.backend.policy_id,
+            "weight_version": gateway.backend.version,
+            "record_backlog": rec.backlog if rec else 0,
+            "kafka_up": rec.kafka_up if rec else None,
+        })
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,60 @@
+"""What the gateway needs from an engine: exact sampled token ids, their log-probs, the version.
+
+Log-prob basis (both backends, and what the trainer recomputes as ℓ_cur): the log-probability
+of each sampled token under the model's *raw* distribution, log_softmax(logits) at temperature
+1 with no top-p truncation. It does not depend on the request's sampling knobs, so one forward
+pass of the trainer's policy reproduces it; the sampling knobs are recorded next to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class Piece:
+    """Newly generated tokens (usually one) and their log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass(slots=True)
+class Done:
+    """End of a generation: why it stopped and which weight version produced all of it."""
+
+    finish_reason: Literal["stop", "length", "abort"]
+    weight_version: int
+
+
+class Backend(Protocol):
+    policy_id: str
+    tokenizer: Any
+    context_length: int
+
+    @property
+    def version(self) -> int: ...
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[Piece | Done]:
+        """Yield pieces as they are produced, then exactly one Done."""
+        ...
+
+    async def reload(self, path: Path, version: int) -> None:
+        """Load weights from a verified local dir; must not fail or block serving requests."""
+        ...
+
+    async def close(self) -> None: ...

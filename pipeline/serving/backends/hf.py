@@ -1,0 +1,193 @@
+"""In-process transformers backend: samples token by token so ids and log-probs are exact.
+
+Each request snapshots the (model, version) pair when it starts; a reload builds a shadow copy,
+loads the new tensors into it and swaps the pair. In-flight requests finish on the weights they
+started with, so every interaction records the version that really produced it and nothing
+waits for a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .base import Done, Piece, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class HFBackend:
+    """A causal LM from a local directory, on CPU or CUDA."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        policy_id: str | None = None,
+        version: int = 0,
+        device: str = "cpu",
+        dtype: str = "float32",
+        workers: int = 4,
+        context_length: int | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = Path(model_path)
+        self.policy_id = policy_id or self.model_path.name
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_dtype(dtype))
+        model.to(device).eval().requires_grad_(False)
+        self.device = device
+        self.context_length = context_length or int(
+            getattr(model.config, "max_position_embeddings", 2048)
+        )
+        self._live: tuple[Any, int] = (model, version)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hf-gen")
+        self._reload_lock = threading.Lock()
+        self.eos_ids = self._eos_ids(model)
+
+    @property
+    def version(self) -> int:
+        return self._live[1]
+
+    def _eos_ids(self, model: Any) -> set[int]:
+        ids: set[int] = set()
+        for value in (self.tokenizer.eos_token_id, model.generation_config.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(v for v in value if isinstance(v, int))
+        return ids
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[Piece | Done]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Piece | Done | BaseException] = asyncio.Queue()
+        cancel = threading.Event()
+        model, version = self._live  # the snapshot this whole request uses
+
+        def emit(item: Piece | Done | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def run() -> None:
+            try:
+                reason = self._sample(model, prompt_ids, params, emit, cancel)
+                emit(Done(finish_reason=reason, weight_version=version))
+            except BaseException as exc:  # surfaced to the awaiting request
+                emit(exc)
+
+        self._pool.submit(run)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:
+            cancel.set()  # client went away or we are done: stop sampling
+
+    def _sample(
+        self,
+        model: Any,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        emit: Any,
+        cancel: threading.Event,
+    ) -> str:
+        import torch
+
+        gen = torch.Generator(device=self.device)
+        if params.seed is not None:
+            gen.manual_seed(params.seed)
+        else:
+            gen.seed()
+        out_ids: list[int] = []
+        with torch.inference_mode():
+            ids = torch.tensor([prompt_ids], device=self.device)
+            out = model(input_ids=ids, use_cache=True)
+            for _ in range(params.max_tokens):
+                if cancel.is_set():
+                    return "abort"
+                logits = out.logits[0, -1].float()
+                raw_logprobs = torch.log_softmax(logits, dim=-1)
+                token = _pick(logits, params, gen)
+                out_ids.append(token)
+                emit(Piece([token], [float(raw_logprobs[token])]))
+                if token in self.eos_ids:
+                    return "stop"
+                if params.stop and self._hit_stop(out_ids, params.stop):
+                    return "stop"
+                out = model(
+                    input_ids=torch.tensor([[token]], device=self.device),
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
+                )
+        return "length"
+
+    def _hit_stop(self, out_ids: list[int], stop: list[str]) -> bool:
+        text = self.tokenizer.decode(out_ids, skip_special_tokens=True)
+        return any(s in text for s in stop)
+
+    async def reload(self, path: Path, version: int) -> None:
+        await asyncio.to_thread(self._reload, Path(path), version)
+
+    def _reload(self, path: Path, version: int) -> None:
+        from safetensors.torch import load_file
+
+        with self._reload_lock:
+            current, live_version = self._live
+            if version <= live_version:
+                return
+            shadow = copy.deepcopy(current)
+            state: dict[str, Any] = {}
+            files = sorted(path.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors files in {path}")
+            for file in files:
+                state.update(load_file(str(file), device=self.device))
+            missing, unexpected = shadow.load_state_dict(state, strict=False)
+            tied = set(getattr(shadow, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
+            missing = [k for k in missing if k not in tied]
+            if missing or unexpected:
+                raise ValueError(
+                    f"weights in {path} do not fit the model: missing {missing[:5]}, "
+                    f"unexpected {unexpected[:5]}"
+                )
+            shadow.eval()
+            self._live = (shadow, version)  # atomic swap; running requests keep their snapshot
+            log.info("policy %s now serving version %d", self.policy_id, version)
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _pick(logits: Any, params: SamplingParams, gen: Any) -> int:
+    """Greedy at temperature 0, else temperature + nucleus sampling."""
+    import torch
+
+    if params.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p
+        keep[0] = True
+        filtered = torch.zeros_like(probs)
+        filtered[order[keep]] = sorted_p[keep]
+        probs = filtered / filtered.sum()
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,78 @@
+"""Assemble backend, recorder, reloader and app from ServeSettings (used by CLI and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from pipeline.settings import Settings
+
+from .app import Gateway, create_app
+from .backends.base import Backend
+from .recorder import Recorder
+from .reloader import Reloader
+from .settings import ServeSettings
+from .spool import Spool
+
+log = logging.getLogger(__name__)
+
+
+def build_backend(cfg: ServeSettings) -> Backend:
+    from pipeline.models.tiny import ensure_tiny_model
+
+    path = Path(cfg.model_path) if cfg.model_path else ensure_tiny_model()
+    if cfg.backend == "sglang":
+        from .backends.sglang import SGLangBackend
+
+        return SGLangBackend(
+            cfg.sglang_url, path, policy_id=cfg.policy_id or path.name,
+            version=cfg.weight_version, context_length=cfg.context_length or 32768,
+            timeout_s=cfg.sglang_timeout_s,
+        )
+    from .backends.hf import HFBackend
+
+    return HFBackend(
+        path, policy_id=cfg.policy_id, version=cfg.weight_version, device=cfg.device,
+        dtype=cfg.dtype, workers=cfg.workers, context_length=cfg.context_length,
+    )
+
+
+def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = None) -> FastAPI:
+    """The whole gateway; Kafka-side threads start with the app and stop with it."""
+    backend = backend or build_backend(cfg)
+    recorder = None
+    if cfg.record:
+        recorder = Recorder(
+            kafka, Spool(cfg.spool_dir, cfg.spool_segment_bytes),
+            delivery_timeout_s=cfg.delivery_timeout_s, client_id=f"liverl-{cfg.replica_id}",
+        )
+    gateway = Gateway(cfg, backend, recorder)
+    reloader: list[Reloader] = []
+
+    async def startup() -> None:
+        if recorder is not None:
+            recorder.start()
+        if cfg.reload:
+            r = Reloader(
+                kafka, backend, asyncio.get_running_loop(), replica_id=cfg.replica_id,
+                require_promoted=cfg.require_promoted,
+                emit=recorder.record if recorder is not None else None,
+                on_result=lambda ok: gateway.metrics.reloads.labels(str(ok).lower()).inc(),
+            )
+            r.start()
+            reloader.append(r)
+
+    async def shutdown() -> None:
+        for r in reloader:
+            await asyncio.to_thread(r.close)
+        if recorder is not None:
+            await asyncio.to_thread(recorder.close)
+        await backend.close()
+
+    app = create_app(gateway, startup, shutdown)
+    app.state.recorder = recorder
+    app.state.reloader = reloader
+    return app

@@ -1,0 +1,93 @@
+"""Prompt rendering, tool-call parsing and what part of a growing answer is safe to stream."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from .errors import ApiError
+
+TOOL_OPEN = "<tool_call>"
+_TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list | None) -> list[int]:
+    """Token ids of the prompt, rendered once by the model's own chat template."""
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:  # jinja errors from odd but schema-valid messages
+        raise ApiError(400, f"messages cannot be rendered by the chat template: {exc}",
+                       param="messages") from None
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split an answer into content and OpenAI ``tool_calls``.
+
+    Understands Hermes/Qwen ``<tool_call>{"name": …, "arguments": …}</tool_call>`` and the tiny
+    model's ``<tool_call>name {json}</tool_call>``. Unparseable blocks stay in the content.
+    """
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match[str]) -> str:
+        call = _parse_one(match.group(1))
+        if call is None:
+            return match.group(0)
+        calls.append(call)
+        return ""
+
+    rest = _TOOL_RE.sub(take, text).strip()
+    if not calls:
+        return text, []
+    return (rest or None), calls
+
+
+def _parse_one(body: str) -> dict[str, Any] | None:
+    name: Any
+    try:
+        doc = json.loads(body)
+        name, args = doc["name"], doc.get("arguments", {})
+    except (ValueError, KeyError, TypeError):
+        name, _, raw = body.partition(" ")
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not name:
+        return None
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {
+            "name": name,
+            "arguments": args if isinstance(args, str) else json.dumps(args),
+        },
+    }
+
+
+def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """Text before the earliest stop sequence, and whether one was found."""
+    cut = min((i for s in stop if (i := text.find(s)) >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def streamable(text: str, stop: list[str], tools: bool) -> str:
+    """The prefix of a still-growing answer that no later token can retract: held back are an
+    unfinished UTF-8 character, a possible start of a stop sequence and, with tools, anything
+    from a tool-call marker on (it leaves as ``tool_calls`` at the end)."""
+    text = text.rstrip("\ufffd")
+    text, _ = cut_at_stop(text, stop)
+    guards = list(stop) + ([TOOL_OPEN] if tools else [])
+    if tools and (i := text.find(TOOL_OPEN)) >= 0:
+        text = text[:i]
+    hold = 0
+    for g in guards:
+        for k in range(min(len(g) - 1, len(text)), 0, -1):
+            if text.endswith(g[:k]):
+                hold = max(hold, k)
+                break
+    return text[: len(text) - hold]

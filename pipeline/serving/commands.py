@@ -1,0 +1,91 @@
+"""``liverl serve``: the capture gateway. The lead wires ``serve`` into ``pipeline.cli``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .settings import ServeSettings, hash_key, is_loopback
+
+
+def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
+    keys = list(cli_keys)
+    env = os.environ.get("LIVERL_SERVE_API_KEYS", "")
+    keys += [k.strip() for k in env.split(",") if k.strip()]
+    if keys_file is not None:
+        keys += [ln.strip() for ln in keys_file.read_text().splitlines()
+                 if ln.strip() and not ln.startswith("#")]
+    return [hash_key(k) for k in keys]  # raw keys go no further than this line
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--backend", type=click.Choice(["hf", "sglang"]), default="hf", show_default=True)
+@click.option("--model", "model_path", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Local model dir (default: the tiny built-in model).")
+@click.option("--sglang-url", default="http://127.0.0.1:30000", show_default=True)
+@click.option("--policy-id", default=None, help="Default: the model dir's name.")
+@click.option("--served-model-name", default=None, help="Name clients send as `model`.")
+@click.option("--weight-version", default=0, show_default=True, type=int)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32")
+@click.option("--context-length", default=None, type=int)
+@click.option("--workers", default=4, show_default=True, type=int)
+@click.option("--api-key", "api_keys", multiple=True,
+              help="Accepted bearer key (repeatable); also LIVERL_SERVE_API_KEYS=k1,k2.")
+@click.option("--api-keys-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--rate-limit", default=0.0, show_default=True,
+              help="Requests per minute per key (0: unlimited).")
+@click.option("--max-body-bytes", default=4 * 1024 * 1024, show_default=True, type=int)
+@click.option("--no-record", is_flag=True, help="Serve without recording interactions.")
+@click.option("--no-reload", is_flag=True, help="Do not follow liverl.weights.v1.")
+@click.option("--require-promoted", is_flag=True, help="Load only promoted weight versions.")
+@click.option("--spool-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Default: <state_dir>/spool/<replica-id>.")
+@click.option("--replica-id", default="gateway-0", show_default=True)
+@click.option("--session-prefix-messages", default=2, show_default=True, type=int,
+              help="Messages hashed to name sessions clients did not name.")
+@click.pass_context
+def serve(ctx: click.Context, api_keys: tuple[str, ...], api_keys_file: Path | None,
+          rate_limit: float, no_record: bool, no_reload: bool, spool_dir: Path | None,
+          **opts: object) -> None:
+    """OpenAI-compatible gateway that records every main turn and hot-reloads weights.
+
+    Sessions: X-Session-Id, X-Turn-Type: main|side, X-Session-Done: true, X-Liverl-Train: false
+    (body fields session_id/turn_type/session_done/train as fallbacks).
+    """
+    import uvicorn
+
+    from pipeline.settings import Settings
+
+    from .build import build_app
+
+    kafka = (ctx.obj or {}).get("settings") if ctx.obj else None
+    kafka = kafka or Settings()
+    hashes = _keys(api_keys, api_keys_file)
+    replica = str(opts["replica_id"])
+    cfg = ServeSettings(
+        api_key_hashes=hashes, rate_limit_per_min=rate_limit, record=not no_record,
+        reload=not no_reload,
+        spool_dir=spool_dir or Path(kafka.state_dir) / "spool" / replica,
+        **opts,  # type: ignore[arg-type]
+    )
+    try:
+        cfg.check()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if cfg.open_access:
+        click.echo(f"no API keys configured: listening on {cfg.host} (loopback) only and "
+                   "accepting any key", err=True)
+    else:
+        click.echo(f"{len(hashes)} API key(s) configured (stored hashed)", err=True)
+    if not is_loopback(cfg.host) and cfg.open_access:  # pragma: no cover - check() refuses
+        sys.exit(2)
+    app = build_app(cfg, kafka)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")

@@ -1,0 +1,85 @@
+"""Which session and turn a request belongs to.
+
+Precedence: headers (``X-Session-Id``, ``X-Turn-Type``, ``X-Session-Done``, ``X-Liverl-Train``)
+then body fields (``session_id``, ``turn_type``, ``session_done``, ``train``). A client that
+names no session gets ``auto-<hash>``: sha256 over the caller's key id and the first
+``prefix_messages`` messages (canonical JSON), so a growing conversation from one key keeps
+one session while different conversations or keys never share one. Turn indices count main
+turns per session from 0 in this process (sticky sessions assumed across replicas).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from .errors import ApiError
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnInfo:
+    session_id: str
+    turn_type: Literal["main", "side"]
+    done: bool
+    train: bool
+
+    @property
+    def recorded(self) -> bool:
+        """Only main turns that did not opt out of training are recorded."""
+        return self.turn_type == "main" and self.train
+
+
+def _flag(name: str, header: str | None, body: Any, default: bool) -> bool:
+    if header is not None:
+        value = header.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ApiError(400, f"header {name} must be true or false", param=name)
+    return default if body is None else bool(body)
+
+
+class Sessions:
+    def __init__(self, prefix_messages: int = 2, max_sessions: int = 100_000) -> None:
+        self.prefix_messages = prefix_messages
+        self.max_sessions = max_sessions
+        self._turns: OrderedDict[str, int] = OrderedDict()
+
+    def resolve(
+        self,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        key_id: str,
+        messages: list[dict[str, Any]],
+    ) -> TurnInfo:
+        session = headers.get("x-session-id") or body.get("session_id")
+        if not session:
+            prefix = orjson.dumps(messages[: self.prefix_messages], option=orjson.OPT_SORT_KEYS)
+            session = "auto-" + hashlib.sha256(key_id.encode() + b"\n" + prefix).hexdigest()[:24]
+        turn_type = (headers.get("x-turn-type") or body.get("turn_type") or "main").lower()
+        if turn_type not in ("main", "side"):
+            raise ApiError(400, "X-Turn-Type must be 'main' or 'side'", param="X-Turn-Type")
+        done = _flag("X-Session-Done", headers.get("x-session-done"), body.get("session_done"),
+                     False)
+        train = _flag("X-Liverl-Train", headers.get("x-liverl-train"), body.get("train"), True)
+        return TurnInfo(str(session), turn_type, done, train)  # type: ignore[arg-type]
+
+    def next_turn(self, session_id: str) -> int:
+        """Claim the next main-turn index of a session."""
+        turn = self._turns.pop(session_id, 0)
+        self._turns[session_id] = turn + 1
+        while len(self._turns) > self.max_sessions:
+            self._turns.popitem(last=False)
+        return turn
+
+    def close(self, session_id: str) -> None:
+        self._turns.pop(session_id, None)

@@ -1,0 +1,87 @@
+"""Gateway settings. Kept here (not in ``pipeline.settings``) until the lead adds a section."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+def hash_key(key: str) -> str:
+    """Keys are only ever held as sha256 hex, so a dump of settings or logs never leaks one."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServeSettings(BaseModel):
+    """Everything ``liverl serve`` needs; built from CLI options and ``LIVERL_SERVE_*`` env."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: Literal["hf", "sglang"] = "hf"
+    model_path: Path | None = Field(
+        default=None, description="Local HF model dir; None serves the tiny built-in model."
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Name clients put in `model`; defaults to the policy id."
+    )
+    policy_id: str | None = Field(default=None, description="Defaults to the model dir's name.")
+    weight_version: int = Field(default=0, ge=0, description="Version of the weights at start.")
+    device: str = "cpu"
+    dtype: str = "float32"
+    sglang_url: str = "http://127.0.0.1:30000"
+    sglang_timeout_s: float = 600.0
+    context_length: int | None = Field(
+        default=None, description="Max prompt+completion tokens; default from the model config."
+    )
+    default_max_tokens: int = 256
+    workers: int = Field(default=4, ge=1, description="Concurrent generations (hf backend).")
+
+    api_key_hashes: list[str] = Field(
+        default_factory=list, description="sha256 hex of accepted bearer keys (never raw keys)."
+    )
+    rate_limit_per_min: float = Field(default=0, ge=0, description="Per key; 0 disables.")
+    rate_limit_burst: int = Field(default=20, ge=1)
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    record: bool = True
+    interactions_topic: str = "liverl.interactions.v1"
+    spool_dir: Path = Path(".liverl/spool")
+    spool_segment_bytes: int = 64 * 1024 * 1024
+    delivery_timeout_s: float = Field(
+        default=15.0, description="Per batch: after this an undelivered event is retried."
+    )
+    session_prefix_messages: int = Field(
+        default=2,
+        ge=1,
+        description="Messages hashed (with the key id) to name a session the client did not name.",
+    )
+    max_sessions: int = 100_000
+    replica_id: str = "gateway-0"
+
+    reload: bool = True
+    require_promoted: bool = Field(default=False, description="Load only `promoted` versions.")
+
+    @property
+    def open_access(self) -> bool:
+        """No keys configured: any key is accepted, which is only allowed on loopback."""
+        return not self.api_key_hashes
+
+    def check(self) -> None:
+        """Refuse unsafe combinations before anything listens."""
+        if self.open_access and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to listen on {self.host} without API keys; configure keys "
+                "(--api-key / LIVERL_SERVE_API_KEYS) or bind to 127.0.0.1"
+            )

@@ -1,0 +1,95 @@
+"""Run liverl's components as child processes on one machine (``liverl up``).
+
+Each component is the same ``liverl`` command a user (or docker compose) would run, so the
+embedded default and production share entry points. Ctrl-C or SIGTERM stops them in
+reverse order: SIGTERM, a grace period, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.settings import Settings
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    args: list[str]
+
+
+@dataclass
+class Running:
+    component: Component
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def start(settings: Settings, components: list[Component]) -> list[Running]:
+    logs = Path(settings.state_dir).resolve() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    running: list[Running] = []
+    for comp in components:
+        log = logs / f"{comp.name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.cli", *comp.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=os.environ.copy(),
+            )
+        running.append(Running(comp, proc, log))
+    return running
+
+
+def stop(running: list[Running], grace_s: float = 20.0) -> None:
+    for item in reversed(running):
+        if item.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(item.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for item in reversed(running):
+        remaining = max(0.1, deadline - time.monotonic())
+        try:
+            item.proc.wait(remaining)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(item.proc.pid, signal.SIGKILL)
+            item.proc.wait()
+
+
+def supervise(running: list[Running], poll_s: float = 0.5) -> Running | None:
+    """Block until Ctrl-C/SIGTERM (returns None) or a component dies (returns it)."""
+    stopping = False
+
+    def _stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping:
+            for item in running:
+                if item.proc.poll() is not None:
+                    return item
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return None
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    if not path.exists():
+        return "(no output)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
