@@ -36,75 +36,90 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_raw(settings: Settings, admin: AdminClient, payload: bytes, n: int) -> dict[str, float]:
-    topic = _topic(admin, "raw")
-    prod = Producer(
-        settings.kafka_client_config(
-            **{
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "compression.type": settings.kafka.compression,
-                "message.max.bytes": settings.kafka.max_event_bytes,
-            }
+class RawPath:
+    """Baseline: pre-encoded bytes through plain confluent-kafka clients."""
+
+    def __init__(self, settings: Settings, topic: str, payload: bytes) -> None:
+        self.payload = payload
+        self.topic = topic
+        self.prod = Producer(
+            settings.kafka_client_config(
+                **{
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 5,
+                    "compression.type": settings.kafka.compression,
+                    "message.max.bytes": settings.kafka.max_event_bytes,
+                }
+            )
         )
-    )
-    cons = Consumer(
-        settings.kafka_client_config(
-            **{"group.id": topic, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+        self.cons = Consumer(
+            settings.kafka_client_config(
+                **{"group.id": topic, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+            )
         )
-    )
-    cons.subscribe([topic])
-    cons.poll(0.5)
-    sent: dict[bytes, float] = {}
-    lat: list[float] = []
+        self.cons.subscribe([topic])
+
+    def send(self, i: int) -> None:
+        self.prod.produce(self.topic, self.payload, key=str(i).encode())
+        self.prod.poll(0)
+
+    def flush(self) -> None:
+        self.prod.flush(30)
+
+    def receive(self, timeout: float) -> list[int]:
+        return [int(m.key()) for m in self.cons.consume(500, timeout=timeout) if m.error() is None]
+
+    def close(self) -> None:
+        self.cons.close()
+
+
+class CodecPath:
+    """liverl: EventProducer.send (encode) -> EventConsumer.poll_batch (decode + validate)."""
+
+    def __init__(self, settings: Settings, topic: str, event: events.Interaction) -> None:
+        self.event = event
+        self.topic = topic
+        self.prod = EventProducer(settings, client_id="bench")
+        self.cons = EventConsumer(
+            settings, group_id=topic, topics=[topic], expected_types={topic: "interaction"}
+        )
+
+    def send(self, i: int) -> None:
+        self.prod.send(self.topic, replace(self.event, event_id=str(i)))
+
+    def flush(self) -> None:
+        self.prod.flush()
+
+    def receive(self, timeout: float) -> list[int]:
+        batch = self.cons.poll_batch(max_records=500, timeout=timeout)
+        self.cons.store(batch)
+        return [int(r.event.event_id) for r in batch.records]
+
+    def close(self) -> None:
+        self.cons.close()
+
+
+def measure(path: RawPath | CodecPath, n: int, pings: int) -> dict[str, float]:
+    """Throughput: produce n, then drain. Latency: one event in flight at a time."""
+    path.receive(0.5)  # join the group before timing
     start = time.perf_counter()
     for i in range(n):
-        key = str(i).encode()
-        sent[key] = time.perf_counter()
-        prod.produce(topic, payload, key=key)
-        prod.poll(0)
-        for msg in cons.consume(100, timeout=0):
-            if msg.error() is None:
-                lat.append(time.perf_counter() - sent[msg.key()])
-    prod.flush(30)
-    while len(lat) < n:
-        for msg in cons.consume(500, timeout=1.0):
-            if msg.error() is None:
-                lat.append(time.perf_counter() - sent[msg.key()])
+        path.send(i)
+    path.flush()
+    got = 0
+    while got < n:
+        got += len(path.receive(1.0))
     elapsed = time.perf_counter() - start
-    cons.close()
-    return {
-        "events_s": n / elapsed,
-        "p50_ms": _pct(lat, 0.5) * 1e3,
-        "p99_ms": _pct(lat, 0.99) * 1e3,
-    }
-
-
-def run_codec(
-    settings: Settings, admin: AdminClient, event: events.Interaction, n: int
-) -> dict[str, float]:
-    topic = _topic(admin, "codec")
-    prod = EventProducer(settings, client_id="bench")
-    cons = EventConsumer(
-        settings, group_id=topic, topics=[topic], expected_types={topic: "interaction"}
-    )
-    cons.poll_batch(timeout=0.5)
-    sent: dict[str, float] = {}
     lat: list[float] = []
-    variants = [replace(event, event_id=f"e{i}") for i in range(n)]
-    start = time.perf_counter()
-    for ev in variants:
-        sent[ev.event_id] = time.perf_counter()
-        prod.send(topic, ev)
-        for rec in cons.poll_batch(max_records=100, timeout=0):
-            lat.append(time.perf_counter() - sent[rec.event.event_id])
-    prod.flush()
-    while len(lat) < n:
-        for rec in cons.poll_batch(max_records=500, timeout=1.0):
-            lat.append(time.perf_counter() - sent[rec.event.event_id])
-    elapsed = time.perf_counter() - start
-    cons.close()
+    for i in range(n, n + pings):
+        t0 = time.perf_counter()
+        path.send(i)
+        path.flush()
+        while i not in path.receive(0.05):
+            pass
+        lat.append(time.perf_counter() - t0)
+    path.close()
     return {
         "events_s": n / elapsed,
         "p50_ms": _pct(lat, 0.5) * 1e3,
@@ -116,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pings", type=int, default=200, help="latency samples per run")
     args = parser.parse_args()
 
     settings = Settings()
@@ -129,8 +145,12 @@ def main() -> None:
     )
     raws, codecs = [], []
     for _ in range(args.repeats):
-        raws.append(run_raw(settings, admin, payload, args.events))
-        codecs.append(run_codec(settings, admin, event, args.events))
+        raws.append(
+            measure(RawPath(settings, _topic(admin, "raw"), payload), args.events, args.pings)
+        )
+        codecs.append(
+            measure(CodecPath(settings, _topic(admin, "codec"), event), args.events, args.pings)
+        )
     raw = {k: statistics.median(r[k] for r in raws) for k in raws[0]}
     codec = {k: statistics.median(r[k] for r in codecs) for k in codecs[0]}
     mb = len(payload) / 1e6

@@ -326,8 +326,10 @@ def status(ctx: click.Context) -> None:
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
     from pipeline.serving.commands import serve
+    from pipeline.trainer.commands import train
 
     cli.add_command(serve)
+    cli.add_command(train)
 
 
 _register_components()

@@ -228,3 +228,61 @@ def test_envelope_is_identical_across_files() -> None:
             assert (
                 "session_id" not in schema["properties"] and "turn" not in schema["properties"]
             ), type_
+
+
+# Bulk numeric arrays (token ids, log-probs, loss masks) take a fast path that skips
+# per-element schema checks when a C-speed check proves them valid; these mutations put
+# every kind of bad (and borderline) element at the start, middle and end of each array.
+BULK_ELEMENTS: list[Any] = [
+    -1,
+    2,
+    0,
+    1,
+    1.0,
+    -0.0,
+    0.5,
+    1e300,
+    2**63,
+    -(2**63),
+    True,
+    False,
+    None,
+    "1",
+    [],
+    {},
+    [0],
+]
+
+
+def _bulk_mutations(type_: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    base = EXAMPLES[type_]
+    for name, prop in SCHEMAS[type_]["properties"].items():
+        items = prop.get("items")
+        if prop.get("type") != "array" or not isinstance(items, dict):
+            continue
+        if items.get("type") not in ("integer", "number") or not base.get(name):
+            continue
+        size = len(base[name])
+        for where in sorted({0, size // 2, size - 1}):
+            for element in BULK_ELEMENTS:
+                doc = copy.deepcopy(base)
+                doc[name][where] = element
+                yield f"{name}[{where}]={element!r}", doc
+
+
+@pytest.mark.parametrize("type_", ["interaction", "sample"])
+def test_bulk_array_fast_path_agrees_with_reference(type_: str) -> None:
+    reference = Draft7Validator(SCHEMAS[type_])
+    cases = list(_bulk_mutations(type_))
+    assert len(cases) > 100
+    verdicts = set()
+    for label, doc in cases:
+        expected = reference.is_valid(doc)
+        verdicts.add(expected)
+        try:
+            decode(orjson.dumps(doc))
+            got = True
+        except ValueError:
+            got = False
+        assert got == expected, f"{type_} {label}: reference says {expected}, decode says {got}"
+    assert verdicts == {True, False}, "mutations must include both valid and invalid documents"

@@ -1,0 +1,89 @@
+"""``liverl train``: the click command (the lead wires it into ``pipeline.cli``).
+
+``LIVERL_TRAINER_CRASH_AT=<stage>`` kills the process (``os._exit``) when the publish
+protocol reaches that stage (``before_rename``, ``after_folder``, ``after_delta_trajectories``,
+``after_delta_gradient_steps``, ``after_delta_weights``, ``after_events``, ``after_offsets``): a
+test hook for exactly-once, inert unless set.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from pipeline.kafka import names
+from pipeline.settings import Settings
+from pipeline.trainer.config import TrainerSettings
+
+
+def _crash_hook() -> object:
+    target = os.environ.get("LIVERL_TRAINER_CRASH_AT")
+    if not target:
+        return None
+
+    def on_stage(stage: str) -> None:
+        if stage == target:
+            os._exit(137)
+
+    return on_stage
+
+
+@click.command("train")
+@click.option("--policy", required=True, help="Policy id; samples of other policies are skipped.")
+@click.option("--model", default="tiny", show_default=True, help="HF model dir, or 'tiny'.")
+@click.option("--method", type=click.Choice(["rl", "opd", "hybrid"]), default="rl",
+              show_default=True)
+@click.option("--topic", "input_topic", default=names.SAMPLES, show_default=True,
+              help="Input samples topic.")
+@click.option("--weights-root", type=click.Path(path_type=Path), default=None,
+              help="Default: <state_dir>/weights.")
+@click.option("--lake-root", type=click.Path(path_type=Path), default=None,
+              help="Default: <state_dir>/lake.")
+@click.option("--batch-samples", "batch_max_samples", type=int, default=16, show_default=True)
+@click.option("--batch-tokens", "batch_max_tokens", type=int, default=32_768, show_default=True,
+              help="Bound on padded tokens per batch.")
+@click.option("--batch-wait", "batch_max_wait_s", type=float, default=2.0, show_default=True)
+@click.option("--lr", type=float, default=1e-5, show_default=True)
+@click.option("--teacher", type=click.Choice(["reference", "policy"]), default="reference",
+              show_default=True)
+@click.option("--hint-selection", type=click.Choice(["sequence", "token", "shortest"]),
+              default="sequence", show_default=True)
+@click.option("--opd-loss", type=click.Choice(["token", "topk"]), default="token",
+              show_default=True)
+@click.option("--w-rl", type=float, default=1.0, show_default=True)
+@click.option("--w-opd", type=float, default=1.0, show_default=True)
+@click.option("--staleness", type=click.Choice(["drop", "tis"]), default="drop",
+              show_default=True)
+@click.option("--max-staleness", type=int, default=2, show_default=True)
+@click.option("--publish-every-steps", type=int, default=1, show_default=True)
+@click.option("--publish-every-s", type=float, default=60.0, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
+              show_default=True)
+@click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False)
+@click.option("--exit-when-idle", "exit_when_idle_s", type=float, default=None,
+              help="Exit after this many seconds without input (batch jobs, tests).")
+@click.pass_context
+def train(ctx: click.Context, **options: object) -> None:
+    """Train POLICY from the samples topic and publish versioned weights (DESIGN.md §6-§7)."""
+    from pipeline.trainer.loop import TrainerLoop, install_signal_handlers
+
+    settings: Settings = (ctx.obj or {}).get("settings") or Settings()
+    state = Path(settings.state_dir)
+    options["weights_root"] = options["weights_root"] or state / "weights"
+    options["lake_root"] = options["lake_root"] or state / "lake"
+    cfg = TrainerSettings(**options)  # type: ignore[arg-type]
+    loop = TrainerLoop(settings, cfg, on_stage=_crash_hook(),  # type: ignore[arg-type]
+                       echo=lambda line: click.echo(line, err=False))
+    install_signal_handlers(loop)
+    stats = loop.run()
+    click.echo(
+        f"done: {stats.steps} steps, {stats.samples} samples, {stats.published} versions, "
+        f"{stats.dead_lettered} dead-lettered, {stats.dropped_stale} stale dropped"
+    )
+
+
+if __name__ == "__main__":
+    train()

@@ -1,0 +1,91 @@
+"""Trainer settings (one policy per trainer process).
+
+Kept in the trainer package as a pydantic model; the lead can nest it into
+``pipeline.settings.Settings`` as ``trainer: TrainerSettings`` (``LIVERL_TRAINER_*``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pipeline.kafka import names
+
+Method = Literal["rl", "opd", "hybrid"]
+
+
+class TrainerSettings(BaseModel):
+    """Everything the trainer needs besides the Kafka connection."""
+
+    policy: str = "default"
+    model: str = Field(default="tiny", description="HF model dir, or 'tiny' for the built-in one.")
+    method: Method = "rl"
+    input_topic: str = names.SAMPLES
+    group_id: str | None = Field(
+        default=None, description="Group for informational offset commits (lag monitoring)."
+    )
+    weights_root: Path = Path(".liverl/weights")
+    lake_root: Path = Path(".liverl/lake")
+    start: Literal["earliest", "latest"] = Field(
+        default="earliest", description="Where a trainer with no manifest starts reading."
+    )
+
+    # batching: every bound holds at once
+    batch_max_samples: int = Field(default=16, ge=1)
+    batch_max_tokens: int = Field(
+        default=32_768, ge=2, description="Bound on padded tokens (samples x longest sequence)."
+    )
+    batch_max_wait_s: float = Field(default=2.0, ge=0.0)
+
+    # optimisation
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    aggregate: Literal["token_mean", "seq_mean"] = "token_mean"
+    eps: float = 0.2
+    eps_high: float = 0.28
+
+    # OPD / hybrid
+    teacher: Literal["reference", "policy"] = Field(
+        default="reference", description="Frozen copy of --model, or the current policy."
+    )
+    hint_selection: Literal["sequence", "token", "shortest"] = "sequence"
+    opd_loss: Literal["token", "topk"] = "token"
+    topk: int = 4
+    topk_subset: Literal["student", "teacher", "overlap"] = "student"
+    opd_clip: float = 1.0
+    w_rl: float = 1.0
+    w_opd: float = 1.0
+
+    # off-policy samples
+    staleness: Literal["drop", "tis"] = "drop"
+    max_staleness: int = Field(default=2, ge=0)
+    tis_cap: float = 2.0
+
+    # publishing (DESIGN.md §7)
+    publish_every_steps: int = Field(default=1, ge=1)
+    publish_every_s: float = Field(default=60.0, gt=0.0)
+    save_optimizer: bool = True
+
+    # devices
+    device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto", description="auto: bf16 autocast on CUDA, fp32 on CPU."
+    )
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+    # process
+    exit_when_idle_s: float | None = Field(
+        default=None, description="Exit after this long with no input and nothing pending."
+    )
+    config_version: str = Field(
+        default="trainer-1", description="Goes into derived event ids; bump on semantic change."
+    )
+
+    @property
+    def app_id(self) -> str:
+        """Delta application-transaction id: one per policy."""
+        return f"liverl-trainer/{self.policy}"

@@ -1,0 +1,247 @@
+"""The trainer process: Kafka samples in, gradient steps, versioned weights and Delta rows out.
+
+Input positions come from the newest manifest (assign + seek), never from the consumer
+group, which only receives informational commits. See :mod:`publish` for the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from pipeline import events
+from pipeline.events import DeadLetter, Producer, Sample
+from pipeline.kafka import EventConsumer, EventProducer, Record, names
+from pipeline.settings import Settings
+from pipeline.trainer import checkpoint as ck
+from pipeline.trainer.batching import Batcher, check_sample
+from pipeline.trainer.config import TrainerSettings
+from pipeline.trainer.core import StepResult, TrainerCore
+from pipeline.trainer.publish import Publisher, Stage, step_row, trajectory_rows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopStats:
+    steps: int = 0
+    published: int = 0
+    samples: int = 0
+    dead_lettered: int = 0
+    other_policy: int = 0
+    dropped_stale: int = 0
+    timings: dict[str, float] = field(
+        default_factory=lambda: {"compute_s": 0.0, "optimizer_s": 0.0}
+    )
+
+
+class TrainerLoop:
+    """One policy's trainer; :meth:`run` returns when stopped or idle (``exit_when_idle_s``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        cfg: TrainerSettings,
+        *,
+        on_stage: Stage | None = None,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.settings = settings
+        self.cfg = cfg
+        self.echo = echo
+        self.on_stage = on_stage
+        self.stats = LoopStats()
+        self._stop = False
+
+    def stop(self, *_: Any) -> None:
+        self._stop = True
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def _recover(self, publisher: Publisher) -> tuple[TrainerCore, int, dict[int, int]]:
+        """Newest manifest -> finish its publishing, load its weights, return its offsets."""
+        cfg = self.cfg
+        removed = ck.clean_temp(cfg.weights_root, cfg.policy)
+        if removed:
+            self.echo(f"removed {removed} half-written version folder(s)")
+        manifest = ck.latest_manifest(cfg.weights_root, cfg.policy)
+        if manifest is None:
+            return TrainerCore.load(cfg), 0, {}
+        if manifest.input_topic != cfg.input_topic:
+            raise SystemExit(
+                f"newest manifest v{manifest.version} consumed {manifest.input_topic!r}, not "
+                f"{cfg.input_topic!r}: its offsets do not apply; use another policy or root"
+            )
+        directory = ck.version_dir(cfg.weights_root, cfg.policy, manifest.version)
+        publisher.complete(directory)
+        core = TrainerCore.load(cfg, directory, step=manifest.step)
+        self.echo(f"resumed from v{manifest.version} (step {manifest.step})")
+        return core, manifest.version, manifest.offsets()
+
+    def _assign(self, consumer: EventConsumer, offsets: dict[int, int]) -> dict[int, int]:
+        """Assign every partition at its manifest offset (or the configured start)."""
+        topic = self.cfg.input_topic
+        md = consumer.raw.list_topics(topic, timeout=30)
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise SystemExit(f"input topic {topic!r} not found")
+        start = dict(offsets)
+        for p in meta.partitions:
+            if p not in start:
+                low, high = consumer.raw.get_watermark_offsets(TopicPartition(topic, p), 30)
+                start[p] = low if self.cfg.start == "earliest" else high
+        consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(start.items())])
+        return start
+
+    # ---- main loop ------------------------------------------------------------------------
+
+    def run(self) -> LoopStats:
+        cfg = self.cfg
+        producer = EventProducer(self.settings, client_id=f"liverl-trainer-{cfg.policy}")
+        consumer = EventConsumer(
+            self.settings,
+            group_id=cfg.group_id or f"liverl-trainer-{cfg.policy}",
+            dlq=producer,
+            component="trainer",
+            expected_types={cfg.input_topic: "sample"},
+        )
+
+        def commit(offsets: dict[int, int]) -> None:
+            tps = [TopicPartition(cfg.input_topic, p, o) for p, o in offsets.items()]
+            try:
+                consumer.raw.commit(offsets=tps, asynchronous=False)
+            except Exception as exc:  # noqa: BLE001 - informational only
+                log.warning("offset commit failed (restart uses the manifest): %s", exc)
+
+        publisher = Publisher(cfg, producer, commit, self.on_stage)
+        try:
+            core, version, offsets = self._recover(publisher)
+            polled = self._assign(consumer, offsets)
+            self._loop(core, version, polled, consumer, producer, publisher)
+        finally:
+            consumer.close()
+            producer.flush()
+        return self.stats
+
+    def _loop(
+        self,
+        core: TrainerCore,
+        version: int,
+        polled: dict[int, int],
+        consumer: EventConsumer,
+        producer: EventProducer,
+        publisher: Publisher,
+    ) -> None:
+        cfg = self.cfg
+        batcher = Batcher(cfg.batch_max_samples, cfg.batch_max_tokens, cfg.batch_max_wait_s)
+        limit = min(cfg.batch_max_tokens, core.max_positions)
+        trainer_id = Producer(component="trainer", version=cfg.config_version)
+        traj_rows: list[dict[str, Any]] = []
+        step_rows: list[dict[str, Any]] = []
+        last_publish = last_input = time.monotonic()
+        self.echo(f"trainer ready: policy {cfg.policy}, v{version}, step {core.step}")
+        while not self._stop:
+            batch = consumer.poll_batch(max_records=cfg.batch_max_samples * 4, timeout=0.2)
+            self.stats.dead_lettered += batch.dead_lettered
+            for (_topic, p), o in batch.offsets.items():
+                polled[p] = o
+            if batch.offsets:
+                last_input = time.monotonic()
+            for rec in batch.records:
+                self._admit(rec, core, limit, batcher, producer, trainer_id)
+            if batcher.ready():
+                records = batcher.take()
+                result = core.train_step([r.event for r in records], version)  # type: ignore[misc]
+                self._account(result)
+                now_ms = events.now_ms()
+                traj_rows += trajectory_rows(records, result, core.tokenizer)
+                step_rows.append(step_row(cfg, result, batcher.next_offsets(polled), now_ms))
+            due = len(step_rows) >= cfg.publish_every_steps or (
+                time.monotonic() - last_publish >= cfg.publish_every_s
+            )
+            if step_rows and due:
+                version = self._publish(core, version, polled, batcher, producer, publisher,
+                                        traj_rows, step_rows)
+                traj_rows, step_rows = [], []
+                last_publish = time.monotonic()
+            idle_s = cfg.exit_when_idle_s
+            if idle_s is not None and not batcher and time.monotonic() - last_input >= idle_s:
+                self.echo(f"idle for {idle_s}s: exiting")
+                break
+        if step_rows:  # stop or idle exit: keep the finished steps
+            version = self._publish(core, version, polled, batcher, producer, publisher,
+                                    traj_rows, step_rows)
+        self.echo(f"stopped at v{version}, step {core.step}")
+
+    def _admit(
+        self,
+        rec: Record,
+        core: TrainerCore,
+        limit: int,
+        batcher: Batcher,
+        producer: EventProducer,
+        trainer_id: Producer,
+    ) -> None:
+        sample = rec.event
+        assert isinstance(sample, Sample)
+        if sample.policy_id != self.cfg.policy:
+            self.stats.other_policy += 1
+            return
+        reason = check_sample(sample, core.vocab_size, limit)
+        if reason is None:
+            batcher.add(rec)
+            return
+        letter = DeadLetter.wrap(
+            events.encode(sample), topic=rec.topic, partition=rec.partition, offset=rec.offset,
+            error=reason, producer=trainer_id, key=rec.key,
+            headers=events.headers(sample),
+        )
+        producer.send(names.DLQ, letter, key=rec.key)
+        self.stats.dead_lettered += 1
+        log.warning("dead-lettered sample %s: %s", sample.event_id, reason)
+
+    def _account(self, result: StepResult) -> None:
+        self.stats.steps += 1
+        self.stats.samples += result.samples
+        self.stats.dropped_stale += result.dropped_stale
+        for key in ("compute_s", "optimizer_s"):
+            self.stats.timings[key] += result.timings.get(key, 0.0)
+
+    def _publish(
+        self,
+        core: TrainerCore,
+        version: int,
+        polled: dict[int, int],
+        batcher: Batcher,
+        producer: EventProducer,
+        publisher: Publisher,
+        traj_rows: list[dict[str, Any]],
+        step_rows: list[dict[str, Any]],
+    ) -> int:
+        producer.flush()  # dead letters are durable before any manifest covers their offsets
+        rewards = [r["reward"] for r in traj_rows]
+        manifest = publisher.publish(
+            core,
+            version=version + 1,
+            parent=version if version > 0 else None,
+            offsets=batcher.next_offsets(polled),
+            trajectories=traj_rows,
+            steps=step_rows,
+            created_ms=events.now_ms(),
+            metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows)},
+        )
+        self.stats.published += 1
+        self.echo(f"published v{manifest.version} at step {manifest.step}")
+        return manifest.version
+
+
+def install_signal_handlers(loop: TrainerLoop) -> None:
+    """SIGTERM/SIGINT finish the current step and publish it, then exit."""
+    signal.signal(signal.SIGTERM, loop.stop)
+    signal.signal(signal.SIGINT, loop.stop)

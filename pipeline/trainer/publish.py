@@ -1,0 +1,253 @@
+"""The publish protocol of DESIGN.md §7, and its recovery.
+
+1. weights + manifest -> ``vN`` (atomic folder, :mod:`checkpoint`); the folder also holds
+   the lake rows of this version, so everything after step 1 can be redone from disk;
+2. Delta appends (``trajectories``, ``gradient_steps``, ``weights``), each with the
+   application transaction ``(app_id, N)``: a retried commit is skipped;
+3. ``GradientStep`` and ``WeightsPublished`` events with deterministic ids, then a marker;
+4. informational consumer-group offset commit (restart reads the manifest, not the group).
+
+:meth:`Publisher.complete` runs steps 2-4 and is idempotent, so a restart simply calls it
+on the newest version. A crash before the rename loses only in-memory steps, whose input
+offsets the newest manifest does not cover: they are read and trained again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+
+from pipeline import __version__
+from pipeline.events import GradientStep, Producer, WeightsPublished, derive_event_id
+from pipeline.kafka import EventProducer, Record, names
+from pipeline.lake import tables as T
+from pipeline.lake.writer import append_once
+from pipeline.trainer import checkpoint as ck
+from pipeline.trainer.config import TrainerSettings
+from pipeline.trainer.core import OPTIMIZER_FILE, StepResult, TrainerCore
+
+Stage = Callable[[str], None]
+TRAJ_FILE = "trajectories.parquet"
+STEPS_FILE = "gradient_steps.parquet"
+
+
+def _json(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def trajectory_rows(
+    records: Sequence[Record], result: StepResult, tokenizer: Any
+) -> list[dict[str, Any]]:
+    """One row per consumed sample; ``weight_version`` is filled in at publish time."""
+    rows = []
+    for rec, outcome in zip(records, result.outcomes, strict=True):
+        s = rec.event
+        rows.append(
+            {
+                "event_id": s.event_id,
+                "session_id": s.session_id,  # type: ignore[attr-defined]
+                "turn": s.turn,  # type: ignore[attr-defined]
+                "policy_id": s.policy_id,  # type: ignore[attr-defined]
+                "prompt_token_ids": s.prompt_token_ids,  # type: ignore[attr-defined]
+                "response_token_ids": s.response_token_ids,  # type: ignore[attr-defined]
+                "response_text": tokenizer.decode(s.response_token_ids),  # type: ignore[attr-defined]
+                "loss_mask": s.loss_mask,  # type: ignore[attr-defined]
+                "behavior_logprobs": s.behavior_logprobs,  # type: ignore[attr-defined]
+                "reward": s.reward,  # type: ignore[attr-defined]
+                "hints": s.hints,  # type: ignore[attr-defined]
+                "selected_hint": outcome.selected_hint,
+                "behavior_weight_version": s.behavior_weight_version,  # type: ignore[attr-defined]
+                "staleness": outcome.staleness,
+                "status": outcome.status,
+                "step": result.step,
+                "weight_version": None,
+                "source_topic": rec.topic,
+                "source_partition": rec.partition,
+                "source_offset": rec.offset,
+                "ts_ms": s.ts_ms,
+                "day": dt.datetime.fromtimestamp(s.ts_ms / 1000, dt.UTC).strftime("%Y-%m-%d"),
+            }
+        )
+    return rows
+
+
+def step_row(
+    cfg: TrainerSettings, result: StepResult, offsets: dict[int, int], ts_ms: int
+) -> dict[str, Any]:
+    return {
+        "policy_id": cfg.policy,
+        "step": result.step,
+        "weight_version": result.weight_version,
+        "published_version": None,
+        "method": cfg.method,
+        "loss": result.losses["total"],
+        "loss_rl": result.losses.get("rl"),
+        "loss_opd": result.losses.get("opd"),
+        "kl": result.kl,
+        "clip_fraction": result.clip_fraction,
+        "grad_norm": result.grad_norm,
+        "samples": result.samples,
+        "tokens": result.tokens,
+        "trained_tokens": result.trained_tokens,
+        "dropped_stale": result.dropped_stale,
+        "reward_mean": result.reward_mean,
+        "consumed_offsets": _json({str(p): o for p, o in sorted(offsets.items())}),
+        "metrics": _json(result.metrics),
+        "ts_ms": ts_ms,
+    }
+
+
+class Publisher:
+    """Runs the publish protocol for one policy; ``on_stage`` is a fault-injection hook."""
+
+    def __init__(
+        self,
+        cfg: TrainerSettings,
+        producer: EventProducer | None = None,
+        commit_offsets: Callable[[dict[int, int]], None] | None = None,
+        on_stage: Stage | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.lake = T.LakeTables(cfg.lake_root)
+        self.producer = producer
+        self.commit_offsets = commit_offsets
+        self.on_stage = on_stage or (lambda _stage: None)
+        self.producer_id = Producer(component="trainer", version=__version__)
+
+    def publish(
+        self,
+        core: TrainerCore,
+        *,
+        version: int,
+        parent: int | None,
+        offsets: dict[int, int],
+        trajectories: list[dict[str, Any]],
+        steps: list[dict[str, Any]],
+        created_ms: int,
+        metrics: dict[str, Any] | None = None,
+    ) -> ck.Manifest:
+        """Steps 1-4 for version ``version`` trained up to ``core.step``."""
+        for row in trajectories:
+            row["weight_version"] = version
+        for row in steps:
+            row["published_version"] = version
+        manifest = ck.Manifest(
+            policy_id=self.cfg.policy,
+            version=version,
+            parent=parent,
+            step=core.step,
+            created_ms=created_ms,
+            input_topic=self.cfg.input_topic,
+            consumed_offsets={str(p): o for p, o in sorted(offsets.items())},
+            files=[],
+            method=self.cfg.method,
+            metrics=metrics or {},
+        )
+
+        def write(tmp: Path) -> None:
+            core.save_weights(tmp)
+            if self.cfg.save_optimizer:
+                core.save_optimizer(tmp / ck.TRAINER_DIR / OPTIMIZER_FILE)
+            out = tmp / ck.TRAINER_DIR
+            pq.write_table(T.to_table(T.TRAJECTORIES, trajectories), out / TRAJ_FILE)
+            pq.write_table(T.to_table(T.GRADIENT_STEPS, steps), out / STEPS_FILE)
+
+        directory = ck.write_version(self.cfg.weights_root, manifest, write, self.on_stage)
+        self.on_stage("after_folder")
+        return self.complete(directory)
+
+    def complete(self, directory: Path) -> ck.Manifest:
+        """Steps 2-4 for an already written version folder; safe to repeat."""
+        manifest = ck.Manifest.from_json((directory / ck.MANIFEST).read_bytes())
+        trainer = directory / ck.TRAINER_DIR
+        traj = pq.read_table(trainer / TRAJ_FILE, schema=T.TRAJECTORIES_SCHEMA)
+        steps = pq.read_table(trainer / STEPS_FILE, schema=T.GRADIENT_STEPS_SCHEMA)
+        weights = T.to_table(T.WEIGHTS, [self._weights_row(manifest, directory)])
+        parts = ((T.TRAJECTORIES, traj), (T.GRADIENT_STEPS, steps), (T.WEIGHTS, weights))
+        for name, table in parts:
+            append_once(
+                self.lake.uri(name), table, app_id=self.cfg.app_id, version=manifest.version,
+                partition_by=T.PARTITION_BY[name],
+            )
+            self.on_stage(f"after_delta_{name}")
+        if self.producer is not None and not ck.events_done(directory):
+            step_events = [self._step_event(row) for row in steps.to_pylist()]
+            for event in step_events:
+                self.producer.send(names.GRADIENT_STEPS, event, key=self.cfg.policy)
+            self.producer.send(
+                names.WEIGHTS,
+                self._weights_event(manifest, directory, [e.event_id for e in step_events]),
+                key=self.cfg.policy,
+            )
+            self.producer.flush()
+            ck.mark_events_done(directory)
+        self.on_stage("after_events")
+        if self.commit_offsets is not None:
+            self.commit_offsets(manifest.offsets())
+        self.on_stage("after_offsets")
+        return manifest
+
+    def _weights_row(self, m: ck.Manifest, directory: Path) -> dict[str, Any]:
+        return {
+            "policy_id": m.policy_id,
+            "version": m.version,
+            "parent": m.parent,
+            "step": m.step,
+            "uri": directory.resolve().as_uri() + "/",
+            "status": "candidate",
+            "files": _json(m.files),
+            "consumed_offsets": _json(m.consumed_offsets),
+            "input_topic": m.input_topic,
+            "method": m.method,
+            "metrics": _json(m.metrics),
+            "ts_ms": m.created_ms,
+        }
+
+    def _step_event(self, row: dict[str, Any]) -> GradientStep:
+        losses = {"total": row["loss"]}
+        losses.update({k: row[f"loss_{k}"] for k in ("rl", "opd") if row[f"loss_{k}"] is not None})
+        return GradientStep(
+            event_id=derive_event_id(
+                "gradient_step", [], self.cfg.config_version, self.cfg.policy, row["step"]
+            ),
+            ts_ms=row["ts_ms"],
+            producer=self.producer_id,
+            policy_id=self.cfg.policy,
+            step=row["step"],
+            losses=losses,
+            kl=row["kl"],
+            clip_fraction=row["clip_fraction"],
+            grad_norm=row["grad_norm"],
+            consumed_offsets=orjson.loads(row["consumed_offsets"]),
+            samples=row["samples"],
+            tokens=row["tokens"],
+            weight_version=row["weight_version"],
+        )
+
+    def _weights_event(
+        self, m: ck.Manifest, directory: Path, parents: list[str]
+    ) -> WeightsPublished:
+        return WeightsPublished(
+            event_id=derive_event_id(
+                "weights", [], self.cfg.config_version, m.policy_id, m.version
+            ),
+            ts_ms=m.created_ms,
+            producer=self.producer_id,
+            parents=parents,
+            policy_id=m.policy_id,
+            version=m.version,
+            parent=m.parent,
+            uri=directory.resolve().as_uri() + "/",
+            files=[
+                {"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for f in m.files
+            ],
+            step=m.step,
+            status="candidate",
+            consumed_offsets=m.consumed_offsets,
+            metrics=m.metrics,
+        )
