@@ -271,21 +271,116 @@ def topics_list(ctx: click.Context) -> None:
 
 
 @cli.command("up")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Gateway address.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Gateway port.")
+@click.option(
+    "--policy", default="default", show_default=True, help="Policy id served, recorded and trained."
+)
+@click.option("--model", default=None, help="Local HF model dir (default: built-in tiny model).")
+@click.option(
+    "--method",
+    type=click.Choice(["rl", "opd", "hybrid"]),
+    default="rl",
+    show_default=True,
+    help="Training method.",
+)
+@click.option(
+    "--without",
+    "without",
+    multiple=True,
+    type=click.Choice(["gateway", "workers", "trainer"]),
+    help="Leave a component out (repeatable).",
+)
 @click.pass_context
-def up(ctx: click.Context) -> None:
-    """Run liverl on this machine: the local broker (unless an external cluster is set)
-    and every topic of topics/."""
+def up(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    policy: str,
+    model: str | None,
+    method: str,
+    without: tuple[str, ...],
+) -> None:
+    """Run the whole loop on this machine until Ctrl-C.
+
+    Starts the local broker (unless LIVERL_KAFKA_BOOTSTRAP names a cluster), applies
+    topics/, then runs the Faust workers, the trainer and the gateway as child processes
+    (logs in <state_dir>/logs/). Point any OpenAI client at the printed base URL.
+    """
+    from pipeline import stack
     from pipeline.kafka.broker import BrokerError, LocalBroker
 
     settings = _settings(ctx)
+    started_broker = False
     if settings.uses_local_broker:
+        local = LocalBroker(settings)
+        started_broker = local.pid() is None
         try:
-            LocalBroker(settings).up()
+            local.up()
         except BrokerError as exc:
             _fail(str(exc))
     else:
         console.print(f"using external Kafka at {settings.bootstrap}")
     ctx.invoke(topics_apply, dry_run=False)
+
+    components: list[stack.Component] = []
+    model_args = ["--model", model] if model else []
+    if "workers" not in without and "workers" in cli.commands:
+        components.append(stack.Component("workers", ["workers"]))
+    if "trainer" not in without:
+        components.append(
+            stack.Component(
+                "trainer",
+                [
+                    "train",
+                    "--policy",
+                    policy,
+                    "--method",
+                    method,
+                    *(model_args or ["--model", "tiny"]),
+                ],
+            )
+        )
+    if "gateway" not in without:
+        components.append(
+            stack.Component(
+                "gateway",
+                [
+                    "serve",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    "--policy-id",
+                    policy,
+                    "--served-model-name",
+                    policy,
+                    *model_args,
+                ],
+            )
+        )
+    running = stack.start(settings, components)
+    logs = Path(settings.state_dir).resolve() / "logs"
+    console.print(f"started {', '.join(c.name for c in components)}; logs in {logs}")
+    if "gateway" not in without:
+        console.print(
+            f"[bold]OpenAI base URL: http://{host}:{port}/v1[/]  (model {policy!r}; "
+            "headers X-Session-Id, X-Turn-Type, X-Session-Done)"
+        )
+    console.print("Ctrl-C stops everything")
+    failed = stack.supervise(running)
+    if failed is not None:
+        err_console.print(
+            f"[bold red]{failed.component.name} exited (code {failed.proc.returncode}); "
+            f"stopping the rest. Its last lines:[/]\n{stack.tail(failed.log)}",
+            highlight=False,
+        )
+    console.print("stopping…")
+    stack.stop(running)
+    if started_broker:
+        LocalBroker(settings).down()
+    if failed is not None:
+        sys.exit(1)
 
 
 @cli.command("status")

@@ -75,7 +75,8 @@ def supervise(running: list[Running], poll_s: float = 0.5) -> Running | None:
         nonlocal stopping
         stopping = True
 
-    previous = signal.signal(signal.SIGTERM, _stop)
+    # SIGINT explicitly too: a shell that starts us in the background ignores it by default.
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while not stopping:
             for item in running:
@@ -85,7 +86,8 @@ def supervise(running: list[Running], poll_s: float = 0.5) -> Running | None:
     except KeyboardInterrupt:
         return None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return None
 
 

@@ -36,6 +36,9 @@ class Record:
     key: bytes | None
     timestamp_ms: int
     event: events.Event
+    # The exact bytes and headers received, so a later stage can dead-letter them verbatim.
+    value: bytes = b""
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass
@@ -146,7 +149,18 @@ class EventConsumer:
                 batch.dead_lettered += 1
                 continue
             ts = msg.timestamp()[1]
-            batch.records.append(Record(topic, partition, offset, msg.key(), ts, event))
+            batch.records.append(
+                Record(
+                    topic,
+                    partition,
+                    offset,
+                    msg.key(),
+                    ts,
+                    event,
+                    value=msg.value() or b"",
+                    headers=tuple((k, v or b"") for k, v in (msg.headers() or [])),
+                )
+            )
         if batch.dead_lettered:
             # A dead letter must be durable before its offset can ever be stored.
             self._dlq.flush()

@@ -198,9 +198,8 @@ class TrainerLoop:
             batcher.add(rec)
             return
         letter = DeadLetter.wrap(
-            events.encode(sample), topic=rec.topic, partition=rec.partition, offset=rec.offset,
-            error=reason, producer=trainer_id, key=rec.key,
-            headers=events.headers(sample),
+            rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
+            error=reason, producer=trainer_id, key=rec.key, headers=rec.headers,
         )
         producer.send(names.DLQ, letter, key=rec.key)
         self.stats.dead_lettered += 1
