@@ -420,10 +420,13 @@ def status(ctx: click.Context) -> None:
 
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
+    from pipeline.processors.commands import record_outcome, workers
     from pipeline.serving.commands import serve
     from pipeline.trainer.commands import train
 
     cli.add_command(serve)
+    cli.add_command(workers)
+    cli.add_command(record_outcome)
     cli.add_command(train)
 
 

@@ -83,19 +83,36 @@ def test_rate_limiter_refills() -> None:
         (b"[1, 2]", 400, None),
         (b'{"model": "liverl-tiny-v1"}', 422, "messages"),
         (b'{"model": "liverl-tiny-v1", "messages": []}', 422, "messages"),
-        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "wizard", "content": "x"}]}',
-         422, "messages.0.role"),
-        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": 5}]}',
-         422, None),
+        (
+            b'{"model": "liverl-tiny-v1", "messages": [{"role": "wizard", "content": "x"}]}',
+            422,
+            "messages.0.role",
+        ),
+        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": 5}]}', 422, None),
         (b'{"model": "liverl-tiny-v1", "messages": "hi"}', 422, "messages"),
-        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], '
-         b'"temperature": "hot"}', 422, "temperature"),
-        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], '
-         b'"max_tokens": 0}', 422, "max_tokens"),
-        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], "n": 2}',
-         422, "n"),
-        (b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], '
-         b'"tools": [{"type": "function"}]}', 422, "tools"),
+        (
+            b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], '
+            b'"temperature": "hot"}',
+            422,
+            "temperature",
+        ),
+        (
+            b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], '
+            b'"max_tokens": 0}',
+            422,
+            "max_tokens",
+        ),
+        (
+            b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], "n": 2}',
+            422,
+            "n",
+        ),
+        (
+            b'{"model": "liverl-tiny-v1", "messages": [{"role": "user", "content": "x"}], '
+            b'"tools": [{"type": "function"}]}',
+            422,
+            "tools",
+        ),
         (b'{"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     ],
 )

@@ -65,8 +65,14 @@ def test_tokens_and_logprobs_are_exact(served, backend: HFBackend) -> None:  # t
     import httpx
 
     url, rec = served
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count from one to five"}],
-            "max_tokens": 40, "temperature": 0.8, "top_p": 0.9, "seed": 7}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count from one to five"}],
+        "max_tokens": 40,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "seed": 7,
+    }
     resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     text = resp.json()["choices"][0]["message"]["content"]
@@ -84,8 +90,12 @@ def test_same_seed_same_answer(served) -> None:  # type: ignore[no-untyped-def]
     import httpx
 
     url, _ = served
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 12, "seed": 3}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 12,
+        "seed": 3,
+    }
     a = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
     b = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
@@ -97,21 +107,30 @@ def test_openai_sdk_plain_and_streaming(served, backend: HFBackend) -> None:  # 
     url, rec = served
     client = OpenAI(base_url=f"{url}/v1", api_key="anything")
     assert [m.id for m in client.models.list()] == [MODEL]
-    msgs: list[Any] = [{"role": "system", "content": "be brief"},
-                       {"role": "user", "content": "What is the capital of France?"}]
+    msgs: list[Any] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     headers = {"X-Session-Id": "sdk-1", "X-Turn-Type": "main"}
     for seed in range(50):  # an untrained model often stops at once; find a longer answer
         quiet = {**headers, "X-Liverl-Train": "false"}
-        out = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16,
-                                             seed=seed, extra_headers=quiet)
+        out = client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=16, seed=seed, extra_headers=quiet
+        )
         if out.usage is not None and out.usage.completion_tokens >= 6:
             break
-    out = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, seed=seed,
-                                         extra_headers=headers)
+    out = client.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=16, seed=seed, extra_headers=headers
+    )
     assert out.choices[0].finish_reason in ("stop", "length")
     stream = client.chat.completions.create(
-        model=MODEL, messages=msgs, max_tokens=16, seed=seed, stream=True,
-        stream_options={"include_usage": True}, extra_headers=headers,
+        model=MODEL,
+        messages=msgs,
+        max_tokens=16,
+        seed=seed,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers=headers,
     )
     deltas, finish, usage = [], None, None
     for chunk in stream:
@@ -143,17 +162,26 @@ def test_tools_pass_through_and_tool_calls_parsed(backend: HFBackend) -> None:
 
     call = '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>'
     gw.text_of = lambda turn: "Let me look. " + call  # type: ignore[method-assign]
-    tools = [{"type": "function", "function": {"name": "shell", "parameters": {
-        "type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "shell",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        }
+    ]
     backend.tokenizer.apply_chat_template = spy
     try:
         with running(create_app(gw)) as url:
             client = OpenAI(base_url=f"{url}/v1", api_key="k")
             msgs: Any = [{"role": "user", "content": "list files"}]
-            out = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools,
-                                                 max_tokens=3)
-            stream = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools,
-                                                    max_tokens=3, stream=True)
+            out = client.chat.completions.create(
+                model=MODEL, messages=msgs, tools=tools, max_tokens=3
+            )
+            stream = client.chat.completions.create(
+                model=MODEL, messages=msgs, tools=tools, max_tokens=3, stream=True
+            )
             chunks = list(stream)
     finally:
         backend.tokenizer.apply_chat_template = real
@@ -174,12 +202,19 @@ def test_sessions_side_turns_opt_out_and_done(served) -> None:  # type: ignore[n
 
     url, rec = served
     post = lambda body, **h: httpx.post(  # noqa: E731
-        f"{url}/v1/chat/completions", json=body, headers=h, timeout=60)
-    base = {"model": MODEL, "max_tokens": 4,
-            "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}
+        f"{url}/v1/chat/completions", json=body, headers=h, timeout=60
+    )
+    base = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}],
+    }
     r0 = post(base, authorization="Bearer key-A")
-    longer = {**base, "messages": base["messages"] + [
-        {"role": "assistant", "content": "x"}, {"role": "user", "content": "b"}]}
+    longer = {
+        **base,
+        "messages": base["messages"]
+        + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "b"}],
+    }
     r1 = post(longer, authorization="Bearer key-A")
     other_key = post(base, authorization="Bearer key-B")
     assert r0.headers["x-session-id"] == r1.headers["x-session-id"]
@@ -195,8 +230,13 @@ def test_sessions_side_turns_opt_out_and_done(served) -> None:  # type: ignore[n
     got = [(i.session_id, i.turn, i.session_done) for i in rec.interactions()]
     auto = r0.headers["x-session-id"]
     other = other_key.headers["x-session-id"]
-    assert got == [(auto, 0, False), (auto, 1, False), (other, 0, False),
-                   ("s2", 0, True), ("s2", 0, False)]
+    assert got == [
+        (auto, 0, False),
+        (auto, 1, False),
+        (other, 0, False),
+        ("s2", 0, True),
+        ("s2", 0, False),
+    ]
 
 
 def test_reload_swaps_between_requests(tmp_path: Path, backend: HFBackend) -> None:
@@ -220,8 +260,11 @@ def write_version(root: Path, backend: HFBackend, version: int, scale: float = 1
     from safetensors.torch import save_file
 
     model, _ = backend._live
-    state = {k: (v * scale if "norm" not in k else v).contiguous().clone()
-             for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state = {
+        k: (v * scale if "norm" not in k else v).contiguous().clone()
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight"
+    }
     out = root / f"v{version}"
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"))

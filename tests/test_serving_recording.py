@@ -45,8 +45,11 @@ def test_outage_spools_and_drains_exactly_once(tmp_path: Path) -> None:
     try:
         local.up(quiet=True)
         admin = AdminClient(settings.kafka_client_config())
-        specs = [s for s in topics.load_specs(settings.topics.specs_dir)
-                 if s.name in (names.INTERACTIONS, names.WEIGHTS, names.SERVING_STATUS)]
+        specs = [
+            s
+            for s in topics.load_specs(settings.topics.specs_dir)
+            if s.name in (names.INTERACTIONS, names.WEIGHTS, names.SERVING_STATUS)
+        ]
         topics.apply(admin, topics.plan(admin, specs))
         cfg = ServeSettings(spool_dir=tmp_path / "spool", delivery_timeout_s=2.0, reload=False)
         sent: list[str] = []
@@ -54,10 +57,16 @@ def test_outage_spools_and_drains_exactly_once(tmp_path: Path) -> None:
         with running(app) as url, httpx.Client(timeout=60) as c:
 
             def ask(i: int) -> None:
-                body = {"model": MODEL, "max_tokens": 3,
-                        "messages": [{"role": "user", "content": f"question {i}"}]}
-                resp = c.post(f"{url}/v1/chat/completions", json=body,
-                              headers={"X-Session-Id": f"sess-{i % 3}"})
+                body = {
+                    "model": MODEL,
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": f"question {i}"}],
+                }
+                resp = c.post(
+                    f"{url}/v1/chat/completions",
+                    json=body,
+                    headers={"X-Session-Id": f"sess-{i % 3}"},
+                )
                 assert resp.status_code == 200, resp.text
                 sent.append(f"sess-{i % 3}/{resp.headers['x-liverl-turn']}")
 
@@ -75,8 +84,9 @@ def test_outage_spools_and_drains_exactly_once(tmp_path: Path) -> None:
             assert _wait(lambda: _metric(url, "liverl_gateway_record_backlog") == 0, 90)
         assert app.state.recorder.redelivered > 0, "the outage outlasted a delivery timeout"
 
-        consumer = Consumer(settings.kafka_client_config(**{
-            "group.id": "verify", "auto.offset.reset": "earliest"}))
+        consumer = Consumer(
+            settings.kafka_client_config(**{"group.id": "verify", "auto.offset.reset": "earliest"})
+        )
         consumer.subscribe([names.INTERACTIONS])
         got: list[events.Interaction] = []
         deadline = time.monotonic() + 60

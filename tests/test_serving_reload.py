@@ -25,16 +25,29 @@ from .test_serving_hf import FakeRecorder, write_version
 TRAINER = events.Producer(component="trainer", version="test")
 
 
-def manifest(backend: HFBackend, root: Path, version: int, policy: str,
-             status: str = "candidate") -> events.WeightsPublished:
+def manifest(
+    backend: HFBackend, root: Path, version: int, policy: str, status: str = "candidate"
+) -> events.WeightsPublished:
     folder = write_version(root, backend, version, scale=1.0 + version / 100)
-    files = [{"path": p.name, "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-              "bytes": p.stat().st_size} for p in sorted(folder.iterdir())]
+    files = [
+        {
+            "path": p.name,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+            "bytes": p.stat().st_size,
+        }
+        for p in sorted(folder.iterdir())
+    ]
     return events.WeightsPublished(
         event_id=events.derive_event_id("weights", [], "test", policy, version),
-        producer=TRAINER, policy_id=policy, version=version, parent=version - 1,
-        uri=folder.as_uri() + "/", files=files, step=version * 10,  # type: ignore[arg-type]
-        status=status, consumed_offsets={},  # type: ignore[arg-type]
+        producer=TRAINER,
+        policy_id=policy,
+        version=version,
+        parent=version - 1,
+        uri=folder.as_uri() + "/",
+        files=files,
+        step=version * 10,  # type: ignore[arg-type]
+        status=status,
+        consumed_offsets={},  # type: ignore[arg-type]
     )
 
 
@@ -52,8 +65,9 @@ def test_filters_and_manifest_check(tmp_path: Path, tiny_backend: HFBackend) -> 
     thread.start()
     try:
         policy = tiny_backend.policy_id
-        r = Reloader(Settings(), tiny_backend, loop, replica_id="r0", require_promoted=True,
-                     emit=rec.record)
+        r = Reloader(
+            Settings(), tiny_backend, loop, replica_id="r0", require_promoted=True, emit=rec.record
+        )
         v1 = manifest(tiny_backend, tmp_path, 1, policy)
         assert not r.wanted(v1), "candidate while gating on promoted"
         assert not r.wanted(manifest(tiny_backend, tmp_path, 2, "other-policy", "promoted"))
@@ -84,8 +98,13 @@ def test_five_versions_under_concurrent_traffic(
     reloader: list[Reloader] = []
 
     async def startup() -> None:
-        r = Reloader(kafka_settings, tiny_backend, asyncio.get_running_loop(),
-                     replica_id="r-test", emit=rec.record)
+        r = Reloader(
+            kafka_settings,
+            tiny_backend,
+            asyncio.get_running_loop(),
+            replica_id="r-test",
+            emit=rec.record,
+        )
         r.start()
         reloader.append(r)
 
@@ -100,10 +119,14 @@ def test_five_versions_under_concurrent_traffic(
     def session(name: str, url: str) -> None:
         with httpx.Client(timeout=60) as c:
             while not stop.is_set():
-                body = {"model": policy, "max_tokens": 4,
-                        "messages": [{"role": "user", "content": f"hello {name}"}]}
-                resp = c.post(f"{url}/v1/chat/completions", json=body,
-                              headers={"X-Session-Id": name})
+                body = {
+                    "model": policy,
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": f"hello {name}"}],
+                }
+                resp = c.post(
+                    f"{url}/v1/chat/completions", json=body, headers={"X-Session-Id": name}
+                )
                 if resp.status_code != 200:
                     errors.append(f"{resp.status_code} {resp.text}")
                     continue

@@ -72,23 +72,38 @@ def test_gateway_over_sglang_records_engine_tokens(sglang) -> None:  # type: ign
     rec = FakeRecorder()
     gw = Gateway(ServeSettings(record=False, reload=False), backend, rec)  # type: ignore[arg-type]
     with running(create_app(gw)) as gw_url:
-        body = {"model": "pol", "messages": [{"role": "user", "content": "capital of France?"}],
-                "temperature": 0.6, "top_p": 0.9, "max_tokens": 50, "seed": 5, "stop": ["\n\n"]}
+        body = {
+            "model": "pol",
+            "messages": [{"role": "user", "content": "capital of France?"}],
+            "temperature": 0.6,
+            "top_p": 0.9,
+            "max_tokens": 50,
+            "seed": 5,
+            "stop": ["\n\n"],
+        }
         resp = httpx.post(f"{gw_url}/v1/chat/completions", json=body, timeout=30)
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["message"]["content"] == "Paris is the capital."
-        streamed = httpx.post(f"{gw_url}/v1/chat/completions", json={**body, "stream": True},
-                              timeout=30)
+        streamed = httpx.post(
+            f"{gw_url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
+        )
         assert "Paris" in streamed.text and streamed.text.rstrip().endswith("[DONE]")
     sent = state["requests"][0]
     assert sent["input_ids"] == rec.interactions()[0].prompt_token_ids
     assert sent["return_logprob"] is True
-    assert sent["sampling_params"] == {"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 50,
-                                       "stop": ["\n\n"], "sampling_seed": 5}
+    assert sent["sampling_params"] == {
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "max_new_tokens": 50,
+        "stop": ["\n\n"],
+        "sampling_seed": 5,
+    }
     inter = rec.interactions()[0]
     assert inter.response_logprobs[:2] == [-0.5, -0.6]
-    assert backend.tokenizer.decode(inter.response_token_ids, skip_special_tokens=True) == \
-        inter.response_text
+    assert (
+        backend.tokenizer.decode(inter.response_token_ids, skip_special_tokens=True)
+        == inter.response_text
+    )
 
 
 def test_reload_and_reported_version(sglang, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -97,8 +112,11 @@ def test_reload_and_reported_version(sglang, tmp_path: Path) -> None:  # type: i
     async def go() -> None:
         backend = SGLangBackend(url, path, policy_id="pol")
         await backend.reload(tmp_path, 3)
-        assert state["reloads"][-1] == {"model_path": str(tmp_path), "weight_version": "3",
-                                        "abort_all_requests": False}
+        assert state["reloads"][-1] == {
+            "model_path": str(tmp_path),
+            "weight_version": "3",
+            "abort_all_requests": False,
+        }
         items = [i async for i in backend.generate([1, 2, 3], SamplingParams(max_tokens=2))]
         assert items[-1].weight_version == 3 and items[-1].finish_reason == "length"
         state["fail"] = True
@@ -116,11 +134,12 @@ def test_unreachable_sglang_is_502_not_500(tmp_path: Path) -> None:
     from pipeline.models.tiny import ensure_tiny_model
     from pipeline.serving.testing import free_port
 
-    backend = SGLangBackend(f"http://127.0.0.1:{free_port()}", ensure_tiny_model(),
-                            policy_id="pol")
+    backend = SGLangBackend(f"http://127.0.0.1:{free_port()}", ensure_tiny_model(), policy_id="pol")
     gw = Gateway(ServeSettings(record=False, reload=False), backend)
     c = TestClient(create_app(gw), raise_server_exceptions=False)
-    resp = c.post("/v1/chat/completions",
-                  json={"model": "pol", "messages": [{"role": "user", "content": "x"}]})
+    resp = c.post(
+        "/v1/chat/completions",
+        json={"model": "pol", "messages": [{"role": "user", "content": "x"}]},
+    )
     assert resp.status_code == 502
     assert resp.json()["error"]["code"] == "backend_error"

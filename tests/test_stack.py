@@ -23,8 +23,9 @@ def _free_port() -> int:
 
 
 def _children_alive(pid: int) -> list[str]:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True
+    ).stdout
     return [line for line in out.splitlines() if line.strip()]
 
 
@@ -42,7 +43,10 @@ def test_up_serves_openai_clients_and_stops_cleanly_on_ctrl_c(tmp_path: Path) ->
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "up", "--port", str(gateway)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     try:
         deadline = time.monotonic() + 240
@@ -61,7 +65,9 @@ def test_up_serves_openai_clients_and_stops_cleanly_on_ctrl_c(tmp_path: Path) ->
 
         client = OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="local")
         reply = client.chat.completions.create(
-            model="default", messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+            model="default",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=4,
             extra_headers={"X-Session-Id": "stack-test"},
         )
         assert reply.choices[0].message.content is not None

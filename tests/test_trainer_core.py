@@ -23,10 +23,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def sample(i: int = 0, prompt: int = 4, response: int = 3, **kw: object) -> Sample:
     fields: dict[str, object] = dict(
-        event_id=f"s{i}", producer=Producer(component="t", version="0"), session_id="x",
-        turn=i, policy_id="p", prompt_token_ids=[1] + [40 + j for j in range(prompt - 1)],
-        response_token_ids=[100 + j for j in range(response)], loss_mask=[1] * response,
-        behavior_logprobs=[-5.0] * response, reward=1.0, behavior_weight_version=0,
+        event_id=f"s{i}",
+        producer=Producer(component="t", version="0"),
+        session_id="x",
+        turn=i,
+        policy_id="p",
+        prompt_token_ids=[1] + [40 + j for j in range(prompt - 1)],
+        response_token_ids=[100 + j for j in range(response)],
+        loss_mask=[1] * response,
+        behavior_logprobs=[-5.0] * response,
+        reward=1.0,
+        behavior_weight_version=0,
     )
     fields.update(kw)
     return Sample(**fields)  # type: ignore[arg-type]
@@ -38,8 +45,9 @@ def rec(s: Sample, partition: int, offset: int) -> Record:
 
 def test_check_sample_reasons() -> None:
     assert check_sample(sample(), 512, 100) is None
-    assert "exceeds the vocabulary" in check_sample(sample(response_token_ids=[1, 2, 600]), 512,
-                                                    100)  # type: ignore[operator]
+    assert "exceeds the vocabulary" in check_sample(
+        sample(response_token_ids=[1, 2, 600]), 512, 100
+    )  # type: ignore[operator]
     assert "lengths disagree" in check_sample(sample(loss_mask=[1]), 512, 100)  # type: ignore[operator]
     assert "lengths disagree" in check_sample(sample(behavior_logprobs=[0.0]), 512, 100)  # type: ignore[operator]
     assert "exceeds the batch token bound" in check_sample(sample(prompt=98), 512, 100)  # type: ignore[operator]
@@ -81,8 +89,12 @@ def test_hint_is_spliced_into_the_last_user_message(tiny: Path) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny)
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
-            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "second"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+    ]
 
     def render(m: list[dict]) -> list[int]:  # type: ignore[type-arg]
         out = tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
@@ -104,8 +116,11 @@ def make_core(tiny: Path, **kw: object) -> TrainerCore:
 def test_stale_and_masked_samples_get_no_gradient(tiny: Path) -> None:
     core = make_core(tiny, max_staleness=1)
     before = [p.detach().clone() for p in core.model.parameters()]
-    batch = [sample(0, behavior_weight_version=3), sample(1, masked=True),
-             sample(2, loss_mask=[0, 0, 0])]
+    batch = [
+        sample(0, behavior_weight_version=3),
+        sample(1, masked=True),
+        sample(2, loss_mask=[0, 0, 0]),
+    ]
     result = core.train_step(batch, current_version=5)
     assert [o.status for o in result.outcomes] == ["stale_dropped", "masked", "masked"]
     assert result.dropped_stale == 1 and result.trained_tokens == 0
@@ -129,10 +144,12 @@ def test_tis_keeps_stale_samples_with_truncated_weights(tiny: Path) -> None:
         ("topk", "shortest", "teacher"),
     ],
 )
-def test_opd_variants_select_a_hint_and_step(tiny: Path, loss: str, selection: str,
-                                             subset: str) -> None:
-    core = make_core(tiny, method="opd", opd_loss=loss, hint_selection=selection,
-                     topk_subset=subset)
+def test_opd_variants_select_a_hint_and_step(
+    tiny: Path, loss: str, selection: str, subset: str
+) -> None:
+    core = make_core(
+        tiny, method="opd", opd_loss=loss, hint_selection=selection, topk_subset=subset
+    )
     hints = ["use the grep output first", "run pytest", "a much longer hint about the tests"]
     batch = [sample(0, hints=hints), sample(1)]
     result = core.train_step(batch, current_version=0)

@@ -71,19 +71,40 @@ def produce(settings: Settings, topic: str, samples: list[Sample]) -> None:
 
 def trainer_cmd(tiny: Path, topic: str, policy: str, root: Path, idle_s: float) -> list[str]:
     return [
-        sys.executable, "-m", "pipeline.trainer.commands",
-        "--policy", policy, "--model", str(tiny), "--topic", topic,
-        "--weights-root", str(root / "weights"), "--lake-root", str(root / "lake"),
-        "--batch-samples", "3", "--batch-wait", "0.05", "--publish-every-steps", "1",
-        "--lr", "1e-3", "--device", "cpu", "--exit-when-idle", str(idle_s),
+        sys.executable,
+        "-m",
+        "pipeline.trainer.commands",
+        "--policy",
+        policy,
+        "--model",
+        str(tiny),
+        "--topic",
+        topic,
+        "--weights-root",
+        str(root / "weights"),
+        "--lake-root",
+        str(root / "lake"),
+        "--batch-samples",
+        "3",
+        "--batch-wait",
+        "0.05",
+        "--publish-every-steps",
+        "1",
+        "--lr",
+        "1e-3",
+        "--device",
+        "cpu",
+        "--exit-when-idle",
+        str(idle_s),
     ]
 
 
 def start(cmd: list[str], settings: Settings, log: Path) -> tuple[subprocess.Popen, queue.Queue]:  # type: ignore[type-arg]
     env = dict(os.environ, PYTHONUNBUFFERED="1", LIVERL_KAFKA_BOOTSTRAP=settings.bootstrap)
     with open(log, "ab") as err:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
-                                text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+        )
     lines: queue.Queue[str] = queue.Queue()
 
     def pump() -> None:
@@ -113,8 +134,9 @@ def read_table(root: Path, name: str) -> list[dict]:  # type: ignore[type-arg]
 def end_offsets(settings: Settings, topic: str) -> dict[int, int]:
     c = Consumer(settings.kafka_client_config(**{"group.id": "wm"}))
     try:
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
-                for p in range(PARTITIONS)}
+        return {
+            p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in range(PARTITIONS)
+        }
     finally:
         c.close()
 
@@ -201,8 +223,10 @@ def test_bad_samples_go_to_dlq_and_training_goes_on(
 
     rows = read_table(tmp_path, "trajectories")
     assert sorted(r["event_id"] for r in rows) == sorted(s.event_id for s in good)
-    letters = {dl.original_b64 and events.decode(dl.original()).event_id: dl
-               for dl in _dlq_for(kafka_settings, topic, 2)}
+    letters = {
+        dl.original_b64 and events.decode(dl.original()).event_id: dl
+        for dl in _dlq_for(kafka_settings, topic, 2)
+    }
     assert set(letters) == {too_big.event_id, mismatch.event_id}
     assert "exceeds the vocabulary" in letters[too_big.event_id].error
     assert "lengths disagree" in letters[mismatch.event_id].error

@@ -55,10 +55,18 @@ def make_samples(core: TrainerCore, prompt: list[int], digits: set[int], gen, hi
     responses, logps = generate(core.model, prompt, BATCH, gen)
     samples = [
         Sample(
-            event_id=f"s{i}", producer=Producer(component="test", version="0"),
-            session_id=f"sess{i}", turn=0, policy_id="toy", prompt_token_ids=prompt,
-            response_token_ids=r, loss_mask=[1] * len(r), behavior_logprobs=lp,
-            reward=reward(r, digits), hints=list(hints), behavior_weight_version=0,
+            event_id=f"s{i}",
+            producer=Producer(component="test", version="0"),
+            session_id=f"sess{i}",
+            turn=0,
+            policy_id="toy",
+            prompt_token_ids=prompt,
+            response_token_ids=r,
+            loss_mask=[1] * len(r),
+            behavior_logprobs=lp,
+            reward=reward(r, digits),
+            hints=list(hints),
+            behavior_weight_version=0,
         )
         for i, (r, lp) in enumerate(zip(responses, logps, strict=True))
     ]

@@ -43,10 +43,17 @@ def records(n: int, start: int = 0) -> list[Record]:
     out = []
     for i in range(start, start + n):
         s = Sample(
-            event_id=f"s{i}", producer=Producer(component="t", version="0"), session_id="x",
-            turn=i, policy_id="p", prompt_token_ids=[1, 50, 60, 2],
-            response_token_ids=[rng.randrange(10, 300) for _ in range(3)], loss_mask=[1, 1, 0],
-            behavior_logprobs=[-5.0, -5.0, -5.0], reward=1.0, behavior_weight_version=0,
+            event_id=f"s{i}",
+            producer=Producer(component="t", version="0"),
+            session_id="x",
+            turn=i,
+            policy_id="p",
+            prompt_token_ids=[1, 50, 60, 2],
+            response_token_ids=[rng.randrange(10, 300) for _ in range(3)],
+            loss_mask=[1, 1, 0],
+            behavior_logprobs=[-5.0, -5.0, -5.0],
+            reward=1.0,
+            behavior_weight_version=0,
             ts_ms=1_790_000_000_000,
         )
         out.append(Record("in", i % 2, i // 2, b"x", 0, s))
@@ -54,19 +61,30 @@ def records(n: int, start: int = 0) -> list[Record]:
 
 
 def setup(tiny: Path, tmp_path: Path) -> tuple[TrainerSettings, TrainerCore]:
-    cfg = TrainerSettings(policy="p", model=str(tiny), weights_root=tmp_path / "w",
-                          lake_root=tmp_path / "lake", input_topic="in", device="cpu")
+    cfg = TrainerSettings(
+        policy="p",
+        model=str(tiny),
+        weights_root=tmp_path / "w",
+        lake_root=tmp_path / "lake",
+        input_topic="in",
+        device="cpu",
+    )
     return cfg, TrainerCore.load(cfg)
 
 
-def publish_one(cfg: TrainerSettings, core: TrainerCore, pub: Publisher, version: int,
-                recs: list[Record]) -> ck.Manifest:
+def publish_one(
+    cfg: TrainerSettings, core: TrainerCore, pub: Publisher, version: int, recs: list[Record]
+) -> ck.Manifest:
     result = core.train_step([r.event for r in recs], version - 1)  # type: ignore[misc]
     offsets = {0: 10 * version, 1: 10 * version + 1}
     return pub.publish(
-        core, version=version, parent=version - 1 or None, offsets=offsets,
+        core,
+        version=version,
+        parent=version - 1 or None,
+        offsets=offsets,
         trajectories=trajectory_rows(recs, result, core.tokenizer),
-        steps=[step_row(cfg, result, offsets, 1)], created_ms=123,
+        steps=[step_row(cfg, result, offsets, 1)],
+        created_ms=123,
     )
 
 
@@ -85,8 +103,10 @@ def test_manifest_lists_files_offsets_and_parent(tiny: Path, tmp_path: Path) -> 
     assert m.consumed_offsets == {"0": 20, "1": 21}
     paths = {f["path"] for f in m.files}
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= paths
-    assert {f["path"] for f in m.trainer_files} >= {"trainer/optimizer.pt",
-                                                    "trainer/trajectories.parquet"}
+    assert {f["path"] for f in m.trainer_files} >= {
+        "trainer/optimizer.pt",
+        "trainer/trajectories.parquet",
+    }
     assert ck.verify_version(d) == m
     # the servable weights are the trained ones, not the initial ones
     saved = load_file(d / "model.safetensors")

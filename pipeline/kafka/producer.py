@@ -58,6 +58,10 @@ class EventProducer:
                 "acks": "all",
                 "compression.type": settings.kafka.compression,
                 "linger.ms": 5,
+                # Java clients and Faust/aiokafka hash keys with murmur2; librdkafka's default
+                # (CRC32) would put one session on different partitions in different topics
+                # and break co-partitioned joins.
+                "partitioner": "murmur2_random",
                 "message.max.bytes": settings.kafka.max_event_bytes + 64 * 1024,
                 "error_cb": self._on_client_error,
             }

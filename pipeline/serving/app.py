@@ -93,7 +93,8 @@ class Gateway:
 
     def _too_large(self) -> ApiError:
         return ApiError(
-            413, f"request body exceeds {self.cfg.max_body_bytes} bytes",
+            413,
+            f"request body exceeds {self.cfg.max_body_bytes} bytes",
             code="request_too_large",
         )
 
@@ -101,8 +102,10 @@ class Gateway:
         req = parse_request(doc)
         if req.model not in (self.model_name, self.backend.policy_id):
             raise ApiError(
-                404, f"The model '{req.model}' does not exist; this gateway serves "
-                f"'{self.model_name}'.", param="model", code="model_not_found",
+                404,
+                f"The model '{req.model}' does not exist; this gateway serves '{self.model_name}'.",
+                param="model",
+                code="model_not_found",
             )
         messages = [m.to_record() for m in req.messages]
         info = self.sessions.resolve(request.headers, doc, key_id, messages)
@@ -113,7 +116,8 @@ class Gateway:
                 400,
                 f"This model's maximum context length is {ctx} tokens; your messages resulted "
                 f"in {len(prompt_ids)} tokens.",
-                param="messages", code="context_length_exceeded",
+                param="messages",
+                code="context_length_exceeded",
             )
         wanted = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         params = SamplingParams(
@@ -160,8 +164,9 @@ class Gateway:
             self.sessions.close(turn.info.session_id)
         return content, calls, finish
 
-    def _event(self, turn: Turn, text: str, calls: list[dict[str, Any]], finish: str,
-               latency_ms: float) -> events.Interaction:
+    def _event(
+        self, turn: Turn, text: str, calls: list[dict[str, Any]], finish: str, latency_ms: float
+    ) -> events.Interaction:
         p = turn.params
         return events.Interaction(
             event_id=events.new_event_id(),
@@ -176,8 +181,13 @@ class Gateway:
             response_token_ids=turn.ids,
             response_logprobs=turn.logprobs,
             response_text=text,
-            sampling={"temperature": p.temperature, "top_p": p.top_p,
-                      "max_tokens": p.max_tokens, "stop": p.stop or None, "seed": p.seed},
+            sampling={
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "max_tokens": p.max_tokens,
+                "stop": p.stop or None,
+                "seed": p.seed,
+            },
             finish_reason=finish,  # type: ignore[arg-type]
             latency_ms=latency_ms,
             train=True,
@@ -187,8 +197,7 @@ class Gateway:
         )
 
     def headers(self, turn: Turn) -> dict[str, str]:
-        out = {"X-Session-Id": turn.info.session_id,
-               "X-Liverl-Weight-Version": str(turn.version)}
+        out = {"X-Session-Id": turn.info.session_id, "X-Liverl-Weight-Version": str(turn.version)}
         if turn.turn is not None:
             out["X-Liverl-Turn"] = str(turn.turn)
         return out
@@ -222,10 +231,17 @@ class Gateway:
         tools = bool(turn.req.tools)
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            doc = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                   "model": self.model_name, "system_fingerprint": f"liverl-v{turn.version}",
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                                "logprobs": None}], **extra}
+            doc = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model_name,
+                "system_fingerprint": f"liverl-v{turn.version}",
+                "choices": [
+                    {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+                ],
+                **extra,
+            }
             return b"data: " + orjson.dumps(doc) + b"\n\n"
 
         yield chunk({"role": "assistant", "content": ""})
@@ -234,17 +250,18 @@ class Gateway:
             async for _ in self.run(turn):
                 safe = streamable(self.text_of(turn), turn.params.stop, tools)
                 if len(safe) > len(streamed):
-                    yield chunk({"content": safe[len(streamed):]})
+                    yield chunk({"content": safe[len(streamed) :]})
                     streamed = safe
         except Exception as exc:  # headers are gone: report in-band, OpenAI style
             log.exception("generation failed mid-stream")
-            err = ApiError(502, f"generation failed: {exc}", type="server_error",
-                           code="backend_error")
+            err = ApiError(
+                502, f"generation failed: {exc}", type="server_error", code="backend_error"
+            )
             yield b"data: " + orjson.dumps(err.body()) + b"\n\n"
             return
         content, calls, finish = self.finish(turn, self.text_of(turn))
         final = content or ""
-        rest = final[len(streamed):] if final.startswith(streamed) else ""
+        rest = final[len(streamed) :] if final.startswith(streamed) else ""
         if rest:
             yield chunk({"content": rest})
         if calls:
@@ -252,10 +269,41 @@ class Gateway:
         yield chunk({}, finish)
         opts = turn.req.stream_options
         if opts is not None and opts.include_usage:
-            doc = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                   "model": self.model_name, "choices": [], "usage": self._usage(turn)}
+            doc = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model_name,
+                "choices": [],
+                "usage": self._usage(turn),
+            }
             yield b"data: " + orjson.dumps(doc) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+
+def _inline_schema(model: type[ChatRequest]) -> dict[str, Any]:
+    """The model's JSON Schema with its ``$defs`` references inlined (OpenAPI-embeddable)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.split("/")[-1]])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
+def _request_schema(gateway: Gateway) -> dict[str, Any]:
+    schema = _inline_schema(ChatRequest)
+    names = sorted({gateway.model_name, gateway.backend.policy_id})
+    schema["properties"]["model"]["enum"] = names  # only these are served (else 404)
+    return schema
 
 
 def create_app(
@@ -273,8 +321,13 @@ def create_app(
             if on_shutdown is not None:
                 await on_shutdown()
 
-    app = FastAPI(title="liverl gateway", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="liverl gateway",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.gateway = gateway
     m = gateway.metrics
 
@@ -290,10 +343,22 @@ def create_app(
     @app.exception_handler(Exception)
     async def _unexpected(_r: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return ApiError(502, f"internal error: {type(exc).__name__}", type="server_error",
-                        code="backend_error").response()
+        return ApiError(
+            502, f"internal error: {type(exc).__name__}", type="server_error", code="backend_error"
+        ).response()
 
-    @app.post("/v1/chat/completions", response_model=None)
+    # The body is parsed by hand (OpenAI-style errors, size limits), so declare its schema
+    # for clients and fuzzers (schemathesis) reading /openapi.json.
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _request_schema(gateway)}},
+            }
+        },
+    )
     async def chat_completions(request: Request) -> Response:
         try:
             key_id = gateway.auth.key_id(request.headers.get("authorization"))
@@ -303,7 +368,8 @@ def create_app(
             if turn.req.stream:
                 m.requests.labels("200").inc()
                 return StreamingResponse(
-                    gateway.stream(turn), media_type="text/event-stream",
+                    gateway.stream(turn),
+                    media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Session-Id": turn.info.session_id},
                 )
             resp = await gateway.complete(turn)
@@ -313,28 +379,42 @@ def create_app(
         except Exception as exc:  # the engine failed, not the client: a gateway error
             log.exception("generation failed")
             m.requests.labels("502").inc()
-            return ApiError(502, f"generation failed: {exc}", type="server_error",
-                            code="backend_error").response()
+            return ApiError(
+                502, f"generation failed: {exc}", type="server_error", code="backend_error"
+            ).response()
         m.requests.labels("200").inc()
         return resp
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         gateway.auth.key_id(request.headers.get("authorization"))
-        return JSONResponse({"object": "list", "data": [{
-            "id": gateway.model_name, "object": "model", "created": 0, "owned_by": "liverl",
-            "weight_version": gateway.backend.version,
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": gateway.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "liverl",
+                        "weight_version": gateway.backend.version,
+                    }
+                ],
+            }
+        )
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         rec = gateway.recorder
-        return JSONResponse({
-            "status": "ok", "policy_id": gateway.backend.policy_id,
-            "weight_version": gateway.backend.version,
-            "record_backlog": rec.backlog if rec else 0,
-            "kafka_up": rec.kafka_up if rec else None,
-        })
+        return JSONResponse(
+            {
+                "status": "ok",
+                "policy_id": gateway.backend.policy_id,
+                "weight_version": gateway.backend.version,
+                "record_backlog": rec.backlog if rec else 0,
+                "kafka_up": rec.kafka_up if rec else None,
+            }
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -80,6 +80,7 @@ class Recorder:
         self._stop.set()
         self._wake.set()
         self._drainer.join(timeout=self.delivery_timeout_s + 5)
+        self._reset_producer()  # free the librdkafka handle now, not whenever GC runs
         self.spool.close()
 
     # ---- threads ------------------------------------------------------------------------

@@ -176,13 +176,19 @@ class HFBackend:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+# Below this, logits / temperature overflows float32 and sampling is greedy in all but name.
+MIN_TEMPERATURE = 1e-4
+
+
 def _pick(logits: Any, params: SamplingParams, gen: Any) -> int:
-    """Greedy at temperature 0, else temperature + nucleus sampling."""
+    """Greedy at temperature ~0, else temperature + nucleus sampling."""
     import torch
 
-    if params.temperature <= 0:
+    if params.temperature < MIN_TEMPERATURE:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        return int(torch.argmax(logits))
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p

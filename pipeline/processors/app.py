@@ -1,0 +1,316 @@
+"""The Faust app: thin agents over the pure stage logic.
+
+Three agents, each over co-partitioned topics keyed by session id, each with a per-session
+table (changelogged, so a worker that takes over a partition recovers its sessions):
+
+- ``pairing``  interactions -> next_states + path_penalties (idle sweep closes sessions)
+- ``judge``    interactions + next_states -> prm_scores + hints (batched, bounded concurrency)
+- ``assemble`` interactions + next_states + prm_scores + path_penalties + hints
+               -> rewards + samples once a session is closed and judged
+
+Bad records go to the DLQ (never crash an agent). Run more workers with the same app id to
+scale out: Kafka's consumer group spreads the partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import faust
+import orjson
+
+from pipeline import __version__, events
+from pipeline.events import DeadLetter, Event, Producer
+from pipeline.kafka import names
+from pipeline.settings import Settings
+
+from . import judging
+from .config import ProcessorSettings
+from .judges import Judge, make_judge
+from .pairing import Pairer
+from .penalties import load_rules
+from .rewards import Assembler
+
+log = logging.getLogger(__name__)
+
+EXPECTED = {
+    names.INTERACTIONS: "interaction",
+    names.NEXT_STATES: "next_state",
+    names.PRM_SCORES: "prm_score",
+    names.PATH_PENALTIES: "path_penalty",
+    names.HINTS: "hint",
+}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def build_judge(cfg: ProcessorSettings) -> Judge:
+    return make_judge(
+        cfg.judge,
+        base_url=cfg.llm_base_url,
+        model=cfg.llm_model,
+        api_key=cfg.llm_api_key,
+        votes=cfg.llm_votes,
+        timeout_s=cfg.llm_timeout_s,
+        retries=cfg.llm_retries,
+        concurrency=cfg.llm_concurrency,
+        hints=cfg.llm_hints,
+    )
+
+
+def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None = None) -> faust.App:
+    """Build the Faust app with its topics, tables, agents and timers."""
+    settings = settings or Settings()
+    cfg = cfg or ProcessorSettings()
+    datadir = settings.state_dir / "processors" / cfg.app_id
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        cfg.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        value_serializer="raw",
+        key_serializer="raw",
+        topic_partitions=cfg.partitions,
+        topic_replication_factor=settings.topics.replication_factor or 1,
+        store="memory://",
+        datadir=str(datadir),
+        web_enabled=cfg.web_enabled,
+        web_port=cfg.web_port,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+    )
+    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version)
+    assembler = Assembler(
+        cfg.reward_version,
+        cfg.sample_version,
+        grace_ms=int(cfg.grace_s * 1000),
+        outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
+    )
+    judge = build_judge(cfg)
+    dlq_producer = Producer(component="processors", version=__version__)
+    prefix = cfg.session_prefix.encode() if cfg.session_prefix else b""
+
+    def topic(*names_: str) -> faust.TopicT:
+        return app.topic(*names_, value_type=bytes, value_serializer="raw", key_type=bytes)
+
+    out = {n: topic(n) for n in (*EXPECTED, names.REWARDS, names.SAMPLES, names.DLQ)}
+
+    def table(name: str) -> faust.Table:
+        # use_partitioner: timers (idle sweep, grace) may update a session outside a stream.
+        return app.Table(
+            name,
+            default=None,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=cfg.partitions,
+            use_partitioner=True,
+        )
+
+    pair_t, judge_t, asm_t = table("pairing"), table("judging"), table("assembly")
+
+    def load(tbl: faust.Table, key: bytes) -> dict[str, Any] | None:
+        raw = tbl.get(key)
+        return None if raw is None else orjson.loads(raw)
+
+    def save(tbl: faust.Table, key: bytes, state: dict[str, Any]) -> None:
+        state["touched_ms"] = now_ms()
+        tbl[key] = orjson.dumps(state)
+
+    @app.timer(max(cfg.sweep_interval_s, min(60.0, cfg.retain_s / 4)))
+    async def expire_state() -> None:
+        """Drop sessions untouched for ``retain_s``: tables stay bounded on long runs."""
+        cutoff = now_ms() - int(cfg.retain_s * 1000)
+        for tbl in (pair_t, judge_t, asm_t):
+            for key, raw in list(tbl.items()):
+                if orjson.loads(raw).get("touched_ms", 0) < cutoff:
+                    del tbl[key]
+
+    async def send(topic_name: str, ev: Event) -> None:
+        await out[topic_name].send(
+            key=events.key(ev), value=events.encode(ev), headers=events.headers(ev)
+        )
+
+    async def dead_letter(msg: Any, error: str, dead: bool = True) -> None:
+        letter = DeadLetter.wrap(
+            msg.value,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            error=error,
+            producer=dlq_producer,
+            key=msg.key,
+            headers=list(msg.headers or []),
+        )
+        log.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
+        await send(names.DLQ, letter)
+
+    async def decode_one(
+        ev: faust.EventT, dlq_topics: tuple[str, ...]
+    ) -> tuple[bytes, Event] | None:
+        """The event if it is valid and one of our sessions; invalid ones of ``dlq_topics``
+        go to the DLQ (other agents reading the same topic skip them silently)."""
+        msg = ev.message
+        key = msg.key or b""
+        if prefix and not key.startswith(prefix):
+            return None
+        try:
+            return key, events.decode(msg.value, expected_type=EXPECTED.get(msg.topic))
+        except events.EventValidationError as exc:
+            if msg.topic in dlq_topics:
+                await dead_letter(msg, str(exc))
+            return None
+
+    async def decoded(
+        stream: faust.StreamT, dlq_topics: tuple[str, ...]
+    ) -> AsyncIterator[tuple[bytes, Event]]:
+        async for ev in stream.events():
+            item = await decode_one(ev, dlq_topics)
+            if item is not None:
+                yield item
+
+    # ---- pairing ------------------------------------------------------------------------------
+
+    async def emit_pairing(result: Any) -> None:
+        for ns in result.next_states:
+            await send(names.NEXT_STATES, ns)
+        for pen in result.penalties:
+            await send(names.PATH_PENALTIES, pen)
+
+    @app.agent(topic(names.INTERACTIONS), name="pairing")
+    async def pairing(stream: faust.StreamT) -> None:
+        async for key, inter in decoded(stream, (names.INTERACTIONS,)):
+            state = load(pair_t, key)
+            result = pairer.on_interaction(state, inter, now_ms())  # type: ignore[arg-type]
+            save(pair_t, key, result.state)
+            await emit_pairing(result)
+
+    @app.timer(cfg.sweep_interval_s)
+    async def idle_sweep() -> None:
+        timeout_ms = int(cfg.idle_timeout_s * 1000)
+        for key, raw in list(pair_t.items()):
+            state = orjson.loads(raw)
+            if state.get("closed"):
+                continue
+            result = pairer.on_idle(state, now_ms(), timeout_ms)
+            if result.state.get("closed"):
+                save(pair_t, key, result.state)
+                await emit_pairing(result)
+
+    # ---- judge --------------------------------------------------------------------------------
+
+    pending_msgs: dict[str, Any] = {}  # next-state id -> message, for the DLQ on expiry
+
+    async def run_judge(work: list[judging.JudgeWork]) -> None:
+        results = await asyncio.gather(*(judging.judge_one(judge, w) for w in work))
+        for res in results:
+            await send(names.PRM_SCORES, res.prm)
+            for hint in res.hints:
+                await send(names.HINTS, hint)
+
+    @app.agent(topic(names.INTERACTIONS, names.NEXT_STATES), name="judge")
+    async def judge_agent(stream: faust.StreamT) -> None:
+        # Batches: every ready next state of a batch is judged concurrently (the judge bounds
+        # its own concurrency); offsets move on only after the batch's verdicts are sent.
+        async for evs in stream.take_events(cfg.judge_batch, within=0.1):
+            batch: list[judging.JudgeWork] = []
+            for raw_ev in evs:
+                item = await decode_one(raw_ev, (names.NEXT_STATES,))
+                if item is None:
+                    continue
+                key, ev = item
+                state = load(judge_t, key)
+                if isinstance(ev, events.Interaction):
+                    state = judging.on_interaction(state, ev)
+                    for nid, (_, turn) in list(state.get("pending", {}).items()):
+                        entry = pending_msgs.get(nid) if turn == ev.turn else None
+                        work = entry and judging.take_ready(state, entry[0])
+                        if work:
+                            pending_msgs.pop(nid, None)
+                            batch.append(work)
+                elif isinstance(ev, events.NextState):
+                    state, todo = judging.on_next_state(state, ev, now_ms())
+                    for ns in todo:
+                        work = judging.take_ready(state, ns)
+                        if work:
+                            batch.append(work)
+                        else:
+                            pending_msgs[ns.event_id] = (ns, raw_ev.message)
+                save(judge_t, key, state)
+            if batch:
+                await run_judge(batch)
+
+    @app.timer(cfg.sweep_interval_s)
+    async def judge_grace() -> None:
+        grace_ms = int(cfg.grace_s * 1000)
+        for key, raw in list(judge_t.items()):
+            state = orjson.loads(raw)
+            gone = judging.expired(state, now_ms(), grace_ms)
+            if not gone:
+                continue
+            for nid in gone:
+                state["pending"].pop(nid, None)
+                entry = pending_msgs.pop(nid, None)
+                if entry is not None:
+                    await dead_letter(
+                        entry[1],
+                        f"next state for unknown turn {entry[0].turn} of session "
+                        f"{entry[0].session_id}: no interaction within {cfg.grace_s:g}s",
+                    )
+            save(judge_t, key, state)
+
+    # ---- rewards and samples -----------------------------------------------------------------
+
+    async def maybe_complete(key: bytes, state: dict[str, Any]) -> dict[str, Any]:
+        now = now_ms()
+        if not assembler.ready(state, now):
+            return state
+        result = assembler.complete(state, now)
+        for r in result.rewards:
+            await send(names.REWARDS, r)
+        for s in result.samples:
+            await send(names.SAMPLES, s)
+        return result.state
+
+    asm_topics = (
+        names.INTERACTIONS,
+        names.NEXT_STATES,
+        names.PRM_SCORES,
+        names.PATH_PENALTIES,
+        names.HINTS,
+    )
+
+    @app.agent(topic(*asm_topics), name="assemble")
+    async def assemble(stream: faust.StreamT) -> None:
+        dlq = (names.PRM_SCORES, names.PATH_PENALTIES, names.HINTS)
+        async for key, ev in decoded(stream, dlq):
+            state = load(asm_t, key)
+            if isinstance(ev, events.Interaction):
+                state = assembler.on_interaction(state, ev)
+            elif isinstance(ev, events.NextState):
+                state = assembler.on_next_state(state, ev, now_ms())
+            elif isinstance(ev, events.PrmScore):
+                state = assembler.on_prm(state, ev)
+            elif isinstance(ev, events.PathPenalty):
+                state = assembler.on_penalty(state, ev)
+            elif isinstance(ev, events.Hint):
+                state = assembler.on_hint(state, ev)
+            state = await maybe_complete(key, state)
+            save(asm_t, key, state)
+
+    @app.timer(cfg.sweep_interval_s)
+    async def assemble_sweep() -> None:
+        for key, raw in list(asm_t.items()):
+            state = orjson.loads(raw)
+            if state.get("done") or state.get("closed_at_ms") is None:
+                continue
+            new = await maybe_complete(key, state)
+            if new is not state:
+                save(asm_t, key, new)
+
+    app.liverl_agents = (pairing, judge_agent, assemble)  # type: ignore[attr-defined]
+    return app

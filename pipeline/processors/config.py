@@ -1,0 +1,63 @@
+"""Processor settings: ``LIVERL_PROCESSORS_*`` environment variables over defaults.
+
+Kept apart from ``pipeline.settings`` (owned elsewhere) so the workers can be tuned without
+touching the shared settings object; the Kafka location still comes from ``Settings``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_RULES = Path(__file__).with_name("rules") / "default.yaml"
+
+
+class ProcessorSettings(BaseSettings):
+    """Everything the reward workers need besides the cluster address."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVERL_PROCESSORS_", extra="ignore")
+
+    app_id: str = "liverl-rewards"
+    web_port: int = 6066
+    web_enabled: bool = True
+    partitions: int = 6
+    # Only sessions whose id starts with this are processed (tenancy, tests); empty = all.
+    session_prefix: str = ""
+    # Config versions enter every derived event id: change them when the logic changes.
+    pairing_version: str = "pairing-1"
+    reward_version: str = "reward-1"
+    sample_version: str = "samples-1"
+    # Pairing.
+    idle_timeout_s: float = 1800.0
+    sweep_interval_s: float = 5.0
+    # How long a next state for an unknown turn (or a closed session's stragglers) may wait.
+    grace_s: float = 30.0
+    # After a session closes, how long to wait for an outcome (record-outcome) before assembling.
+    outcome_wait_s: float = 0.0
+    # Per-session state untouched this long is dropped (bounded memory); must exceed
+    # idle_timeout_s + grace_s + outcome_wait_s so that no live session loses its state.
+    retain_s: float = 6 * 3600.0
+    # Judges.
+    judge: str = "rules"
+    judge_batch: int = 32
+    rules_path: Path = DEFAULT_RULES
+    llm_base_url: str = "http://127.0.0.1:8000/v1"
+    llm_model: str = "judge"
+    llm_api_key: str | None = None
+    llm_votes: int = Field(default=3, ge=1)
+    llm_timeout_s: float = 30.0
+    llm_retries: int = 2
+    llm_concurrency: int = 8
+    llm_hints: bool = True
+
+    @model_validator(mode="after")
+    def _retain_outlives_sessions(self) -> ProcessorSettings:
+        floor = self.idle_timeout_s + self.grace_s + self.outcome_wait_s
+        if self.retain_s <= floor:
+            raise ValueError(
+                f"retain_s ({self.retain_s:g}) must exceed idle_timeout_s + grace_s + "
+                f"outcome_wait_s ({floor:g}), or live sessions would lose their state"
+            )
+        return self

@@ -1,0 +1,111 @@
+"""Judge stage logic: match next states to their turns, judge, and build the output events.
+
+Pure state handling (JSON-able dict per session) plus one async call into the judge. A next
+state for a turn not seen yet waits up to the grace period (interactions and next states are
+different topics, so either may be read first), then goes to the DLQ with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.events import Hint, Interaction, NextState, PrmScore, Producer, derive_event_id
+
+from .judges import Judge, TurnContext
+from .rewards import is_session_outcome
+
+SessionState = dict[str, Any]
+
+
+@dataclass
+class JudgeWork:
+    """A next state whose turn is known: ready to be judged."""
+
+    ctx: TurnContext
+    interaction_id: str
+    state: NextState
+
+
+@dataclass
+class JudgeOutput:
+    prm: PrmScore
+    hints: list[Hint] = field(default_factory=list)
+
+
+def on_interaction(state: SessionState | None, inter: Interaction) -> SessionState:
+    """Remember what the judge needs of a trainable main turn."""
+    state = dict(state or {})
+    if inter.turn_type == "side" or not inter.train:
+        return state
+    ctx = TurnContext.from_interaction(inter)
+    state.setdefault("turns", {})[str(inter.turn)] = [inter.event_id, ctx.request, ctx.answer]
+    return state
+
+
+def on_next_state(
+    state: SessionState | None, ns: NextState, now_ms: int
+) -> tuple[SessionState, list[NextState]]:
+    """Add a next state; return the state and the next states now ready to judge."""
+    state = dict(state or {})
+    if is_session_outcome(ns):
+        return state, []  # session outcomes feed the reward, they judge no single turn
+    state.setdefault("pending", {})[ns.event_id] = [now_ms, ns.turn]
+    return state, [ns]
+
+
+def take_ready(state: SessionState, ns: NextState) -> JudgeWork | None:
+    """The judge work for ``ns`` if its turn is known (and drop it from pending)."""
+    turn = state.get("turns", {}).get(str(ns.turn))
+    if turn is None:
+        return None
+    state.get("pending", {}).pop(ns.event_id, None)
+    inter_id, request, answer = turn
+    return JudgeWork(TurnContext(ns.session_id, ns.turn, request, answer), inter_id, ns)
+
+
+def expired(state: SessionState, now_ms: int, grace_ms: int) -> list[str]:
+    """Pending next-state ids older than the grace period (to dead-letter)."""
+    return [
+        nid for nid, (since, _) in state.get("pending", {}).items() if now_ms - since > grace_ms
+    ]
+
+
+async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:
+    """Run the judge (which never raises) and build the prm_score and hint events."""
+    try:
+        verdict = await judge.judge(work.ctx, work.state)
+    except Exception as exc:  # noqa: BLE001 - a plug-in judge must not crash the worker
+        from .judges import Verdict
+
+        verdict = Verdict(0, [], error=f"judge raised {type(exc).__name__}: {exc}"[:500])
+    ns = work.state
+    parents = [work.interaction_id, ns.event_id]
+    producer = Producer(component="judge", version=judge.version)
+    prm = PrmScore(
+        event_id=derive_event_id("prm_score", parents, judge.version),
+        producer=producer,
+        parents=parents,
+        session_id=ns.session_id,
+        turn=ns.turn,
+        score=verdict.score,  # type: ignore[arg-type]
+        votes=verdict.votes,
+        judge_id=judge.judge_id,
+        judge_version=judge.version,
+        rationale=verdict.rationale,
+        error=verdict.error,
+    )
+    hints = [
+        Hint(
+            event_id=derive_event_id("hint", parents, judge.version, rank),
+            producer=producer,
+            parents=parents,
+            session_id=ns.session_id,
+            turn=ns.turn,
+            hint=text,
+            judge_id=judge.judge_id,
+            rank=rank,
+        )
+        for rank, text in enumerate(verdict.hints)
+    ]
+    return JudgeOutput(prm, hints)

@@ -1,0 +1,173 @@
+"""Next-state pairing: when turn t+1 of a session arrives, what it adds after turn t's prompt
+and answer is turn t's next state. Also evaluates the turn's path penalties, because pairing
+is where a turn's tool calls meet their results, in session order.
+
+:class:`Pairer` is pure: state is a JSON-able dict per session (a Faust table value), and every
+call returns the events to emit. Event ids are derived from the parent interaction ids and the
+config version, so a replay emits the same ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.events import Interaction, NextState, PathPenalty, Producer, derive_event_id
+
+from .judges import content_text
+from .penalties import PathHistory, RuleSet, ToolCall
+
+SessionState = dict[str, Any]
+
+
+@dataclass
+class PairOutput:
+    """Events to emit for one input, and the session's new state."""
+
+    state: SessionState
+    next_states: list[NextState] = field(default_factory=list)
+    penalties: list[PathPenalty] = field(default_factory=list)
+
+
+def tool_calls_of(inter: Interaction) -> list[ToolCall]:
+    """The turn's tool calls: the interaction's ``tool_calls`` (OpenAI format)."""
+    out = []
+    for i, c in enumerate(inter.tool_calls):
+        fn = c.get("function") or {}
+        args = fn.get("arguments") or ""
+        out.append(ToolCall(str(c.get("id") or i), str(fn.get("name", "?")), args))
+    return out
+
+
+def added_messages(prev_len: int, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages turn t+1 adds after turn t's prompt (``prev_len`` messages) and answer.
+
+    Normally the answer sits at index ``prev_len``; when the harness rewrote history (context
+    compaction) we fall back to everything after the last assistant message.
+    """
+    if len(messages) > prev_len and messages[prev_len].get("role") == "assistant":
+        return messages[prev_len + 1 :]
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    return messages[last + 1 :]
+
+
+class Pairer:
+    """Session state machine for pairing and path penalties."""
+
+    component = "next_state"
+
+    def __init__(self, rules: RuleSet, version: str = "pairing-1") -> None:
+        self.rules = rules
+        self.version = version
+        self.producer = Producer(component=self.component, version=version)
+        self.penalty_producer = Producer(component="penalties", version=rules.version)
+
+    def on_interaction(
+        self, state: SessionState | None, inter: Interaction, now_ms: int | None = None
+    ) -> PairOutput:
+        """Pair the previous trainable turn with this one; close on ``session_done``.
+
+        ``now_ms`` is processing time for the idle timeout (default: the event's time). The
+        worker passes the wall clock, so a replay of old traffic is not all idle at once.
+        """
+        state = dict(state or {})
+        out = PairOutput(state)
+        if inter.turn_type == "side":
+            return out  # served, never recorded, never pairs
+        prev = state.get("prev")
+        if prev is not None and inter.turn <= prev["turn"]:
+            return out  # duplicate or out-of-order redelivery: already paired
+        state["session_id"] = inter.session_id
+        state["last_seen_ms"] = inter.ts_ms if now_ms is None else now_ms
+        if prev is not None and prev["trainable"] and not state.get("closed"):
+            added = added_messages(prev["messages_len"], inter.messages)
+            out.next_states.append(self._paired(prev, inter, added))
+            out.penalties.append(self._penalty(state, prev, added))
+        state["closed"] = False
+        state["prev"] = {
+            "event_id": inter.event_id,
+            "turn": inter.turn,
+            "messages_len": len(inter.messages),
+            "trainable": inter.train,
+            "tool_calls": [[c.call_id, c.name, c.arguments] for c in tool_calls_of(inter)],
+        }
+        if inter.session_done:
+            self._close(state, out, inter.ts_ms, "session_done")
+        return out
+
+    def on_idle(self, state: SessionState, now_ms: int, idle_timeout_ms: int) -> PairOutput:
+        """Close a session idle past the timeout (emits the session_end next state)."""
+        state = dict(state)
+        out = PairOutput(state)
+        if not state.get("closed") and now_ms - state.get("last_seen_ms", now_ms) > idle_timeout_ms:
+            self._close(state, out, now_ms, "idle_timeout")
+        return out
+
+    def _close(self, state: SessionState, out: PairOutput, ts_ms: int, reason: str) -> None:
+        state["closed"] = True
+        prev = state.get("prev")
+        if prev is None or not prev["trainable"]:
+            return
+        parents = [prev["event_id"]]
+        out.next_states.append(
+            NextState(
+                event_id=derive_event_id("next_state", parents, self.version, "session_end"),
+                ts_ms=ts_ms,
+                producer=self.producer,
+                parents=parents,
+                session_id=state["session_id"],
+                turn=prev["turn"],
+                kind="session_end",
+                content="",
+                source="pairing",
+                detail={"reason": reason},
+            )
+        )
+        out.penalties.append(self._penalty(state, prev, []))
+
+    def _paired(
+        self, prev: dict[str, Any], inter: Interaction, added: list[dict[str, Any]]
+    ) -> NextState:
+        roles = [m.get("role") for m in added]
+        kind = "user_reply" if "user" in roles or not roles else "tool_result"
+        role = "user" if "user" in roles else (roles[0] if roles else None)
+        parents = [prev["event_id"], inter.event_id]
+        return NextState(
+            event_id=derive_event_id("next_state", parents, self.version, kind),
+            ts_ms=inter.ts_ms,
+            producer=self.producer,
+            parents=parents,
+            session_id=inter.session_id,
+            turn=prev["turn"],
+            kind=kind,
+            role=role,
+            content="\n".join(content_text(m.get("content")) for m in added),
+            source="pairing",
+            detail={"messages": added},
+        )
+
+    def _penalty(
+        self, state: SessionState, prev: dict[str, Any], added: list[dict[str, Any]]
+    ) -> PathPenalty:
+        results = {
+            str(m.get("tool_call_id")): content_text(m.get("content"))
+            for m in added
+            if m.get("role") == "tool"
+        }
+        calls = [ToolCall(cid, n, args, results.get(cid)) for cid, n, args in prev["tool_calls"]]
+        history = PathHistory.from_json(state.get("history"))
+        result = self.rules.evaluate(prev["turn"], calls, history)
+        state["history"] = history.to_json()
+        parents = [prev["event_id"]]
+        return PathPenalty(
+            event_id=derive_event_id("path_penalty", parents, self.rules.version),
+            producer=self.penalty_producer,
+            parents=parents,
+            session_id=state["session_id"],
+            turn=prev["turn"],
+            rule_ids=result.rule_ids,
+            penalty=result.phi,
+            compliance_bonus=result.compliance_bonus,
+            beta=self.rules.beta,
+            hits=result.hits,
+        )

@@ -1,0 +1,303 @@
+"""RLVP path penalties: rules as YAML data, validated, evaluated per turn.
+
+R = O + beta * Phi with Phi = -lambda per violated rule (at most once per rule and turn, so the
+path part is bounded) + mu per verified compliance. Validation enforces DESIGN.md section 5:
+(1) only verifiable bad actions, never lack of progress; (2) the outcome stays the main driver;
+(3) every penalty is paired with a compliance reward; (4) the compliant path is reachable and
+the rule cannot be farmed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.events import RuleHit
+
+VERIFIABLE_KINDS = ("repeated_failing_call", "forbidden_pattern", "required_step")
+# Kinds people reach for that reward or punish (lack of) progress: rule (1) forbids them.
+PROGRESS_KINDS = ("no_progress", "idle", "too_many_turns", "slow", "length", "inaction")
+
+
+class RuleConfigError(ValueError):
+    """A rule set that violates one of the four RLVP design rules (or is malformed)."""
+
+
+class RuleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1)
+    kind: str
+    penalty: float = Field(description="lambda, > 0")
+    compliance: float = Field(default=0.0, description="mu, the paired compliance bonus")
+    max_repeats: int | None = None
+    patterns: list[str] = Field(default_factory=list)
+    trigger: str | None = None
+    requires: str | None = None
+    within_turns: int | None = None
+
+
+class RuleSetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(min_length=1)
+    beta: float = Field(gt=0)
+    outcome_scale: float = Field(default=1.0, gt=0)
+    max_path_share: float = Field(default=0.5, gt=0, lt=1)
+    failure_patterns: list[str] = Field(default_factory=list)
+    rules: list[RuleSpec] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of a turn, with its result once the next turn revealed it."""
+
+    call_id: str
+    name: str
+    arguments: str
+    result: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Identity for 'identical call': name plus canonical arguments."""
+        try:
+            args = orjson.dumps(orjson.loads(self.arguments), option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONDecodeError:
+            args = self.arguments.strip()
+        return f"{self.name}:{args}"
+
+    @property
+    def command(self) -> str:
+        """Text that command patterns are matched against (a shell's cmd, else all arguments)."""
+        try:
+            args = orjson.loads(self.arguments)
+        except orjson.JSONDecodeError:
+            return self.arguments
+        if isinstance(args, dict):
+            for k in ("cmd", "command", "script"):
+                if isinstance(args.get(k), str):
+                    return args[k]
+        return self.arguments
+
+
+@dataclass
+class PathHistory:
+    """Per-session memory the rules need: failure counts and recent commands (JSON-able)."""
+
+    failures: dict[str, int] = field(default_factory=dict)
+    commands: list[tuple[int, str]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"failures": self.failures, "commands": [list(c) for c in self.commands]}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any] | None) -> PathHistory:
+        if not obj:
+            return cls()
+        return cls(dict(obj["failures"]), [(int(t), str(c)) for t, c in obj["commands"]])
+
+
+@dataclass(frozen=True)
+class PathResult:
+    """Phi of one turn and what produced it."""
+
+    phi: float
+    compliance_bonus: float
+    hits: list[RuleHit]
+
+    @property
+    def rule_ids(self) -> list[str]:
+        return sorted({h["rule_id"] for h in self.hits})
+
+
+class RuleSet:
+    """Validated, compiled rules. Build with :func:`load_rules` or :meth:`from_dict`."""
+
+    def __init__(self, spec: RuleSetSpec) -> None:
+        validate_spec(spec)
+        self.spec = spec
+        self.version = spec.version
+        self.beta = spec.beta
+        self._failure = [re.compile(p) for p in spec.failure_patterns]
+        self._compiled = {
+            r.id: {
+                "patterns": [re.compile(p) for p in r.patterns],
+                "trigger": re.compile(r.trigger) if r.trigger else None,
+                "requires": re.compile(r.requires) if r.requires else None,
+            }
+            for r in spec.rules
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> RuleSet:
+        try:
+            spec = RuleSetSpec.model_validate(obj)
+        except ValidationError as exc:
+            raise RuleConfigError(f"malformed rule set: {exc}") from exc
+        return cls(spec)
+
+    def is_failure(self, result: str | None) -> bool:
+        return result is not None and any(p.search(result) for p in self._failure)
+
+    def evaluate(self, turn: int, calls: Sequence[ToolCall], history: PathHistory) -> PathResult:
+        """Score one turn's tool calls and update ``history`` (call once per turn, in order)."""
+        hits: list[RuleHit] = []
+        phi = bonus = 0.0
+        for rule in self.spec.rules:
+            outcome = self._apply(rule, turn, calls, history)
+            if outcome is None:
+                continue
+            violated, detail = outcome
+            if violated:
+                phi -= rule.penalty
+                hits.append({"rule_id": rule.id, "detail": detail})
+            elif rule.compliance > 0:
+                phi += rule.compliance
+                bonus += rule.compliance
+                hits.append({"rule_id": rule.id, "detail": f"compliance: {detail}"})
+        for call in calls:  # history after the rules, so a turn is judged on what came before
+            history.commands.append((turn, call.command))
+            if self.is_failure(call.result):
+                history.failures[call.key] = history.failures.get(call.key, 0) + 1
+        del history.commands[:-200]
+        return PathResult(round(phi, 10), round(bonus, 10), hits)
+
+    def _apply(
+        self, rule: RuleSpec, turn: int, calls: Sequence[ToolCall], history: PathHistory
+    ) -> tuple[bool, str] | None:
+        """(violated, detail), or None when the rule does not apply to this turn."""
+        c = self._compiled[rule.id]
+        if rule.kind == "forbidden_pattern":
+            if not calls:
+                return None
+            for call in calls:
+                if any(p.search(call.command) for p in c["patterns"]):
+                    return True, call.command[:200]
+            return False, f"{len(calls)} call(s), none forbidden"
+        if rule.kind == "repeated_failing_call":
+            assert rule.max_repeats is not None
+            for call in calls:
+                before = history.failures.get(call.key, 0)
+                if before >= rule.max_repeats and self.is_failure(call.result):
+                    return True, f"{call.key[:160]} failed {before + 1} times"
+            for call in calls:  # recovery: after a failure, tried something different
+                if history.failures and call.key not in history.failures:
+                    return False, f"changed approach after a failure: {call.name}"
+            return None
+        if rule.kind == "required_step":
+            for call in calls:
+                if c["trigger"].search(call.command):
+                    window = rule.within_turns
+                    done = any(
+                        c["requires"].search(cmd)
+                        for t, cmd in history.commands
+                        if window is None or turn - t <= window
+                    )
+                    earlier = [x.command for x in calls[: calls.index(call)]]
+                    done = done or any(c["requires"].search(cmd) for cmd in earlier)
+                    return (not done), call.command[:200]
+            return None
+        raise RuleConfigError(f"rule {rule.id}: unknown kind {rule.kind!r}")
+
+
+def validate_spec(spec: RuleSetSpec) -> None:
+    """Reject rule sets that break RLVP's design rules, saying which and why."""
+    problems: list[str] = []
+    ids = [r.id for r in spec.rules]
+    if len(set(ids)) != len(ids):
+        problems.append("rule ids must be unique")
+    for p in spec.failure_patterns:
+        _compile(p, "failure_patterns", problems)
+    for r in spec.rules:
+        where = f"rule {r.id!r}"
+        if r.kind in PROGRESS_KINDS:
+            problems.append(
+                f"{where}: kind {r.kind!r} penalizes lack of progress, which is not a verifiable "
+                "bad action (design rule 1: penalize only verifiable bad actions)"
+            )
+            continue
+        if r.kind not in VERIFIABLE_KINDS:
+            problems.append(f"{where}: unknown kind {r.kind!r}; use one of {VERIFIABLE_KINDS}")
+            continue
+        if r.penalty <= 0:
+            problems.append(f"{where}: penalty (lambda) must be > 0")
+        if r.compliance <= 0:
+            problems.append(
+                f"{where}: needs a compliance bonus mu > 0 (design rule 3: pair each penalty "
+                "with a compliance reward, so the agent learns what to do, not only what to avoid)"
+            )
+        elif r.compliance >= r.penalty:
+            problems.append(
+                f"{where}: compliance bonus {r.compliance} must be below its penalty "
+                f"{r.penalty} (design rule 4: the bonus must not be farmable)"
+            )
+        if r.kind == "forbidden_pattern":
+            if not r.patterns:
+                problems.append(f"{where}: needs at least one pattern")
+            for p in r.patterns:
+                rx = _compile(p, where, problems)
+                if rx is not None and rx.search("") is not None:
+                    problems.append(
+                        f"{where}: pattern {p!r} matches the empty command, so no compliant "
+                        "path exists (design rule 4: the compliant path must be reachable)"
+                    )
+        elif r.kind == "repeated_failing_call":
+            if r.max_repeats is None or r.max_repeats < 1:
+                problems.append(f"{where}: max_repeats (N) must be >= 1")
+        elif r.kind == "required_step":
+            if not r.trigger or not r.requires:
+                problems.append(f"{where}: needs both trigger and requires patterns")
+            else:
+                trig = _compile(r.trigger, where, problems)
+                req = _compile(r.requires, where, problems)
+                if trig is not None and trig.search("") is not None:
+                    problems.append(f"{where}: trigger matches every command")
+                if req is not None and req.search("") is not None:
+                    problems.append(
+                        f"{where}: requires matches every command, so the rule is gameable "
+                        "(design rule 4)"
+                    )
+            if r.within_turns is not None and r.within_turns < 1:
+                problems.append(f"{where}: within_turns must be >= 1")
+    worst = spec.beta * sum(r.penalty for r in spec.rules if r.penalty > 0)
+    best = spec.beta * sum(r.compliance for r in spec.rules if r.compliance > 0)
+    limit = spec.max_path_share * spec.outcome_scale
+    if worst >= limit:
+        problems.append(
+            f"inaction trap: the path part can reach beta * sum(lambda) = {worst:g}, not below "
+            f"{limit:g} (max_path_share {spec.max_path_share:g} x outcome scale "
+            f"{spec.outcome_scale:g}). When penalties can outweigh the outcome, an agent learns "
+            "that doing nothing (no tool calls, no risk) beats trying to succeed (design rule 2: "
+            "the outcome must stay the main driver); lower beta or the penalties"
+        )
+    if best >= limit:
+        problems.append(
+            f"compliance bonuses can reach beta * sum(mu) = {best:g}, not below {limit:g}: the "
+            "agent could earn more by ticking rules than by succeeding (design rule 2)"
+        )
+    if problems:
+        raise RuleConfigError("invalid path-penalty rules:\n- " + "\n- ".join(problems))
+
+
+def load_rules(path: str | Path) -> RuleSet:
+    """Load and validate a YAML rule set."""
+    with open(path) as fh:
+        obj = yaml.safe_load(fh)
+    if not isinstance(obj, dict):
+        raise RuleConfigError(f"{path}: expected a mapping at the top level")
+    return RuleSet.from_dict(obj)
+
+
+def _compile(pattern: str, where: str, problems: list[str]) -> re.Pattern[str] | None:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        problems.append(f"{where}: bad regex {pattern!r}: {exc}")
+        return None

@@ -1,0 +1,303 @@
+"""Rewards and training samples, assembled per session once it closes.
+
+Why per session: "each session keeps at least one sample" and the step-wise outcome reward
+(RLAnything: r_step = outcome + mean(judge votes)) both need the whole session. A slow judge
+therefore delays a session's samples, never a user's answer.
+
+Per turn: O = session outcome (0 when none), prm = mean of the turn's judge scores, or with an
+outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. A turn with
+no next state, or a total of exactly 0, is masked (no signal), except that the session's last
+turn is kept when every turn would be masked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pipeline.events import (
+    Hint,
+    Interaction,
+    NextState,
+    PathPenalty,
+    PrmScore,
+    Producer,
+    Reward,
+    Sample,
+    derive_event_id,
+)
+
+SessionState = dict[str, Any]
+OUTCOME_KINDS = ("test_result", "feedback")
+
+
+def is_session_outcome(ns: NextState) -> bool:
+    """A session-scoped outcome (``liverl record-outcome`` without ``--turn``)."""
+    return ns.detail.get("scope") == "session" and ns.kind in OUTCOME_KINDS
+
+
+def outcome_value(ns: NextState) -> float:
+    """Explicit score, else pass/fail from the exit code, else 0."""
+    if ns.score is not None:
+        return float(ns.score)
+    if ns.exit_code is not None:
+        return 1.0 if ns.exit_code == 0 else -1.0
+    return 0.0
+
+
+def reward_parts(
+    scores: Sequence[int],
+    votes: Sequence[int | None],
+    outcome: float | None,
+    beta: float,
+    phi: float,
+) -> tuple[float, float, float, float]:
+    """(outcome, prm, penalty, total) of one turn: R = O + prm + beta * Phi."""
+    if outcome is None:
+        prm = sum(scores) / len(scores) if scores else 0.0
+        o = 0.0
+    else:
+        valid = [v for v in votes if v is not None]
+        prm = sum(valid) / len(valid) if valid else 0.0
+        o = outcome
+    pen = beta * phi
+    return o, prm, pen, o + prm + pen
+
+
+def mask_turns(has_signal: dict[int, bool]) -> dict[int, bool]:
+    """turn -> masked. Turns without signal are masked; if all are, the last one is kept."""
+    masked = {t: not ok for t, ok in has_signal.items()}
+    if masked and all(masked.values()):
+        masked[max(masked)] = False
+    return masked
+
+
+def zscore_by_group_step(samples: Sequence[Sample], eps: float = 1e-6) -> list[Sample]:
+    """Z-score rewards within (group_id, step_index); samples without a group, and groups of
+    one, are returned unchanged (a single sample has no spread to normalise by)."""
+    groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        if s.group_id is not None:
+            groups[(s.group_id, s.step_index)].append(i)
+    out = list(samples)
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        rs = [samples[i].reward for i in idx]
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
+        for i in idx:
+            out[i] = replace(samples[i], reward=(samples[i].reward - mean) / (std + eps))
+    return out
+
+
+@dataclass
+class Assembly:
+    state: SessionState
+    rewards: list[Reward] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+
+class Assembler:
+    """Collects a session's turn events (JSON-able state) and emits rewards and samples."""
+
+    def __init__(
+        self,
+        reward_version: str = "reward-1",
+        sample_version: str = "samples-1",
+        grace_ms: int = 30_000,
+        outcome_wait_ms: int = 0,
+    ) -> None:
+        self.reward_version = reward_version
+        self.sample_version = sample_version
+        self.grace_ms = grace_ms
+        self.outcome_wait_ms = outcome_wait_ms
+        self.reward_producer = Producer(component="rewards", version=reward_version)
+        self.sample_producer = Producer(component="samples", version=sample_version)
+
+    # ---- inputs (each returns the new state; idempotent on redelivery) -----------------------
+
+    @staticmethod
+    def _turn(state: SessionState, session_id: str, turn: int) -> dict[str, Any]:
+        state.setdefault("session_id", session_id)
+        turns = state.setdefault("turns", {})
+        return turns.setdefault(
+            str(turn), {"next_states": {}, "prm": {}, "penalty": None, "hints": {}}
+        )
+
+    def on_interaction(self, state: SessionState | None, inter: Interaction) -> SessionState:
+        state = dict(state or {})
+        if inter.turn_type == "side" or state.get("done"):
+            return state
+        turn = self._turn(state, inter.session_id, inter.turn)
+        if not inter.train:
+            turn["skip"] = True  # opted out: never a sample, but the turn is accounted for
+            return state
+        turn["interaction"] = {
+            "event_id": inter.event_id,
+            "policy_id": inter.policy_id,
+            "weight_version": inter.weight_version,
+            "prompt_token_ids": inter.prompt_token_ids,
+            "response_token_ids": inter.response_token_ids,
+            "response_logprobs": inter.response_logprobs,
+            "group_id": inter.sampling.get("group_id"),
+            "ts_ms": inter.ts_ms,
+        }
+        return state
+
+    def on_next_state(self, state: SessionState | None, ns: NextState, now_ms: int) -> SessionState:
+        state = dict(state or {})
+        state.setdefault("session_id", ns.session_id)
+        if is_session_outcome(ns):
+            prev = state.get("outcome")
+            if prev is None or (ns.ts_ms, ns.event_id) > (prev["ts_ms"], prev["event_id"]):
+                state["outcome"] = {
+                    "event_id": ns.event_id,
+                    "ts_ms": ns.ts_ms,
+                    "value": outcome_value(ns),
+                }
+            return state
+        if state.get("done"):
+            return state
+        self._turn(state, ns.session_id, ns.turn)["next_states"][ns.event_id] = ns.kind
+        if ns.kind == "session_end" and state.get("closed_at_ms") is None:
+            state["closed_at_ms"] = now_ms
+            state["last_turn"] = ns.turn
+        return state
+
+    def on_prm(self, state: SessionState | None, prm: PrmScore) -> SessionState:
+        state = dict(state or {})
+        if state.get("done"):
+            return state
+        # parents are [interaction id, next state id]: key the verdict by its next state.
+        self._turn(state, prm.session_id, prm.turn)["prm"][prm.parents[-1]] = {
+            "event_id": prm.event_id,
+            "score": prm.score,
+            "votes": prm.votes,
+        }
+        return state
+
+    def on_penalty(self, state: SessionState | None, pen: PathPenalty) -> SessionState:
+        state = dict(state or {})
+        self._turn(state, pen.session_id, pen.turn)["penalty"] = {
+            "event_id": pen.event_id,
+            "phi": pen.penalty,
+            "beta": pen.beta,
+        }
+        return state
+
+    def on_hint(self, state: SessionState | None, hint: Hint) -> SessionState:
+        state = dict(state or {})
+        self._turn(state, hint.session_id, hint.turn)["hints"][hint.event_id] = [
+            hint.rank,
+            hint.hint,
+        ]
+        return state
+
+    # ---- completion --------------------------------------------------------------------------
+
+    def ready(self, state: SessionState, now_ms: int) -> bool:
+        """Closed, every turn judged and penalised (or the grace period is over), and the
+        outcome is in (or no outcome is awaited / the wait is over)."""
+        closed = state.get("closed_at_ms")
+        if state.get("done") or closed is None:
+            return False
+        if (
+            self.outcome_wait_ms
+            and "outcome" not in state
+            and now_ms - closed < self.outcome_wait_ms
+        ):
+            return False
+        if now_ms - closed >= self.grace_ms:
+            return True
+        # Topics are read interleaved, so a replay may deliver a turn's verdicts before its
+        # interaction: every main-line turn 0..last must be present and complete.
+        turns = state.get("turns", {})
+        for t in range(state["last_turn"] + 1):
+            info = turns.get(str(t))
+            if info is None:
+                return False
+            if info.get("skip"):
+                continue
+            if "interaction" not in info or info["penalty"] is None or not info["next_states"]:
+                return False
+            if any(ns not in info["prm"] for ns in info["next_states"]):
+                return False
+        return True
+
+    def complete(self, state: SessionState, now_ms: int) -> Assembly:
+        """Emit the session's rewards and samples (call when :meth:`ready`)."""
+        state = dict(state)
+        out = Assembly(state)
+        sid = state["session_id"]
+        outcome = state.get("outcome")
+        o_val = None if outcome is None else float(outcome["value"])
+        rewards: dict[int, Reward] = {}
+        signal: dict[int, bool] = {}
+        turns = {int(k): v for k, v in state.get("turns", {}).items() if "interaction" in v}
+        for t in sorted(turns):
+            if t > state.get("last_turn", t):
+                continue
+            info = turns[t]
+            judged = [info["prm"][n] for n in sorted(info["next_states"]) if n in info["prm"]]
+            if not judged:
+                signal[t] = False
+                continue
+            pen = info["penalty"] or {"event_id": None, "phi": 0.0, "beta": 0.0}
+            votes = [v for j in judged for v in j["votes"]]
+            o, prm, penalty, total = reward_parts(
+                [j["score"] for j in judged], votes, o_val, pen["beta"], pen["phi"]
+            )
+            parents = [j["event_id"] for j in judged] + [
+                x for x in (pen["event_id"], outcome and outcome["event_id"]) if x
+            ]
+            rewards[t] = Reward(
+                event_id=derive_event_id("reward", parents, self.reward_version),
+                ts_ms=now_ms,
+                producer=self.reward_producer,
+                parents=parents,
+                session_id=sid,
+                turn=t,
+                outcome=o,
+                prm=prm,
+                penalty=penalty,
+                total=total,
+                formula_version=self.reward_version,
+            )
+            signal[t] = total != 0
+        masked = mask_turns(signal)
+        out.rewards = [rewards[t] for t in sorted(rewards)]
+        for t in sorted(masked):
+            inter = turns[t]["interaction"]
+            reward = rewards.get(t)
+            parents = [inter["event_id"]] + ([reward.event_id] if reward else [])
+            n = len(inter["response_token_ids"])
+            hints = [h for _, h in sorted(turns[t]["hints"].values())]
+            out.samples.append(
+                Sample(
+                    event_id=derive_event_id("sample", parents, self.sample_version, masked[t]),
+                    ts_ms=now_ms,
+                    producer=self.sample_producer,
+                    parents=parents,
+                    session_id=sid,
+                    turn=t,
+                    policy_id=inter["policy_id"],
+                    prompt_token_ids=inter["prompt_token_ids"],
+                    response_token_ids=inter["response_token_ids"],
+                    loss_mask=[0 if masked[t] else 1] * n,
+                    behavior_logprobs=inter["response_logprobs"],
+                    reward=reward.total if reward else 0.0,
+                    hints=hints,
+                    behavior_weight_version=inter["weight_version"],
+                    masked=masked[t],
+                    group_id=inter["group_id"],
+                    step_index=t,
+                )
+            )
+        out.samples = zscore_by_group_step(out.samples)
+        state["done"] = True
+        state["turns"] = {}  # keep the tombstone small: done sessions ignore stragglers
+        return out

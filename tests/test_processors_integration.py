@@ -1,0 +1,290 @@
+"""The real Faust worker against the real broker: a scripted 5-turn session end to end.
+
+Expected values are computed by hand from the test rule set (beta 0.5):
+turn 0  grep, ok                  -> forbidden compliance +0.02                 Phi  0.02
+turn 1  pytest, fails             -> forbidden compliance +0.02                 Phi  0.02
+turn 2  pytest again, fails       -> repeated (N=1) -0.2, forbidden +0.02       Phi -0.18
+turn 3  git push --force, ok      -> forbidden -0.3, changed approach +0.05     Phi -0.25
+turn 4  git commit (session done) -> tests ran +0.05, changed +0.05, ok +0.02   Phi  0.12
+Rule judge: tool results 0, "Thanks, that works" +1, session end 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from pipeline import events
+from pipeline.events import examples
+from pipeline.kafka import EventProducer, names
+from pipeline.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+OUT_TOPICS = (
+    names.NEXT_STATES,
+    names.PRM_SCORES,
+    names.PATH_PENALTIES,
+    names.REWARDS,
+    names.SAMPLES,
+    names.DLQ,
+)
+RULES = """
+version: rules-test
+beta: 0.5
+failure_patterns: ["(?i)\\\\berror\\\\b", "(?i)failed"]
+rules:
+  - {id: repeated, kind: repeated_failing_call, max_repeats: 1, penalty: 0.2, compliance: 0.05}
+  - id: forbidden
+    kind: forbidden_pattern
+    patterns: ["git\\\\s+push\\\\s+(.*\\\\s)?(--force|-f)(\\\\s|$)"]
+    penalty: 0.3
+    compliance: 0.02
+  - id: tests-first
+    kind: required_step
+    trigger: "git\\\\s+commit"
+    requires: "pytest"
+    penalty: 0.2
+    compliance: 0.05
+"""
+
+
+def shell(call_id: str, cmd: str) -> dict:
+    args = orjson.dumps({"cmd": cmd}).decode()
+    return {"id": call_id, "type": "function", "function": {"name": "shell", "arguments": args}}
+
+
+def script(sid: str) -> list[events.Interaction]:
+    base = examples.interaction(prompt_tokens=8, response_tokens=4)
+    msgs: list[dict] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing import, then commit."},
+    ]
+    steps = [  # (tool call of the turn, what follows it)
+        ("grep -rn parse_config .", [("tool", "app/cli.py:3:from app.settings import x")]),
+        ("pytest -q", [("tool", "ImportError: cannot import\n1 failed")]),
+        ("pytest -q", [("tool", "ImportError: cannot import\n1 failed")]),
+        ("git push --force origin main", [("tool", "done"), ("user", "Thanks, that works")]),
+        ("git commit -am fix", []),
+    ]
+    out = []
+    for t, (cmd, follow) in enumerate(steps):
+        call = shell(f"c{t}", cmd)
+        out.append(
+            dataclasses.replace(
+                base,
+                event_id=f"{sid}-i{t}",
+                session_id=sid,
+                turn=t,
+                ts_ms=1_790_000_000_000 + t,
+                messages=[dict(m) for m in msgs],
+                tool_calls=[call],
+                response_text="",
+                prompt_token_ids=[t, t + 1, t + 2],
+                response_token_ids=[100 + t, 200 + t],
+                response_logprobs=[-0.5, -0.25],
+                session_done=t == 4,
+            )
+        )
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        for role, text in follow:
+            extra = {"tool_call_id": f"c{t}"} if role == "tool" else {}
+            msgs.append({"role": role, "content": text, **extra})
+    return out
+
+
+def high_watermarks(settings: Settings) -> dict[tuple[str, int], int]:
+    c = Consumer(settings.kafka_client_config(**{"group.id": "hw-probe"}))
+    marks = {}
+    for topic in OUT_TOPICS:
+        for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
+            marks[(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+    c.close()
+    return marks
+
+
+class Collector:
+    """Reads the output topics from given offsets, keeping this session's events."""
+
+    def __init__(self, settings: Settings, sid: str, start: dict[tuple[str, int], int]) -> None:
+        self.sid = sid.encode()
+        self.c = Consumer(settings.kafka_client_config(**{"group.id": f"collect-{sid}"}))
+        self.c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
+        self.by_topic: dict[str, list[events.Event]] = defaultdict(list)
+
+    def poll_until(self, done, proc, limit_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + limit_s
+        while not done(self.by_topic) and time.monotonic() < deadline and proc.poll() is None:
+            for msg in self.c.consume(500, timeout=0.5):
+                if msg.error() is None and msg.key() == self.sid:
+                    self.by_topic[msg.topic()].append(events.decode(msg.value()))
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def start_worker(app_id: str, sid: str, rules: Path, tmp: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(
+        LIVERL_PROCESSORS_SESSION_PREFIX=sid,
+        LIVERL_PROCESSORS_RULES_PATH=str(rules),
+        LIVERL_PROCESSORS_GRACE_S="3",
+        LIVERL_PROCESSORS_SWEEP_INTERVAL_S="1",
+        LIVERL_STATE_DIR=str(tmp),
+    )
+    code = "from pipeline.processors.commands import workers; workers()"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn"],
+        env=env,
+        stdout=open(tmp / f"{app_id}.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def drop_internal_topics(settings: Settings, app_id: str) -> None:
+    """Faust creates changelog and assignor topics per app id: remove this test's."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{app_id}-")]
+    if mine:
+        for fut in admin.delete_topics(mine, operation_timeout=30).values():
+            fut.result()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def complete(by_topic) -> bool:  # type: ignore[no-untyped-def]
+    pairing = [e for e in by_topic[names.NEXT_STATES] if e.source == "pairing"]
+    return (
+        len({e.event_id for e in pairing}) >= 5
+        and len({e.event_id for e in by_topic[names.SAMPLES]}) >= 5
+        and len({e.event_id for e in by_topic[names.DLQ]}) >= 2
+    )
+
+
+def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, tmp_path):
+    sid = f"itest-{unique}"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    start = high_watermarks(kafka_settings)
+    producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+    turns = script(sid)
+    side = dataclasses.replace(turns[1], event_id=f"{sid}-side", turn_type="side", turn=2)
+    for inter in turns[:2] + [side] + turns[2:]:
+        producer.send(names.INTERACTIONS, inter)
+    producer.send_raw(names.INTERACTIONS, b'{"type": "interaction", "turn": ', key=sid)
+    stray = dataclasses.replace(
+        examples.examples()["next_state"],
+        event_id=f"{sid}-stray",
+        session_id=sid,
+        turn=9,
+        source="feedback-endpoint",
+    )
+    producer.send(names.NEXT_STATES, stray)
+    producer.flush()
+
+    runs = []
+    for run in range(2):
+        # Each run reads only what it wrote itself: from the end of what was there before it.
+        col = Collector(kafka_settings, sid, start if run == 0 else high_watermarks(kafka_settings))
+        proc = start_worker(f"itest-{unique}-{run}", sid, rules, tmp_path)
+        try:
+            col.poll_until(complete, proc)
+        finally:
+            stop(proc)
+            col.close()
+            drop_internal_topics(kafka_settings, f"itest-{unique}-{run}")
+        counts = {t: len(v) for t, v in col.by_topic.items()}
+        log = (tmp_path / f"itest-{unique}-{run}.log").read_text()[-3000:]
+        assert complete(col.by_topic), f"run {run}: {counts}\n{log}"
+        runs.append(col.by_topic)
+
+    first = runs[0]
+    ns = sorted(
+        (
+            e
+            for e in {e.event_id: e for e in first[names.NEXT_STATES]}.values()
+            if e.source == "pairing"
+        ),
+        key=lambda e: e.turn,
+    )
+    ids = [i.event_id for i in turns]
+    assert [(e.turn, e.kind, e.role, e.content) for e in ns] == [
+        (0, "tool_result", "tool", "app/cli.py:3:from app.settings import x"),
+        (1, "tool_result", "tool", "ImportError: cannot import\n1 failed"),
+        (2, "tool_result", "tool", "ImportError: cannot import\n1 failed"),
+        (3, "user_reply", "user", "done\nThanks, that works"),
+        (4, "session_end", None, ""),
+    ]
+    assert [e.event_id for e in ns[:4]] == [
+        events.derive_event_id("next_state", [ids[t], ids[t + 1]], "pairing-1", ns[t].kind)
+        for t in range(4)
+    ]
+    assert ns[4].event_id == events.derive_event_id(
+        "next_state", [ids[4]], "pairing-1", "session_end"
+    )
+
+    prm = {e.turn: e for e in first[names.PRM_SCORES]}
+    assert {t: (p.score, p.votes) for t, p in prm.items()} == {
+        0: (0, [0]),
+        1: (0, [0]),
+        2: (0, [0]),
+        3: (1, [1]),
+        4: (0, [0]),
+    }
+    assert prm[3].parents == [ids[3], ns[3].event_id]
+
+    pen = {e.turn: e for e in first[names.PATH_PENALTIES]}
+    expect_phi = {0: 0.02, 1: 0.02, 2: -0.18, 3: -0.25, 4: 0.12}
+    assert {t: p.penalty for t, p in pen.items()} == pytest.approx(expect_phi)
+    assert {t: p.compliance_bonus for t, p in pen.items()} == pytest.approx(
+        {0: 0.02, 1: 0.02, 2: 0.02, 3: 0.05, 4: 0.12}
+    )
+    assert pen[2].rule_ids == ["forbidden", "repeated"]
+    assert pen[3].rule_ids == ["forbidden", "repeated"]
+    assert pen[4].rule_ids == ["forbidden", "repeated", "tests-first"]
+
+    rewards = {e.turn: e for e in first[names.REWARDS]}
+    expect_total = {0: 0.01, 1: 0.01, 2: -0.09, 3: 0.875, 4: 0.06}
+    assert {t: r.total for t, r in rewards.items()} == pytest.approx(expect_total)
+    assert {t: r.prm for t, r in rewards.items()} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 0}
+    assert all(r.outcome == 0 for r in rewards.values())
+
+    samples = {e.turn: e for e in first[names.SAMPLES]}
+    assert sorted(samples) == [0, 1, 2, 3, 4]  # the side turn never becomes a sample
+    for t, s in samples.items():
+        assert (s.prompt_token_ids, s.response_token_ids) == ([t, t + 1, t + 2], [100 + t, 200 + t])
+        assert (s.loss_mask, s.behavior_logprobs, s.masked) == ([1, 1], [-0.5, -0.25], False)
+        assert s.behavior_weight_version == 12 and s.step_index == t
+        assert s.reward == pytest.approx(expect_total[t])
+        assert s.parents == [ids[t], rewards[t].event_id]
+
+    dlq = {e.event_id: e for e in first[names.DLQ]}.values()
+    errors = sorted(d.error for d in dlq)
+    assert any("malformed JSON" in e for e in errors), errors
+    assert any("unknown turn 9" in e for e in errors), errors
+
+    # Replay under a new consumer group: the very same event ids, nothing new.
+    def derived(by_topic, topic):  # type: ignore[no-untyped-def]
+        return {e.event_id for e in by_topic[topic] if getattr(e, "source", "pairing") == "pairing"}
+
+    for topic in OUT_TOPICS:
+        assert derived(runs[1], topic) == derived(first, topic), topic

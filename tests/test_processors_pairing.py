@@ -1,0 +1,105 @@
+"""Next-state pairing as a pure state machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.events import derive_event_id, examples
+from pipeline.processors.config import DEFAULT_RULES
+from pipeline.processors.pairing import Pairer, added_messages
+from pipeline.processors.penalties import load_rules
+
+SYS = {"role": "system", "content": "sys"}
+U0 = {"role": "user", "content": "do it"}
+
+
+def turn(t: int, messages: list[dict], **kw):  # type: ignore[no-untyped-def]
+    base = examples.interaction(prompt_tokens=4, response_tokens=2)
+    return dataclasses.replace(
+        base, event_id=f"i{t}", session_id="s", turn=t, messages=messages, tool_calls=[], **kw
+    )
+
+
+def pairer() -> Pairer:
+    return Pairer(load_rules(DEFAULT_RULES), "pairing-1")
+
+
+def test_turn_t_plus_one_gives_turn_t_its_next_state():
+    p = pairer()
+    out0 = p.on_interaction(None, turn(0, [SYS, U0]))
+    assert out0.next_states == [] and out0.penalties == []
+    msgs1 = [
+        SYS,
+        U0,
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "No, wrong"},
+    ]
+    out1 = p.on_interaction(out0.state, turn(1, msgs1))
+    (ns,) = out1.next_states
+    assert (ns.turn, ns.kind, ns.role, ns.content, ns.source) == (
+        0,
+        "user_reply",
+        "user",
+        "No, wrong",
+        "pairing",
+    )
+    assert ns.parents == ["i0", "i1"]
+    assert ns.event_id == derive_event_id("next_state", ["i0", "i1"], "pairing-1", "user_reply")
+    assert ns.detail == {"messages": [{"role": "user", "content": "No, wrong"}]}
+    assert [pen.turn for pen in out1.penalties] == [0]
+
+
+def test_tool_results_are_a_tool_result_next_state():
+    msgs = [
+        SYS,
+        U0,
+        {"role": "assistant", "content": None},
+        {"role": "tool", "tool_call_id": "a", "content": "out1"},
+        {"role": "tool", "tool_call_id": "b", "content": "out2"},
+    ]
+    p = pairer()
+    st = p.on_interaction(None, turn(0, [SYS, U0])).state
+    (ns,) = p.on_interaction(st, turn(1, msgs)).next_states
+    assert (ns.kind, ns.role, ns.content) == ("tool_result", "tool", "out1\nout2")
+
+
+def test_session_done_closes_with_session_end_and_replay_is_idempotent():
+    p = pairer()
+    st = p.on_interaction(None, turn(0, [SYS, U0], session_done=True))
+    (end,) = st.next_states
+    assert (end.turn, end.kind, end.content) == (0, "session_end", "")
+    assert end.event_id == derive_event_id("next_state", ["i0"], "pairing-1", "session_end")
+    assert st.state["closed"] is True
+    again = p.on_interaction(st.state, turn(0, [SYS, U0], session_done=True))
+    assert again.next_states == []  # redelivered turn: nothing new
+
+
+def test_side_turns_and_opt_outs_never_pair():
+    p = pairer()
+    st = p.on_interaction(None, turn(0, [SYS, U0])).state
+    side = p.on_interaction(st, turn(1, [SYS], turn_type="side"))
+    assert side.next_states == [] and side.state == st
+    msgs = [SYS, U0, {"role": "assistant", "content": "a"}, {"role": "user", "content": "ok"}]
+    opt = p.on_interaction(st, turn(1, msgs, train=False))
+    assert [n.turn for n in opt.next_states] == [0]  # turn 0 pairs with the opted-out turn 1
+    msgs2 = msgs + [{"role": "assistant", "content": "b"}, {"role": "user", "content": "k"}]
+    nxt = p.on_interaction(opt.state, turn(2, msgs2, session_done=True))
+    assert [n.kind for n in nxt.next_states] == ["session_end"]  # turn 1 never pairs
+    assert nxt.next_states[0].turn == 2
+
+
+def test_idle_timeout_closes_once():
+    p = pairer()
+    st = p.on_interaction(None, turn(0, [SYS, U0], ts_ms=1_000)).state
+    assert p.on_idle(st, 1_500, 1_000).next_states == []
+    closed = p.on_idle(st, 2_001, 1_000)
+    assert [(n.kind, n.detail) for n in closed.next_states] == [
+        ("session_end", {"reason": "idle_timeout"})
+    ]
+    assert p.on_idle(closed.state, 9_999, 1_000).next_states == []
+
+
+def test_added_messages_falls_back_after_history_rewrite():
+    msgs = [SYS, {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
+    assert added_messages(5, msgs) == [{"role": "user", "content": "y"}]
+    assert added_messages(1, msgs) == [{"role": "user", "content": "y"}]

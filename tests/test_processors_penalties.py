@@ -1,0 +1,185 @@
+"""Path-penalty rules: evaluation by hand-computed Phi, and the four design rules on load."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pipeline.processors.config import DEFAULT_RULES
+from pipeline.processors.penalties import (
+    PathHistory,
+    RuleConfigError,
+    RuleSet,
+    ToolCall,
+    load_rules,
+)
+
+BASE = {
+    "version": "r-test",
+    "beta": 0.5,
+    "failure_patterns": ["(?i)error"],
+    "rules": [
+        {
+            "id": "rep",
+            "kind": "repeated_failing_call",
+            "max_repeats": 2,
+            "penalty": 0.2,
+            "compliance": 0.05,
+        },
+        {
+            "id": "bad",
+            "kind": "forbidden_pattern",
+            "patterns": ["rm -rf /"],
+            "penalty": 0.3,
+            "compliance": 0.02,
+        },
+        {
+            "id": "req",
+            "kind": "required_step",
+            "trigger": "git commit",
+            "requires": "pytest",
+            "within_turns": 2,
+            "penalty": 0.2,
+            "compliance": 0.05,
+        },
+    ],
+}
+
+
+def rules(**changes) -> RuleSet:  # type: ignore[no-untyped-def]
+    obj = copy.deepcopy(BASE)
+    obj.update(changes)
+    return RuleSet.from_dict(obj)
+
+
+def call(cmd: str, result: str | None = "ok", cid: str = "c") -> ToolCall:
+    return ToolCall(cid, "shell", f'{{"cmd": "{cmd}"}}', result)
+
+
+def test_default_rules_load():
+    rs = load_rules(DEFAULT_RULES)
+    assert rs.beta == 0.5 and rs.version == "rules-1"
+
+
+def test_forbidden_command_and_its_compliance_bonus():
+    rs, h = rules(), PathHistory()
+    r = rs.evaluate(0, [call("ls")], h)
+    assert (r.phi, r.compliance_bonus, r.rule_ids) == (0.02, 0.02, ["bad"])
+    r = rs.evaluate(1, [call("ls"), call("rm -rf / ")], h)
+    assert (r.phi, r.compliance_bonus) == (-0.3, 0.0)
+    assert r.hits == [{"rule_id": "bad", "detail": "rm -rf / "}]
+    assert rs.evaluate(2, [], h).phi == 0.0  # no action, no verdict: never punish inaction
+
+
+def test_identical_failing_calls_beyond_n():
+    rs, h = rules(), PathHistory()
+    fail = call("make", "Error 2")
+    assert rs.evaluate(0, [fail], h).phi == pytest.approx(0.02)  # 1st failure
+    assert rs.evaluate(1, [fail], h).phi == pytest.approx(0.02)  # 2nd: N = 2 allowed
+    third = rs.evaluate(2, [fail], h)  # 3rd identical failing call: -0.2 + 0.02
+    assert third.phi == pytest.approx(-0.18)
+    assert third.hits[0] == {"rule_id": "rep", "detail": 'shell:{"cmd":"make"} failed 3 times'}
+    # Same call with arguments reordered is identical; a different call after failures is
+    # verified recovery: +0.05 (rep) + 0.02 (bad).
+    changed = rs.evaluate(3, [call("make clean")], h)
+    assert changed.phi == pytest.approx(0.07) and changed.compliance_bonus == pytest.approx(0.07)
+    assert ToolCall("a", "f", '{"x": 1, "y": 2}').key == ToolCall("b", "f", '{"y": 2, "x": 1}').key
+
+
+def test_required_step_within_a_window():
+    rs, h = rules(), PathHistory()
+    skipped = rs.evaluate(0, [call("git commit -m x")], h)
+    assert skipped.phi == pytest.approx(-0.2 + 0.02)
+    rs.evaluate(1, [call("pytest -q")], h)
+    done = rs.evaluate(2, [call("git commit -m y")], h)
+    assert done.phi == pytest.approx(0.05 + 0.02)
+    stale = rs.evaluate(5, [call("git commit -m z")], h)  # pytest was 4 turns ago > 2
+    assert stale.phi == pytest.approx(-0.2 + 0.02)
+    same_turn = rs.evaluate(9, [call("pytest"), call("git commit")], PathHistory())
+    assert same_turn.phi == pytest.approx(0.05 + 0.02)
+
+
+def test_history_round_trips_as_json():
+    rs, h = rules(), PathHistory()
+    rs.evaluate(0, [call("make", "error")], h)
+    assert PathHistory.from_json(h.to_json()) == h
+
+
+def test_inaction_trap_is_rejected_with_an_explanation():
+    with pytest.raises(RuleConfigError, match="inaction trap") as err:
+        rules(beta=1.5)  # 1.5 * (0.2 + 0.3 + 0.2) = 1.05 >= 0.5 * 1.0
+    assert "doing nothing" in str(err.value)
+    assert "1.05" in str(err.value)
+    rules(beta=0.7)  # 0.49 < 0.5: accepted
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (
+            {"id": "x", "kind": "no_progress", "penalty": 0.1, "compliance": 0.01},
+            "lack of progress",
+        ),
+        ({"id": "x", "kind": "forbidden_pattern", "patterns": ["a"], "penalty": 0.1}, "rule 3"),
+        (
+            {
+                "id": "x",
+                "kind": "forbidden_pattern",
+                "patterns": ["a"],
+                "penalty": 0.1,
+                "compliance": 0.2,
+            },
+            "farmable",
+        ),
+        (
+            {
+                "id": "x",
+                "kind": "forbidden_pattern",
+                "patterns": [".*"],
+                "penalty": 0.1,
+                "compliance": 0.01,
+            },
+            "no compliant path",
+        ),
+        (
+            {
+                "id": "x",
+                "kind": "required_step",
+                "trigger": "a",
+                "requires": "b?",
+                "penalty": 0.1,
+                "compliance": 0.01,
+            },
+            "gameable",
+        ),
+        (
+            {
+                "id": "x",
+                "kind": "repeated_failing_call",
+                "max_repeats": 0,
+                "penalty": 0.1,
+                "compliance": 0.01,
+            },
+            "max_repeats",
+        ),
+        (
+            {
+                "id": "x",
+                "kind": "forbidden_pattern",
+                "patterns": ["("],
+                "penalty": 0.1,
+                "compliance": 0.01,
+            },
+            "bad regex",
+        ),
+    ],
+)
+def test_design_rules_are_enforced(rule, message):
+    with pytest.raises(RuleConfigError, match=message):
+        RuleSet.from_dict({"version": "v", "beta": 0.5, "rules": [rule]})
+
+
+def test_malformed_rule_set_is_a_config_error():
+    with pytest.raises(RuleConfigError, match="malformed"):
+        RuleSet.from_dict({"version": "v", "beta": 0.5, "rules": [{"id": "x"}]})
