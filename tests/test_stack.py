@@ -1,4 +1,9 @@
-"""`liverl up`: the embedded default runs every component and stops them all on Ctrl-C."""
+"""`liverl up`: the embedded default closes the loop and stops everything on Ctrl-C.
+
+Conversations from the `openai` SDK become interactions, rewards and samples; the trainer
+turns them into a weight version that the gateway then serves; `trajectories` names for
+every sample the version that produced it and the step that consumed it.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ def _children_alive(pid: int) -> list[str]:
     return [line for line in out.splitlines() if line.strip()]
 
 
-def test_up_serves_openai_clients_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     from openai import OpenAI
 
     gateway = _free_port()
@@ -64,16 +69,53 @@ def test_up_serves_openai_clients_and_stops_cleanly_on_ctrl_c(tmp_path: Path) ->
         assert f"OpenAI base URL: http://127.0.0.1:{gateway}/v1" in text
 
         client = OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="local")
-        reply = client.chat.completions.create(
-            model="default",
-            messages=[{"role": "user", "content": "hello"}],
-            max_tokens=4,
-            extra_headers={"X-Session-Id": "stack-test"},
-        )
-        assert reply.choices[0].message.content is not None
+        replies = ["thanks, that works!", "no, that is wrong"]
+        for session in ("loop-a", "loop-b"):
+            messages = [{"role": "user", "content": "count to three"}]
+            for turn in range(3):
+                headers = {"X-Session-Id": session}
+                if turn == 2:
+                    headers["X-Session-Done"] = "true"
+                reply = client.chat.completions.create(
+                    model="default", messages=messages, max_tokens=4, extra_headers=headers
+                )
+                assert reply.system_fingerprint == "liverl-v0"
+                messages += [
+                    {"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": replies[turn % 2]},
+                ]
         children = _children_alive(proc.pid)
         assert any(" serve " in c for c in children), children
         assert any(" train " in c for c in children), children
+        assert any(" workers" in c for c in children), children
+
+        # The trainer publishes v1 from those samples and the gateway reloads it.
+        served = "liverl-v0"
+        deadline = time.monotonic() + 180
+        while served == "liverl-v0" and time.monotonic() < deadline:
+            time.sleep(2)
+            served = client.chat.completions.create(
+                model="default",
+                messages=[{"role": "user", "content": "again"}],
+                max_tokens=2,
+                extra_headers={"X-Session-Id": "probe"},
+            ).system_fingerprint
+        assert served == "liverl-v1", (tmp_path / "state" / "logs" / "trainer.log").read_text()
+
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(tmp_path / "state" / "lake" / "trajectories")).to_pyarrow_table()
+        rows = rows.to_pylist()
+        assert sorted((r["session_id"], r["turn"]) for r in rows) == [
+            (s, t) for s in ("loop-a", "loop-b") for t in range(3)
+        ]
+        assert all(r["behavior_weight_version"] == 0 and r["step"] == 1 for r in rows)
+        # Rule judge: thanks -> +1, a correction -> -1, the closing turn has no verdict.
+        assert {(r["turn"], r["reward"], r["status"]) for r in rows} == {
+            (0, 1.0, "trained"),
+            (1, -1.0, "trained"),
+            (2, 0.0, "masked"),
+        }
 
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0, log.read_text()

@@ -314,3 +314,42 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
 
     app.liverl_agents = (pairing, judge_agent, assemble)  # type: ignore[attr-defined]
     return app
+
+
+def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 60.0) -> list[str]:
+    """Create Faust's changelog and assignor topics before the worker starts.
+
+    Faust declares them itself, but on a broker that is still electing coordinators it can
+    miss one, log "Ignoring missing topic" and crash the agent on its first table write.
+    Creating them up front (idempotently) makes a fresh ``liverl up`` deterministic.
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    replication = settings.topics.replication_factor or 1
+    wanted: dict[str, NewTopic] = {}
+    for tbl in app.tables.values():
+        ct = tbl.changelog_topic
+        name = ct.get_topic_name()
+        config = {"cleanup.policy": "compact" if ct.compacting else "delete"}
+        wanted[name] = NewTopic(
+            name, ct.partitions or app.conf.topic_partitions, replication, config=config
+        )
+    leader = f"{app.conf.id}-__assignor-__leader"
+    wanted[leader] = NewTopic(leader, 1, replication, config={"cleanup.policy": "compact"})
+    admin = AdminClient(settings.kafka_client_config())
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [t for n, t in wanted.items() if n not in existing]
+    if missing:
+        for name, fut in admin.create_topics(missing, request_timeout=timeout).items():
+            try:
+                fut.result(timeout)
+            except Exception as exc:  # noqa: BLE001 - another worker may have won the race
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise RuntimeError(f"cannot create internal topic {name}: {exc}") from exc
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        present = admin.list_topics(timeout=timeout).topics
+        if all(n in present for n in wanted):
+            return [t.topic for t in missing]
+        time.sleep(0.2)
+    raise RuntimeError(f"internal topics not visible after {timeout:.0f}s: {sorted(wanted)}")

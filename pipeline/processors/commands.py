@@ -47,7 +47,7 @@ def workers(
     """
     import faust
 
-    from .app import create_app
+    from .app import create_app, ensure_internal_topics
     from .config import ProcessorSettings
     from .penalties import RuleConfigError
 
@@ -64,8 +64,10 @@ def workers(
         overrides["rules_path"] = rules_path
     try:
         cfg = ProcessorSettings(**overrides)  # type: ignore[arg-type]
-        app = create_app(_settings(ctx), cfg)
-    except (RuleConfigError, ValueError) as exc:
+        settings = _settings(ctx)
+        app = create_app(settings, cfg)
+        ensure_internal_topics(app, settings)
+    except (RuleConfigError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
