@@ -421,6 +421,7 @@ def status(ctx: click.Context) -> None:
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
     from pipeline.processors.commands import record_outcome, workers
+    from pipeline.report import report
     from pipeline.serving.commands import serve
     from pipeline.trainer.commands import train
 
@@ -428,6 +429,7 @@ def _register_components() -> None:
     cli.add_command(workers)
     cli.add_command(record_outcome)
     cli.add_command(train)
+    cli.add_command(report)
 
 
 _register_components()

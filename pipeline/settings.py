@@ -20,6 +20,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from pipeline.processors.config import ProcessorSettings
+from pipeline.serving.settings import ServeSettings
+from pipeline.trainer.config import TrainerSettings
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # Set by load_settings(config=...) for the duration of one construction; no global side effect.
@@ -86,6 +90,11 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     topics: TopicSettings = Field(default_factory=TopicSettings)
+    # Component sections ([serve], [workers]/LIVERL_PROCESSORS_*, [trainer]); command-line
+    # options given explicitly override them.
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
 
     @classmethod
     def settings_customise_sources(

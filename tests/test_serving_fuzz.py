@@ -25,7 +25,14 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _app())
 
 
 @schema.parametrize()
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+# derandomize: CI runs the same examples every time; run with more or random examples
+# locally (HYPOTHESIS settings) to hunt for new failures.
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
 def test_no_input_gives_a_server_error(case: schemathesis.Case) -> None:
     case.headers = {**(case.headers or {}), "Authorization": "Bearer fuzz"}
     response = case.call()
@@ -40,3 +47,19 @@ def test_vanishing_temperature_is_greedy_not_nan(temperature: float) -> None:
     logits = torch.tensor([0.1, 2.5, -1.0, 2.4])
     params = SamplingParams(temperature=temperature, top_p=1.0, max_tokens=1)
     assert _pick(logits, params, torch.Generator().manual_seed(0)) == 1
+
+
+def test_unicode_session_id_is_echoed_percent_encoded() -> None:
+    """Found by the fuzzer: a body session id outside latin-1 broke the response header."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(_app(), raise_server_exceptions=False)
+    body = {
+        "model": "liverl-tiny-v1",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "session_id": "sitzung-Ā-ü",
+    }
+    resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-session-id"] == "sitzung-%C4%80-%C3%BC"

@@ -1,19 +1,32 @@
-"""Kafka plumbing: local broker, topics as code, typed producer/consumer with a DLQ."""
+"""Kafka plumbing: local broker, topics as code, typed producer/consumer with a DLQ.
 
-from pipeline.kafka.broker import BrokerError, LocalBroker
-from pipeline.kafka.consumer import Batch, EventConsumer, Record
-from pipeline.kafka.producer import DeliveryError, EventProducer
-from pipeline.kafka.topics import TopicSpec, TopicSpecError, load_specs
+Names are resolved lazily so that light modules (``pipeline.kafka.names``, settings) can
+be imported without loading the clients.
+"""
 
-__all__ = [
-    "Batch",
-    "BrokerError",
-    "DeliveryError",
-    "EventConsumer",
-    "EventProducer",
-    "LocalBroker",
-    "Record",
-    "TopicSpec",
-    "TopicSpecError",
-    "load_specs",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "Batch": "consumer",
+    "EventConsumer": "consumer",
+    "Record": "consumer",
+    "BrokerError": "broker",
+    "LocalBroker": "broker",
+    "DeliveryError": "producer",
+    "EventProducer": "producer",
+    "TopicSpec": "topics",
+    "TopicSpecError": "topics",
+    "load_specs": "topics",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline.kafka' has no attribute {name!r}")
+    return getattr(import_module(f"pipeline.kafka.{module}"), name)

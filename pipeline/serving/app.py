@@ -14,6 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from fastapi import FastAPI, Request
@@ -197,7 +198,10 @@ class Gateway:
         )
 
     def headers(self, turn: Turn) -> dict[str, str]:
-        out = {"X-Session-Id": turn.info.session_id, "X-Liverl-Weight-Version": str(turn.version)}
+        out = {
+            "X-Session-Id": header_safe(turn.info.session_id),
+            "X-Liverl-Weight-Version": str(turn.version),
+        }
         if turn.turn is not None:
             out["X-Liverl-Turn"] = str(turn.turn)
         return out
@@ -279,6 +283,14 @@ class Gateway:
             }
             yield b"data: " + orjson.dumps(doc) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+
+def header_safe(value: str) -> str:
+    """HTTP header values are latin-1: a body-supplied session id may not be (found by the
+    fuzzer as a 500), so echo it percent-encoded when it is not plain printable ASCII."""
+    if value.isascii() and value.isprintable():
+        return value
+    return quote(value, safe="")
 
 
 def _inline_schema(model: type[ChatRequest]) -> dict[str, Any]:
@@ -370,7 +382,10 @@ def create_app(
                 return StreamingResponse(
                     gateway.stream(turn),
                     media_type="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Session-Id": turn.info.session_id},
+                    headers={
+                        "Cache-Control": "no-cache",
+                        "X-Session-Id": header_safe(turn.info.session_id),
+                    },
                 )
             resp = await gateway.complete(turn)
         except ApiError as exc:

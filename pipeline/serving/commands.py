@@ -17,8 +17,11 @@ def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
     env = os.environ.get("LIVERL_SERVE_API_KEYS", "")
     keys += [k.strip() for k in env.split(",") if k.strip()]
     if keys_file is not None:
-        keys += [ln.strip() for ln in keys_file.read_text().splitlines()
-                 if ln.strip() and not ln.startswith("#")]
+        keys += [
+            ln.strip()
+            for ln in keys_file.read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")
+        ]
     return [hash_key(k) for k in keys]  # raw keys go no further than this line
 
 
@@ -26,8 +29,13 @@ def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--backend", type=click.Choice(["hf", "sglang"]), default="hf", show_default=True)
-@click.option("--model", "model_path", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help="Local model dir (default: the tiny built-in model).")
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Local model dir (default: the tiny built-in model).",
+)
 @click.option("--sglang-url", default="http://127.0.0.1:30000", show_default=True)
 @click.option("--policy-id", default=None, help="Default: the model dir's name.")
 @click.option("--served-model-name", default=None, help="Name clients send as `model`.")
@@ -36,24 +44,48 @@ def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32")
 @click.option("--context-length", default=None, type=int)
 @click.option("--workers", default=4, show_default=True, type=int)
-@click.option("--api-key", "api_keys", multiple=True,
-              help="Accepted bearer key (repeatable); also LIVERL_SERVE_API_KEYS=k1,k2.")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help="Accepted bearer key (repeatable); also LIVERL_SERVE_API_KEYS=k1,k2.",
+)
 @click.option("--api-keys-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--rate-limit", default=0.0, show_default=True,
-              help="Requests per minute per key (0: unlimited).")
+@click.option(
+    "--rate-limit",
+    default=0.0,
+    show_default=True,
+    help="Requests per minute per key (0: unlimited).",
+)
 @click.option("--max-body-bytes", default=4 * 1024 * 1024, show_default=True, type=int)
 @click.option("--no-record", is_flag=True, help="Serve without recording interactions.")
 @click.option("--no-reload", is_flag=True, help="Do not follow liverl.weights.v1.")
 @click.option("--require-promoted", is_flag=True, help="Load only promoted weight versions.")
-@click.option("--spool-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Default: <state_dir>/spool/<replica-id>.")
+@click.option(
+    "--spool-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Default: <state_dir>/spool/<replica-id>.",
+)
 @click.option("--replica-id", default="gateway-0", show_default=True)
-@click.option("--session-prefix-messages", default=2, show_default=True, type=int,
-              help="Messages hashed to name sessions clients did not name.")
+@click.option(
+    "--session-prefix-messages",
+    default=2,
+    show_default=True,
+    type=int,
+    help="Messages hashed to name sessions clients did not name.",
+)
 @click.pass_context
-def serve(ctx: click.Context, api_keys: tuple[str, ...], api_keys_file: Path | None,
-          rate_limit: float, no_record: bool, no_reload: bool, spool_dir: Path | None,
-          **opts: object) -> None:
+def serve(
+    ctx: click.Context,
+    api_keys: tuple[str, ...],
+    api_keys_file: Path | None,
+    rate_limit: float,
+    no_record: bool,
+    no_reload: bool,
+    spool_dir: Path | None,
+    **opts: object,
+) -> None:
     """OpenAI-compatible gateway that records every main turn and hot-reloads weights.
 
     Sessions: X-Session-Id, X-Turn-Type: main|side, X-Session-Done: true, X-Liverl-Train: false
@@ -61,28 +93,48 @@ def serve(ctx: click.Context, api_keys: tuple[str, ...], api_keys_file: Path | N
     """
     import uvicorn
 
+    from pipeline.options import explicit
     from pipeline.settings import Settings
 
     from .build import build_app
 
     kafka = (ctx.obj or {}).get("settings") if ctx.obj else None
     kafka = kafka or Settings()
-    hashes = _keys(api_keys, api_keys_file)
-    replica = str(opts["replica_id"])
-    cfg = ServeSettings(
-        api_key_hashes=hashes, rate_limit_per_min=rate_limit, record=not no_record,
-        reload=not no_reload,
-        spool_dir=spool_dir or Path(kafka.state_dir) / "spool" / replica,
-        **opts,  # type: ignore[arg-type]
+    # [serve] in the settings file / LIVERL_SERVE_* first, then options typed on the command.
+    values = {**kafka.serve.model_dump(), **explicit(ctx, opts)}
+    given = explicit(
+        ctx,
+        {
+            "rate_limit": rate_limit,
+            "no_record": no_record,
+            "no_reload": no_reload,
+            "spool_dir": spool_dir,
+        },
     )
+    if "rate_limit" in given:
+        values["rate_limit_per_min"] = rate_limit
+    if no_record:
+        values["record"] = False
+    if no_reload:
+        values["reload"] = False
+    hashes = list(kafka.serve.api_key_hashes) + _keys(api_keys, api_keys_file)
+    values["api_key_hashes"] = list(dict.fromkeys(hashes))
+    if spool_dir is not None:
+        values["spool_dir"] = spool_dir
+    elif kafka.serve.spool_dir == ServeSettings().spool_dir:
+        values["spool_dir"] = Path(kafka.state_dir) / "spool" / str(values["replica_id"])
+    cfg = ServeSettings(**values)
     try:
         cfg.check()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if cfg.open_access:
-        click.echo(f"no API keys configured: listening on {cfg.host} (loopback) only and "
-                   "accepting any key", err=True)
+        click.echo(
+            f"no API keys configured: listening on {cfg.host} (loopback) only and "
+            "accepting any key",
+            err=True,
+        )
     else:
         click.echo(f"{len(hashes)} API key(s) configured (stored hashed)", err=True)
     if not is_loopback(cfg.host) and cfg.open_access:  # pragma: no cover - check() refuses
