@@ -7,6 +7,11 @@ interaction was handed to the producer to the moment the worker produced its sam
 timestamp); samples are assembled per session, so it includes the session's later turns.
 
     .venv/bin/python bench/rewards.py --sessions 200 --turns 5
+    .venv/bin/python bench/rewards.py --group-size 4           # sessions in groups of 4
+    .venv/bin/python bench/rewards.py --profile /tmp/w.prof    # cProfile of the worker
+
+The worker starts at the end of the topics (``LIVERL_PROCESSORS_AUTO_OFFSET_RESET=latest``):
+history on a shared broker is not part of the measurement.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from pipeline.kafka import EventProducer, names
 from pipeline.settings import Settings
 
 
-def session(sid: str, turns: int, tokens: tuple[int, int]) -> list[events.Interaction]:
+def session(
+    sid: str, turns: int, tokens: tuple[int, int], group_id: str | None = None
+) -> list[events.Interaction]:
     base = examples.interaction(prompt_tokens=tokens[0], response_tokens=tokens[1])
     msgs: list[dict] = [{"role": "user", "content": "start"}]
     out = []
@@ -44,6 +51,7 @@ def session(sid: str, turns: int, tokens: tuple[int, int]) -> list[events.Intera
                 messages=list(msgs),
                 tool_calls=[],
                 session_done=t == turns - 1,
+                group_id=group_id,
             )
         )
         msgs += [
@@ -61,6 +69,8 @@ def main() -> None:
     ap.add_argument("--response-tokens", type=int, default=128)
     ap.add_argument("--limit-s", type=float, default=180.0)
     ap.add_argument("--rate", type=float, default=0.0, help="sessions/s to offer (0: all at once)")
+    ap.add_argument("--group-size", type=int, default=0, help="sessions per group_id (0: none)")
+    ap.add_argument("--profile", default="", help="write the worker's cProfile stats here")
     args = ap.parse_args()
 
     settings = Settings()
@@ -78,9 +88,24 @@ def main() -> None:
             for p in meta.partitions
         ]
     )
-    env = dict(os.environ, LIVERL_PROCESSORS_SESSION_PREFIX=prefix)
+    # The worker starts at the end of the topics: history left by earlier runs and tests
+    # (thousands of events on a shared broker) must not count against this run.
+    env = dict(
+        os.environ,
+        LIVERL_PROCESSORS_SESSION_PREFIX=prefix,
+        LIVERL_PROCESSORS_AUTO_OFFSET_RESET="latest",
+    )
+    if args.group_size:
+        env["LIVERL_PROCESSORS_GROUP_SIZE"] = str(args.group_size)
     env.setdefault("LIVERL_STATE_DIR", tempfile.mkdtemp(prefix="liverl-bench-"))
     code = "from pipeline.processors.commands import workers; workers()"
+    if args.profile:
+        code = (
+            "import atexit, cProfile; from pipeline.processors.commands import workers; "
+            "p = cProfile.Profile(); "
+            f"atexit.register(lambda: (p.disable(), p.dump_stats({args.profile!r}))); "
+            "p.enable(); workers()"
+        )
     with open(os.path.join(env["LIVERL_STATE_DIR"], "worker.log"), "wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-c", code, "--app-id", f"bench-{run}", "--no-web"],
@@ -93,24 +118,39 @@ def main() -> None:
     sent: dict[tuple[str, int], float] = {}
     got: dict[tuple[str, int], float] = {}
 
-    def drain(until: int, deadline: float) -> None:
+    def drain(until: int, deadline: float, warmup: bool = False) -> None:
         while len(got) < until and time.monotonic() < deadline and worker.poll() is None:
             for msg in consumer.consume(1000, timeout=0.2):
                 if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
                     s = events.decode(msg.value())
+                    if warmup != s.session_id.startswith(f"{prefix}warmup"):
+                        continue
                     # When the worker produced the sample (broker CreateTime, same host clock).
                     got.setdefault((s.session_id, s.turn), msg.timestamp()[1] / 1000)
 
     try:
-        warm = session(f"{prefix}warmup", 2, tokens)
-        for inter in warm:
-            producer.send(names.INTERACTIONS, inter)
-        producer.flush()
-        drain(2, time.monotonic() + 120)
+        # The worker reads from the end, so warm-up sessions sent before it has its partitions
+        # are never seen: offer one every few seconds until one comes back.
+        up_deadline = time.monotonic() + 120
+        attempt = 0
+        while len(got) < 2 and time.monotonic() < up_deadline and worker.poll() is None:
+            for inter in session(f"{prefix}warmup{attempt}", 2, tokens):
+                producer.send(names.INTERACTIONS, inter)
+            producer.flush()
+            attempt += 1
+            drain(2, min(up_deadline, time.monotonic() + 5), warmup=True)
         if len(got) < 2:
             sys.exit("worker did not come up (see worker.log in the state dir)")
         got.clear()
-        sessions = [session(f"{prefix}{i}", args.turns, tokens) for i in range(args.sessions)]
+        sessions = [
+            session(
+                f"{prefix}{i}",
+                args.turns,
+                tokens,
+                f"{prefix}g{i // args.group_size}" if args.group_size else None,
+            )
+            for i in range(args.sessions)
+        ]
         start, wall0 = time.monotonic(), time.time()
         for i, sess in enumerate(sessions):
             if args.rate:

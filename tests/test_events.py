@@ -68,6 +68,25 @@ def test_optional_fields_default_when_absent() -> None:
     assert event.turn_type == "main" and event.session_done is False
 
 
+def test_group_id_and_scope_are_optional_and_backward_compatible() -> None:
+    # Documents written before the fields existed still decode, with the defaults.
+    d = doc("interaction")
+    del d["group_id"]
+    assert decode(orjson.dumps(d)).group_id is None  # type: ignore[attr-defined]
+    n = doc("next_state")
+    del n["scope"]
+    assert decode(orjson.dumps(n)).scope == "turn"  # type: ignore[attr-defined]
+    # New values round-trip; others are rejected with the field named.
+    d["group_id"] = "task-42"
+    assert decode(orjson.dumps(d)).group_id == "task-42"  # type: ignore[attr-defined]
+    n["scope"] = "session"
+    assert decode(orjson.dumps(n)).scope == "session"  # type: ignore[attr-defined]
+    n["scope"] = "episode"
+    assert reject(orjson.dumps(n)).field == "scope"
+    d["group_id"] = ""
+    assert reject(orjson.dumps(d)).field == "group_id"
+
+
 def test_headers_and_key() -> None:
     assert headers(EXAMPLES["reward"]) == [
         ("liverl-type", b"reward"),

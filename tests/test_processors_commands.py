@@ -69,7 +69,7 @@ def test_record_outcome_produces_a_session_scoped_next_state(kafka_settings, uni
         -1.0,
         "2 tests failed",
     )
-    assert found.detail == {"scope": "session", "passed": False}
+    assert (found.scope, found.detail) == ("session", {"passed": False})
     assert found.event_id in result.output
 
 

@@ -288,3 +288,75 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
 
     for topic in OUT_TOPICS:
         assert derived(runs[1], topic) == derived(first, topic), topic
+
+
+def group_session(sid: str, group: str, reply: str) -> list[events.Interaction]:
+    """Two turns without tool calls: the user's reply to turn 0, then done."""
+    base = examples.interaction(prompt_tokens=8, response_tokens=4)
+    first = [{"role": "user", "content": "Fix the failing import."}]
+    second = first + [{"role": "assistant", "content": "Done."}, {"role": "user", "content": reply}]
+    return [
+        dataclasses.replace(
+            base,
+            event_id=f"{sid}-i{t}",
+            session_id=sid,
+            turn=t,
+            messages=msgs,
+            tool_calls=[],
+            response_text="Done.",
+            prompt_token_ids=[t],
+            response_token_ids=[100 + t],
+            response_logprobs=[-0.5],
+            session_done=t == 1,
+            group_id=group,
+        )
+        for t, msgs in enumerate([first, second])
+    ]
+
+
+def test_group_of_two_sessions_is_zscored_within_group_and_step(
+    kafka_settings, unique, tmp_path, monkeypatch
+):
+    """Sessions a and b attempt the same task (group g, size 2). Rule judge: a's turn 0 is
+    thanked (+1), b's corrected (-1); the turn-1 session ends carry no signal (masked). Same
+    tool calls (none), so the same beta*Phi on both: step 0 has mean beta*Phi, std 1, and the
+    samples' rewards become +1 and -1; masked turn-1 samples are left at their raw reward."""
+    prefix = f"gtest-{unique}"
+    sa, sb, group = f"{prefix}-a", f"{prefix}-b", f"{prefix}-g"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    start = high_watermarks(kafka_settings)
+    producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+    for inter in group_session(sa, group, "Thanks, that works") + group_session(
+        sb, group, "That doesn't work, it still fails"
+    ):
+        producer.send(names.INTERACTIONS, inter)
+    producer.flush()
+    c = Consumer(kafka_settings.kafka_client_config(**{"group.id": f"collect-{prefix}"}))
+    c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
+    got: dict[str, dict[str, events.Event]] = defaultdict(dict)
+    app_id = f"gtest-{unique}"
+    monkeypatch.setenv("LIVERL_PROCESSORS_GROUP_SIZE", "2")
+    proc = start_worker(app_id, prefix, rules, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while len(got[names.SAMPLES]) < 4 and time.monotonic() < deadline and proc.poll() is None:
+            for msg in c.consume(500, timeout=0.5):
+                if msg.error() is None and msg.key() in (sa.encode(), sb.encode()):
+                    ev = events.decode(msg.value())
+                    got[msg.topic()][ev.event_id] = ev
+    finally:
+        stop(proc)
+        c.close()
+        drop_internal_topics(kafka_settings, app_id)
+    log = (tmp_path / f"{app_id}.log").read_text()[-3000:]
+    assert len(got[names.SAMPLES]) == 4, log
+    rewards = {(r.session_id, r.turn): r.total for r in got[names.REWARDS].values()}  # type: ignore[attr-defined]
+    assert rewards[(sa, 0)] - rewards[(sb, 0)] == pytest.approx(2.0)  # +1 vs -1, same Phi
+    samples = {(s.session_id, s.turn): s for s in got[names.SAMPLES].values()}  # type: ignore[attr-defined]
+    assert {k: s.group_id for k, s in samples.items()} == dict.fromkeys(samples, group)
+    assert samples[(sa, 0)].reward == pytest.approx(1.0, abs=1e-5)
+    assert samples[(sb, 0)].reward == pytest.approx(-1.0, abs=1e-5)
+    for sid in (sa, sb):
+        s1 = samples[(sid, 1)]
+        assert s1.masked and s1.reward == pytest.approx(rewards[(sid, 1)])

@@ -167,5 +167,26 @@ def test_record_outcome_event():
         "ci green",
         0,
     )
-    assert ev.detail == {"scope": "session", "passed": True}
-    assert outcome_event("s", False, turn=3).detail["scope"] == "turn"
+    assert (ev.scope, ev.detail) == ("session", {"passed": True})
+    assert outcome_event("s", False, turn=3).scope == "turn"
+
+
+def test_session_outcome_is_recognised_by_scope_and_legacy_detail():
+    from pipeline.processors.rewards import is_session_outcome
+
+    base = examples.examples()["next_state"]
+    assert is_session_outcome(outcome_event("s", True))
+    assert not is_session_outcome(outcome_event("s", True, turn=0))  # a turn-0 outcome
+    # written before the scope field existed: detail.scope, outcome kinds only
+    legacy = dataclasses.replace(base, kind="test_result", detail={"scope": "session"})
+    assert is_session_outcome(legacy)
+    assert not is_session_outcome(dataclasses.replace(legacy, kind="user_reply"))
+    assert not is_session_outcome(base)
+
+
+def test_turn_scoped_outcome_on_turn_0_is_judged_as_that_turn():
+    asm = Assembler()
+    state = feed(asm, [(1, [1], 0.0)])
+    state = asm.on_next_state(state, outcome_event("s", False, turn=0, ts_ms=5), 10)
+    assert "outcome" not in state  # not taken for the session's outcome
+    assert len(state["turns"]["0"]["next_states"]) == 2

@@ -106,6 +106,7 @@ def interaction(
         finish_reason="stop",
         latency_ms=412.7,
         train=True,
+        group_id=None,
     )
 
 
@@ -130,6 +131,7 @@ def examples() -> dict[str, Event]:
             role="user",
             content="Thanks, but the tests still fail: tests/test_cli.py imports it too.",
             source="pairing",
+            scope="turn",
             **turn,
         ),
         PrmScore(

@@ -85,6 +85,7 @@ class Interaction(TurnEvent):
     turn_type: Literal["main", "side"] = "main"
     session_done: bool = False
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    group_id: str | None = None  # sessions attempting the same task (GRPO-style group)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -99,6 +100,7 @@ class NextState(TurnEvent):
     source: str
     score: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    scope: Literal["turn", "session"] = "turn"  # session: an outcome of the whole session
 
 
 @dataclass(slots=True, kw_only=True)

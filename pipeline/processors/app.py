@@ -1,12 +1,25 @@
 """The Faust app: thin agents over the pure stage logic.
 
-Three agents, each over co-partitioned topics keyed by session id, each with a per-session
-table (changelogged, so a worker that takes over a partition recovers its sessions):
+Three agents over co-partitioned topics keyed by session id, each with a per-session table
+(changelogged, so a worker that takes over a partition recovers its sessions), and one keyed by
+group id:
 
 - ``pairing``  interactions -> next_states + path_penalties (idle sweep closes sessions)
 - ``judge``    interactions + next_states -> prm_scores + hints (batched, bounded concurrency)
 - ``assemble`` interactions + next_states + prm_scores + path_penalties + hints
-               -> rewards + samples once a session is closed and judged
+               -> rewards + samples once a session is closed and judged; a session with a
+               ``group_id`` goes to the internal topic ``<app id>-groups`` instead, keyed by group
+- ``group``    <app id>-groups -> samples, z-scored within (group, step index) once the group
+               has ``group_size`` sessions or ``group_timeout_s`` passed (a group spans
+               partitions of the session topics, hence the repartition by group id)
+
+Token payloads (ids, log-probs: nearly all of an interaction's bytes) are written once per turn
+to their own table (key ``session\0turn``, placed on the session's partition) instead of being
+re-serialised into the changelog with every update of the session's state.
+
+Timers only write tables that are placed by key (``use_partitioner``); the group tables are
+placed by the current event's partition, so the group timer sends a ``sweep`` message through
+the group topic and the agent does the writing.
 
 Bad records go to the DLQ (never crash an agent). Run more workers with the same app id to
 scale out: Kafka's consumer group spreads the partitions.
@@ -17,23 +30,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import faust
 import orjson
+from aiokafka.partitioner import murmur2
 
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
 from pipeline.kafka import names
 from pipeline.settings import Settings
 
-from . import judging
+from . import grouping, judging
 from .config import ProcessorSettings
 from .judges import Judge, make_judge
 from .pairing import Pairer
 from .penalties import load_rules
-from .rewards import Assembler
+from .rewards import Assembler, token_payload
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +78,15 @@ def build_judge(cfg: ProcessorSettings) -> Judge:
     )
 
 
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default (murmur2) partitioner gives ``key``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def token_key(session_key: bytes, turn: int) -> bytes:
+    return session_key + b"\0" + str(turn).encode()
+
+
 def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None = None) -> faust.App:
     """Build the Faust app with its topics, tables, agents and timers."""
     settings = settings or Settings()
@@ -81,7 +104,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         datadir=str(datadir),
         web_enabled=cfg.web_enabled,
         web_port=cfg.web_port,
-        consumer_auto_offset_reset="earliest",
+        consumer_auto_offset_reset=cfg.auto_offset_reset,
         producer_acks=-1,
     )
     pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version)
@@ -92,6 +115,9 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
     )
     judge = build_judge(cfg)
+    # aiokafka logs every produce request at debug; building those records is ~7% of a busy
+    # worker even when the handler drops them.
+    logging.getLogger("aiokafka").setLevel(max(logging.INFO, logging.getLogger().level))
     dlq_producer = Producer(component="processors", version=__version__)
     prefix = cfg.session_prefix.encode() if cfg.session_prefix else b""
 
@@ -99,8 +125,16 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         return app.topic(*names_, value_type=bytes, value_serializer="raw", key_type=bytes)
 
     out = {n: topic(n) for n in (*EXPECTED, names.REWARDS, names.SAMPLES, names.DLQ)}
+    group_topic = app.topic(
+        f"{cfg.app_id}-groups",
+        internal=True,
+        partitions=cfg.partitions,
+        value_type=bytes,
+        value_serializer="raw",
+        key_type=bytes,
+    )
 
-    def table(name: str) -> faust.Table:
+    def table(name: str, use_partitioner: bool = True) -> faust.Table:
         # use_partitioner: timers (idle sweep, grace) may update a session outside a stream.
         return app.Table(
             name,
@@ -108,10 +142,27 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             key_type=bytes,
             value_type=bytes,
             partitions=cfg.partitions,
-            use_partitioner=True,
+            use_partitioner=use_partitioner,
         )
 
     pair_t, judge_t, asm_t = table("pairing"), table("judging"), table("assembly")
+    # key session\0turn -> token payload, on the partition of the session (not of the key).
+    tok_t = table("tokens")
+    tok_t.partition_for_key = lambda k: key_partition(k.split(b"\0", 1)[0], cfg.partitions)  # type: ignore[method-assign]
+    # Written only in the group agent's stream, on the partition of the group id.
+    group_t = table("groups", use_partitioner=False)  # group id -> index
+    member_t = table("group_members", use_partitioner=False)  # group\0session -> samples
+    timers: dict[str, Callable[[], Awaitable[None]]] = {}
+
+    def every(interval: float) -> Callable[[Any], Any]:
+        """``app.timer`` that also keeps the bare coroutine function (unit tests call it)."""
+
+        def register(fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+            timers[fn.__name__] = fn
+            app.timer(interval)(fn)
+            return fn
+
+        return register
 
     def load(tbl: faust.Table, key: bytes) -> dict[str, Any] | None:
         raw = tbl.get(key)
@@ -121,7 +172,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         state["touched_ms"] = now_ms()
         tbl[key] = orjson.dumps(state)
 
-    @app.timer(max(cfg.sweep_interval_s, min(60.0, cfg.retain_s / 4)))
+    @every(max(cfg.sweep_interval_s, min(60.0, cfg.retain_s / 4)))
     async def expire_state() -> None:
         """Drop sessions untouched for ``retain_s``: tables stay bounded on long runs."""
         cutoff = now_ms() - int(cfg.retain_s * 1000)
@@ -129,6 +180,9 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             for key, raw in list(tbl.items()):
                 if orjson.loads(raw).get("touched_ms", 0) < cutoff:
                     del tbl[key]
+        for key in list(tok_t.keys()):  # token payloads of sessions that are gone
+            if key.split(b"\0", 1)[0] not in asm_t:
+                del tok_t[key]
 
     async def send(topic_name: str, ev: Event) -> None:
         await out[topic_name].send(
@@ -189,7 +243,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             save(pair_t, key, result.state)
             await emit_pairing(result)
 
-    @app.timer(cfg.sweep_interval_s)
+    @every(cfg.sweep_interval_s)
     async def idle_sweep() -> None:
         timeout_ms = int(cfg.idle_timeout_s * 1000)
         for key, raw in list(pair_t.items()):
@@ -244,7 +298,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             if batch:
                 await run_judge(batch)
 
-    @app.timer(cfg.sweep_interval_s)
+    @every(cfg.sweep_interval_s)
     async def judge_grace() -> None:
         grace_ms = int(cfg.grace_s * 1000)
         for key, raw in list(judge_t.items()):
@@ -269,11 +323,28 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         now = now_ms()
         if not assembler.ready(state, now):
             return state
-        result = assembler.complete(state, now)
+        turns = [int(t) for t, info in state.get("turns", {}).items() if "interaction" in info]
+        tokens = {}
+        for t in turns:
+            raw = tok_t.get(token_key(key, t))
+            if raw is not None:
+                tokens[t] = orjson.loads(raw)
+        result = assembler.complete(state, now, tokens)
         for r in result.rewards:
             await send(names.REWARDS, r)
-        for s in result.samples:
-            await send(names.SAMPLES, s)
+        gid = state.get("group_id")
+        if gid is None or not result.samples:
+            for s in result.samples:
+                await send(names.SAMPLES, s)
+        else:  # held by the group stage until its group is complete
+            body = {
+                "kind": "session",
+                "session_id": state["session_id"],
+                "samples": [orjson.loads(events.encode(s)) for s in result.samples],
+            }
+            await group_topic.send(key=gid.encode(), value=orjson.dumps(body))
+        for t in turns:
+            tok_t.pop(token_key(key, t), None)
         return result.state
 
     asm_topics = (
@@ -290,7 +361,11 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         async for key, ev in decoded(stream, dlq):
             state = load(asm_t, key)
             if isinstance(ev, events.Interaction):
-                state = assembler.on_interaction(state, ev)
+                state = assembler.on_interaction(state, ev, keep_tokens=False)
+                info = state.get("turns", {}).get(str(ev.turn), {}).get("interaction")
+                tkey = token_key(key, ev.turn)
+                if info and info["event_id"] == ev.event_id and tkey not in tok_t:
+                    tok_t[tkey] = orjson.dumps(token_payload(ev))
             elif isinstance(ev, events.NextState):
                 state = assembler.on_next_state(state, ev, now_ms())
             elif isinstance(ev, events.PrmScore):
@@ -302,7 +377,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             state = await maybe_complete(key, state)
             save(asm_t, key, state)
 
-    @app.timer(cfg.sweep_interval_s)
+    @every(cfg.sweep_interval_s)
     async def assemble_sweep() -> None:
         for key, raw in list(asm_t.items()):
             state = orjson.loads(raw)
@@ -312,7 +387,71 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             if new is not state:
                 save(asm_t, key, new)
 
-    app.liverl_agents = (pairing, judge_agent, assemble)  # type: ignore[attr-defined]
+    # ---- groups: z-score within (group, step index) across sessions -------------------------
+
+    group_timeout_ms = int(cfg.group_timeout_s * 1000)
+    retain_ms = int(cfg.retain_s * 1000)
+
+    def member_key(gid: bytes, sid: str) -> bytes:
+        return gid + b"\0" + sid.encode()
+
+    async def flush_group(gid: bytes, index: dict[str, Any]) -> None:
+        members = {}
+        for sid in index["members"]:
+            raw = member_t.get(member_key(gid, sid))
+            if raw is not None:
+                members[sid] = [events.from_dict(d) for d in orjson.loads(raw)]
+        for s in grouping.normalize(gid.decode(), members, cfg.sample_version):  # type: ignore[arg-type]
+            await send(names.SAMPLES, s)
+        for sid in index["members"]:
+            member_t.pop(member_key(gid, sid), None)
+        index["done"] = True
+
+    @app.agent(group_topic, name="group")
+    async def group_agent(stream: faust.StreamT) -> None:
+        async for ev in stream.events():
+            gid, now = ev.message.key or b"", now_ms()
+            try:
+                body = orjson.loads(ev.message.value)
+            except orjson.JSONDecodeError:
+                continue  # only this app writes the topic: nothing else to do with it
+            index = load(group_t, gid)
+            if body.get("kind") == "session":
+                index, action = grouping.on_session(index, body["session_id"], now)
+                if action == "late":
+                    log.warning(
+                        "session %s arrived after group %r was emitted: not normalised",
+                        body["session_id"],
+                        gid,
+                    )
+                    for d in body["samples"]:
+                        await send(names.SAMPLES, events.from_dict(d))
+                elif action == "hold":
+                    member_t[member_key(gid, body["session_id"])] = orjson.dumps(body["samples"])
+            elif index is None:
+                continue
+            elif index.get("done") and now - index.get("touched_ms", now) >= retain_ms:
+                del group_t[gid]  # sweep of an old tombstone
+                continue
+            if grouping.is_complete(index, cfg.group_size, now, group_timeout_ms):
+                await flush_group(gid, index)
+            save(group_t, gid, index)
+
+    @every(cfg.sweep_interval_s)
+    async def group_sweep() -> None:
+        """Ask the group agent to look at groups past their timeout (or long done)."""
+        now = now_ms()
+        for gid, raw in list(group_t.items()):
+            index = orjson.loads(raw)
+            due = (not index.get("done") and now - index["first_ms"] >= group_timeout_ms) or (
+                index.get("done") and now - index.get("touched_ms", now) >= retain_ms
+            )
+            if due:
+                await group_topic.send(key=gid, value=b'{"kind":"sweep"}')
+
+    app.liverl_agents = (pairing, judge_agent, assemble, group_agent)  # type: ignore[attr-defined]
+    app.liverl_timers = timers  # type: ignore[attr-defined]
+    app.liverl_topics = {**out, "groups": group_topic}  # type: ignore[attr-defined]
     return app
 
 
@@ -334,6 +473,11 @@ def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 
         wanted[name] = NewTopic(
             name, ct.partitions or app.conf.topic_partitions, replication, config=config
         )
+    for t in getattr(app, "liverl_topics", {}).values():  # our internal (repartition) topics
+        if getattr(t, "internal", False):
+            name = t.get_topic_name()
+            parts = t.partitions or app.conf.topic_partitions
+            wanted[name] = NewTopic(name, parts, replication, config={"cleanup.policy": "delete"})
     leader = f"{app.conf.id}-__assignor-__leader"
     wanted[leader] = NewTopic(leader, 1, replication, config={"cleanup.policy": "compact"})
     admin = AdminClient(settings.kafka_client_config())

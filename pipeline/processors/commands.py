@@ -63,8 +63,8 @@ def workers(
     if rules_path:
         overrides["rules_path"] = rules_path
     try:
-        cfg = ProcessorSettings(**overrides)  # type: ignore[arg-type]
         settings = _settings(ctx)
+        cfg = ProcessorSettings(**{**settings.processors.model_dump(), **overrides})
         app = create_app(settings, cfg)
         ensure_internal_topics(app, settings)
     except (RuleConfigError, ValueError, RuntimeError) as exc:
@@ -115,8 +115,8 @@ def outcome_event(
     source: str = "record-outcome",
     ts_ms: int | None = None,
 ) -> NextState:
-    """The next state for an outcome; without ``turn`` it is session-scoped (turn 0 and
-    ``detail.scope = "session"``: the schema requires a turn). Random id: it is a root event."""
+    """The next state for an outcome; without ``turn`` it is session-scoped: ``scope="session"``
+    (``turn`` is then 0 only because the schema requires one). Random id: it is a root event."""
     return NextState(
         event_id=new_event_id(),
         ts_ms=ts_ms if ts_ms is not None else now_ms(),
@@ -128,5 +128,6 @@ def outcome_event(
         exit_code=0 if passed else 1,
         score=1.0 if passed else -1.0,
         source=source,
-        detail={"scope": "session" if turn is None else "turn", "passed": passed},
+        detail={"passed": passed},
+        scope="session" if turn is None else "turn",
     )

@@ -25,6 +25,9 @@ class ProcessorSettings(BaseSettings):
     partitions: int = 6
     # Only sessions whose id starts with this are processed (tenancy, tests); empty = all.
     session_prefix: str = ""
+    # Where a new consumer group starts: "earliest" (default: replay everything retained) or
+    # "latest" (benchmarks, or a fresh deployment that should ignore history).
+    auto_offset_reset: str = Field(default="earliest", pattern="^(earliest|latest)$")
     # Config versions enter every derived event id: change them when the logic changes.
     pairing_version: str = "pairing-1"
     reward_version: str = "reward-1"
@@ -36,6 +39,11 @@ class ProcessorSettings(BaseSettings):
     grace_s: float = 30.0
     # After a session closes, how long to wait for an outcome (record-outcome) before assembling.
     outcome_wait_s: float = 0.0
+    # Groups (sessions sharing a group_id, RLAnything z-scoring within (group, step index)):
+    # a group is complete with this many sessions (0: only the timeout completes it) or this
+    # long after its first session was assembled.
+    group_size: int = Field(default=0, ge=0)
+    group_timeout_s: float = Field(default=600.0, gt=0)
     # Per-session state untouched this long is dropped (bounded memory); must exceed
     # idle_timeout_s + grace_s + outcome_wait_s so that no live session loses its state.
     retain_s: float = 6 * 3600.0

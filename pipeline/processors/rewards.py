@@ -8,13 +8,21 @@ Per turn: O = session outcome (0 when none), prm = mean of the turn's judge scor
 outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. A turn with
 no next state, or a total of exactly 0, is masked (no signal), except that the session's last
 turn is kept when every turn would be masked.
+
+Groups (RLAnything): sessions whose interactions carry a ``group_id`` are attempts at the same
+task; their samples' rewards are z-scored within (group, step index) by :func:`zscore_by_group_step`
+once the group is complete (the worker's group stage, keyed by group id, does the waiting).
+
+Token payloads (prompt/response ids, log-probs) are the bulk of a session; the worker keeps them
+out of the per-session state (``on_interaction(..., keep_tokens=False)``) and hands them to
+:meth:`Assembler.complete` from a table written once per turn.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,8 +43,28 @@ OUTCOME_KINDS = ("test_result", "feedback")
 
 
 def is_session_outcome(ns: NextState) -> bool:
-    """A session-scoped outcome (``liverl record-outcome`` without ``--turn``)."""
+    """A session-scoped outcome (``liverl record-outcome`` without ``--turn``): ``scope`` is
+    ``session``; events written before that field existed said so in ``detail.scope``."""
+    if ns.scope == "session":
+        return True
     return ns.detail.get("scope") == "session" and ns.kind in OUTCOME_KINDS
+
+
+def group_of(inter: Interaction) -> str | None:
+    """The interaction's group: the ``group_id`` field, else the older ``sampling.group_id``."""
+    if inter.group_id is not None:
+        return inter.group_id
+    legacy = inter.sampling.get("group_id")
+    return legacy if isinstance(legacy, str) and legacy else None
+
+
+def token_payload(inter: Interaction) -> dict[str, Any]:
+    """What a sample needs of an interaction's tokens (stored once per turn by the worker)."""
+    return {
+        "prompt_token_ids": inter.prompt_token_ids,
+        "response_token_ids": inter.response_token_ids,
+        "response_logprobs": inter.response_logprobs,
+    }
 
 
 def outcome_value(ns: NextState) -> float:
@@ -76,11 +104,12 @@ def mask_turns(has_signal: dict[int, bool]) -> dict[int, bool]:
 
 
 def zscore_by_group_step(samples: Sequence[Sample], eps: float = 1e-6) -> list[Sample]:
-    """Z-score rewards within (group_id, step_index); samples without a group, and groups of
-    one, are returned unchanged (a single sample has no spread to normalise by)."""
+    """Z-score rewards within (group_id, step_index); samples without a group, masked samples
+    (no signal: they would only drag the mean to 0) and groups of one are returned unchanged
+    (a single sample has no spread to normalise by)."""
     groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
-        if s.group_id is not None:
+        if s.group_id is not None and not s.masked:
             groups[(s.group_id, s.step_index)].append(i)
     out = list(samples)
     for idx in groups.values():
@@ -128,7 +157,11 @@ class Assembler:
             str(turn), {"next_states": {}, "prm": {}, "penalty": None, "hints": {}}
         )
 
-    def on_interaction(self, state: SessionState | None, inter: Interaction) -> SessionState:
+    def on_interaction(
+        self, state: SessionState | None, inter: Interaction, keep_tokens: bool = True
+    ) -> SessionState:
+        """Record a main-line turn; with ``keep_tokens=False`` its token payload is left out of
+        the state (the caller stores :func:`token_payload` and passes it to :meth:`complete`)."""
         state = dict(state or {})
         if inter.turn_type == "side" or state.get("done"):
             return state
@@ -140,12 +173,12 @@ class Assembler:
             "event_id": inter.event_id,
             "policy_id": inter.policy_id,
             "weight_version": inter.weight_version,
-            "prompt_token_ids": inter.prompt_token_ids,
-            "response_token_ids": inter.response_token_ids,
-            "response_logprobs": inter.response_logprobs,
-            "group_id": inter.sampling.get("group_id"),
+            "group_id": group_of(inter),
             "ts_ms": inter.ts_ms,
+            **(token_payload(inter) if keep_tokens else {}),
         }
+        if turn["interaction"]["group_id"] is not None:
+            state["group_id"] = turn["interaction"]["group_id"]
         return state
 
     def on_next_state(self, state: SessionState | None, ns: NextState, now_ms: int) -> SessionState:
@@ -228,8 +261,15 @@ class Assembler:
                 return False
         return True
 
-    def complete(self, state: SessionState, now_ms: int) -> Assembly:
-        """Emit the session's rewards and samples (call when :meth:`ready`)."""
+    def complete(
+        self,
+        state: SessionState,
+        now_ms: int,
+        tokens: Mapping[int, dict[str, Any]] | None = None,
+    ) -> Assembly:
+        """The session's rewards and samples (call when :meth:`ready`). ``tokens``: turn ->
+        :func:`token_payload`, for turns recorded with ``keep_tokens=False``. Samples are not
+        z-scored here: a session is one member of its group (see the worker's group stage)."""
         state = dict(state)
         out = Assembly(state)
         sid = state["session_id"]
@@ -272,9 +312,12 @@ class Assembler:
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
             inter = turns[t]["interaction"]
+            tok = inter if "response_token_ids" in inter else (tokens or {}).get(t)
+            if tok is None:
+                raise KeyError(f"no token payload for turn {t} of session {sid}")
             reward = rewards.get(t)
             parents = [inter["event_id"]] + ([reward.event_id] if reward else [])
-            n = len(inter["response_token_ids"])
+            n = len(tok["response_token_ids"])
             hints = [h for _, h in sorted(turns[t]["hints"].values())]
             out.samples.append(
                 Sample(
@@ -285,10 +328,10 @@ class Assembler:
                     session_id=sid,
                     turn=t,
                     policy_id=inter["policy_id"],
-                    prompt_token_ids=inter["prompt_token_ids"],
-                    response_token_ids=inter["response_token_ids"],
+                    prompt_token_ids=tok["prompt_token_ids"],
+                    response_token_ids=tok["response_token_ids"],
                     loss_mask=[0 if masked[t] else 1] * n,
-                    behavior_logprobs=inter["response_logprobs"],
+                    behavior_logprobs=tok["response_logprobs"],
                     reward=reward.total if reward else 0.0,
                     hints=hints,
                     behavior_weight_version=inter["weight_version"],
@@ -297,7 +340,6 @@ class Assembler:
                     step_index=t,
                 )
             )
-        out.samples = zscore_by_group_step(out.samples)
         state["done"] = True
         state["turns"] = {}  # keep the tombstone small: done sessions ignore stragglers
         return out

@@ -194,6 +194,7 @@ class Gateway:
             train=True,
             turn_type="main",
             session_done=turn.info.done,
+            group_id=turn.info.group_id,
             tool_calls=calls,
         )
 

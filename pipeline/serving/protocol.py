@@ -52,6 +52,7 @@ class ChatRequest(BaseModel):
     turn_type: Literal["main", "side"] | None = None
     session_done: bool | None = None
     train: bool | None = None
+    group_id: str | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("stop")
     @classmethod

@@ -30,6 +30,8 @@ class TurnInfo:
     turn_type: Literal["main", "side"]
     done: bool
     train: bool
+    # Sessions that are attempts at the same task (GRPO-style); rewards are z-scored per group.
+    group_id: str | None = None
 
     @property
     def recorded(self) -> bool:
@@ -71,7 +73,11 @@ class Sessions:
         done = _flag("X-Session-Done", headers.get("x-session-done"), body.get("session_done"),
                      False)
         train = _flag("X-Liverl-Train", headers.get("x-liverl-train"), body.get("train"), True)
-        return TurnInfo(str(session), turn_type, done, train)  # type: ignore[arg-type]
+        group = headers.get("x-liverl-group") or body.get("group_id")
+        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 256):
+            raise ApiError(400, "X-Liverl-Group / group_id must be a non-empty string of at "
+                           "most 256 characters", param="group_id")
+        return TurnInfo(str(session), turn_type, done, train, group)  # type: ignore[arg-type]
 
     def next_turn(self, session_id: str) -> int:
         """Claim the next main-turn index of a session."""

@@ -1,0 +1,66 @@
+"""Group stage logic: hold the samples of sessions that share a ``group_id`` until the group is
+complete, then z-score their rewards within (group, step index) (RLAnything, DESIGN.md §5).
+
+Sessions are assembled per session (keyed by session id); a group spans sessions on different
+partitions, so the worker re-keys each grouped session's samples by group id through an internal
+topic and runs this stage there. A group is complete when ``group_size`` distinct sessions are
+in, or ``timeout_ms`` after its first session (then it is normalised with what it has). A session
+that arrives after its group was emitted is passed on unchanged: its group cannot be reopened.
+
+Pure state handling: the index per group is a JSON-able dict (a Faust table value); the members'
+samples are stored once each, under their own key, by the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from pipeline.events import Sample, derive_event_id
+
+from .rewards import zscore_by_group_step
+
+GroupIndex = dict[str, Any]
+
+
+def on_session(index: GroupIndex | None, session_id: str, now_ms: int) -> tuple[GroupIndex, str]:
+    """Add a session to its group's index. Returns the new index and what to do with the
+    session's samples: ``hold`` (new member), ``duplicate`` (redelivery: drop) or ``late`` (the
+    group was already emitted: pass the samples on unchanged)."""
+    index = dict(index or {"first_ms": now_ms, "members": [], "done": False})
+    if session_id in index["members"]:
+        return index, "duplicate"
+    if index["done"]:
+        return index, "late"
+    index["members"] = [*index["members"], session_id]
+    return index, "hold"
+
+
+def is_complete(index: GroupIndex, group_size: int, now_ms: int, timeout_ms: int) -> bool:
+    """Enough members (``group_size`` > 0), or the group timed out with at least one member."""
+    if index.get("done") or not index.get("members"):
+        return False
+    if group_size > 0 and len(index["members"]) >= group_size:
+        return True
+    return now_ms - index["first_ms"] >= timeout_ms
+
+
+def normalize(
+    group_id: str, members: Mapping[str, Sequence[Sample]], sample_version: str
+) -> list[Sample]:
+    """The group's samples (sessions in id order, turns in order), rewards z-scored within
+    (group, step index). Ids are re-derived from the group's membership: the same group gives
+    the same ids on replay, a differently composed one (e.g. a timeout) different ids."""
+    sids = sorted(members)
+    flat = [replace(s, group_id=group_id) for sid in sids for s in sorted(members[sid], key=_turn)]
+    out = []
+    for s in zscore_by_group_step(flat):
+        extra = (s.masked, "group", group_id, sids)
+        eid = derive_event_id("sample", s.parents, sample_version, *extra)
+        out.append(replace(s, event_id=eid))
+    return out
+
+
+def _turn(s: Sample) -> int:
+    return s.turn

@@ -1,0 +1,464 @@
+"""Each Faust agent of the reward pipeline through ``agent.test_context()``: events in, emitted
+events out, no broker.
+
+As the Faust testing docs suggest, sends to output topics are replaced by a recorder (here
+``Topic.send``), and so is the tables' changelog producer (``Collection.send_changelog``), so the
+tests can also assert what each table write would put on its changelog. Tables use the memory
+store. Timers are plain coroutines kept on ``app.liverl_timers``: the tests call them directly
+with a patched clock (``test_context`` runs agents only, never timers).
+
+``put`` waits until the value reaches the agent's stream, not until the agent has handled it;
+for the sequential agents a second, ignored record ("flush") proves the first one is done. The
+judge agent reads in batches (``take_events``) in a background task, so its tests poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import faust
+import faust.tables.base
+import faust.topics
+import orjson
+import pytest
+
+from pipeline import events
+from pipeline.events import PathPenalty, PrmScore, Producer, examples
+from pipeline.kafka import names
+from pipeline.processors import app as app_mod
+from pipeline.processors.commands import outcome_event
+from pipeline.processors.config import ProcessorSettings
+from pipeline.settings import Settings
+
+SID = "t-s"
+P = Producer(component="t", version="1")
+
+
+class Harness:
+    def __init__(self, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+        self.tmp_path = tmp_path
+        self.sent: list[tuple[str, bytes, bytes]] = []
+        self.changelog: list[tuple[str, bytes, bytes | None]] = []
+        self.clock = 1_000_000
+        harness = self
+
+        async def fake_send(self, *, key=None, value=None, **_: Any):  # type: ignore[no-untyped-def]
+            harness.sent.append((self.get_topic_name(), key, value))
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
+
+        def fake_changelog(self, partition, key, value, **_: Any):  # type: ignore[no-untyped-def]
+            harness.changelog.append((self.name, key, value))
+            return SimpleNamespace(message=SimpleNamespace(partition=partition or 0))
+
+        monkeypatch.setattr(faust.topics.Topic, "send", fake_send)
+        monkeypatch.setattr(faust.tables.base.Collection, "send_changelog", fake_changelog)
+        monkeypatch.setattr(app_mod, "now_ms", lambda: harness.clock)
+
+    def app(self, **overrides: Any) -> faust.App:
+        cfg = ProcessorSettings(
+            app_id=f"t-{uuid.uuid4().hex[:8]}",
+            session_prefix="t-",
+            web_enabled=False,
+            grace_s=30,
+            idle_timeout_s=60,
+            **overrides,
+        )
+        app = app_mod.create_app(Settings(state_dir=self.tmp_path), cfg)
+        app.finalize()
+        return app
+
+    def out(self, topic: str) -> list[events.Event]:
+        return [events.decode(v) for t, _, v in self.sent if t == topic]
+
+    def topics(self) -> list[str]:
+        return [t for t, _, _ in self.sent]
+
+
+@pytest.fixture
+def h(tmp_path, monkeypatch) -> Harness:  # type: ignore[no-untyped-def]
+    return Harness(tmp_path, monkeypatch)
+
+
+async def put(
+    agent: Any, topic: str, value: bytes | events.Event, key: bytes | None = None
+) -> None:
+    """Put one record as if read from ``topic`` (multi-topic agents cannot tell otherwise)."""
+    if isinstance(value, events.Event):
+        key = key if key is not None else events.key(value)
+        value = events.encode(value)
+    make = type(agent).to_message
+
+    def to_message(k: Any, v: Any, **kw: Any) -> Any:
+        msg = make(agent, k, v, **kw)
+        msg.topic = topic
+        return msg
+
+    agent.to_message = to_message
+    await agent.put(value=value, key=key)
+
+
+async def flush(agent: Any, topic: str) -> None:
+    """A record the agent ignores (foreign session prefix): once it is taken, the previous one
+    has been handled completely (sequential agents only)."""
+    await put(agent, topic, b"{}", b"flush")
+
+
+async def eventually(cond: Callable[[], bool], limit_s: float = 20.0) -> None:
+    for _ in range(int(limit_s / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def shell(call_id: str, cmd: str) -> dict:
+    args = orjson.dumps({"cmd": cmd}).decode()
+    return {"id": call_id, "type": "function", "function": {"name": "shell", "arguments": args}}
+
+
+def inter(t: int, sid: str = SID, **kw: Any) -> events.Interaction:
+    base = examples.interaction(prompt_tokens=3, response_tokens=2)
+    msgs: list[dict] = [{"role": "user", "content": "fix it"}]
+    for i in range(t):
+        msgs += [
+            {"role": "assistant", "content": None, "tool_calls": [shell(f"c{i}", "ls")]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i}"},
+        ]
+    fields: dict[str, Any] = {
+        "event_id": f"{sid}-i{t}",
+        "session_id": sid,
+        "turn": t,
+        "messages": msgs,
+        "tool_calls": [shell(f"c{t}", "ls")],
+        "prompt_token_ids": [t, t + 1, t + 2],
+        "response_token_ids": [100 + t, 200 + t],
+        "response_logprobs": [-0.5, -0.25],
+    }
+    return dataclasses.replace(base, **{**fields, **kw})
+
+
+def next_state(t: int, kind: str = "user_reply", content: str = "", **kw: Any) -> events.NextState:
+    return dataclasses.replace(
+        examples.examples()["next_state"],
+        event_id=f"{SID}-n{t}-{kind}",
+        session_id=SID,
+        turn=t,
+        kind=kind,
+        content=content,
+        **kw,
+    )
+
+
+def prm(t: int, score: int, votes: list[int | None], ns_id: str) -> PrmScore:
+    return PrmScore(
+        event_id=f"p{t}",
+        producer=P,
+        parents=[f"{SID}-i{t}", ns_id],
+        session_id=SID,
+        turn=t,
+        score=score,  # type: ignore[arg-type]
+        votes=votes,
+        judge_id="j",
+        judge_version="1",
+    )
+
+
+def pen(t: int, phi: float) -> PathPenalty:
+    return PathPenalty(
+        event_id=f"x{t}",
+        producer=P,
+        parents=[f"{SID}-i{t}"],
+        session_id=SID,
+        turn=t,
+        rule_ids=[],
+        penalty=phi,
+        compliance_bonus=0.0,
+        beta=0.5,
+    )
+
+
+# ---- pairing ---------------------------------------------------------------------------------
+
+
+def test_pairing_agent_pairs_turns_closes_and_dead_letters(h: Harness) -> None:
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[0].test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            side = dataclasses.replace(inter(1), event_id="side", turn_type="side")
+            await put(agent, names.INTERACTIONS, side)
+            await put(agent, names.INTERACTIONS, inter(1, session_done=True))
+            await put(agent, names.INTERACTIONS, b'{"type": "interaction"', SID.encode())
+            await put(agent, names.INTERACTIONS, inter(0, sid="other-s"))  # not our prefix
+            await flush(agent, names.INTERACTIONS)
+
+    asyncio.run(run())
+    # turn 1 pairs turn 0 and, being done, closes the session: both next states, then both
+    # penalties; the side turn and the foreign session emit nothing
+    assert h.topics() == [names.NEXT_STATES] * 2 + [names.PATH_PENALTIES] * 2 + [names.DLQ]
+    ns = h.out(names.NEXT_STATES)
+    assert [(e.turn, e.kind, e.content) for e in ns] == [  # type: ignore[attr-defined]
+        (0, "tool_result", "out 0"),
+        (1, "session_end", ""),
+    ]
+    assert ns[0].event_id == events.derive_event_id(
+        "next_state", [f"{SID}-i0", f"{SID}-i1"], "pairing-1", "tool_result"
+    )
+    assert [e.turn for e in h.out(names.PATH_PENALTIES)] == [0, 1]  # type: ignore[attr-defined]
+    (dlq,) = h.out(names.DLQ)
+    assert "malformed JSON" in dlq.error and dlq.source_topic == names.INTERACTIONS  # type: ignore[attr-defined]
+    assert all(k == SID.encode() for t, k, _ in h.sent if t != names.DLQ)
+    state = orjson.loads([v for t, k, v in h.changelog if t == "pairing"][-1])
+    assert state["closed"] is True and state["prev"]["turn"] == 1
+
+
+def test_idle_sweep_timer_closes_an_idle_session(h: Harness) -> None:
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[0].test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await flush(agent, names.INTERACTIONS)
+        await app.liverl_timers["idle_sweep"]()
+        assert h.sent == []  # not idle yet
+        h.clock += 61_000
+        await app.liverl_timers["idle_sweep"]()
+
+    asyncio.run(run())
+    ((turn, kind, detail),) = [(e.turn, e.kind, e.detail) for e in h.out(names.NEXT_STATES)]  # type: ignore[attr-defined]
+    assert (turn, kind, detail) == (0, "session_end", {"reason": "idle_timeout"})
+
+
+# ---- judge -----------------------------------------------------------------------------------
+
+
+def test_judge_agent_scores_next_states_in_either_order_and_expires_strays(h: Harness) -> None:
+    thanks = next_state(0, content="Thanks, that works")
+    early = next_state(1, content="that's wrong, it still fails")  # before its interaction
+    stray = next_state(9, content="hello")
+
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[1].test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await put(agent, names.NEXT_STATES, thanks)
+            await put(agent, names.NEXT_STATES, early)
+            await put(agent, names.NEXT_STATES, outcome_event(SID, True, ts_ms=1))  # no turn
+            await put(agent, names.NEXT_STATES, stray)
+            await put(agent, names.NEXT_STATES, b"not json", SID.encode())
+            await put(agent, names.INTERACTIONS, inter(1))
+            await eventually(lambda: len(h.out(names.PRM_SCORES)) >= 2)
+            await eventually(lambda: len(h.out(names.DLQ)) >= 1)
+            await app.liverl_timers["judge_grace"]()
+            assert len(h.out(names.DLQ)) == 1  # the stray still waits for its turn
+            h.clock += 31_000
+            await app.liverl_timers["judge_grace"]()
+
+    asyncio.run(run())
+    scores = {e.turn: e for e in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
+    assert {t: (p.score, p.votes) for t, p in scores.items()} == {0: (1, [1]), 1: (-1, [-1])}  # type: ignore[attr-defined]
+    assert scores[0].parents == [f"{SID}-i0", thanks.event_id]
+    assert scores[1].parents == [f"{SID}-i1", early.event_id]
+    errors = sorted(d.error for d in h.out(names.DLQ))  # type: ignore[attr-defined]
+    assert len(errors) == 2
+    assert "malformed JSON" in errors[0] and "unknown turn 9" in errors[1]
+
+
+# ---- assemble --------------------------------------------------------------------------------
+
+
+def feed_session(
+    agent: Any, turns: list[tuple[int, list[int | None], float]], **inter_kw: Any
+) -> Any:
+    async def run() -> None:
+        last = len(turns) - 1
+        for t, (score, votes, phi) in enumerate(turns):
+            ns = next_state(t, "session_end" if t == last else "user_reply")
+            # verdicts may be read before their interaction: topics are read interleaved
+            await put(agent, names.PRM_SCORES, prm(t, score, votes, ns.event_id))
+            await put(agent, names.INTERACTIONS, inter(t, **inter_kw))
+            await put(agent, names.NEXT_STATES, ns)
+            await put(agent, names.PATH_PENALTIES, pen(t, phi))
+        await flush(agent, names.INTERACTIONS)
+
+    return run()
+
+
+def test_assemble_agent_emits_rewards_and_samples_once_the_session_is_judged(h: Harness) -> None:
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[2].test_context() as agent:
+            await feed_session(agent, [(1, [1, 1, 0], 0.2), (-1, [-1], 0.0)])
+            # a redelivered interaction after completion changes nothing
+            await put(agent, names.INTERACTIONS, inter(0))
+            await flush(agent, names.INTERACTIONS)
+
+    asyncio.run(run())
+    assert h.topics() == [names.REWARDS] * 2 + [names.SAMPLES] * 2
+    rewards = h.out(names.REWARDS)
+    # turn 0: prm 1 + 0.5 * 0.2; turn 1: prm -1
+    assert [r.total for r in rewards] == pytest.approx([1.1, -1.0])  # type: ignore[attr-defined]
+    samples = h.out(names.SAMPLES)
+    assert [(s.turn, s.reward, s.masked, s.group_id) for s in samples] == [  # type: ignore[attr-defined]
+        (0, pytest.approx(1.1), False, None),
+        (1, pytest.approx(-1.0), False, None),
+    ]
+    assert [(s.prompt_token_ids, s.response_token_ids, s.behavior_logprobs) for s in samples] == [  # type: ignore[attr-defined]
+        ([0, 1, 2], [100, 200], [-0.5, -0.25]),
+        ([1, 2, 3], [101, 201], [-0.5, -0.25]),
+    ]
+    assert samples[0].parents == [f"{SID}-i0", rewards[0].event_id]
+    # Token payloads are written once per turn to their own table, then deleted; the
+    # session's state on the changelog never carries them.
+    tokens = [(k, v) for t, k, v in h.changelog if t == "tokens"]
+    assert [(k, v is None) for k, v in tokens] == [
+        (b"t-s\x000", False),
+        (b"t-s\x001", False),
+        (b"t-s\x000", True),
+        (b"t-s\x001", True),
+    ]
+    assembly = [v for t, _, v in h.changelog if t == "assembly"]
+    assert len(assembly) == 9 and not any(b"token_ids" in v for v in assembly)  # 1 per input
+    assert orjson.loads(assembly[-1])["done"] is True
+
+
+def test_assemble_sweep_emits_after_the_grace_period(h: Harness) -> None:
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[2].test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await put(agent, names.NEXT_STATES, next_state(0, "session_end"))
+            await flush(agent, names.INTERACTIONS)
+        await app.liverl_timers["assemble_sweep"]()
+        assert h.sent == []  # no verdict yet, grace not over
+        h.clock += 30_000
+        await app.liverl_timers["assemble_sweep"]()
+
+    asyncio.run(run())
+    assert h.out(names.REWARDS) == []  # never judged: no reward ...
+    ((turn, masked, reward, ids),) = [
+        (s.turn, s.masked, s.reward, s.response_token_ids)  # type: ignore[attr-defined]
+        for s in h.out(names.SAMPLES)
+    ]
+    assert (turn, masked, reward, ids) == (0, False, 0.0, [100, 200])  # ... but one sample kept
+
+
+def test_assemble_routes_grouped_sessions_to_the_group_topic(h: Harness) -> None:
+    app = h.app(group_size=2)
+    groups = app.liverl_topics["groups"].get_topic_name()
+
+    async def run() -> None:
+        async with app.liverl_agents[2].test_context() as agent:
+            await feed_session(agent, [(1, [1], 0.0)], group_id="task-1")
+
+    asyncio.run(run())
+    assert h.topics() == [names.REWARDS, groups]
+    _, key, value = h.sent[1]
+    body = orjson.loads(value)
+    assert key == b"task-1" and body["kind"] == "session" and body["session_id"] == SID
+    assert [(s["turn"], s["reward"], s["group_id"]) for s in body["samples"]] == [
+        (0, 1.0, "task-1")
+    ]
+
+
+def test_legacy_sampling_group_id_is_still_read(h: Harness) -> None:
+    app = h.app(group_size=2)
+    groups = app.liverl_topics["groups"].get_topic_name()
+    legacy = {"temperature": 0.7, "group_id": "task-old"}
+
+    async def run() -> None:
+        async with app.liverl_agents[2].test_context() as agent:
+            await feed_session(agent, [(1, [1], 0.0)], sampling=legacy)
+
+    asyncio.run(run())
+    assert [(t, k) for t, k, _ in h.sent] == [(names.REWARDS, SID.encode()), (groups, b"task-old")]
+
+
+# ---- group -----------------------------------------------------------------------------------
+
+
+def grouped(sid: str, rewards: list[float], gid: str = "g") -> bytes:
+    base = examples.examples()["sample"]
+    samples = [
+        dataclasses.replace(
+            base,
+            event_id=f"{sid}-s{t}",
+            session_id=sid,
+            turn=t,
+            step_index=t,
+            reward=r,
+            group_id=gid,
+            parents=[f"{sid}-i{t}", f"{sid}-r{t}"],
+        )
+        for t, r in enumerate(rewards)
+    ]
+    body = {"kind": "session", "session_id": sid, "samples": [events.to_dict(s) for s in samples]}
+    return orjson.dumps(body)
+
+
+def test_group_agent_zscores_within_group_and_step_once_complete(h: Harness) -> None:
+    app = h.app(group_size=2)
+    groups = app.liverl_topics["groups"].get_topic_name()
+
+    async def run() -> None:
+        async with app.liverl_agents[3].test_context() as agent:
+            await put(agent, groups, grouped("t-a", [1.0, -0.5]), b"g")
+            await put(agent, groups, grouped("t-a", [1.0, -0.5]), b"g")  # redelivery
+            await flush(agent, groups)
+            assert h.sent == []  # held: 1 of 2 sessions
+            await put(agent, groups, grouped("t-b", [0.0, 0.5]), b"g")
+            await flush(agent, groups)
+            assert len(h.out(names.SAMPLES)) == 4
+            await put(agent, groups, grouped("t-c", [3.0]), b"g")  # too late
+            await flush(agent, groups)
+
+    asyncio.run(run())
+    samples = h.out(names.SAMPLES)
+    # step 0: rewards 1.0 (a), 0.0 (b): mean 0.5, std 0.5 -> +1, -1
+    # step 1: rewards -0.5 (a), 0.5 (b): mean 0, std 0.5 -> -1, +1
+    got = [(s.session_id, s.step_index, s.reward) for s in samples]  # type: ignore[attr-defined]
+    assert got == [
+        ("t-a", 0, pytest.approx(1.0, abs=1e-5)),
+        ("t-a", 1, pytest.approx(-1.0, abs=1e-5)),
+        ("t-b", 0, pytest.approx(-1.0, abs=1e-5)),
+        ("t-b", 1, pytest.approx(1.0, abs=1e-5)),
+        ("t-c", 0, 3.0),  # its group was already emitted: passed on unchanged
+    ]
+    assert samples[0].event_id == events.derive_event_id(
+        "sample", ["t-a-i0", "t-a-r0"], "samples-1", False, "group", "g", ["t-a", "t-b"]
+    )
+    assert samples[4].event_id == "t-c-s0"
+    members = [(k, v is None) for t, k, v in h.changelog if t == "group_members"]
+    assert members == [(b"g\x00t-a", False), (b"g\x00t-b", False)] + [
+        (b"g\x00t-a", True),
+        (b"g\x00t-b", True),
+    ]
+
+
+def test_group_timeout_emits_an_incomplete_group_through_a_sweep_message(h: Harness) -> None:
+    app = h.app(group_size=3, group_timeout_s=10)
+    groups = app.liverl_topics["groups"].get_topic_name()
+
+    async def run() -> None:
+        async with app.liverl_agents[3].test_context() as agent:
+            await put(agent, groups, grouped("t-a", [2.0]), b"g")
+            await put(agent, groups, grouped("t-b", [4.0]), b"g")
+            await flush(agent, groups)
+            await app.liverl_timers["group_sweep"]()
+            assert h.sent == []  # not due
+            h.clock += 10_000
+            await app.liverl_timers["group_sweep"]()
+            assert [(t, k, v) for t, k, v in h.sent] == [(groups, b"g", b'{"kind":"sweep"}')]
+            h.sent.clear()
+            await put(agent, groups, b'{"kind":"sweep"}', b"g")
+            await flush(agent, groups)
+
+    asyncio.run(run())
+    got = [(s.session_id, s.reward) for s in h.out(names.SAMPLES)]  # type: ignore[attr-defined]
+    assert got == [("t-a", pytest.approx(-1.0, abs=1e-5)), ("t-b", pytest.approx(1.0, abs=1e-5))]
