@@ -67,8 +67,9 @@ class RawPath:
     def flush(self) -> None:
         self.prod.flush(30)
 
-    def receive(self, timeout: float) -> list[int]:
-        return [int(m.key()) for m in self.cons.consume(500, timeout=timeout) if m.error() is None]
+    def receive(self, timeout: float, max_n: int = 500) -> list[int]:
+        msgs = self.cons.consume(max_n, timeout=timeout)
+        return [int(m.key()) for m in msgs if m.error() is None]
 
     def close(self) -> None:
         self.cons.close()
@@ -91,8 +92,8 @@ class CodecPath:
     def flush(self) -> None:
         self.prod.flush()
 
-    def receive(self, timeout: float) -> list[int]:
-        batch = self.cons.poll_batch(max_records=500, timeout=timeout)
+    def receive(self, timeout: float, max_n: int = 500) -> list[int]:
+        batch = self.cons.poll_batch(max_records=max_n, timeout=timeout)
         self.cons.store(batch)
         return [int(r.event.event_id) for r in batch.records]
 
@@ -116,7 +117,8 @@ def measure(path: RawPath | CodecPath, n: int, pings: int) -> dict[str, float]:
         t0 = time.perf_counter()
         path.send(i)
         path.flush()
-        while i not in path.receive(0.05):
+        # consume() returns at max_n records or the timeout: ask for one so it returns at once.
+        while i not in path.receive(1.0, max_n=1):
             pass
         lat.append(time.perf_counter() - t0)
     path.close()
