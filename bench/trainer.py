@@ -2,7 +2,7 @@
 time spent outside forward/backward/optimizer (Kafka, checks, publishing, Delta). Prints
 figures; asserts nothing.
 
-    python bench/trainer.py [--samples 256] [--batch 16] [--publish-every 4] [--no-kafka]
+    python bench/trainer.py [--samples 2048] [--batch 16] [--publish-every default 1] [--no-kafka]
 
 With Kafka (default) it needs a broker at the configured bootstrap (``liverl broker up``);
 it writes to a throwaway topic and a temporary folder.
@@ -59,7 +59,9 @@ def bench_core(model: Path, data: list[Sample], batch: int, method: str) -> None
     report(f"core only ({method})", len(data), tokens, wall, compute)
 
 
-def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: int) -> None:
+def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: str) -> None:
+    """``publish_every``: ``default`` (the settings' cadence) or N (every N steps, no
+    overhead budget: the pre-budget behaviour)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from pipeline.kafka import EventProducer
@@ -82,16 +84,32 @@ def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: int)
                 policy="bench", model=str(model), input_topic=topic, device="cpu",
                 weights_root=Path(tmp) / "w", lake_root=Path(tmp) / "lake",
                 batch_max_samples=batch, batch_max_wait_s=0.2,
-                publish_every_steps=publish_every, exit_when_idle_s=idle,
+                exit_when_idle_s=idle,
             )
-            ready: list[float] = []
-            loop = TrainerLoop(settings, cfg, echo=lambda line: ready.append(time.perf_counter())
-                               if "ready" in line else None)
-            stats = loop.run()
-            wall = time.perf_counter() - ready[0] - idle
+            if publish_every != "default":
+                cfg.publish_every_steps, cfg.publish_max_overhead = int(publish_every), 1.0
+            marks: dict[str, float] = {}
+
+            def echo(line: str) -> None:
+                for word in ("ready", "stopped"):
+                    if word in line:
+                        marks[word] = time.perf_counter()
+
+            stats = TrainerLoop(settings, cfg, echo=echo).run()
+            # from ready to the final publish, less the idle wait before exiting
+            wall = marks["stopped"] - marks["ready"] - idle
         tokens = sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in data)
-        compute = stats.timings["compute_s"] + stats.timings["optimizer_s"]
-        report(f"kafka loop, publish/{publish_every} steps", stats.samples, tokens, wall, compute)
+        t = stats.timings
+        compute = t["compute_s"] + t["optimizer_s"]
+        label = (
+            "default cadence" if publish_every == "default" else f"publish/{publish_every} steps"
+        )
+        report(f"kafka loop, {label}", stats.samples, tokens, wall, compute)
+        print(
+            f"{'':<28} {stats.published} versions, {stats.steps} steps; publishing "
+            f"{100 * t['publish_s'] / wall:.1f}% ({1000 * t['publish_s'] / stats.published:.0f} "
+            f"ms/version), polling {100 * t['poll_s'] / wall:.1f}% of wall"
+        )
     finally:
         for f in admin.delete_topics([topic]).values():
             f.result(30)
@@ -99,11 +117,12 @@ def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--samples", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--response", type=int, default=32)
-    ap.add_argument("--publish-every", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--publish-every", nargs="+", default=["default", "1"],
+                    help="'default' (settings cadence) and/or step counts")
     ap.add_argument("--no-kafka", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -89,7 +89,7 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert any(" train " in c for c in children), children
         assert any(" workers" in c for c in children), children
 
-        # The trainer publishes v1 from those samples and the gateway reloads it.
+        # The trainer publishes a version from those samples and the gateway reloads it.
         served = "liverl-v0"
         deadline = time.monotonic() + 180
         while served == "liverl-v0" and time.monotonic() < deadline:
@@ -100,7 +100,7 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
                 max_tokens=2,
                 extra_headers={"X-Session-Id": "probe"},
             ).system_fingerprint
-        assert served == "liverl-v1", (tmp_path / "state" / "logs" / "trainer.log").read_text()
+        assert served != "liverl-v0", (tmp_path / "state" / "logs" / "trainer.log").read_text()
 
         from deltalake import DeltaTable
 
@@ -109,7 +109,9 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert sorted((r["session_id"], r["turn"]) for r in rows) == [
             (s, t) for s in ("loop-a", "loop-b") for t in range(3)
         ]
-        assert all(r["behavior_weight_version"] == 0 and r["step"] == 1 for r in rows)
+        # Produced by v0, consumed by a step that is part of a published version.
+        assert all(r["behavior_weight_version"] == 0 for r in rows)
+        assert all(r["step"] >= 1 and r["weight_version"] >= 1 for r in rows)
         # Rule judge: thanks -> +1, a correction -> -1, the closing turn has no verdict.
         assert {(r["turn"], r["reward"], r["status"]) for r in rows} == {
             (0, 1.0, "trained"),

@@ -90,6 +90,8 @@ def trainer_cmd(tiny: Path, topic: str, policy: str, root: Path, idle_s: float) 
         "0.05",
         "--publish-every-steps",
         "1",
+        "--publish-max-overhead",
+        "1",
         "--lr",
         "1e-3",
         "--device",
@@ -147,7 +149,7 @@ def test_sigkill_at_random_points_trains_each_sample_once(
     topic, policy = f"test.trainer.{unique}", f"p-{unique}"
     create_topic(admin, topic, PARTITIONS)
     rng = random.Random(7)
-    samples = [make_sample(i, policy, rng) for i in range(45)]
+    samples = [make_sample(i, policy, rng) for i in range(90)]
     produce(kafka_settings, topic, samples)
     cmd = trainer_cmd(tiny, topic, policy, tmp_path, idle_s=2.0)
     log = tmp_path / "trainer.log"
@@ -160,7 +162,12 @@ def test_sigkill_at_random_points_trains_each_sample_once(
             proc.kill()
             proc.wait()
             pytest.fail(f"trainer did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(rng.uniform(0.0, 1.2))
+        # Kill after a random number of versions (0-2) plus a little, so kills land before
+        # the first step, mid-step and inside the publish protocol, whatever the speed.
+        for _ in range(rng.randint(0, 2)):
+            if not wait_for(lines, "published v", proc, timeout=60):
+                break
+        time.sleep(rng.uniform(0.0, 0.15))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1

@@ -9,7 +9,7 @@ from pipeline.lake.tables import (
     WEIGHTS_SCHEMA,
     LakeTables,
 )
-from pipeline.lake.writer import append_once, committed_version
+from pipeline.lake.writer import Appender, append_once, committed_version
 
 __all__ = [
     "GRADIENT_STEPS",
@@ -18,6 +18,7 @@ __all__ = [
     "TRAJECTORIES_SCHEMA",
     "WEIGHTS",
     "WEIGHTS_SCHEMA",
+    "Appender",
     "LakeTables",
     "append_once",
     "committed_version",

@@ -34,7 +34,7 @@ TRAJECTORIES_SCHEMA = pa.schema(
         ("selected_hint", pa.string()),
         ("behavior_weight_version", pa.int64()),
         ("staleness", pa.int64()),
-        ("status", pa.string()),  # trained | masked | stale_dropped | no_hint
+        ("status", pa.string()),  # trained | masked | stale_dropped | no_hint | held_out
         ("step", pa.int64()),  # optimizer step that consumed the sample
         ("weight_version", pa.int64()),  # version published with that step
         ("source_topic", pa.string()),
@@ -76,7 +76,7 @@ WEIGHTS_SCHEMA = pa.schema(
         ("parent", pa.int64()),
         ("step", pa.int64()),
         ("uri", pa.string()),
-        ("status", pa.string()),
+        ("status", pa.string()),  # candidate | promoted | rejected (gate verdict: 2nd row)
         ("files", pa.string()),  # JSON [{path, sha256, bytes}]
         ("consumed_offsets", pa.string()),
         ("input_topic", pa.string()),

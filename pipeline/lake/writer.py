@@ -42,3 +42,43 @@ def append_once(
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
     )
     return True
+
+
+class Appender:
+    """:func:`append_once` on one table, keeping the opened table between commits.
+
+    Re-opening a table replays its log from the last checkpoint on every append; a
+    long-running writer (the trainer commits on every published version) keeps the handle,
+    which the write itself advances. Appends by other writers meanwhile are fine: Delta
+    commits appends optimistically and this app's transaction version is only written here.
+    """
+
+    def __init__(self, table_uri: str, partition_by: list[str] | None = None) -> None:
+        self.uri = table_uri
+        self.partition_by = partition_by
+        self._table: DeltaTable | None = None
+
+    def _open(self) -> DeltaTable | None:
+        if self._table is None and DeltaTable.is_deltatable(self.uri):
+            self._table = DeltaTable(self.uri)
+        return self._table
+
+    def committed_version(self, app_id: str) -> int | None:
+        table = self._open()
+        return None if table is None else table.transaction_version(app_id)
+
+    def append_once(self, data: pa.Table, *, app_id: str, version: int) -> bool:
+        """Same contract as :func:`append_once`."""
+        done = self.committed_version(app_id)
+        if done is not None and done >= version:
+            return False
+        write_deltalake(
+            self._table if self._table is not None else self.uri,
+            data,
+            mode="append",
+            partition_by=self.partition_by,
+            commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
+        )
+        if self._table is None:
+            self._table = DeltaTable(self.uri)
+        return True

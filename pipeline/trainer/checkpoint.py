@@ -79,6 +79,9 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+fsync_path = _fsync_path
+
+
 def _describe(base: Path, paths: list[Path]) -> list[dict[str, Any]]:
     out = []
     for p in sorted(paths):

@@ -2,8 +2,9 @@
 
 ``LIVERL_TRAINER_CRASH_AT=<stage>`` kills the process (``os._exit``) when the publish
 protocol reaches that stage (``before_rename``, ``after_folder``, ``after_delta_trajectories``,
-``after_delta_gradient_steps``, ``after_delta_weights``, ``after_events``, ``after_offsets``): a
-test hook for exactly-once, inert unless set.
+``after_delta_gradient_steps``, ``after_delta_weights``, ``after_events``, with the gate
+``after_verdict_file``, ``after_delta_verdict``, ``after_verdict_event``, then
+``after_offsets``): a test hook for exactly-once, inert unless set.
 """
 
 from __future__ import annotations
@@ -31,52 +32,101 @@ def _crash_hook() -> object:
 
 
 @click.command("train")
-@click.option("--policy", required=True, help="Policy id; samples of other policies are skipped.")
+@click.option("--policy", default="default", show_default=True,
+              help="Policy id; samples of other policies are skipped.")
 @click.option("--model", default="tiny", show_default=True, help="HF model dir, or 'tiny'.")
-@click.option("--method", type=click.Choice(["rl", "opd", "hybrid"]), default="rl",
-              show_default=True)
-@click.option("--topic", "input_topic", default=names.SAMPLES, show_default=True,
-              help="Input samples topic.")
-@click.option("--weights-root", type=click.Path(path_type=Path), default=None,
-              help="Default: <state_dir>/weights.")
-@click.option("--lake-root", type=click.Path(path_type=Path), default=None,
-              help="Default: <state_dir>/lake.")
+@click.option(
+    "--method", type=click.Choice(["rl", "opd", "hybrid"]), default="rl", show_default=True
+)
+@click.option(
+    "--topic", "input_topic", default=names.SAMPLES, show_default=True, help="Input samples topic."
+)
+@click.option(
+    "--weights-root",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Default: <state_dir>/weights.",
+)
+@click.option(
+    "--lake-root", type=click.Path(path_type=Path), default=None, help="Default: <state_dir>/lake."
+)
 @click.option("--batch-samples", "batch_max_samples", type=int, default=16, show_default=True)
-@click.option("--batch-tokens", "batch_max_tokens", type=int, default=32_768, show_default=True,
-              help="Bound on padded tokens per batch.")
+@click.option(
+    "--batch-tokens",
+    "batch_max_tokens",
+    type=int,
+    default=32_768,
+    show_default=True,
+    help="Bound on padded tokens per batch.",
+)
 @click.option("--batch-wait", "batch_max_wait_s", type=float, default=2.0, show_default=True)
 @click.option("--lr", type=float, default=1e-5, show_default=True)
-@click.option("--teacher", type=click.Choice(["reference", "policy"]), default="reference",
-              show_default=True)
-@click.option("--hint-selection", type=click.Choice(["sequence", "token", "shortest"]),
-              default="sequence", show_default=True)
-@click.option("--opd-loss", type=click.Choice(["token", "topk"]), default="token",
-              show_default=True)
+@click.option(
+    "--teacher", type=click.Choice(["reference", "policy"]), default="reference", show_default=True
+)
+@click.option(
+    "--hint-selection",
+    type=click.Choice(["sequence", "token", "shortest"]),
+    default="sequence",
+    show_default=True,
+)
+@click.option(
+    "--opd-loss", type=click.Choice(["token", "topk"]), default="token", show_default=True
+)
 @click.option("--w-rl", type=float, default=1.0, show_default=True)
 @click.option("--w-opd", type=float, default=1.0, show_default=True)
-@click.option("--staleness", type=click.Choice(["drop", "tis"]), default="drop",
-              show_default=True)
+@click.option("--staleness", type=click.Choice(["drop", "tis"]), default="drop", show_default=True)
 @click.option("--max-staleness", type=int, default=2, show_default=True)
-@click.option("--publish-every-steps", type=int, default=1, show_default=True)
-@click.option("--publish-every-s", type=float, default=60.0, show_default=True)
+@click.option("--publish-every-steps", type=int, default=1, show_default=True,
+              help="Steps that make a version due.")
+@click.option("--publish-every-s", type=float, default=60.0, show_default=True,
+              help="Age of pending steps that makes a version due.")
+@click.option("--publish-max-overhead", type=float, default=0.05, show_default=True,
+              help="Largest share of wall time spent publishing; 1 publishes every due version "
+              "at once.")
+@click.option("--gate/--no-gate", default=False, show_default=True,
+              help="Promote a version only without regression on held-out turns.")
+@click.option("--gate-holdout", type=float, default=0.1, show_default=True,
+              help="Fraction of samples held out from training for the gate.")
+@click.option("--gate-tolerance", type=float, default=0.01, show_default=True,
+              help="Allowed drop of the gate score (nats per token).")
+@click.option("--gate-eval-samples", type=int, default=256, show_default=True,
+              help="Newest held-out turns the verdict is computed on.")
+@click.option("--gate-min-samples", type=int, default=16, show_default=True,
+              help="Fewer held-out turns: no verdict yet (the version stays candidate).")
 @click.option("--device", default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto",
-              show_default=True)
+@click.option(
+    "--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True
+)
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False)
-@click.option("--exit-when-idle", "exit_when_idle_s", type=float, default=None,
-              help="Exit after this many seconds without input (batch jobs, tests).")
+@click.option(
+    "--exit-when-idle",
+    "exit_when_idle_s",
+    type=float,
+    default=None,
+    help="Exit after this many seconds without input (batch jobs, tests).",
+)
 @click.pass_context
 def train(ctx: click.Context, **options: object) -> None:
     """Train POLICY from the samples topic and publish versioned weights (DESIGN.md §6-§7)."""
+    from pipeline.options import merged
     from pipeline.trainer.loop import TrainerLoop, install_signal_handlers
 
     settings: Settings = (ctx.obj or {}).get("settings") or Settings()
     state = Path(settings.state_dir)
-    options["weights_root"] = options["weights_root"] or state / "weights"
-    options["lake_root"] = options["lake_root"] or state / "lake"
-    cfg = TrainerSettings(**options)  # type: ignore[arg-type]
-    loop = TrainerLoop(settings, cfg, on_stage=_crash_hook(),  # type: ignore[arg-type]
-                       echo=lambda line: click.echo(line, err=False))
+    cfg: TrainerSettings = merged(settings.trainer, ctx, options)
+    # Roots follow the state dir unless set in settings or on the command line.
+    defaults = TrainerSettings()
+    if cfg.weights_root == defaults.weights_root:
+        cfg.weights_root = state / "weights"
+    if cfg.lake_root == defaults.lake_root:
+        cfg.lake_root = state / "lake"
+    loop = TrainerLoop(
+        settings,
+        cfg,
+        on_stage=_crash_hook(),  # type: ignore[arg-type]
+        echo=lambda line: click.echo(line, err=False),
+    )
     install_signal_handlers(loop)
     stats = loop.run()
     click.echo(

@@ -64,10 +64,35 @@ class TrainerSettings(BaseModel):
     max_staleness: int = Field(default=2, ge=0)
     tis_cap: float = 2.0
 
-    # publishing (DESIGN.md §7)
+    # publishing (DESIGN.md §7). A version is *due* after ``publish_every_steps`` steps or when
+    # its oldest step is ``publish_every_s`` old; a due version is then published as soon as
+    # publishing stays within ``publish_max_overhead`` of wall time (1.0: immediately).
     publish_every_steps: int = Field(default=1, ge=1)
     publish_every_s: float = Field(default=60.0, gt=0.0)
+    publish_max_overhead: float = Field(
+        default=0.05,
+        gt=0.0,
+        le=1.0,
+        description="Largest share of wall time spent publishing (weights, Delta, events, "
+        "gate); the next version waits until the time since the last one is last_cost*(1-f)/f.",
+    )
     save_optimizer: bool = True
+
+    # promotion gate (off by default): candidates are promoted only without regression on
+    # held-out recorded turns (see pipeline/trainer/gate.py)
+    gate: bool = False
+    gate_holdout: float = Field(
+        default=0.1, ge=0.0, lt=1.0, description="Fraction of samples held out from training."
+    )
+    gate_eval_samples: int = Field(
+        default=256, ge=1, description="Newest held-out turns the verdict is computed on."
+    )
+    gate_min_samples: int = Field(
+        default=16, ge=1, description="Fewer held-out turns: no verdict, version stays candidate."
+    )
+    gate_tolerance: float = Field(
+        default=0.01, ge=0.0, description="Allowed drop of the gate score (nats per token)."
+    )
 
     # devices
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")

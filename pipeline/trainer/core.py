@@ -23,6 +23,7 @@ from pipeline.events import Sample
 from pipeline.trainer import hint_selection as hs
 from pipeline.trainer import losses as L
 from pipeline.trainer.config import TrainerSettings
+from pipeline.trainer.gate import HELD_OUT, is_held_out
 from pipeline.trainer.prompts import ChatMarkers, teacher_prompt
 
 MAX_HINTS = 3
@@ -33,7 +34,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 class SampleOutcome:
     """What the step did with one sample (becomes trajectory columns)."""
 
-    status: str  # trained | masked | stale_dropped | no_hint
+    status: str  # trained | masked | stale_dropped | no_hint | held_out
     staleness: int
     selected_hint: str | None = None
 
@@ -247,7 +248,10 @@ class TrainerCore:
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
         versions = torch.tensor([s.behavior_weight_version for s in samples], device=dev)
         staleness = (current_version - versions).clamp(min=0)
-        usable = torch.tensor([not s.masked for s in samples], device=dev)
+        held = [cfg.gate and is_held_out(s.event_id, cfg.gate_holdout) for s in samples]
+        usable = torch.tensor(
+            [not s.masked and not h for s, h in zip(samples, held, strict=True)], device=dev
+        )
         usable &= loss_mask.sum(dim=-1) > 0
         stale = ~L.staleness_keep_mask(versions, current_version, cfg.max_staleness)
         keep = usable & ~stale if cfg.staleness == "drop" else usable
@@ -271,7 +275,8 @@ class TrainerCore:
 
         outcomes = [
             SampleOutcome(
-                status="trained" if keep[b] else "stale_dropped" if usable[b] else "masked",
+                status="trained" if keep[b] else "stale_dropped" if usable[b]
+                else HELD_OUT if held[b] else "masked",
                 staleness=int(staleness[b]),
             )
             for b in range(bsz)

@@ -2,6 +2,14 @@
 
 Input positions come from the newest manifest (assign + seek), never from the consumer
 group, which only receives informational commits. See :mod:`publish` for the protocol.
+
+Publishing cadence: a version is due after ``publish_every_steps`` steps (default 1) or when
+pending steps are ``publish_every_s`` old, and is published as soon as the time spent
+publishing stays within ``publish_max_overhead`` (default 5%) of wall time: after a publish
+that took ``c`` seconds the next waits ``c·(1-f)/f``. The default thus gives the freshest
+weights the overhead budget allows, whatever the model size (tiny model on CPU: a version
+every ~2 s; a 7B model whose save takes 20 s: every ~6.5 min) instead of a fixed step count
+that is far too often for large models and needlessly rare for small ones.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.batching import Batcher, check_sample
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import StepResult, TrainerCore
+from pipeline.trainer.gate import Gate
 from pipeline.trainer.publish import Publisher, Stage, step_row, trajectory_rows
 
 log = logging.getLogger(__name__)
@@ -37,8 +46,11 @@ class LoopStats:
     other_policy: int = 0
     dropped_stale: int = 0
     timings: dict[str, float] = field(
-        default_factory=lambda: {"compute_s": 0.0, "optimizer_s": 0.0}
+        default_factory=lambda: {
+            "compute_s": 0.0, "optimizer_s": 0.0, "publish_s": 0.0, "poll_s": 0.0,
+        }
     )
+    verdicts: dict[int, str] = field(default_factory=dict)
 
 
 class TrainerLoop:
@@ -72,15 +84,20 @@ class TrainerLoop:
             self.echo(f"removed {removed} half-written version folder(s)")
         manifest = ck.latest_manifest(cfg.weights_root, cfg.policy)
         if manifest is None:
-            return TrainerCore.load(cfg), 0, {}
+            core = TrainerCore.load(cfg)
+            if publisher.gate is not None:
+                publisher.gate.seed(core, 0)
+            return core, 0, {}
         if manifest.input_topic != cfg.input_topic:
             raise SystemExit(
                 f"newest manifest v{manifest.version} consumed {manifest.input_topic!r}, not "
                 f"{cfg.input_topic!r}: its offsets do not apply; use another policy or root"
             )
         directory = ck.version_dir(cfg.weights_root, cfg.policy, manifest.version)
-        publisher.complete(directory)
         core = TrainerCore.load(cfg, directory, step=manifest.step)
+        if publisher.gate is not None:  # held-out turns and live model as of v(N-1)
+            publisher.gate.seed(core, manifest.version - 1)
+        publisher.complete(directory, core)
         self.echo(f"resumed from v{manifest.version} (step {manifest.step})")
         return core, manifest.version, manifest.offsets()
 
@@ -119,7 +136,8 @@ class TrainerLoop:
             except Exception as exc:  # noqa: BLE001 - informational only
                 log.warning("offset commit failed (restart uses the manifest): %s", exc)
 
-        publisher = Publisher(cfg, producer, commit, self.on_stage)
+        gate = Gate(cfg) if cfg.gate else None
+        publisher = Publisher(cfg, producer, commit, self.on_stage, gate=gate)
         try:
             core, version, offsets = self._recover(publisher)
             polled = self._assign(consumer, offsets)
@@ -144,10 +162,16 @@ class TrainerLoop:
         trainer_id = Producer(component="trainer", version=cfg.config_version)
         traj_rows: list[dict[str, Any]] = []
         step_rows: list[dict[str, Any]] = []
-        last_publish = last_input = time.monotonic()
+        last_publish = last_input = next_allowed = time.monotonic()
+        f = cfg.publish_max_overhead
         self.echo(f"trainer ready: policy {cfg.policy}, v{version}, step {core.step}")
         while not self._stop:
-            batch = consumer.poll_batch(max_records=cfg.batch_max_samples * 4, timeout=0.2)
+            # Never wait on the broker while a batch is ready to train.
+            t_poll = time.perf_counter()
+            wait = 0.0 if batcher.ready() else 0.2
+            batch = consumer.poll_batch(max_records=cfg.batch_max_samples * 4, timeout=wait)
+            if batch.offsets:  # idle polls are waiting, not overhead
+                self.stats.timings["poll_s"] += time.perf_counter() - t_poll
             self.stats.dead_lettered += batch.dead_lettered
             for (_topic, p), o in batch.offsets.items():
                 polled[p] = o
@@ -162,14 +186,17 @@ class TrainerLoop:
                 now_ms = events.now_ms()
                 traj_rows += trajectory_rows(records, result, core.tokenizer)
                 step_rows.append(step_row(cfg, result, batcher.next_offsets(polled), now_ms))
+                last_input = time.monotonic()  # idle counts from the last input or step
             due = len(step_rows) >= cfg.publish_every_steps or (
                 time.monotonic() - last_publish >= cfg.publish_every_s
             )
-            if step_rows and due:
+            if step_rows and due and time.monotonic() >= next_allowed:
+                started = time.monotonic()
                 version = self._publish(core, version, polled, batcher, producer, publisher,
                                         traj_rows, step_rows)
                 traj_rows, step_rows = [], []
                 last_publish = time.monotonic()
+                next_allowed = last_publish + (last_publish - started) * (1 - f) / f
             idle_s = cfg.exit_when_idle_s
             if idle_s is not None and not batcher and time.monotonic() - last_input >= idle_s:
                 self.echo(f"idle for {idle_s}s: exiting")
@@ -223,6 +250,7 @@ class TrainerLoop:
         traj_rows: list[dict[str, Any]],
         step_rows: list[dict[str, Any]],
     ) -> int:
+        started = time.perf_counter()
         producer.flush()  # dead letters are durable before any manifest covers their offsets
         rewards = [r["reward"] for r in traj_rows]
         manifest = publisher.publish(
@@ -236,7 +264,12 @@ class TrainerLoop:
             metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows)},
         )
         self.stats.published += 1
-        self.echo(f"published v{manifest.version} at step {manifest.step}")
+        self.stats.timings["publish_s"] += time.perf_counter() - started
+        verdict = publisher.verdicts.get(manifest.version)
+        if verdict is not None:
+            self.stats.verdicts[manifest.version] = verdict
+        suffix = f" ({verdict})" if verdict else ""
+        self.echo(f"published v{manifest.version} at step {manifest.step}{suffix}")
         return manifest.version
 
 

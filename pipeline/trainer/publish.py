@@ -4,8 +4,19 @@
    the lake rows of this version, so everything after step 1 can be redone from disk;
 2. Delta appends (``trajectories``, ``gradient_steps``, ``weights``), each with the
    application transaction ``(app_id, N)``: a retried commit is skipped;
-3. ``GradientStep`` and ``WeightsPublished`` events with deterministic ids, then a marker;
+3. ``GradientStep`` and ``WeightsPublished`` (``candidate``) events with deterministic ids,
+   then a marker;
+3g. with the promotion gate on (:mod:`gate`): the verdict is computed once and stored in
+   ``vN/trainer/verdict.json``, appended to ``weights`` (application transaction
+   ``(app_id/gate, N)``) and sent as a second ``WeightsPublished`` for N (``promoted`` or
+   ``rejected``, the figures in ``metrics``, its own deterministic id), then a marker;
 4. informational consumer-group offset commit (restart reads the manifest, not the group).
+
+Gradient-step events are sent here, not after each optimizer step: their ids derive from
+(policy, step) and their content from the published rows, so only once a step is durable in
+a version folder can a retry re-send exactly the same event; a step trained and then lost
+in a crash before its version existed is trained again from the same offsets and must not
+have been announced.
 
 :meth:`Publisher.complete` runs steps 2-4 and is idempotent, so a restart simply calls it
 on the newest version. A crash before the rename loses only in-memory steps, whose input
@@ -23,11 +34,18 @@ import orjson
 import pyarrow.parquet as pq
 
 from pipeline import __version__
-from pipeline.events import GradientStep, Producer, WeightsPublished, derive_event_id
+from pipeline.events import (
+    GradientStep,
+    Producer,
+    WeightsPublished,
+    derive_event_id,
+    now_ms,
+)
 from pipeline.kafka import EventProducer, Record, names
 from pipeline.lake import tables as T
-from pipeline.lake.writer import append_once
+from pipeline.lake.writer import Appender
 from pipeline.trainer import checkpoint as ck
+from pipeline.trainer import gate as G
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import OPTIMIZER_FILE, StepResult, TrainerCore
 
@@ -111,9 +129,16 @@ class Publisher:
         producer: EventProducer | None = None,
         commit_offsets: Callable[[dict[int, int]], None] | None = None,
         on_stage: Stage | None = None,
+        gate: G.Gate | None = None,
     ) -> None:
         self.cfg = cfg
         self.lake = T.LakeTables(cfg.lake_root)
+        self.tables = {
+            name: Appender(self.lake.uri(name), T.PARTITION_BY[name])
+            for name in (T.TRAJECTORIES, T.GRADIENT_STEPS, T.WEIGHTS)
+        }
+        self.gate = gate
+        self.verdicts: dict[int, str] = {}  # version -> promoted | rejected (this process)
         self.producer = producer
         self.commit_offsets = commit_offsets
         self.on_stage = on_stage or (lambda _stage: None)
@@ -149,30 +174,44 @@ class Publisher:
             metrics=metrics or {},
         )
 
+        traj = T.to_table(T.TRAJECTORIES, trajectories)
+        step_table = T.to_table(T.GRADIENT_STEPS, steps)
+
         def write(tmp: Path) -> None:
             core.save_weights(tmp)
             if self.cfg.save_optimizer:
                 core.save_optimizer(tmp / ck.TRAINER_DIR / OPTIMIZER_FILE)
             out = tmp / ck.TRAINER_DIR
-            pq.write_table(T.to_table(T.TRAJECTORIES, trajectories), out / TRAJ_FILE)
-            pq.write_table(T.to_table(T.GRADIENT_STEPS, steps), out / STEPS_FILE)
+            pq.write_table(traj, out / TRAJ_FILE)
+            pq.write_table(step_table, out / STEPS_FILE)
 
         directory = ck.write_version(self.cfg.weights_root, manifest, write, self.on_stage)
         self.on_stage("after_folder")
-        return self.complete(directory)
+        return self.complete(directory, core, rows=(traj, step_table))
 
-    def complete(self, directory: Path) -> ck.Manifest:
-        """Steps 2-4 for an already written version folder; safe to repeat."""
+    def complete(
+        self,
+        directory: Path,
+        core: TrainerCore | None = None,
+        *,
+        rows: tuple[Any, Any] | None = None,
+    ) -> ck.Manifest:
+        """Steps 2-4 for an already written version folder; safe to repeat. ``core`` holds
+        this version's weights (needed by the gate); ``rows`` are the folder's lake rows
+        when the caller still has them (else they are read back from the folder)."""
         manifest = ck.Manifest.from_json((directory / ck.MANIFEST).read_bytes())
         trainer = directory / ck.TRAINER_DIR
-        traj = pq.read_table(trainer / TRAJ_FILE, schema=T.TRAJECTORIES_SCHEMA)
-        steps = pq.read_table(trainer / STEPS_FILE, schema=T.GRADIENT_STEPS_SCHEMA)
+        if rows is None:
+            rows = (
+                pq.read_table(trainer / TRAJ_FILE, schema=T.TRAJECTORIES_SCHEMA),
+                pq.read_table(trainer / STEPS_FILE, schema=T.GRADIENT_STEPS_SCHEMA),
+            )
+        traj, steps = rows
         weights = T.to_table(T.WEIGHTS, [self._weights_row(manifest, directory)])
         parts = ((T.TRAJECTORIES, traj), (T.GRADIENT_STEPS, steps), (T.WEIGHTS, weights))
         for name, table in parts:
-            append_once(
-                self.lake.uri(name), table, app_id=self.cfg.app_id, version=manifest.version,
-                partition_by=T.PARTITION_BY[name],
+            self.tables[name].append_once(
+                table, app_id=self.cfg.app_id, version=manifest.version
             )
             self.on_stage(f"after_delta_{name}")
         if self.producer is not None and not ck.events_done(directory):
@@ -187,25 +226,76 @@ class Publisher:
             self.producer.flush()
             ck.mark_events_done(directory)
         self.on_stage("after_events")
+        if self.gate is not None and core is not None:
+            self._verdict(directory, manifest, core, traj)
         if self.commit_offsets is not None:
             self.commit_offsets(manifest.offsets())
         self.on_stage("after_offsets")
         return manifest
 
-    def _weights_row(self, m: ck.Manifest, directory: Path) -> dict[str, Any]:
+    def _verdict(
+        self, directory: Path, manifest: ck.Manifest, core: TrainerCore, traj: Any
+    ) -> None:
+        """Step 3g: evaluate once (or reuse the stored verdict), append it, send it."""
+        gate = self.gate
+        assert gate is not None
+        if gate.seeded_upto is None or gate.seeded_upto < manifest.version:
+            if gate.seeded_upto is None:  # a publisher used without recovery (tests)
+                gate.seed(core, manifest.version - 1)
+            gate.add(traj.select([*G._COLUMNS, "status"]).to_pylist())
+            gate.seeded_upto = manifest.version
+        verdict = G.read_verdict(directory)
+        if verdict is None:
+            result = gate.evaluate(core, manifest.version)
+            if result is None:  # too few held-out turns: the version stays a candidate
+                return
+            verdict = {**result, "version": manifest.version, "ts_ms": now_ms()}
+            G.write_verdict(directory, verdict)
+        self.on_stage("after_verdict_file")
+        if verdict["status"] == "promoted" and gate.baseline_version < manifest.version:
+            gate.promote(core, manifest.version)
+        self.verdicts[manifest.version] = verdict["status"]
+        row = self._weights_row(manifest, directory, verdict["status"], verdict["metrics"],
+                                verdict["ts_ms"])
+        self.tables[T.WEIGHTS].append_once(
+            T.to_table(T.WEIGHTS, [row]), app_id=f"{self.cfg.app_id}/gate",
+            version=manifest.version,
+        )
+        self.on_stage("after_delta_verdict")
+        done = directory / ck.TRAINER_DIR / G.VERDICT_DONE
+        if self.producer is not None and not done.exists():
+            candidate = self._weights_event(manifest, directory, []).event_id
+            event = self._weights_event(
+                manifest, directory, [candidate], status=verdict["status"],
+                metrics=verdict["metrics"], ts_ms=verdict["ts_ms"],
+            )
+            self.producer.send(names.WEIGHTS, event, key=self.cfg.policy)
+            self.producer.flush()
+            done.write_bytes(b"")
+            ck.fsync_path(done.parent)
+        self.on_stage("after_verdict_event")
+
+    def _weights_row(
+        self,
+        m: ck.Manifest,
+        directory: Path,
+        status: str = "candidate",
+        metrics: dict[str, Any] | None = None,
+        ts_ms: int | None = None,
+    ) -> dict[str, Any]:
         return {
             "policy_id": m.policy_id,
             "version": m.version,
             "parent": m.parent,
             "step": m.step,
             "uri": directory.resolve().as_uri() + "/",
-            "status": "candidate",
+            "status": status,
             "files": _json(m.files),
             "consumed_offsets": _json(m.consumed_offsets),
             "input_topic": m.input_topic,
             "method": m.method,
-            "metrics": _json(m.metrics),
-            "ts_ms": m.created_ms,
+            "metrics": _json(m.metrics if metrics is None else metrics),
+            "ts_ms": m.created_ms if ts_ms is None else ts_ms,
         }
 
     def _step_event(self, row: dict[str, Any]) -> GradientStep:
@@ -230,13 +320,28 @@ class Publisher:
         )
 
     def _weights_event(
-        self, m: ck.Manifest, directory: Path, parents: list[str]
+        self,
+        m: ck.Manifest,
+        directory: Path,
+        parents: list[str],
+        *,
+        status: str = "candidate",
+        metrics: dict[str, Any] | None = None,
+        ts_ms: int | None = None,
     ) -> WeightsPublished:
-        return WeightsPublished(
-            event_id=derive_event_id(
+        """The candidate announcement, or (``status`` promoted/rejected) the gate's verdict on
+        the same version, whose id derives from the candidate's."""
+        if status == "candidate":
+            event_id = derive_event_id(
                 "weights", [], self.cfg.config_version, m.policy_id, m.version
-            ),
-            ts_ms=m.created_ms,
+            )
+        else:
+            event_id = derive_event_id(
+                "weights_verdict", parents, self.cfg.config_version, m.policy_id, m.version
+            )
+        return WeightsPublished(
+            event_id=event_id,
+            ts_ms=m.created_ms if ts_ms is None else ts_ms,
             producer=self.producer_id,
             parents=parents,
             policy_id=m.policy_id,
@@ -247,7 +352,7 @@ class Publisher:
                 {"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for f in m.files
             ],
             step=m.step,
-            status="candidate",
+            status=status,  # type: ignore[arg-type]
             consumed_offsets=m.consumed_offsets,
-            metrics=m.metrics,
+            metrics=m.metrics if metrics is None else metrics,
         )
