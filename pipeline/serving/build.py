@@ -12,7 +12,7 @@ from pipeline.settings import Settings
 
 from .app import Gateway, create_app
 from .backends.base import Backend
-from .recorder import Recorder
+from .recorder import Recorder, unframe
 from .reloader import Reloader
 from .settings import ServeSettings
 from .spool import Spool
@@ -28,16 +28,43 @@ def build_backend(cfg: ServeSettings) -> Backend:
         from .backends.sglang import SGLangBackend
 
         return SGLangBackend(
-            cfg.sglang_url, path, policy_id=cfg.policy_id or path.name,
-            version=cfg.weight_version, context_length=cfg.context_length or 32768,
+            cfg.sglang_url,
+            path,
+            policy_id=cfg.policy_id or path.name,
+            version=cfg.weight_version,
+            context_length=cfg.context_length or 32768,
             timeout_s=cfg.sglang_timeout_s,
         )
     from .backends.hf import HFBackend
 
     return HFBackend(
-        path, policy_id=cfg.policy_id, version=cfg.weight_version, device=cfg.device,
-        dtype=cfg.dtype, workers=cfg.workers, context_length=cfg.context_length,
+        path,
+        policy_id=cfg.policy_id,
+        version=cfg.weight_version,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        workers=cfg.workers,
+        context_length=cfg.context_length,
     )
+
+
+def recover_turns(
+    cfg: ServeSettings, kafka: Settings, recorder: Recorder, gateway: Gateway
+) -> None:
+    """Seed session turn counters from the log and the unsent spool; never fails start-up."""
+    from .turns import TurnLedger, read_recent
+
+    try:
+        ledger = read_recent(kafka, cfg.interactions_topic, cfg.turn_recovery_s)
+    except Exception as exc:  # noqa: BLE001 - Kafka down must not stop serving
+        log.warning("turn recovery from Kafka skipped (%s); spooled events only", exc)
+        ledger = TurnLedger()
+    frames, _cursor = recorder.spool.peek(recorder.spool.pending)
+    ledger.add_values(unframe(raw)[2] for raw in frames)
+    recovered = ledger.open_sessions()
+    gateway.sessions.seed(recovered)
+    if recovered:
+        log.info("continuing turn numbering of %d open session(s)", len(recovered))
 
 
 def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = None) -> FastAPI:
@@ -46,18 +73,25 @@ def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = Non
     recorder = None
     if cfg.record:
         recorder = Recorder(
-            kafka, Spool(cfg.spool_dir, cfg.spool_segment_bytes),
-            delivery_timeout_s=cfg.delivery_timeout_s, client_id=f"liverl-{cfg.replica_id}",
+            kafka,
+            Spool(cfg.spool_dir, cfg.spool_segment_bytes),
+            delivery_timeout_s=cfg.delivery_timeout_s,
+            client_id=f"liverl-{cfg.replica_id}",
         )
     gateway = Gateway(cfg, backend, recorder)
     reloader: list[Reloader] = []
 
     async def startup() -> None:
         if recorder is not None:
+            if cfg.turn_recovery_s > 0:
+                await asyncio.to_thread(recover_turns, cfg, kafka, recorder, gateway)
             recorder.start()
         if cfg.reload:
             r = Reloader(
-                kafka, backend, asyncio.get_running_loop(), replica_id=cfg.replica_id,
+                kafka,
+                backend,
+                asyncio.get_running_loop(),
+                replica_id=cfg.replica_id,
                 require_promoted=cfg.require_promoted,
                 emit=recorder.record if recorder is not None else None,
                 on_result=lambda ok: gateway.metrics.reloads.labels(str(ok).lower()).inc(),

@@ -132,7 +132,7 @@ class Recorder:
                     if not first:
                         self.redelivered += 1
                     status[i] = None
-                    topic, key, value, hdrs = _unframe(raw)
+                    topic, key, value, hdrs = unframe(raw)
                     producer.send_raw(
                         topic, value, key=key, headers=hdrs, on_delivery=_mark(status, i)
                     )
@@ -184,7 +184,7 @@ def _frame(topic: str, event: events.Event) -> bytes:
     )
 
 
-def _unframe(raw: bytes) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
+def unframe(raw: bytes) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:
     doc = orjson.loads(raw)
     hdrs = [(k, v.encode()) for k, v in doc["h"]]
     return doc["t"], None if doc["k"] is None else doc["k"].encode(), doc["v"].encode(), hdrs

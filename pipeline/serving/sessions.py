@@ -87,5 +87,12 @@ class Sessions:
             self._turns.popitem(last=False)
         return turn
 
+    def seed(self, next_turns: dict[str, int]) -> None:
+        """Continue sessions recovered from the log (see ``turns.py``) where they left off."""
+        for session_id, turn in next_turns.items():
+            self._turns[session_id] = max(self._turns.get(session_id, 0), turn)
+        while len(self._turns) > self.max_sessions:
+            self._turns.popitem(last=False)
+
     def close(self, session_id: str) -> None:
         self._turns.pop(session_id, None)

@@ -68,6 +68,12 @@ class ServeSettings(BaseModel):
         description="Messages hashed (with the key id) to name a session the client did not name.",
     )
     max_sessions: int = 100_000
+    turn_recovery_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="At start, continue the turn numbering of sessions seen in the last this "
+        "many seconds of the interactions topic (0: start every session at turn 0).",
+    )
     replica_id: str = "gateway-0"
 
     reload: bool = True

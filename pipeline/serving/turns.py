@@ -1,0 +1,107 @@
+"""Recover per-session turn counters from the log when a gateway starts.
+
+Turn indices are what next-state pairing joins on; a gateway that restarted mid-session and
+counted from 0 again would record a second "turn 0". The interactions topic (and the local
+spool, for events Kafka has not acknowledged yet) already says which turns each open session
+has used, so the counters are rebuilt from there: the log is the source of truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class TurnLedger:
+    """Next turn per session, from interaction documents seen in order."""
+
+    def __init__(self) -> None:
+        self.next: dict[str, int] = {}
+        self.closed: set[str] = set()
+
+    def add(self, doc: Any) -> None:
+        if not isinstance(doc, dict) or doc.get("type") != "interaction":
+            return
+        session, turn = doc.get("session_id"), doc.get("turn")
+        if not isinstance(session, str) or not isinstance(turn, int) or isinstance(turn, bool):
+            return
+        if doc.get("session_done") is True:
+            self.closed.add(session)
+            self.next.pop(session, None)
+            return
+        if session in self.closed:
+            return
+        self.next[session] = max(self.next.get(session, 0), turn + 1)
+
+    def add_values(self, values: Iterable[bytes]) -> None:
+        for raw in values:
+            try:
+                self.add(orjson.loads(raw))
+            except orjson.JSONDecodeError:
+                continue
+
+    def open_sessions(self) -> dict[str, int]:
+        return dict(self.next)
+
+
+def read_recent(
+    settings: Settings, topic: str, lookback_s: float, timeout: float = 5.0
+) -> TurnLedger:
+    """Interactions of the last ``lookback_s`` seconds, up to the end as of now."""
+    ledger = TurnLedger()
+    consumer = Consumer(
+        settings.kafka_client_config(
+            **{
+                "group.id": "liverl-gateway-turns",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            return ledger
+        since = int((time.time() - lookback_s) * 1000)
+        starts = consumer.offsets_for_times(
+            [TopicPartition(topic, p, since) for p in md.partitions], timeout=timeout
+        )
+        ends: dict[int, int] = {}
+        assign = []
+        for tp in starts:
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, tp.partition), timeout=timeout
+            )
+            if tp.offset >= 0 and tp.offset < high:
+                ends[tp.partition] = high
+                assign.append(tp)
+        if not assign:
+            return ledger
+        consumer.assign(assign)
+        done: set[int] = set()
+        deadline = time.monotonic() + max(timeout, 60.0)
+        while len(done) < len(ends) and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=0.5):
+                if msg.error() is not None:
+                    continue
+                ledger.add_values([msg.value() or b""])
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    done.add(msg.partition())
+        if len(done) < len(ends):
+            log.warning(
+                "turn recovery stopped early: %d of %d partitions read to the end",
+                len(done),
+                len(ends),
+            )
+    finally:
+        consumer.close()
+    return ledger
