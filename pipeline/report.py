@@ -644,14 +644,11 @@ def build_report(
 def _default_lake(ctx: click.Context) -> tuple[Path, str | None]:
     """``[trainer] lake_root`` if set, else ``<state_dir>/lake`` (like ``liverl train``)."""
     from pipeline.settings import Settings
-    from pipeline.trainer.config import TrainerSettings
 
     obj: dict[str, Any] = ctx.find_root().obj or {}
     settings: Settings = obj.get("settings") or Settings()
-    cfg = settings.trainer
-    if cfg.lake_root != TrainerSettings().lake_root:
-        return Path(cfg.lake_root), cfg.policy
-    return Path(settings.state_dir) / "lake", cfg.policy
+    cfg = settings.trainer.under_state_dir(settings.state_dir)
+    return Path(cfg.lake_root), cfg.policy
 
 
 @click.command("report")

@@ -11,17 +11,12 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.kafka.broker import BrokerError, LocalBroker
+from pipeline.serving.testing import free_port
 from pipeline.settings import BrokerSettings, Settings
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _settings(tmp_path: Path, **broker: object) -> Settings:
-    cfg = BrokerSettings(port=_free_port(), controller_port=_free_port(), **broker)
+    cfg = BrokerSettings(port=free_port(), controller_port=free_port(), **broker)
     return Settings(state_dir=tmp_path / "state", broker=cfg)
 
 

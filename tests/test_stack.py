@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pipeline.serving.testing import free_port
+
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _children_alive(pid: int) -> list[str]:
@@ -46,12 +41,12 @@ def _running(pid: int) -> bool:
 def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     from openai import OpenAI
 
-    gateway = _free_port()
+    gateway = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("LIVERL_")},
         "LIVERL_STATE_DIR": str(tmp_path / "state"),
-        "LIVERL_BROKER_PORT": str(_free_port()),
-        "LIVERL_BROKER_CONTROLLER_PORT": str(_free_port()),
+        "LIVERL_BROKER_PORT": str(free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()),
     }
     log = tmp_path / "up.log"
     with open(log, "wb") as out:

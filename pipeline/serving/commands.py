@@ -102,16 +102,7 @@ def serve(
     kafka = kafka or Settings()
     # [serve] in the settings file / LIVERL_SERVE_* first, then options typed on the command.
     values = {**kafka.serve.model_dump(), **explicit(ctx, opts)}
-    given = explicit(
-        ctx,
-        {
-            "rate_limit": rate_limit,
-            "no_record": no_record,
-            "no_reload": no_reload,
-            "spool_dir": spool_dir,
-        },
-    )
-    if "rate_limit" in given:
+    if explicit(ctx, {"rate_limit": rate_limit}):
         values["rate_limit_per_min"] = rate_limit
     if no_record:
         values["record"] = False

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import orjson
 
+from pipeline.durable import fsync_path
+
 _FRAME = struct.Struct(">II")
 _POS_FILE = "acked.json"
 
@@ -67,7 +69,7 @@ class Spool:
                 self._tail.close()
                 self._tail_first = self._next_seq
                 self._tail = open(self._path(self._next_seq), "ab")  # noqa: SIM115
-                _fsync_dir(self.dir)
+                fsync_path(self.dir)
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -161,9 +163,3 @@ def _scan(path: Path) -> tuple[int, int]:
     return count, end
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from pipeline.durable import fsync_path
+
 MANIFEST = "manifest.json"
 TRAINER_DIR = "trainer"
 EVENTS_DONE = "events.done"
@@ -69,17 +71,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-fsync_path = _fsync_path
 
 
 def _describe(base: Path, paths: list[Path]) -> list[dict[str, Any]]:
@@ -148,16 +139,16 @@ def write_version(
         manifest.trainer_files = _describe(tmp, trainer)
         (tmp / MANIFEST).write_bytes(manifest.to_json())
         for p in [*all_files, tmp / MANIFEST]:
-            _fsync_path(p)
-        _fsync_path(tmp / TRAINER_DIR)
-        _fsync_path(tmp)
+            fsync_path(p)
+        fsync_path(tmp / TRAINER_DIR)
+        fsync_path(tmp)
         if on_stage is not None:
             on_stage("before_rename")
         os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync_path(base)
+    fsync_path(base)
     return target
 
 
@@ -176,7 +167,7 @@ def mark_events_done(directory: Path) -> None:
     marker = directory / TRAINER_DIR / EVENTS_DONE
     marker.write_bytes(b"")
     with contextlib.suppress(OSError):
-        _fsync_path(marker.parent)
+        fsync_path(marker.parent)
 
 
 def events_done(directory: Path) -> bool:

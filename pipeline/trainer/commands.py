@@ -113,14 +113,9 @@ def train(ctx: click.Context, **options: object) -> None:
     from pipeline.trainer.loop import TrainerLoop, install_signal_handlers
 
     settings: Settings = (ctx.obj or {}).get("settings") or Settings()
-    state = Path(settings.state_dir)
-    cfg: TrainerSettings = merged(settings.trainer, ctx, options)
-    # Roots follow the state dir unless set in settings or on the command line.
-    defaults = TrainerSettings()
-    if cfg.weights_root == defaults.weights_root:
-        cfg.weights_root = state / "weights"
-    if cfg.lake_root == defaults.lake_root:
-        cfg.lake_root = state / "lake"
+    cfg: TrainerSettings = merged(settings.trainer, ctx, options).under_state_dir(
+        settings.state_dir
+    )
     loop = TrainerLoop(
         settings,
         cfg,

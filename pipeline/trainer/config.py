@@ -114,3 +114,16 @@ class TrainerSettings(BaseModel):
     def app_id(self) -> str:
         """Delta application-transaction id: one per policy."""
         return f"liverl-trainer/{self.policy}"
+
+    def under_state_dir(self, state_dir: Path) -> TrainerSettings:
+        """Weights and lake roots left at their defaults follow ``state_dir``; roots set in
+        settings or on the command line stay. ``liverl train`` and ``liverl report`` both
+        resolve them here, so they always look at the same lake."""
+        defaults = TrainerSettings()
+        update: dict[str, Path] = {}
+        if self.weights_root == defaults.weights_root:
+            update["weights_root"] = Path(state_dir) / "weights"
+        if self.lake_root == defaults.lake_root:
+            update["lake_root"] = Path(state_dir) / "lake"
+        return self.model_copy(update=update)
+

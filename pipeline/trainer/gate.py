@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import torch
 from deltalake import DeltaTable
 
+from pipeline.durable import fsync_path
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer import losses as L
 from pipeline.trainer.config import TrainerSettings
@@ -76,7 +77,7 @@ def write_verdict(directory: Path, verdict: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, folder / VERDICT_FILE)
-    ck.fsync_path(folder)
+    fsync_path(folder)
 
 
 class Gate:

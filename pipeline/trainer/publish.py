@@ -34,6 +34,7 @@ import orjson
 import pyarrow.parquet as pq
 
 from pipeline import __version__
+from pipeline.durable import fsync_path
 from pipeline.events import (
     GradientStep,
     Producer,
@@ -272,7 +273,7 @@ class Publisher:
             self.producer.send(names.WEIGHTS, event, key=self.cfg.policy)
             self.producer.flush()
             done.write_bytes(b"")
-            ck.fsync_path(done.parent)
+            fsync_path(done.parent)
         self.on_stage("after_verdict_event")
 
     def _weights_row(
