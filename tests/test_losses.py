@@ -126,7 +126,7 @@ def test_masked_tokens_do_not_count_token_vs_seq_mean() -> None:
 def test_seq_mean_skips_fully_masked_sequences_and_all_masked_is_zero() -> None:
     only_seq0, _ = _binary([[1, 1, 1], [0, 0, 0]], "seq_mean")
     assert only_seq0.loss.item() == pytest.approx((-E01 - 1.28 - EM05) / 3)
-    aggs: list[Aggregate] = ["token_mean", "seq_mean"]
+    aggs: list[Aggregate] = ["sample_mean", "token_mean", "seq_mean"]
     for agg in aggs:
         empty, logp_cur = _binary([[0, 0, 0], [0, 0, 0]], agg)
         assert empty.loss.item() == 0.0
@@ -134,6 +134,53 @@ def test_seq_mean_skips_fully_masked_sequences_and_all_masked_is_zero() -> None:
         assert logp_cur.grad is not None and torch.all(logp_cur.grad == 0)
     with pytest.raises(ValueError):
         masked_aggregate(t([[1.0]]), t([[1.0]]), "sum")  # type: ignore[arg-type]
+
+
+# Ragged batch: row 0 has 3 tokens, row 1 has 1 (then padding), row 2 is fully masked.
+RAGGED_X = [[1.0, 2.0, 3.0], [6.0, 100.0, 100.0], [5.0, 5.0, 5.0]]
+RAGGED_M = [[1, 1, 1], [1, 0, 0], [0, 0, 0]]
+
+
+@pytest.mark.parametrize(
+    ("agg", "value", "grad"),
+    [
+        # slime: per-row mean (2, 6, 0 for the masked row) averaged over all 3 rows = 8/3;
+        # d/dx = 1/(3 rows · row count): row 0 → 1/9 per token, row 1 → 1/3
+        ("sample_mean", 8 / 3, [[1 / 9] * 3, [1 / 3, 0, 0], [0, 0, 0]]),
+        # token mean: (1 + 2 + 3 + 6) / 4 = 3; 1/4 on each unmasked token
+        ("token_mean", 3.0, [[0.25] * 3, [0.25, 0, 0], [0, 0, 0]]),
+        # seq mean leaves the masked row out: (2 + 6) / 2 = 4; row 0 → 1/6, row 1 → 1/2
+        ("seq_mean", 4.0, [[1 / 6] * 3, [0.5, 0, 0], [0, 0, 0]]),
+    ],
+)
+def test_aggregations_on_a_ragged_batch_with_a_fully_masked_row(
+    agg: Aggregate, value: float, grad: list
+) -> None:
+    x = t(RAGGED_X).requires_grad_(True)
+    out = masked_aggregate(x, t(RAGGED_M), agg)
+    assert out.item() == pytest.approx(value)
+    out.backward()
+    assert x.grad is not None
+    assert x.grad.tolist() == [pytest.approx(row) for row in grad]
+
+
+def test_sample_mean_binary_rl_counts_a_fully_masked_row_as_zero() -> None:
+    out, logp_cur = _binary([[1, 1, 0], [0, 0, 0]], "sample_mean")
+    # row 0: (−1.105171 − 1.28) / 2 = −1.192586; row 1: 0 → mean over 2 rows = −0.596293
+    assert out.loss.item() == pytest.approx((-E01 - 1.28) / 4)
+    out.loss.backward()
+    assert logp_cur.grad is not None
+    # unclipped token 0 of row 0: −ρ·A / (2 tokens · 2 rows); the clipped token: 0
+    assert logp_cur.grad[0].tolist() == pytest.approx([-E01 / 4, 0.0, 0.0])
+    assert logp_cur.grad[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_norm_mask_shares_one_denominator_between_terms() -> None:
+    # values count only where m = 1 (token 0 of row 0) but are divided by n's counts:
+    # sample_mean: (1 / 3 + 0 + 0) / 3 rows = 1/9; token_mean: 1 / 4 tokens of n
+    x, m = t(RAGGED_X), t([[1, 0, 0], [0, 0, 0], [0, 0, 0]])
+    assert masked_aggregate(x, m, "sample_mean", t(RAGGED_M)).item() == pytest.approx(1 / 9)
+    assert masked_aggregate(x, m, "token_mean", t(RAGGED_M)).item() == pytest.approx(1 / 4)
 
 
 def test_opd_advantage_clips_at_plus_minus_c() -> None:

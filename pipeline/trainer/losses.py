@@ -18,12 +18,24 @@ Every loss shares the PPO-clipped surrogate (ε = 0.2, ε_hi = 0.28)::
 
     l_t = max(−ρ_t·A_t, −clip(ρ_t, 1 − ε, 1 + ε_hi)·A_t)
 
-Aggregation over unmasked tokens (``loss_mask == 0`` tokens never count):
+Aggregation over unmasked tokens (``loss_mask == 0`` tokens never count in the
+numerator; ``n`` is the normalising mask, ``loss_mask`` unless ``norm_mask`` is given):
 
-* ``"token_mean"`` (default): ``Σ_{b,t} m·l / Σ_{b,t} m`` — a token-level mean
-  across the whole batch, so long responses weigh more than short ones;
-* ``"seq_mean"``: mean over sequences of ``Σ_t m·l / Σ_t m``; sequences with
-  no unmasked token are left out of the mean.
+* ``"sample_mean"`` (the trainer's default; slime's ``sum_of_sample_mean`` divided
+  by the batch size, i.e. OpenClaw-RL's launchers, which do not set
+  ``--calculate-per-token-loss``): ``(1/B) Σ_b Σ_t m·l / max(Σ_t n, 1)`` — every
+  sample weighs the same whatever its length, and a fully masked row counts as a
+  zero in the mean over all ``B`` rows, as in slime;
+* ``"token_mean"``: ``Σ_{b,t} m·l / Σ_{b,t} n`` — a token-level mean across the
+  whole batch, so long responses weigh more than short ones (slime with
+  ``--calculate-per-token-loss``);
+* ``"seq_mean"``: mean over sequences with ``Σ_t n > 0`` of ``Σ_t m·l / Σ_t n``;
+  sequences with nothing to normalise by are left out of the mean.
+
+``norm_mask`` lets two terms share one denominator: Hybrid passes the union of the
+RL and OPD masks to both, so each term is averaged over the batch, as slime does
+with the single loss mask of a combined sample (an unhinted token is a zero in the
+OPD mean, not absent from it).
 
 A batch with no unmasked token gives a zero loss that is still attached to the
 graph (``backward`` works and yields zero gradients).
@@ -48,7 +60,7 @@ from typing import Literal
 
 import torch
 
-Aggregate = Literal["token_mean", "seq_mean"]
+Aggregate = Literal["sample_mean", "token_mean", "seq_mean"]
 
 EPS: float = 0.2
 EPS_HIGH: float = 0.28
@@ -101,22 +113,33 @@ def gather_vocab(logprobs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 def masked_aggregate(
-    values: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate = "token_mean"
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    aggregate: Aggregate = "token_mean",
+    norm_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce ``[B, T]`` per-token values over unmasked tokens.
+    """Reduce ``[B, T]`` per-token values over unmasked tokens (``m = mask``,
+    ``n = norm_mask``, default ``m``).
 
-    ``token_mean``: ``Σ m·x / Σ m``; ``seq_mean``: mean over sequences with
-    ``Σ_t m > 0`` of ``Σ_t m·x / Σ_t m``. Zero (attached) when nothing counts.
+    ``sample_mean``: ``(1/B) Σ_b Σ_t m·x / max(Σ_t n, 1)`` (fully masked rows count as 0);
+    ``token_mean``: ``Σ m·x / Σ n``; ``seq_mean``: mean over rows with ``Σ_t n > 0`` of
+    ``Σ_t m·x / Σ_t n``. Zero (attached) when nothing counts.
     """
     m = mask.to(values.dtype)
+    n = m if norm_mask is None else norm_mask.to(values.dtype)
+    if aggregate == "sample_mean":
+        per_seq = (values * m).sum(dim=-1) / n.sum(dim=-1).clamp(min=1.0)
+        return per_seq.sum() / max(values.shape[0], 1)
     if aggregate == "token_mean":
-        return (values * m).sum() / m.sum().clamp(min=1.0)
+        return (values * m).sum() / n.sum().clamp(min=1.0)
     if aggregate == "seq_mean":
-        per_seq_count = m.sum(dim=-1)
+        per_seq_count = n.sum(dim=-1)
         per_seq = (values * m).sum(dim=-1) / per_seq_count.clamp(min=1.0)
         has_tokens = (per_seq_count > 0).to(values.dtype)
         return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
-    raise ValueError(f"unknown aggregate {aggregate!r}; expected 'token_mean' or 'seq_mean'")
+    raise ValueError(
+        f"unknown aggregate {aggregate!r}; expected 'sample_mean', 'token_mean' or 'seq_mean'"
+    )
 
 
 def _token_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -143,6 +166,7 @@ def ppo_clip_loss(
     eps_high: float = EPS_HIGH,
     aggregate: Aggregate = "token_mean",
     weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> LossOutput:
     """PPO-clipped surrogate with given per-token advantages (all ``[B, T]``).
 
@@ -153,7 +177,8 @@ def ppo_clip_loss(
     ``ℓ_old``, ``A`` and ``w`` (default 1) are detached. ``weights`` is meant
     for :func:`tis_weights` (pass the proximal log-probs as ``logp_old`` for the
     decoupled form: the clip is then a trust region around the pre-update
-    policy and ``w`` corrects behavior → proximal).
+    policy and ``w`` corrects behavior → proximal). ``norm_mask`` (default
+    ``loss_mask``) is what the aggregate divides by (see :func:`masked_aggregate`).
     """
     logp_old = logp_old.detach()
     advantages = advantages.detach().to(logp_cur.dtype)
@@ -163,7 +188,7 @@ def ppo_clip_loss(
     per_token, clip_active = _surrogate(ratio, advantages, eps, eps_high)
     if weights is not None:
         per_token = per_token * weights.detach().to(per_token.dtype)
-    loss = masked_aggregate(per_token, mask, aggregate)
+    loss = masked_aggregate(per_token, mask, aggregate, norm_mask)
     with torch.no_grad():
         kl = (ratio - 1.0) - log_ratio
         metrics = {
@@ -198,6 +223,7 @@ def binary_rl_loss(
     eps_high: float = EPS_HIGH,
     aggregate: Aggregate = "token_mean",
     weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> LossOutput:
     """Binary RL: ``A_t = r`` on every response token, PPO-clipped.
 
@@ -214,6 +240,7 @@ def binary_rl_loss(
         eps_high=eps_high,
         aggregate=aggregate,
         weights=weights,
+        norm_mask=norm_mask,
     )
 
 
@@ -239,6 +266,7 @@ def opd_loss(
     eps_high: float = EPS_HIGH,
     aggregate: Aggregate = "token_mean",
     weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> LossOutput:
     """OPD on the sampled tokens: ``A_t = clip(ℓ_T − ℓ_old, −C, C)`` in the PPO surrogate.
 
@@ -255,6 +283,7 @@ def opd_loss(
         eps_high=eps_high,
         aggregate=aggregate,
         weights=weights,
+        norm_mask=norm_mask,
     )
 
 
@@ -271,6 +300,7 @@ def topk_opd_loss(
     eps_high: float = EPS_HIGH,
     aggregate: Aggregate = "token_mean",
     weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> LossOutput:
     """Top-k OPD over a vocabulary subset S per token.
 
@@ -313,7 +343,7 @@ def topk_opd_loss(
     if weights is not None:
         per_token = per_token * weights.detach().to(per_token.dtype)
     mask = loss_mask.to(per_token.dtype)
-    loss = masked_aggregate(per_token, mask, aggregate)
+    loss = masked_aggregate(per_token, mask, aggregate, norm_mask)
     with torch.no_grad():
         entry_mask = in_s.to(mask.dtype) * mask.unsqueeze(-1)
         kl = (ratio - 1.0) - log_ratio
