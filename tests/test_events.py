@@ -87,6 +87,23 @@ def test_group_id_and_scope_are_optional_and_backward_compatible() -> None:
     assert reject(orjson.dumps(d)).field == "group_id"
 
 
+def test_sample_opd_mask_and_penalty_are_optional_and_backward_compatible() -> None:
+    # A sample written before the fields existed: OPD follows the loss mask, no path part.
+    d = doc("sample")
+    del d["opd_mask"], d["penalty"]
+    d["loss_mask"] = [0] * len(d["response_token_ids"])
+    old = decode(orjson.dumps(d))
+    assert old.opd_mask == [] and old.penalty == 0.0  # type: ignore[attr-defined]
+    assert old.opd_token_mask() == d["loss_mask"]  # type: ignore[attr-defined]
+    assert not old.rl_trainable()  # type: ignore[attr-defined]
+    # New: a hinted turn with a neutral score trains OPD only.
+    d["opd_mask"] = [1] * len(d["response_token_ids"])
+    new = decode(orjson.dumps(d))
+    assert new.opd_token_mask() == d["opd_mask"] and not new.rl_trainable()  # type: ignore[attr-defined]
+    d["opd_mask"][0] = 2
+    assert reject(orjson.dumps(d)).field is not None
+
+
 def test_headers_and_key() -> None:
     assert headers(EXAMPLES["reward"]) == [
         ("liverl-type", b"reward"),

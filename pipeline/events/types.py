@@ -166,6 +166,21 @@ class Sample(TurnEvent):
     masked: bool = False
     group_id: str | None = None
     step_index: int | None = None
+    # Added to v1 (optional): the OPD mask apart from the RL one, so a hinted turn with a
+    # neutral score still trains through its hint; empty = the loss mask (older events).
+    opd_mask: list[int] = field(default_factory=list)
+    # The path part (RLVP beta * Phi) contained in ``reward``; group normalisation scales it
+    # on its own (0 in older events: the whole reward is normalised, as before).
+    penalty: float = 0.0
+
+    def opd_token_mask(self) -> list[int]:
+        """Per response token, 1 where the OPD term may train: ``opd_mask``, or ``loss_mask``
+        for events written before the field (OPD then followed the RL mask)."""
+        return self.opd_mask if self.opd_mask else self.loss_mask
+
+    def rl_trainable(self) -> bool:
+        """Whether the RL term has any token to train (and the sample is not bookkeeping)."""
+        return not self.masked and any(self.loss_mask)
 
 
 @dataclass(slots=True, kw_only=True)
