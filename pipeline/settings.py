@@ -44,8 +44,32 @@ class KafkaSettings(BaseModel):
     compression: str = "lz4"
     max_event_bytes: int = Field(
         default=8 * 1024 * 1024,
+        ge=64 * 1024,
         description="Largest event value accepted; larger ones are dead-lettered.",
     )
+
+    # One size policy, derived from ``max_event_bytes`` (E) so that it is stated once:
+    #   event (codec, dead letters)  E                    8 MiB by default
+    #   record (broker message.max.bytes, every topic's max.message.bytes, every producer's
+    #           message.max.bytes / Faust producer_max_request_size)   E + 1 MiB = 9 MiB
+    #   fetch (max.partition.fetch.bytes, Faust consumer_max_fetch_size) E + 2 MiB = 10 MiB
+    # An event of E bytes plus its key and headers always fits a record; a record the broker
+    # accepted always fits a fetch; a dead letter is truncated to E (it must be readable by
+    # the same codec), so no single record can stop a producer or a consumer.
+    @property
+    def record_headroom_bytes(self) -> int:
+        """Room above an event for its key, headers and batch framing."""
+        return 1024 * 1024
+
+    @property
+    def max_record_bytes(self) -> int:
+        """Broker/topic/producer limit on one record batch; strictly above the codec limit."""
+        return self.max_event_bytes + self.record_headroom_bytes
+
+    @property
+    def max_fetch_bytes(self) -> int:
+        """Per-partition fetch size of every consumer; strictly above the record limit."""
+        return self.max_record_bytes + self.record_headroom_bytes
 
 
 class BrokerSettings(BaseModel):

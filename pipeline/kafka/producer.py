@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -62,7 +65,9 @@ class EventProducer:
                 # (CRC32) would put one session on different partitions in different topics
                 # and break co-partitioned joins.
                 "partitioner": "murmur2_random",
-                "message.max.bytes": settings.kafka.max_event_bytes + 64 * 1024,
+                # The size policy (KafkaSettings): an event of max_event_bytes plus key and
+                # headers always fits; the broker and every topic accept the same size.
+                "message.max.bytes": settings.kafka.max_record_bytes,
                 "error_cb": self._on_client_error,
             }
         )
@@ -70,6 +75,7 @@ class EventProducer:
             conf["transactional.id"] = transactional_id
         conf.update(extra)
         self._producer = Producer(conf)
+        self._max_event_bytes = settings.kafka.max_event_bytes
         self._failures: list[DeliveryFailure] = []
         self._lock = threading.Lock()
         self.delivered = 0
@@ -90,6 +96,12 @@ class EventProducer:
         """Encode and produce; the key defaults to the event's session (co-partitioning)."""
         if key is None:
             key = getattr(event, "session_id", None) or getattr(event, "policy_id", None)
+        if isinstance(event, events.DeadLetter):
+            # Whoever built it, a dead letter must fit the codec limit (base64 grows a 7 MB
+            # record past the broker's limit: the produce error crash-looped its consumer).
+            event = bound_dead_letter(event, self._max_event_bytes)
+            if key is not None and len(key) > DLQ_KEY_BYTES:
+                key = (key.encode() if isinstance(key, str) else key)[:DLQ_KEY_BYTES]
         self.send_raw(
             topic,
             events.encode(event, validate=validate),
@@ -153,3 +165,65 @@ class EventProducer:
             log.error("fatal producer error: %s", err)
         else:
             log.debug("producer: %s", err)
+
+
+# Dead letters: the original key and headers are kept up to these sizes; beyond them only their
+# size and hash are (a record's key can be nearly as large as the record itself).
+DLQ_KEY_BYTES = 64 * 1024
+DLQ_HEADER_BYTES = 64 * 1024
+DLQ_ERROR_CHARS = 4096
+# original_headers entries added when a dead letter had to be cut down to the codec limit.
+TRUNCATED = "liverl-dlq-truncated"
+ORIGINAL_BYTES = "liverl-dlq-original-bytes"
+ORIGINAL_SHA256 = "liverl-dlq-original-sha256"
+
+
+def bound_dead_letter(letter: events.DeadLetter, limit: int) -> events.DeadLetter:
+    """``letter`` if it encodes within ``limit`` bytes, else a copy whose payload is cut.
+
+    The copy keeps the source topic/partition/offset (the record can be re-read while it is
+    retained), the original value's size and sha256 (in ``original_headers`` and the error),
+    and as many leading payload bytes as fit. Oversized keys and headers are cut likewise.
+    """
+    if len(events.encode(letter)) <= limit:
+        return letter
+    original = letter.original()
+    key = letter.original_key()
+    notes = {
+        TRUNCATED: "true",
+        ORIGINAL_BYTES: str(len(original)),
+        ORIGINAL_SHA256: hashlib.sha256(original).hexdigest(),
+    }
+    headers = dict(letter.original_headers)
+    if sum(len(k) + len(v) for k, v in headers.items()) > DLQ_HEADER_BYTES:
+        notes["liverl-dlq-original-header-count"] = str(len(headers))
+        headers = {}
+    if key is not None and len(key) > DLQ_KEY_BYTES:
+        notes["liverl-dlq-original-key-bytes"] = str(len(key))
+        notes["liverl-dlq-original-key-sha256"] = hashlib.sha256(key).hexdigest()
+        key = key[:DLQ_KEY_BYTES]
+    error = letter.error[:DLQ_ERROR_CHARS]
+
+    def build(keep: int) -> events.DeadLetter:
+        note = (
+            f" [dead letter truncated to {keep} of {len(original)} bytes; "
+            f"sha256 {notes[ORIGINAL_SHA256]}]"
+        )
+        return dataclasses.replace(
+            letter,
+            error=error + note,
+            original_b64=base64.b64encode(original[:keep]).decode("ascii"),
+            original_key_b64=None if key is None else base64.b64encode(key).decode("ascii"),
+            original_headers={**headers, **notes},
+        )
+
+    # Base64 takes 4 bytes per 3; the empty-payload letter's size is what is left over.
+    spare = limit - len(events.encode(build(len(original)))) + len(
+        base64.b64encode(original)
+    )
+    keep = max(0, min(len(original) - 1, spare // 4 * 3))
+    out = build(keep)
+    while len(events.encode(out)) > limit and keep > 0:  # never taken unless JSON escapes
+        keep = max(0, keep - max(3, (len(events.encode(out)) - limit) // 4 * 3 + 3))
+        out = build(keep)
+    return out

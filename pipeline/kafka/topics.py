@@ -70,8 +70,28 @@ class Plan:
         return not self.changes and not self.refusals
 
 
-def load_specs(specs_dir: Path, replication_override: int | None = None) -> list[TopicSpec]:
-    """Read every ``*.yaml`` spec; session-keyed topics must share a partition count."""
+MAX_MESSAGE_BYTES = "max.message.bytes"
+
+
+def default_max_record_bytes() -> int:
+    """The record limit of the size policy in the current settings (env, ``liverl.toml``)."""
+    from pipeline.settings import Settings
+
+    return Settings().kafka.max_record_bytes
+
+
+def load_specs(
+    specs_dir: Path,
+    replication_override: int | None = None,
+    max_record_bytes: int | None = None,
+) -> list[TopicSpec]:
+    """Read every ``*.yaml`` spec; session-keyed topics must share a partition count.
+
+    Every topic gets ``max.message.bytes`` from the size policy (``KafkaSettings
+    .max_record_bytes``, default from the current settings), so no spec restates the number;
+    a spec may raise it but not lower it (events the codec accepts would be refused).
+    """
+    record_bytes = max_record_bytes or default_max_record_bytes()
     files = sorted(Path(specs_dir).glob("*.yaml"))
     if not files:
         raise TopicSpecError(f"no topic specs (*.yaml) in {specs_dir}")
@@ -88,6 +108,13 @@ def load_specs(specs_dir: Path, replication_override: int | None = None) -> list
         if not isinstance(partitions, int) or partitions < 1:
             raise TopicSpecError(f"{path}: partitions must be a positive integer")
         replication = replication_override or raw.get("replication", 1)
+        config = {str(k): str(v) for k, v in (raw.get("config") or {}).items()}
+        stated = config.setdefault(MAX_MESSAGE_BYTES, str(record_bytes))
+        if not stated.isdigit() or int(stated) < record_bytes:
+            raise TopicSpecError(
+                f"{path}: {MAX_MESSAGE_BYTES} {stated!r} is below the size policy's record "
+                f"limit {record_bytes} (kafka.max_event_bytes + headroom); drop it from the spec"
+            )
         specs.append(
             TopicSpec(
                 name=str(raw["name"]),
@@ -95,7 +122,7 @@ def load_specs(specs_dir: Path, replication_override: int | None = None) -> list
                 replication=int(replication),
                 key=str(raw["key"]),
                 value_schema=str(raw["value_schema"]),
-                config={str(k): str(v) for k, v in (raw.get("config") or {}).items()},
+                config=config,
                 description=_leading_comment(path),
                 source=path,
             )

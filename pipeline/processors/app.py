@@ -21,13 +21,24 @@ Timers only write tables that are placed by key (``use_partitioner``); the group
 placed by the current event's partition, so the group timer sends a ``sweep`` message through
 the group topic and the agent does the writing.
 
-Bad records go to the DLQ (never crash an agent). Run more workers with the same app id to
-scale out: Kafka's consumer group spreads the partitions.
+Bad records go to the DLQ (never crash an agent): invalid or over ``kafka.max_event_bytes``,
+and keyless ones (a session-keyed topic needs the session id as key). Dead letters are cut to
+the codec limit (size, sha256 and coordinates kept); aiokafka's request and fetch sizes follow
+the size policy in ``KafkaSettings``, so no record the broker accepted can stop a worker.
+
+Every piece of pending state lives in a changelogged table (a next state parked until its
+interaction arrives too), so SIGKILL loses nothing; timers wait until table recovery has
+finished, and a timer's error is logged, never fatal. Verdict ids are deterministic, so the
+duplicates a restart may produce (at-least-once) are removed by id downstream.
+
+Run more workers with the same app id to scale out: Kafka's consumer group spreads the
+partitions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -40,6 +51,7 @@ from aiokafka.partitioner import murmur2
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
 from pipeline.kafka import names
+from pipeline.kafka.producer import bound_dead_letter
 from pipeline.settings import Settings
 
 from . import grouping, judging
@@ -87,6 +99,34 @@ def token_key(session_key: bytes, turn: int) -> bytes:
     return session_key + b"\0" + str(turn).encode()
 
 
+def parked_key(session_key: bytes, next_state_id: str) -> bytes:
+    return session_key + b"\0" + next_state_id.encode()
+
+
+def park(msg: Any) -> bytes:
+    """A consumed record as one table value: JSON coordinates, NUL, the value bytes verbatim
+    (base64 would push an event near the codec limit over the record limit)."""
+    meta = {
+        "topic": msg.topic,
+        "partition": msg.partition,
+        "offset": msg.offset,
+        "key": None if msg.key is None else base64.b64encode(msg.key).decode(),
+        "headers": [[k, base64.b64encode(v or b"").decode()] for k, v in (msg.headers or [])],
+    }
+    return orjson.dumps(meta) + b"\0" + (msg.value or b"")
+
+
+class Parked:
+    """A record kept in a table: enough to decode it again or dead-letter it verbatim."""
+
+    def __init__(self, raw: bytes) -> None:
+        meta, self.value = raw.split(b"\0", 1)
+        m = orjson.loads(meta)
+        self.topic, self.partition, self.offset = m["topic"], m["partition"], m["offset"]
+        self.key = None if m["key"] is None else base64.b64decode(m["key"])
+        self.headers = [(k, base64.b64decode(v)) for k, v in m["headers"]]
+
+
 def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None = None) -> faust.App:
     """Build the Faust app with its topics, tables, agents and timers."""
     settings = settings or Settings()
@@ -106,6 +146,13 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         web_port=cfg.web_port,
         consumer_auto_offset_reset=cfg.auto_offset_reset,
         producer_acks=-1,
+        # The size policy (KafkaSettings): aiokafka's defaults (1 MB requests and fetches)
+        # crash-looped the worker on any record over 1 MB the broker had accepted.
+        producer_max_request_size=settings.kafka.max_record_bytes,
+        consumer_max_fetch_size=settings.kafka.max_fetch_bytes,
+        # A restarted worker waits this long for its killed predecessor to leave the group.
+        broker_session_timeout=cfg.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 4),
     )
     pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version)
     assembler = Assembler(
@@ -149,17 +196,43 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     # key session\0turn -> token payload, on the partition of the session (not of the key).
     tok_t = table("tokens")
     tok_t.partition_for_key = lambda k: key_partition(k.split(b"\0", 1)[0], cfg.partitions)  # type: ignore[method-assign]
+    # key session\0next-state id -> parked record (see park): next states waiting for their
+    # interaction, on the session's partition. Process memory would lose them on SIGKILL,
+    # their offsets being committed already.
+    parked_t = table("judge_parked")
+    parked_t.partition_for_key = tok_t.partition_for_key  # type: ignore[method-assign]
     # Written only in the group agent's stream, on the partition of the group id.
     group_t = table("groups", use_partitioner=False)  # group id -> index
     member_t = table("group_members", use_partitioner=False)  # group\0session -> samples
     timers: dict[str, Callable[[], Awaitable[None]]] = {}
 
+    def tables_ready() -> bool:
+        """Tables are recovered and no rebalance is under way: timers may read them (a sweep
+        during recovery once saw a session without its token payloads and killed the worker)."""
+        recovery = app.tables.recovery
+        return recovery.completed.is_set() and not recovery.in_recovery and not app.rebalancing
+
     def every(interval: float) -> Callable[[Any], Any]:
-        """``app.timer`` that also keeps the bare coroutine function (unit tests call it)."""
+        """``app.timer`` that also keeps the bare coroutine function (unit tests call it).
+
+        The scheduled timer skips its turn until :func:`tables_ready`, and logs an error
+        instead of raising it (Faust stops the worker on a timer's exception)."""
 
         def register(fn: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
             timers[fn.__name__] = fn
-            app.timer(interval)(fn)
+
+            async def guarded() -> None:
+                if not tables_ready():
+                    return
+                try:
+                    await fn()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - next interval retries
+                    log.exception("timer %s failed; retrying next interval", fn.__name__)
+
+            guarded.__name__ = guarded.__qualname__ = fn.__name__
+            app.timer(interval)(guarded)
             return fn
 
         return register
@@ -183,13 +256,17 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         for key in list(tok_t.keys()):  # token payloads of sessions that are gone
             if key.split(b"\0", 1)[0] not in asm_t:
                 del tok_t[key]
+        for key in list(parked_t.keys()):  # judge_grace dead-letters them long before
+            if key.split(b"\0", 1)[0] not in judge_t:
+                del parked_t[key]
 
     async def send(topic_name: str, ev: Event) -> None:
         await out[topic_name].send(
             key=events.key(ev), value=events.encode(ev), headers=events.headers(ev)
         )
 
-    async def dead_letter(msg: Any, error: str, dead: bool = True) -> None:
+    async def dead_letter(msg: Any, error: str) -> None:
+        """Dead-letter a consumed record (a Faust message or a :class:`Parked` one)."""
         letter = DeadLetter.wrap(
             msg.value,
             topic=msg.topic,
@@ -200,23 +277,40 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             key=msg.key,
             headers=list(msg.headers or []),
         )
-        log.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
+        # Cut to the codec limit: a letter is base64, 4/3 of the record it carries.
+        letter = bound_dead_letter(letter, settings.kafka.max_event_bytes)
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error[:500]
+        )
         await send(names.DLQ, letter)
 
     async def decode_one(
         ev: faust.EventT, dlq_topics: tuple[str, ...]
     ) -> tuple[bytes, Event] | None:
-        """The event if it is valid and one of our sessions; invalid ones of ``dlq_topics``
-        go to the DLQ (other agents reading the same topic skip them silently)."""
+        """The event if it is valid and one of our sessions; invalid or keyless ones of
+        ``dlq_topics`` go to the DLQ (other agents reading the same topic skip them silently;
+        the letter's id comes from the record's coordinates, so workers of other app ids or
+        prefixes that dead-letter the same record write the same letter)."""
         msg = ev.message
-        key = msg.key or b""
+        key = msg.key
+        if not key:  # every input topic is keyed by session: all such records would share
+            if msg.topic in dlq_topics:  # one empty-key session state
+                await dead_letter(msg, "no Kafka key: this topic is keyed by session id")
+            return None
         if prefix and not key.startswith(prefix):
             return None
         try:
-            return key, events.decode(msg.value, expected_type=EXPECTED.get(msg.topic))
-        except events.EventValidationError as exc:
-            if msg.topic in dlq_topics:
-                await dead_letter(msg, str(exc))
+            return key, events.decode(
+                msg.value,
+                expected_type=EXPECTED.get(msg.topic),
+                max_bytes=settings.kafka.max_event_bytes,
+            )
+        except Exception as exc:  # noqa: BLE001 - EventValidationError, or anything else:
+            if msg.topic in dlq_topics:  # one record must never stop an agent
+                reason = str(exc) if isinstance(exc, events.EventValidationError) else (
+                    f"cannot decode: {type(exc).__name__}: {exc}"[:2000]
+                )
+                await dead_letter(msg, reason)
             return None
 
     async def decoded(
@@ -257,7 +351,8 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
 
     # ---- judge --------------------------------------------------------------------------------
 
-    pending_msgs: dict[str, Any] = {}  # next-state id -> message, for the DLQ on expiry
+    # Next-state ids being judged right now: judge_grace must not dead-letter them meanwhile.
+    in_flight: set[str] = set()
 
     async def run_judge(work: list[judging.JudgeWork]) -> None:
         results = await asyncio.gather(*(judging.judge_one(judge, w) for w in work))
@@ -266,12 +361,25 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             for hint in res.hints:
                 await send(names.HINTS, hint)
 
+    async def release_parked(done: list[tuple[bytes, str]]) -> None:
+        """Forget parked next states once their verdicts are acknowledged. Their offsets were
+        committed long ago, so until then the table entry is the only copy; a restart in
+        between judges them again (the same verdict id: downstream deduplicates by id)."""
+        await app.producer.flush()
+        for key, nid in done:
+            state = load(judge_t, key)
+            if state is not None and state.get("pending", {}).pop(nid, None) is not None:
+                save(judge_t, key, state)
+            parked_t.pop(parked_key(key, nid), None)
+            in_flight.discard(nid)
+
     @app.agent(topic(names.INTERACTIONS, names.NEXT_STATES), name="judge")
     async def judge_agent(stream: faust.StreamT) -> None:
         # Batches: every ready next state of a batch is judged concurrently (the judge bounds
         # its own concurrency); offsets move on only after the batch's verdicts are sent.
         async for evs in stream.take_events(cfg.judge_batch, within=0.1):
             batch: list[judging.JudgeWork] = []
+            unparked: list[tuple[bytes, str]] = []
             for raw_ev in evs:
                 item = await decode_one(raw_ev, (names.NEXT_STATES,))
                 if item is None:
@@ -280,11 +388,17 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                 state = load(judge_t, key)
                 if isinstance(ev, events.Interaction):
                     state = judging.on_interaction(state, ev)
-                    for nid, (_, turn) in list(state.get("pending", {}).items()):
-                        entry = pending_msgs.get(nid) if turn == ev.turn else None
-                        work = entry and judging.take_ready(state, entry[0])
+                    pending = state.get("pending", {})
+                    for nid, entry in list(pending.items()):
+                        raw = parked_t.get(parked_key(key, nid)) if entry[1] == ev.turn else None
+                        if raw is None or nid in in_flight:
+                            continue
+                        ns = events.decode(Parked(raw).value)  # was valid when parked
+                        work = judging.take_ready(state, ns)  # type: ignore[arg-type]
                         if work:
-                            pending_msgs.pop(nid, None)
+                            pending[nid] = entry  # kept until the verdict is acknowledged
+                            in_flight.add(nid)
+                            unparked.append((key, nid))
                             batch.append(work)
                 elif isinstance(ev, events.NextState):
                     state, todo = judging.on_next_state(state, ev, now_ms())
@@ -293,28 +407,34 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                         if work:
                             batch.append(work)
                         else:
-                            pending_msgs[ns.event_id] = (ns, raw_ev.message)
+                            parked_t[parked_key(key, ns.event_id)] = park(raw_ev.message)
                 save(judge_t, key, state)
             if batch:
                 await run_judge(batch)
+            if unparked:
+                await release_parked(unparked)
 
     @every(cfg.sweep_interval_s)
     async def judge_grace() -> None:
         grace_ms = int(cfg.grace_s * 1000)
         for key, raw in list(judge_t.items()):
             state = orjson.loads(raw)
-            gone = judging.expired(state, now_ms(), grace_ms)
+            gone = [n for n in judging.expired(state, now_ms(), grace_ms) if n not in in_flight]
             if not gone:
                 continue
             for nid in gone:
-                state["pending"].pop(nid, None)
-                entry = pending_msgs.pop(nid, None)
-                if entry is not None:
-                    await dead_letter(
-                        entry[1],
-                        f"next state for unknown turn {entry[0].turn} of session "
-                        f"{entry[0].session_id}: no interaction within {cfg.grace_s:g}s",
-                    )
+                _, turn = state["pending"].pop(nid)
+                parked = parked_t.get(parked_key(key, nid))
+                if parked is None:  # only a state written before parking was durable
+                    log.error("next state %s of %r (turn %s) expired unparked", nid, key, turn)
+                    continue
+                rec = Parked(parked)
+                await dead_letter(
+                    rec,
+                    f"next state for unknown turn {turn} of session "
+                    f"{key.decode(errors='replace')}: no interaction within {cfg.grace_s:g}s",
+                )
+                parked_t.pop(parked_key(key, nid), None)
             save(judge_t, key, state)
 
     # ---- rewards and samples -----------------------------------------------------------------
@@ -383,7 +503,11 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             state = orjson.loads(raw)
             if state.get("done") or state.get("closed_at_ms") is None:
                 continue
-            new = await maybe_complete(key, state)
+            try:
+                new = await maybe_complete(key, state)
+            except KeyError as exc:  # a token payload not (yet) there: retry next sweep
+                log.warning("session %r not assembled yet: %s", key, exc)
+                continue
             if new is not state:
                 save(asm_t, key, new)
 

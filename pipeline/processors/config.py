@@ -23,6 +23,9 @@ class ProcessorSettings(BaseSettings):
     web_port: int = 6066
     web_enabled: bool = True
     partitions: int = 6
+    # Consumer-group session timeout: how long a restarted worker waits for its killed
+    # predecessor's partitions (Faust's default is 60 s).
+    session_timeout_s: float = Field(default=20.0, ge=2.0, le=90.0)
     # Only sessions whose id starts with this are processed (tenancy, tests); empty = all.
     session_prefix: str = ""
     # Where a new consumer group starts: "earliest" (default: replay everything retained) or
