@@ -3,10 +3,19 @@
 The answer never waits for recording: the interaction is handed to the recorder's queue after
 the last token is produced. Every error leaves OpenAI-shaped; nothing a client sends can
 cause a 500.
+
+Bounded inputs: body size (``max_body_bytes``, 413), JSON depth (``max_json_depth``, 400) and
+body arrival time (``body_timeout_s``, 408 and the connection closed). A turn that would train
+is refused with 503 while the recorder loses events (spool unwritable and Kafka down) unless
+``serve_without_training`` is set; ``/healthz`` then answers 503 ``degraded`` with the reason.
+A streamed turn whose client goes away is recorded with ``finish_reason="abort"`` and
+``train=false``: the turn index stays used (a retry is the next turn, not a second turn 0) and
+the partial answer is kept for inspection but never becomes a sample.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -29,7 +38,7 @@ from .backends.base import Backend, Done, Piece, SamplingParams
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
 from .errors import ApiError
 from .metrics import Metrics
-from .protocol import ChatRequest, parse_request
+from .protocol import ChatRequest, check_depth, parse_request
 from .recorder import Recorder
 from .sessions import Sessions, TurnInfo
 from .settings import ServeSettings
@@ -75,22 +84,52 @@ class Gateway:
             (lambda: float(recorder.backlog)) if recorder else None,
             (lambda: float(recorder.spool.size_bytes())) if recorder else None,
         )
+        if isinstance(recorder, Recorder):
+            recorder.on_lost = self.metrics.lost.inc
+            recorder.on_dead_letter = self.metrics.dead_lettered.inc
+
+    def recording_problem(self) -> str | None:
+        """Why a turn recorded now would be lost (None: recording works or is off)."""
+        rec = self.recorder
+        if not isinstance(rec, Recorder):
+            return None
+        if rec.problem:
+            return rec.problem
+        if rec.started and not rec.alive:
+            return "the recorder's threads have stopped"
+        return None
 
     # ---- request handling ---------------------------------------------------------------
 
     async def read_body(self, request: Request) -> Any:
+        """The parsed body, bounded in size, time and depth."""
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
             raise self._too_large()
+        try:
+            async with asyncio.timeout(self.cfg.body_timeout_s):
+                buf = await self._read_limited(request)
+        except TimeoutError:
+            raise ApiError(
+                408,
+                f"request body not received within {self.cfg.body_timeout_s:g}s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
+        try:
+            doc = orjson.loads(buf)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        check_depth(doc, self.cfg.max_json_depth)
+        return doc
+
+    async def _read_limited(self, request: Request) -> bytearray:
         buf = bytearray()
         async for chunk in request.stream():
             buf += chunk
             if len(buf) > self.cfg.max_body_bytes:
                 raise self._too_large()
-        try:
-            return orjson.loads(buf)
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        return buf
 
     def _too_large(self) -> ApiError:
         return ApiError(
@@ -110,6 +149,7 @@ class Gateway:
             )
         messages = [m.to_record() for m in req.messages]
         info = self.sessions.resolve(request.headers, doc, key_id, messages)
+        self._check_recording(info)
         prompt_ids = render_prompt(self.backend.tokenizer, messages, req.tools)
         ctx = self.backend.context_length
         if len(prompt_ids) >= ctx:
@@ -129,6 +169,21 @@ class Gateway:
             seed=req.seed,
         )
         return Turn(req, info, prompt_ids, params, time.perf_counter())
+
+    def _check_recording(self, info: TurnInfo) -> None:
+        """Refuse a turn that would train but cannot be recorded (unless configured not to)."""
+        if not info.recorded or self.cfg.serve_without_training:
+            return
+        problem = self.recording_problem()
+        if problem:
+            raise ApiError(
+                503,
+                f"interactions cannot be recorded right now ({problem}); this turn would not "
+                "be trained on, so it is refused. Retry later, or send X-Liverl-Train: false.",
+                type="server_error",
+                code="recording_unavailable",
+                headers={"Retry-After": "5"},
+            )
 
     async def run(self, turn: Turn) -> AsyncIterator[list[int]]:
         """Drive the backend; yields each batch of new token ids."""
@@ -165,8 +220,30 @@ class Gateway:
             self.sessions.close(turn.info.session_id)
         return content, calls, finish
 
+    def abort(self, turn: Turn) -> None:
+        """The client went away mid-stream: keep the partial turn, never to be trained on."""
+        self.metrics.aborted.inc()
+        if not turn.info.recorded:
+            return
+        turn.turn = self.sessions.next_turn(turn.info.session_id)
+        if self.recorder is not None:
+            latency_ms = (time.perf_counter() - turn.started) * 1000
+            text = self.text_of(turn)
+            event = self._event(turn, text, [], "abort", latency_ms, train=False)
+            self.recorder.record(self.cfg.interactions_topic, event)
+            self.metrics.recorded.inc()
+        if turn.info.done:
+            self.sessions.close(turn.info.session_id)
+
     def _event(
-        self, turn: Turn, text: str, calls: list[dict[str, Any]], finish: str, latency_ms: float
+        self,
+        turn: Turn,
+        text: str,
+        calls: list[dict[str, Any]],
+        finish: str,
+        latency_ms: float,
+        *,
+        train: bool = True,
     ) -> events.Interaction:
         p = turn.params
         return events.Interaction(
@@ -191,7 +268,7 @@ class Gateway:
             },
             finish_reason=finish,  # type: ignore[arg-type]
             latency_ms=latency_ms,
-            train=True,
+            train=train,
             turn_type="main",
             session_done=turn.info.done,
             group_id=turn.info.group_id,
@@ -249,14 +326,17 @@ class Gateway:
             }
             return b"data: " + orjson.dumps(doc) + b"\n\n"
 
-        yield chunk({"role": "assistant", "content": ""})
         streamed = ""
         try:
+            yield chunk({"role": "assistant", "content": ""})
             async for _ in self.run(turn):
                 safe = streamable(self.text_of(turn), turn.params.stop, tools)
                 if len(safe) > len(streamed):
                     yield chunk({"content": safe[len(streamed) :]})
                     streamed = safe
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away
+            self.abort(turn)
+            raise
         except Exception as exc:  # headers are gone: report in-band, OpenAI style
             log.exception("generation failed mid-stream")
             err = ApiError(
@@ -421,15 +501,23 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
+        """``ok``, or 503 ``degraded`` with ``reasons`` when data would be lost."""
         rec = gateway.recorder
+        reasons = [r for r in (gateway.recording_problem(),) if r]
+        lost = getattr(rec, "lost", 0)
         return JSONResponse(
             {
-                "status": "ok",
+                "status": "degraded" if reasons else "ok",
+                "reasons": reasons,
                 "policy_id": gateway.backend.policy_id,
                 "weight_version": gateway.backend.version,
                 "record_backlog": rec.backlog if rec else 0,
                 "kafka_up": rec.kafka_up if rec else None,
-            }
+                "events_lost": lost,
+                "spool_error": getattr(rec, "spool_error", None),
+                "serve_without_training": gateway.cfg.serve_without_training,
+            },
+            status_code=503 if reasons else 200,
         )
 
     @app.get("/metrics")

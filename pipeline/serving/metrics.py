@@ -25,6 +25,18 @@ class Metrics:
             "liverl_gateway_interactions_recorded", "Interactions handed to the recorder",
             registry=r,
         )
+        self.lost = Counter(
+            "liverl_gateway_events_lost",
+            "Events that could be neither spooled nor produced", registry=r,
+        )
+        self.dead_lettered = Counter(
+            "liverl_gateway_events_dead_lettered",
+            "Events replaced by a dead letter (unencodable, too large, refused)", registry=r,
+        )
+        self.aborted = Counter(
+            "liverl_gateway_turns_aborted",
+            "Streamed turns whose client went away; recorded with train=false", registry=r,
+        )
         self.weight_version = Gauge(
             "liverl_gateway_weight_version", "Weight version now serving", registry=r
         )

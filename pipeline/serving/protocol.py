@@ -80,6 +80,27 @@ class ChatRequest(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+def check_depth(doc: Any, limit: int) -> None:
+    """400 if objects/arrays nest deeper than ``limit`` (iterative: no recursion to exhaust).
+
+    Deep input is refused before it is served because the recorded event could not be
+    encoded (orjson stops at 254 levels), and bounded well below that because no chat request
+    needs it."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            raise ApiError(
+                400,
+                f"request JSON nests deeper than {limit} levels",
+                code="json_too_deep",
+            )
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+
+
 def parse_request(doc: Any) -> ChatRequest:
     if not isinstance(doc, dict):
         raise ApiError(400, "request body must be a JSON object")

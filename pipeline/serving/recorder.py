@@ -6,27 +6,47 @@ spool only after Kafka confirmed every one. A record whose delivery failed (brok
 the delivery timeout) is sent again with a fresh producer, later records waiting behind it, so
 order is kept and a record is re-sent only when Kafka reported it failed. Consumers still
 deduplicate by ``event_id`` for the crash window between delivery and the spool ack.
+
+Nothing one event does can stop recording: an event that cannot be encoded, or is larger than
+the codec limit, or that Kafka refuses for good (too large, invalid), is replaced by a bounded
+dead letter on the DLQ topic and the rest flow on. If the spool cannot be written, a batch is
+produced directly (only when no spooled record is waiting, so order is kept); an event that
+can be neither spooled nor produced is counted as lost and :attr:`Recorder.problem` says why
+until a probe finds the spool writable again (the gateway then refuses turns that would
+train, see ``ServeSettings.serve_without_training``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
-from pipeline import events
-from pipeline.kafka import DeliveryError, EventProducer
+from pipeline import __version__, events
+from pipeline.kafka import DeliveryError, EventProducer, names
 from pipeline.settings import Settings
 
 from .spool import Spool
 
 log = logging.getLogger(__name__)
+PRODUCER = events.Producer(component="gateway-recorder", version=__version__)
+DEAD_LETTER_KEEP_BYTES = 64 * 1024  # of the original value; its size and sha256 are kept too
+# Kafka refuses these records whatever the retry: dead-letter them instead of blocking.
+_PERMANENT = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_MSG,
+    KafkaError.INVALID_MSG_SIZE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+}
 
 
 class Recorder:
@@ -38,25 +58,39 @@ class Recorder:
         delivery_timeout_s: float = 15.0,
         batch: int = 500,
         client_id: str = "liverl-gateway",
+        probe_every_s: float = 2.0,
+        dlq_topic: str = names.DLQ,
     ) -> None:
         self.kafka = kafka
         self.spool = spool
         self.delivery_timeout_s = delivery_timeout_s
         self.batch = batch
         self.client_id = client_id
+        self.probe_every_s = probe_every_s
+        self.dlq_topic = dlq_topic
+        self.max_event_bytes = kafka.kafka.max_event_bytes
         self.delivered = 0
         self.redelivered = 0
+        self.dead_lettered = 0
+        self.lost = 0
         self.kafka_up = True
+        self.started = False
+        self.spool_error: str | None = None
+        self.problem: str | None = None  # why events are being lost now; None: all good
+        self.on_lost: Callable[[int], None] = lambda _n: None
+        self.on_dead_letter: Callable[[int], None] = lambda _n: None
         self._queue: queue.Queue[tuple[str, events.Event] | None] = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="spool-writer", daemon=True)
         self._drainer = threading.Thread(target=self._drain_loop, name="spool-drain", daemon=True)
         self._producer: EventProducer | None = None
+        self._direct: EventProducer | None = None
 
     # ---- API ----------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.started = True
         self._writer.start()
         self._drainer.start()
 
@@ -69,59 +103,156 @@ class Recorder:
         """Events not yet confirmed by Kafka (in memory or in the spool)."""
         return self._queue.qsize() + self.spool.pending
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Spool everything queued, try to deliver for up to ``timeout``, then stop."""
-        self._queue.put(None)
-        self._writer.join()
+    @property
+    def alive(self) -> bool:
+        """Both threads run (before start and after close they do not)."""
+        return self._writer.is_alive() and self._drainer.is_alive()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Spool everything queued, try to deliver until ``timeout``, then stop; whatever
+        Kafka does, this returns within about ``timeout`` seconds (undelivered records stay in
+        the spool for the next start)."""
         deadline = time.monotonic() + timeout
-        while self.spool.pending and time.monotonic() < deadline:
+        self._queue.put(None)
+        self._writer.join(timeout=max(0.1, deadline - time.monotonic()))
+        while self.spool.pending and time.monotonic() < deadline and self._drainer.is_alive():
             self._wake.set()
             time.sleep(0.05)
         self._stop.set()
         self._wake.set()
-        self._drainer.join(timeout=self.delivery_timeout_s + 5)
-        self._reset_producer()  # free the librdkafka handle now, not whenever GC runs
-        self.spool.close()
+        self._drainer.join(timeout=2.0)
+        self._reset_producer()  # free the librdkafka handles now, not whenever GC runs
+        if self._direct is not None:
+            self._direct = None
+        if not self._writer.is_alive():
+            self.spool.close()
 
-    # ---- threads ------------------------------------------------------------------------
+    # ---- writer ---------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
-            items = [item]
-            while len(items) < self.batch:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            done = None in items
-            payloads = [_frame(topic, ev) for it in items if it is not None for topic, ev in [it]]
+            items = self._take()
+            real = [it for it in items if it is not None]
             try:
-                self.spool.append(payloads)
-            except OSError:
-                log.exception("spool write failed; %d event(s) lost", len(payloads))
+                self._store([self._frame_or_letter(topic, ev) for topic, ev in real])
+            except Exception as exc:  # noqa: BLE001 - the writer must never die
+                log.exception("spool writer failed on a batch")
+                self._lose(len(real), f"recorder error: {type(exc).__name__}: {exc}")
             self._wake.set()
-            if done:
+            if None in items:
                 return
 
+    def _take(self) -> list[tuple[str, events.Event] | None]:
+        items = [self._queue.get()]
+        while len(items) < self.batch:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _frame_or_letter(self, topic: str, event: events.Event) -> bytes:
+        """The event's spool frame, or a dead letter's when it cannot go to ``topic``."""
+        try:
+            value = events.encode(event)
+            if len(value) <= self.max_event_bytes:
+                return _frame_value(topic, value, events.key(event), events.headers(event))
+            reason = f"value of {len(value)} bytes exceeds the codec limit {self.max_event_bytes}"
+        except Exception as exc:  # noqa: BLE001 - any defect of one event
+            reason = f"cannot encode: {type(exc).__name__}: {exc}"
+        log.error("event %s for %s dead-lettered: %s", event.event_id, topic, reason)
+        self.dead_lettered += 1
+        self.on_dead_letter(1)
+        key = events.key(event) if isinstance(event, events.TurnEvent) else None
+        letter = dead_letter(_best_effort_bytes(event), topic, key, reason, event.event_id)
+        return _frame(self.dlq_topic, letter)
+
+    def _store(self, frames: list[bytes]) -> None:
+        if not frames:
+            return
+        try:
+            self.spool.append(frames)
+        except OSError as exc:
+            self.spool_error = f"spool write failed in {self.spool.dir}: {exc}"
+            log.error("%s; producing %d event(s) directly", self.spool_error, len(frames))
+            self._bypass(frames)
+            return
+        self.spool_error = None
+        self.problem = None
+
+    def _bypass(self, frames: list[bytes]) -> None:
+        """Spool unusable: produce directly, or count the events as lost."""
+        why = self.spool_error
+        if self.spool.pending:
+            self._lose(len(frames), f"{why}; older spooled events are waiting (order)")
+            return
+        if not self.kafka_up:
+            self._lose(len(frames), f"{why}; Kafka is unreachable")
+            return
+        if self._direct is None:
+            self._direct = self._new_producer(f"{self.client_id}-direct")
+        try:
+            for raw in frames:
+                topic, key, value, hdrs = unframe(raw)
+                self._direct.send_raw(topic, value, key=key, headers=hdrs)
+            self._direct.flush(self.delivery_timeout_s + 1)
+        except (DeliveryError, KafkaException, BufferError) as exc:
+            failed = len(exc.failures) if isinstance(exc, DeliveryError) else len(frames)
+            self._direct = None
+            self._lose(min(failed, len(frames)), f"{why}; Kafka did not take them: {exc}")
+            return
+        self.delivered += len(frames)
+        self.problem = None
+
+    def _lose(self, n: int, reason: str) -> None:
+        self.lost += n
+        self.problem = reason
+        self.on_lost(n)
+        log.error("%d event(s) LOST: %s", n, reason)
+
+    # ---- drainer --------------------------------------------------------------------------
+
     def _drain_loop(self) -> None:
+        next_probe = 0.0
         while not self._stop.is_set():
             try:
                 records, cursor = self.spool.peek(self.batch)
-            except OSError:
-                log.exception("spool read failed")
+                if not records:
+                    if time.monotonic() >= next_probe:
+                        self._probe()
+                        next_probe = time.monotonic() + self.probe_every_s
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                if self._deliver(records):
+                    self.spool.ack(cursor)
+            except Exception:  # noqa: BLE001 - the drainer must never die
+                log.exception("spool drain failed; retrying")
                 self._stop.wait(1.0)
-                continue
-            if not records:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            if self._deliver(records):
-                self.spool.ack(cursor)
+
+    def _probe(self) -> None:
+        """While idle: is Kafka reachable (metadata request), and is a lost state over?"""
+        try:
+            self._get_producer().raw.list_topics(timeout=min(2.0, self.delivery_timeout_s))
+            self.kafka_up = True
+        except KafkaException:
+            self.kafka_up = False
+        if self.problem is None:
+            return
+        try:
+            self.spool.check()
+        except OSError as exc:
+            if not (self.kafka_up and self.spool.pending == 0):
+                self.problem = f"spool not writable ({exc}) and Kafka unreachable"
+                return
+        log.warning("recording works again after: %s", self.problem)
+        self.problem = None
 
     def _deliver(self, records: list[bytes]) -> bool:
-        """Send every record until each is confirmed; False only when stopping."""
+        """Send every record until each is confirmed; False only when stopping. A record
+        Kafka refuses for good is swapped for its dead letter, which is sent instead."""
         status: list[bool | None] = [False] * len(records)  # False: to send, None: in flight
+        refused: dict[int, str] = {}
         first = True
         while not all(s is True for s in status):
             if self._stop.is_set():
@@ -133,13 +264,22 @@ class Recorder:
                         self.redelivered += 1
                     status[i] = None
                     topic, key, value, hdrs = unframe(raw)
-                    producer.send_raw(
-                        topic, value, key=key, headers=hdrs, on_delivery=_mark(status, i)
-                    )
+                    try:
+                        producer.send_raw(
+                            topic, value, key=key, headers=hdrs,
+                            on_delivery=_mark(status, refused, i),
+                        )
+                    except KafkaException as exc:  # refused locally (e.g. too large)
+                        status[i], refused[i] = False, str(exc.args[0])
             first = False
             while any(s is None for s in status):
+                if self._stop.is_set():
+                    return False
                 producer.poll(0.2)
-            failed = status.count(False)
+            for i, reason in refused.items():
+                records[i] = self._letter_for(records[i], reason)
+            failed = status.count(False) - len(refused)
+            refused.clear()
             self.kafka_up = failed == 0
             if failed:
                 log.warning("%d event(s) not delivered; Kafka unreachable? retrying", failed)
@@ -148,14 +288,32 @@ class Recorder:
         self.delivered += len(records)
         return True
 
+    def _letter_for(self, raw: bytes, reason: str) -> bytes:
+        topic, key, value, _hdrs = unframe(raw)
+        log.error("Kafka refused a record for %s (%s): dead-lettered", topic, reason)
+        self.dead_lettered += 1
+        self.on_dead_letter(1)
+        seed = hashlib.sha256(raw).hexdigest()
+        return _frame(self.dlq_topic, dead_letter(value, topic, key, reason, seed))
+
     def _get_producer(self) -> EventProducer:
         if self._producer is None:
-            self._producer = EventProducer(
-                self.kafka,
-                client_id=self.client_id,
-                **{"message.timeout.ms": int(self.delivery_timeout_s * 1000)},
-            )
+            self._producer = self._new_producer(self.client_id)
         return self._producer
+
+    def _new_producer(self, client_id: str) -> EventProducer:
+        return EventProducer(
+            self.kafka,
+            client_id=client_id,
+            error_cb=self._on_client_error,
+            **{"message.timeout.ms": int(self.delivery_timeout_s * 1000)},
+        )
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        """librdkafka says at once when every broker connection is down; health shows it."""
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.kafka_up = False
+        log.debug("recorder producer: %s", err)
 
     def _reset_producer(self) -> None:
         if self._producer is not None:
@@ -164,21 +322,57 @@ class Recorder:
             self._producer = None
 
 
-def _mark(status: list[bool | None], i: int) -> Any:
+def _mark(status: list[bool | None], refused: dict[int, str], i: int) -> Any:
     def report(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None and err.code() in _PERMANENT:
+            refused[i] = str(err)
         status[i] = err is None
 
     return report
 
 
+def dead_letter(
+    value: bytes, topic: str, key: bytes | None, error: str, seed: str
+) -> events.DeadLetter:
+    """A dead letter that stays small whatever the event: the original value is cut to
+    ``DEAD_LETTER_KEEP_BYTES`` with its full size and sha256 named in ``error``. It was never
+    produced, so it has no offset: partition and offset are 0 and ``error`` says so."""
+    kept = value[:DEAD_LETTER_KEEP_BYTES]
+    if len(kept) < len(value):
+        digest = hashlib.sha256(value).hexdigest()
+        error += f" [value {len(value)} bytes, sha256 {digest}, first {len(kept)} kept]"
+    letter = events.DeadLetter.wrap(
+        kept,
+        topic=topic,
+        partition=0,
+        offset=0,
+        error=f"gateway: not produced to {topic}: {error}"[:4096],
+        producer=PRODUCER,
+        key=None if key is None else key[:1024],
+    )
+    letter.event_id = events.derive_event_id("dlq", [seed], __version__, "gateway", topic)
+    return letter
+
+
+def _best_effort_bytes(event: events.Event) -> bytes:
+    """Some bytes of an event that cannot be encoded, for its dead letter."""
+    with contextlib.suppress(Exception):
+        return events.encode(event)
+    return repr(event)[: DEAD_LETTER_KEEP_BYTES * 2].encode("utf-8", "backslashreplace")
+
+
 def _frame(topic: str, event: events.Event) -> bytes:
-    value = events.encode(event)
-    key = events.key(event)
+    return _frame_value(topic, events.encode(event), events.key(event), events.headers(event))
+
+
+def _frame_value(
+    topic: str, value: bytes, key: bytes | None, hdrs: list[tuple[str, bytes]]
+) -> bytes:
     return orjson.dumps(
         {
             "t": topic,
             "k": None if key is None else key.decode(),
-            "h": [[k, v.decode()] for k, v in events.headers(event)],
+            "h": [[k, v.decode()] for k, v in hdrs],
             "v": value.decode(),
         }
     )

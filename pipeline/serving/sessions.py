@@ -20,6 +20,7 @@ import orjson
 
 from .errors import ApiError
 
+MAX_ID_CHARS = 256  # session and group ids, header or body (the body fields say the same)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -50,6 +51,25 @@ def _flag(name: str, header: str | None, body: Any, default: bool) -> bool:
     return default if body is None else bool(body)
 
 
+def _header_text(name: str, value: str | None) -> str | None:
+    """A header value as the client's UTF-8 text: ASGI servers hand headers over as latin-1,
+    so undo that and refuse bytes that are not UTF-8 (they would be stored as mojibake) and
+    ids longer than the body fields allow (a 60 KB id would become a Kafka key)."""
+    if value is None:
+        return None
+    try:
+        text = value.encode("latin-1").decode("utf-8")
+    except UnicodeEncodeError:  # already text (a Mapping from a test or another server)
+        text = value
+    except UnicodeDecodeError:
+        raise ApiError(400, f"header {name} is not valid UTF-8", param=name) from None
+    if len(text) > MAX_ID_CHARS:
+        raise ApiError(
+            400, f"header {name} is longer than {MAX_ID_CHARS} characters", param=name
+        )
+    return text
+
+
 class Sessions:
     def __init__(self, prefix_messages: int = 2, max_sessions: int = 100_000) -> None:
         self.prefix_messages = prefix_messages
@@ -63,7 +83,9 @@ class Sessions:
         key_id: str,
         messages: list[dict[str, Any]],
     ) -> TurnInfo:
-        session = headers.get("x-session-id") or body.get("session_id")
+        session = _header_text("X-Session-Id", headers.get("x-session-id")) or body.get(
+            "session_id"
+        )
         if not session:
             prefix = orjson.dumps(messages[: self.prefix_messages], option=orjson.OPT_SORT_KEYS)
             session = "auto-" + hashlib.sha256(key_id.encode() + b"\n" + prefix).hexdigest()[:24]
@@ -73,8 +95,10 @@ class Sessions:
         done = _flag("X-Session-Done", headers.get("x-session-done"), body.get("session_done"),
                      False)
         train = _flag("X-Liverl-Train", headers.get("x-liverl-train"), body.get("train"), True)
-        group = headers.get("x-liverl-group") or body.get("group_id")
-        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 256):
+        group = _header_text("X-Liverl-Group", headers.get("x-liverl-group")) or body.get(
+            "group_id"
+        )
+        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= MAX_ID_CHARS):
             raise ApiError(400, "X-Liverl-Group / group_id must be a non-empty string of at "
                            "most 256 characters", param="group_id")
         return TurnInfo(str(session), turn_type, done, train, group)  # type: ignore[arg-type]

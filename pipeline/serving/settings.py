@@ -54,6 +54,27 @@ class ServeSettings(BaseModel):
     rate_limit_per_min: float = Field(default=0, ge=0, description="Per key; 0 disables.")
     rate_limit_burst: int = Field(default=20, ge=1)
     max_body_bytes: int = 4 * 1024 * 1024
+    max_json_depth: int = Field(
+        default=64,
+        ge=2,
+        description="Deepest nesting of objects/arrays accepted in a request body (400 beyond): "
+        "the JSON encoder of recorded events stops at 254 levels, so deeper input must never be "
+        "served and then fail to record.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="A request's headers must arrive within this (else closed)."
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request's body must arrive within this (else 408, connection closed).",
+    )
+    shutdown_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Bound on each shutdown stage (open connections, recorder drain): "
+        "undelivered events stay in the spool for the next start.",
+    )
 
     record: bool = True
     interactions_topic: str = "liverl.interactions.v1"
@@ -75,6 +96,12 @@ class ServeSettings(BaseModel):
         "many seconds of the interactions topic (0: start every session at turn 0).",
     )
     replica_id: str = "gateway-0"
+    serve_without_training: bool = Field(
+        default=False,
+        description="When events can be neither spooled nor produced: False answers turns that "
+        "would train with 503 (nothing served untrained silently); True serves them anyway "
+        "(counted in liverl_gateway_events_lost).",
+    )
 
     reload: bool = True
     require_promoted: bool = Field(default=False, description="Load only `promoted` versions.")

@@ -5,10 +5,17 @@ loses nothing; records leave in the order they were written, and the acknowledge
 persisted (atomic rename) only after Kafka confirmed them. Frames are ``>II`` (length, crc32)
 followed by the payload; a torn tail from a crash is cut off at start-up. Segment files are
 named by the sequence number of their first record and deleted once fully acknowledged.
+
+A failed append (disk full, I/O error, read-only remount) is rolled back: the bytes written
+are truncated away so the file and the sequence count stay in step, and the caller learns of
+the failure. A failed acknowledgement keeps the position in memory (the records are not sent
+again by this process; after a crash they may be, and consumers deduplicate by event id).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import struct
 import threading
@@ -20,6 +27,7 @@ import orjson
 
 from pipeline.durable import fsync_path
 
+log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">II")
 _POS_FILE = "acked.json"
 
@@ -48,28 +56,74 @@ class Spool:
             fh.truncate(valid_end)
         self._next_seq = last + count
         self._tail_first = last
-        self._tail = open(self._path(last), "ab")  # noqa: SIM115 - kept open for appends
+        self._tail = self._open_tail(last)
+        self.ack_error: str | None = None  # last failure to persist the position
+        self.broken: str | None = None  # a failed append could not be rolled back
 
     # ---- writing ------------------------------------------------------------------------
 
     def append(self, payloads: list[bytes]) -> None:
-        """Durably append records (one fsync for the whole batch)."""
+        """Durably append records (one fsync for the whole batch); all or nothing."""
         if not payloads:
             return
+        buf = bytearray()
+        for p in payloads:
+            buf += _FRAME.pack(len(p), zlib.crc32(p))
+            buf += p
         with self._lock:
-            buf = bytearray()
-            for p in payloads:
-                buf += _FRAME.pack(len(p), zlib.crc32(p))
-                buf += p
-            self._tail.write(buf)
-            self._tail.flush()
-            os.fsync(self._tail.fileno())
+            if self.broken:
+                raise OSError(self.broken)
+            start = os.fstat(self._tail).st_size
+            try:
+                view = memoryview(buf)
+                while view:
+                    view = view[os.write(self._tail, view) :]
+                os.fsync(self._tail)
+            except OSError:
+                self._rollback(start)
+                raise
             self._next_seq += len(payloads)
-            if self._tail.tell() >= self.segment_bytes:
-                self._tail.close()
-                self._tail_first = self._next_seq
-                self._tail = open(self._path(self._next_seq), "ab")  # noqa: SIM115
-                fsync_path(self.dir)
+            if start + len(buf) >= self.segment_bytes:
+                self._rotate()
+
+    def check(self) -> None:
+        """Raise OSError if a record could not be written now (probe file in the spool dir)."""
+        if self.broken:
+            raise OSError(self.broken)
+        probe = self.dir / ".probe"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"probe")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+
+    def _rollback(self, size: int) -> None:
+        """Cut a failed append off the tail so no partial frame or uncounted record stays;
+        if even that fails, refuse further appends (a restart cuts the torn tail)."""
+        try:
+            os.ftruncate(self._tail, size)
+        except OSError as exc:
+            self.broken = f"spool segment {self._path(self._tail_first)} is torn: {exc}"
+            log.error("%s", self.broken)
+
+    def _rotate(self) -> None:
+        try:
+            fd = self._open_tail(self._next_seq)
+        except OSError:
+            log.exception("spool segment rotation failed; appending to the current one")
+            return
+        os.close(self._tail)
+        self._tail_first, self._tail = self._next_seq, fd
+        with contextlib.suppress(OSError):
+            fsync_path(self.dir)
+
+    def _open_tail(self, first_seq: int) -> int:
+        return os.open(self._path(first_seq), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -106,7 +160,25 @@ class Spool:
         return out, cur
 
     def ack(self, cursor: Cursor) -> None:
-        """Persist that everything before ``cursor`` reached Kafka; drop finished segments."""
+        """Everything before ``cursor`` reached Kafka: persist that, drop finished segments.
+
+        The position advances in memory even if persisting it fails (``ack_error`` says so):
+        re-sending already delivered records forever would be worse than a duplicate after a
+        crash."""
+        self._acked = cursor
+        try:
+            self._persist(cursor)
+            self.ack_error = None
+        except OSError as exc:
+            self.ack_error = f"cannot persist the spool position in {self.dir}: {exc}"
+            log.error("%s", self.ack_error)
+            return
+        for first in self._segments():
+            if first < cursor.segment:
+                with contextlib.suppress(OSError):
+                    self._path(first).unlink(missing_ok=True)
+
+    def _persist(self, cursor: Cursor) -> None:
         tmp = self.dir / (_POS_FILE + ".tmp")
         tmp.write_bytes(
             orjson.dumps({"seq": cursor.seq, "segment": cursor.segment, "offset": cursor.offset})
@@ -114,14 +186,10 @@ class Spool:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, self.dir / _POS_FILE)
-        self._acked = cursor
-        for first in self._segments():
-            if first < cursor.segment:
-                self._path(first).unlink(missing_ok=True)
 
     def close(self) -> None:
-        with self._lock:
-            self._tail.close()
+        with self._lock, contextlib.suppress(OSError):
+            os.close(self._tail)
 
     # ---- helpers ------------------------------------------------------------------------
 
