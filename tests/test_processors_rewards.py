@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.events import PathPenalty, PrmScore, Producer, derive_event_id, examples
+from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id, examples
 from pipeline.processors.commands import outcome_event
 from pipeline.processors.rewards import (
     Assembler,
@@ -39,9 +39,22 @@ def test_masking_keeps_at_least_one_sample_per_session():
     assert mask_turns({}) == {}
 
 
-def sample(reward: float, group: str | None, step: int | None):  # type: ignore[no-untyped-def]
+def sample(reward: float, group: str | None, step: int | None, penalty: float = 0.0, **kw):  # type: ignore[no-untyped-def]
+    fields = dict(
+        response_token_ids=[1, 2, 3, 4],
+        loss_mask=[1, 1, 1, 1],
+        behavior_logprobs=[-1.0] * 4,
+        hints=[],
+        opd_mask=[0, 0, 0, 0],
+    )
+    fields.update(kw)
     return dataclasses.replace(
-        examples.examples()["sample"], reward=reward, group_id=group, step_index=step
+        examples.examples()["sample"],
+        reward=reward,
+        group_id=group,
+        step_index=step,
+        penalty=penalty,
+        **fields,
     )
 
 
@@ -58,6 +71,45 @@ def test_zscore_within_group_and_step():
     )
     # (g, 0): mean 2, std 1 -> -1, +1; (g, 1): mean 3.5, std 1.5 -> +1, -1; singletons unchanged
     assert [s.reward for s in out] == pytest.approx([-1.0, 1.0, 1.0, 7.0, -1.0, 4.0], abs=1e-5)
+
+
+def test_zscore_keeps_real_zeros_and_uses_the_population_std():
+    out = zscore_by_group_step([sample(r, "g", 0) for r in (0.0, 0.0, 0.0, -2.0)])
+    # mean −0.5; population std sqrt((3 · 0.25 + 2.25) / 4) = sqrt(0.75) = 0.866025
+    # z = 0.5 / 0.866025 = 0.577350, −1.5 / 0.866025 = −1.732051
+    assert [s.reward for s in out] == pytest.approx([0.57735, 0.57735, 0.57735, -1.73205], abs=1e-5)
+    assert all(s.loss_mask == [1, 1, 1, 1] and not s.masked for s in out)
+
+
+def test_tied_bucket_is_dropped_not_turned_into_plus_minus_one():
+    # outcome + PRM tie at 1.0; only the path part differs (0 vs beta * mu = 0.01). Before, this
+    # became ±0.9998; now the bucket carries no RL signal and leaves the RL term entirely.
+    hinted = sample(1.01, "g", 0, penalty=0.01, hints=["run pytest"], opd_mask=[1, 1, 1, 1])
+    plain = sample(1.0, "g", 0, hints=[], opd_mask=[0, 0, 0, 0])
+    other = sample(-1.0, "g", 1)
+    out = zscore_by_group_step([hinted, plain, other])
+    assert [s.reward for s in out] == [1.01, 1.0, -1.0]  # unchanged: no z-score of a tie
+    assert [s.loss_mask for s in out[:2]] == [[0, 0, 0, 0], [0, 0, 0, 0]]
+    assert [s.masked for s in out[:2]] == [False, True]  # the hinted one still trains OPD
+    assert out[0].opd_token_mask() == [1, 1, 1, 1]
+    assert out[2] == other  # bucket of one
+
+
+def test_path_part_is_added_after_normalisation_on_a_bounded_scale():
+    # outcome+PRM parts 1 and −1 (reward − penalty) → z = ±1 (std 1, eps 1e-6 → ±0.999999).
+    # A = z + 0.25 · |z| · clip(path / 0.5, −1, 1):
+    #   violation −0.1 on the good one:  1 + 0.25 · (−0.2) = 0.95
+    #   bonus +0.02 on the bad one:     −1 + 0.25 · 0.04   = −0.99
+    out = zscore_by_group_step(
+        [sample(0.9, "g", 0, penalty=-0.1), sample(-0.98, "g", 0, penalty=0.02)]
+    )
+    assert [s.reward for s in out] == pytest.approx([0.95, -0.99], abs=1e-5)
+    assert [s.reward - s.penalty for s in out] == pytest.approx([1.0, -1.0], abs=1e-5)
+    # a path part beyond its scale is clipped: at most a quarter of |z|, never a sign flip
+    worst = zscore_by_group_step(
+        [sample(-9.0, "g", 0, penalty=-10.0), sample(9.0, "g", 0, penalty=10.0)]
+    )
+    assert [s.reward for s in worst] == pytest.approx([0.75, -0.75], abs=1e-5)
 
 
 def inter(t: int, **kw):  # type: ignore[no-untyped-def]
@@ -128,6 +180,36 @@ def test_session_assembly_masks_zero_reward_turns():
     assert out.samples[0].behavior_logprobs == inter(0).response_logprobs
     assert out.samples[0].behavior_weight_version == 12
     assert not asm.ready(out.state, 2)  # done: never emitted twice
+
+
+def test_hinted_zero_score_turn_trains_opd_only():
+    asm = Assembler()
+    state = feed(asm, [(1, [1], 0.0), (0, [0, 0, 0], 0.0)])
+    hint = Hint(
+        event_id="h1", producer=P, parents=["i1", "n1"], session_id="s", turn=1,
+        hint="run pytest first", judge_id="j", rank=0,
+    )
+    out = asm.complete(asm.on_hint(state, hint), 1)
+    got = [(s.turn, s.masked, s.loss_mask, s.opd_mask, s.hints) for s in out.samples]
+    assert got == [
+        (0, False, [1, 1], [0, 0], []),
+        # reward 0: no RL signal, but the hint still teaches (OpenClaw-RL's OPD-only sample)
+        (1, False, [0, 0], [1, 1], ["run pytest first"]),
+    ]
+    assert out.samples[1].reward == 0.0 and not out.samples[1].rl_trainable()
+
+
+def test_total_of_zero_with_an_outcome_is_a_value_not_masked():
+    asm = Assembler()
+    state = feed(asm, [(-1, [-1], 0.0), (1, [1], 0.0)])
+    state = asm.on_next_state(state, outcome_event("s", True, ts_ms=5), 10)
+    out = asm.complete(state, 11)
+    # turn 0: 1 + (−1) = 0 is a real value once an outcome exists; turn 1: 1 + 1 = 2
+    assert [(s.reward, s.masked, s.loss_mask) for s in out.samples] == [
+        (0.0, False, [1, 1]),
+        (2.0, False, [1, 1]),
+    ]
+    assert [s.penalty for s in out.samples] == [0.0, 0.0]
 
 
 def test_all_zero_session_keeps_its_last_turn():

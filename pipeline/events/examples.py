@@ -195,7 +195,6 @@ def examples() -> dict[str, Event]:
             group_id=None,
             step_index=3,
             opd_mask=[1] * len(inter.response_token_ids),
-            penalty=-0.1,
             **turn,
         ),
         GradientStep(

@@ -49,9 +49,11 @@ def is_complete(index: GroupIndex, group_size: int, now_ms: int, timeout_ms: int
 def normalize(
     group_id: str, members: Mapping[str, Sequence[Sample]], sample_version: str
 ) -> list[Sample]:
-    """The group's samples (sessions in id order, turns in order), rewards z-scored within
-    (group, step index). Ids are re-derived from the group's membership: the same group gives
-    the same ids on replay, a differently composed one (e.g. a timeout) different ids."""
+    """The group's samples (sessions in id order, turns in order), outcome+PRM z-scored within
+    (group, step index) with the path part added on its bounded scale, and constant buckets
+    taken out of the RL term (see :func:`zscore_by_group_step`). Ids are re-derived from the
+    group's membership: the same group gives the same ids on replay, a differently composed
+    one (e.g. a timeout) different ids."""
     sids = sorted(members)
     flat = [replace(s, group_id=group_id) for sid in sids for s in sorted(members[sid], key=_turn)]
     out = []

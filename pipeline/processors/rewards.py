@@ -5,13 +5,18 @@ Why per session: "each session keeps at least one sample" and the step-wise outc
 therefore delays a session's samples, never a user's answer.
 
 Per turn: O = session outcome (0 when none), prm = mean of the turn's judge scores, or with an
-outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. A turn with
-no next state, or a total of exactly 0, is masked (no signal), except that the session's last
-turn is kept when every turn would be masked.
+outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. The RL mask
+(``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no next state, or a
+total of exactly 0 without a session outcome, has no RL signal (RL-masked, except that the
+session's last turn is kept when every turn would be); a total of 0 *with* an outcome is a real
+value and stays (it matters once the group is z-scored). A turn with an accepted hint trains OPD
+whatever its score (OpenClaw-RL's OPD-only samples); ``masked`` means neither term trains.
 
 Groups (RLAnything): sessions whose interactions carry a ``group_id`` are attempts at the same
 task; their samples' rewards are z-scored within (group, step index) by :func:`zscore_by_group_step`
 once the group is complete (the worker's group stage, keyed by group id, does the waiting).
+The path part is kept out of that z-score and added back on its own bounded scale (RLVP: it must
+stay a small share of the outcome, never flip it).
 
 Token payloads (prompt/response ids, log-probs) are the bulk of a session; the worker keeps them
 out of the per-session state (``on_interaction(..., keep_tokens=False)``) and hands them to
@@ -103,23 +108,60 @@ def mask_turns(has_signal: dict[int, bool]) -> dict[int, bool]:
     return masked
 
 
-def zscore_by_group_step(samples: Sequence[Sample], eps: float = 1e-6) -> list[Sample]:
-    """Z-score rewards within (group_id, step_index); samples without a group, masked samples
-    (no signal: they would only drag the mean to 0) and groups of one are returned unchanged
-    (a single sample has no spread to normalise by)."""
+PATH_SHARE = 0.25
+"""Largest relative change the path part can make to a normalised advantage."""
+PATH_SCALE = 0.5
+"""beta * Phi at which the path part reaches its bound: the rule validator keeps |beta * Phi|
+below max_path_share * outcome_scale (0.5 * 1.0 in the default rules)."""
+
+
+def path_adjusted(
+    z: float, path: float, share: float = PATH_SHARE, scale: float = PATH_SCALE
+) -> float:
+    """``A = z + share * |z| * clip(path / scale, -1, 1)``: the path part moves a normalised
+    advantage by at most ``share`` of its own size, in the path part's direction, so it can
+    neither flip its sign nor dominate it (RLVP's design rule 2 after group normalisation)."""
+    return z + share * abs(z) * max(-1.0, min(1.0, path / scale))
+
+
+def zscore_by_group_step(
+    samples: Sequence[Sample],
+    eps: float = 1e-6,
+    path_share: float = PATH_SHARE,
+    path_scale: float = PATH_SCALE,
+) -> list[Sample]:
+    """Z-score the outcome+PRM part (``reward - penalty``) within (group_id, step_index) with the
+    population std, then add the path part by :func:`path_adjusted`.
+
+    Only RL-trainable samples take part (RL-masked ones carry no signal and would drag the mean
+    to 0). Samples without a group and buckets of one are returned unchanged (a single sample
+    has no spread). A constant bucket (no spread in outcome+PRM) is dropped from training the RL
+    term instead of being kept at advantage 0: its members get a zero ``loss_mask`` (and are
+    ``masked`` unless their OPD mask still trains), so they neither dilute the token count of
+    the informative samples nor let a path-part difference alone become a ±1 advantage."""
     groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
-        if s.group_id is not None and not s.masked:
+        if s.group_id is not None and s.rl_trainable():
             groups[(s.group_id, s.step_index)].append(i)
     out = list(samples)
     for idx in groups.values():
         if len(idx) < 2:
             continue
-        rs = [samples[i].reward for i in idx]
-        mean = sum(rs) / len(rs)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
-        for i in idx:
-            out[i] = replace(samples[i], reward=(samples[i].reward - mean) / (std + eps))
+        base = [samples[i].reward - samples[i].penalty for i in idx]
+        mean = sum(base) / len(base)
+        std = math.sqrt(sum((r - mean) ** 2 for r in base) / len(base))
+        if std <= 1e-9 * max(1.0, abs(mean)):
+            for i in idx:
+                s = samples[i]
+                opd = list(s.opd_token_mask()) if s.hints else [0] * len(s.loss_mask)
+                out[i] = replace(
+                    s, loss_mask=[0] * len(s.loss_mask), opd_mask=opd, masked=not any(opd)
+                )
+            continue
+        for i, b in zip(idx, base, strict=True):
+            z = (b - mean) / (std + eps)
+            adv = path_adjusted(z, samples[i].penalty, path_share, path_scale)
+            out[i] = replace(samples[i], reward=adv, penalty=adv - z)
     return out
 
 
@@ -307,7 +349,7 @@ class Assembler:
                 total=total,
                 formula_version=self.reward_version,
             )
-            signal[t] = total != 0
+            signal[t] = total != 0 or o_val is not None
         masked = mask_turns(signal)
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
@@ -319,9 +361,12 @@ class Assembler:
             parents = [inter["event_id"]] + ([reward.event_id] if reward else [])
             n = len(tok["response_token_ids"])
             hints = [h for _, h in sorted(turns[t]["hints"].values())]
+            # OPD trains wherever there is a hint, whatever the score (OpenClaw-RL's OPD-only
+            # samples); "masked" is left for samples neither term trains.
+            no_grad = masked[t] and not hints
             out.samples.append(
                 Sample(
-                    event_id=derive_event_id("sample", parents, self.sample_version, masked[t]),
+                    event_id=derive_event_id("sample", parents, self.sample_version, no_grad),
                     ts_ms=now_ms,
                     producer=self.sample_producer,
                     parents=parents,
@@ -335,9 +380,11 @@ class Assembler:
                     reward=reward.total if reward else 0.0,
                     hints=hints,
                     behavior_weight_version=inter["weight_version"],
-                    masked=masked[t],
+                    masked=no_grad,
                     group_id=inter["group_id"],
                     step_index=t,
+                    opd_mask=[1 if hints else 0] * n,
+                    penalty=reward.penalty if reward else 0.0,
                 )
             )
         state["done"] = True
