@@ -6,10 +6,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .settings import ServeSettings, hash_key, is_loopback
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
@@ -23,6 +27,78 @@ def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
             if ln.strip() and not ln.startswith("#")
         ]
     return [hash_key(k) for k in keys]  # raw keys go no further than this line
+
+
+def header_timeout_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request headers take longer than
+    ``timeout_s`` from its first byte (or from connecting): uvicorn has no such option, and
+    slowly dribbled headers would hold a connection forever. Bodies are bounded by the app
+    (``body_timeout_s``: 408, then closed)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11(H11Protocol):
+        _header_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is h11.IDLE:
+                self._arm()  # part of a request line or headers: the clock runs
+            else:
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11
+
+
+def server_config(app: Any, cfg: ServeSettings, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration of a gateway: header timeout, bounded graceful shutdown."""
+    import uvicorn
+
+    opts: dict[str, Any] = {
+        "host": cfg.host,
+        "port": cfg.port,
+        "log_level": "info",
+        "http": header_timeout_protocol(cfg.header_timeout_s),
+        "timeout_graceful_shutdown": max(1, round(cfg.shutdown_timeout_s)),
+        **overrides,
+    }
+    return uvicorn.Config(app, **opts)
+
+
+def check_writable(path: Path, what: str) -> None:
+    """A clear error naming the path instead of a traceback from deep inside start-up."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise click.ClickException(
+            f"{what} {path} is not writable ({exc.strerror or exc}); choose another with "
+            "--spool-dir, or set state_dir (LIVERL_STATE_DIR / --config)"
+        ) from None
 
 
 @click.command("serve")
@@ -130,5 +206,7 @@ def serve(
         click.echo(f"{len(hashes)} API key(s) configured (stored hashed)", err=True)
     if not is_loopback(cfg.host) and cfg.open_access:  # pragma: no cover - check() refuses
         sys.exit(2)
+    if cfg.record:
+        check_writable(Path(cfg.spool_dir), "spool directory")
     app = build_app(cfg, kafka)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
+    uvicorn.Server(server_config(app, cfg)).run()

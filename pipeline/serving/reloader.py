@@ -3,8 +3,11 @@
 It reads the topic from the beginning on every start (one partition, a handful of small
 manifests) so a restarted gateway comes back on the newest version, not on the base model.
 Only this policy's versions newer than the live one are considered (only ``promoted`` ones when
-gating is on); of a batch, only the newest is loaded. Files are checked against the manifest's
-sha256 and size before the backend sees them; every attempt emits a ``ServingStatus``.
+gating is on); the newest is loaded, and if it fails (files missing or not matching the
+manifest's sha256 and size, checked before the backend sees them) the next newest is tried, so
+a corrupt newest version at start-up leaves the gateway on the newest valid one, not on v0.
+Every attempt emits a ``ServingStatus``. A poll or load error is logged and the loop goes on:
+the reloader stops only when closed.
 """
 
 from __future__ import annotations
@@ -80,15 +83,17 @@ class Reloader:
         self.emit = emit  # callable(topic, event) or None
         self.on_result = on_result  # callable(ok: bool) or None
         self.failed: set[int] = set()
+        self.candidates: dict[int, events.WeightsPublished] = {}  # seen, not yet loaded
+        self.error: str | None = None  # last poll error, for health
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="weights-reloader", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)
 
     def wanted(self, ev: events.Event) -> bool:
         return (
@@ -111,15 +116,45 @@ class Reloader:
         )
         try:
             while not self._stop.is_set():
-                batch = consumer.poll_batch(max_records=100, timeout=0.5)
-                found = [r.event for r in batch.records if self.wanted(r.event)]
-                if found:
-                    newest = max(found, key=lambda e: e.version)  # type: ignore[attr-defined]
-                    self.apply(newest)  # type: ignore[arg-type]
-        except Exception:
-            log.exception("weights reloader stopped")
+                self._step(consumer)
         finally:
             consumer.close()
+
+    def _step(self, consumer: EventConsumer) -> None:
+        """One poll; never raises (a bad record or a broker error must not stop reloading)."""
+        try:
+            batch = consumer.poll_batch(max_records=100, timeout=0.5)
+            self.error = None
+        except Exception as exc:  # noqa: BLE001
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("weights reloader poll failed; retrying")
+            self._stop.wait(1.0)
+            return
+        for rec in batch.records:
+            if self.wanted(rec.event):
+                self.candidates[rec.event.version] = rec.event  # type: ignore[attr-defined]
+        self.load_newest()
+
+    def load_newest(self) -> int | None:
+        """Load the newest candidate that verifies, older ones if newer fail; the version
+        loaded (None if none could be)."""
+        for version in sorted(self.candidates, reverse=True):
+            ev = self.candidates.pop(version)
+            if not self.wanted(ev):
+                continue
+            if self.apply(ev):
+                self._drop_older()
+                return version
+            if self.candidates:
+                log.warning(
+                    "%s v%d is not usable; falling back to the next newest version",
+                    ev.policy_id, version,
+                )
+        return None
+
+    def _drop_older(self) -> None:
+        live = self.backend.version
+        self.candidates = {v: e for v, e in self.candidates.items() if v > live}
 
     def apply(self, ev: events.WeightsPublished) -> bool:
         """Verify and load one version; never raises."""

@@ -162,6 +162,28 @@ def verify_version(directory: Path) -> Manifest:
     return manifest
 
 
+def newest_valid(
+    root: Path, policy: str, on_invalid: Callable[[int, str], None] | None = None
+) -> Manifest | None:
+    """The manifest of the newest version whose files match it (None if none does).
+
+    Newer versions that fail (a corrupt or missing file, an unreadable manifest) are reported
+    through ``on_invalid(version, reason)`` and skipped: resuming from one would build on
+    weights nobody can verify. Hashes every file of each version tried."""
+    for version in reversed(versions(root, policy)):
+        try:
+            manifest = verify_version(version_dir(root, policy, version))
+        except Exception as exc:  # noqa: BLE001 - any defect makes the version unusable
+            if on_invalid is not None:
+                on_invalid(version, f"{type(exc).__name__}: {exc}")
+            continue
+        if manifest.version == version and manifest.policy_id == policy:
+            return manifest
+        if on_invalid is not None:
+            on_invalid(version, f"manifest says {manifest.policy_id} v{manifest.version}")
+    return None
+
+
 def mark_events_done(directory: Path) -> None:
     """Record that step 3 (events) finished, so recovery does not re-send them."""
     marker = directory / TRAINER_DIR / EVENTS_DONE

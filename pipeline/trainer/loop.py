@@ -2,6 +2,12 @@
 
 Input positions come from the newest manifest (assign + seek), never from the consumer
 group, which only receives informational commits. See :mod:`publish` for the protocol.
+On start the newest version is verified (sha256 of every file) and, if it fails, the newest
+one that verifies is resumed from instead (said on stdout): its weights, optimizer and offsets
+belong together, so the inputs after it are trained again. New versions still number after
+the newest folder (versions are never overwritten), with the verified one as their parent;
+the lake keeps the unusable version's rows, so trajectory rows of the re-trained inputs
+appear under both versions (deduplicate by ``event_id``, newest version winning).
 
 Publishing cadence: a version is due after ``publish_every_steps`` steps (default 1) or when
 pending steps are ``publish_every_s`` old, and is published as soon as the time spent
@@ -70,6 +76,7 @@ class TrainerLoop:
         self.on_stage = on_stage
         self.stats = LoopStats()
         self._stop = False
+        self._newest = 0  # highest version number on disk, usable or not
 
     def stop(self, *_: Any) -> None:
         self._stop = True
@@ -82,8 +89,12 @@ class TrainerLoop:
         removed = ck.clean_temp(cfg.weights_root, cfg.policy)
         if removed:
             self.echo(f"removed {removed} half-written version folder(s)")
-        manifest = ck.latest_manifest(cfg.weights_root, cfg.policy)
+        found = ck.versions(cfg.weights_root, cfg.policy)
+        self._newest = found[-1] if found else 0
+        manifest = ck.newest_valid(cfg.weights_root, cfg.policy, self._report_invalid)
         if manifest is None:
+            if found:
+                self.echo(f"no version of {cfg.policy} verifies: starting from the base model")
             core = TrainerCore.load(cfg)
             if publisher.gate is not None:
                 publisher.gate.seed(core, 0)
@@ -100,6 +111,10 @@ class TrainerLoop:
         publisher.complete(directory, core)
         self.echo(f"resumed from v{manifest.version} (step {manifest.step})")
         return core, manifest.version, manifest.offsets()
+
+    def _report_invalid(self, version: int, reason: str) -> None:
+        self.echo(f"v{version} does not verify ({reason}): falling back to an older version")
+        log.error("weights v%d of %s unusable: %s", version, self.cfg.policy, reason)
 
     def _assign(self, consumer: EventConsumer, offsets: dict[int, int]) -> dict[int, int]:
         """Assign every partition at its manifest offset (or the configured start)."""
@@ -255,7 +270,7 @@ class TrainerLoop:
         rewards = [r["reward"] for r in traj_rows]
         manifest = publisher.publish(
             core,
-            version=version + 1,
+            version=max(version, self._newest) + 1,
             parent=version if version > 0 else None,
             offsets=batcher.next_offsets(polled),
             trajectories=traj_rows,
@@ -263,6 +278,7 @@ class TrainerLoop:
             created_ms=events.now_ms(),
             metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows)},
         )
+        self._newest = manifest.version
         self.stats.published += 1
         self.stats.timings["publish_s"] += time.perf_counter() - started
         verdict = publisher.verdicts.get(manifest.version)
