@@ -276,7 +276,12 @@ def topics_list(ctx: click.Context) -> None:
 @click.option(
     "--policy", default="default", show_default=True, help="Policy id served, recorded and trained."
 )
-@click.option("--model", default=None, help="Local HF model dir (default: built-in tiny model).")
+@click.option(
+    "--model",
+    default=None,
+    help="smollm2-135m-instruct (default, pulled on first use), 'tiny' (built in code) or a "
+    "local HF model dir.",
+)
 @click.option(
     "--method",
     type=click.Choice(["rl", "opd", "hybrid"]),
@@ -323,6 +328,7 @@ def up(
         console.print(f"using external Kafka at {settings.bootstrap}")
     ctx.invoke(topics_apply, dry_run=False)
 
+    _pull_model(model)
     components: list[stack.Component] = []
     model_args = ["--model", model] if model else []
     if "workers" not in without and "workers" in cli.commands:
@@ -337,7 +343,7 @@ def up(
                     policy,
                     "--method",
                     method,
-                    *(model_args or ["--model", "tiny"]),
+                    *model_args,
                 ],
             )
         )
@@ -383,6 +389,19 @@ def up(
         sys.exit(1)
 
 
+def _pull_model(model: str | None) -> None:
+    """Fetch and convert the model once in the foreground (with progress), so the trainer and
+    the gateway start on a verified cache instead of racing to convert it."""
+    from pipeline.models import store
+
+    try:
+        with console.status("checking the model…") as status:
+            path = store.resolve(model, report=lambda msg: status.update(msg))
+    except store.ModelStoreError as exc:
+        _fail(str(exc))
+    console.print(f"model: {model or store.DEFAULT_MODEL} ({path})", highlight=False)
+
+
 @cli.command("status")
 @click.pass_context
 def status(ctx: click.Context) -> None:
@@ -420,11 +439,13 @@ def status(ctx: click.Context) -> None:
 
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
+    from pipeline.models.commands import models
     from pipeline.processors.commands import record_outcome, workers
     from pipeline.report import report
     from pipeline.serving.commands import serve
     from pipeline.trainer.commands import train
 
+    cli.add_command(models)
     cli.add_command(serve)
     cli.add_command(workers)
     cli.add_command(record_outcome)

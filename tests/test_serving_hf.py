@@ -53,7 +53,7 @@ def served(backend: HFBackend):  # type: ignore[no-untyped-def]
 def _recompute(backend: HFBackend, prompt: list[int], response: list[int]) -> list[float]:
     import torch
 
-    model, _ = backend._live
+    model, *_ = backend._live
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
     logp = torch.log_softmax(logits, dim=-1)
@@ -248,10 +248,10 @@ def test_reload_swaps_between_requests(tmp_path: Path, backend: HFBackend) -> No
     weights = write_version(tmp_path, fresh, 1, scale=0.0)
     asyncio.run(fresh.reload(weights, 1))
     assert fresh.version == 1
-    model, _ = fresh._live
+    model, *_ = fresh._live
     params = [p for n, p in model.named_parameters() if "norm" not in n]
     assert all(float(p.abs().sum()) == 0 for p in params)
-    old_model, _ = backend._live
+    old_model, *_ = backend._live
     assert old_model is not model
 
 
@@ -259,7 +259,7 @@ def write_version(root: Path, backend: HFBackend, version: int, scale: float = 1
     """A weight dir as the trainer writes it: safetensors of the model (scaled) + config."""
     from safetensors.torch import save_file
 
-    model, _ = backend._live
+    model, *_ = backend._live
     state = {
         k: (v * scale if "norm" not in k else v).contiguous().clone()
         for k, v in model.state_dict().items()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -21,9 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def build_backend(cfg: ServeSettings) -> Backend:
-    from pipeline.models.tiny import ensure_tiny_model
+    from pipeline.models.store import resolve
 
-    path = Path(cfg.model_path) if cfg.model_path else ensure_tiny_model()
+    path = resolve(cfg.model_path, report=lambda msg: log.info("model store: %s", msg))
     if cfg.backend == "sglang":
         from .backends.sglang import SGLangBackend
 

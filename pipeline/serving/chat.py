@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
@@ -15,6 +16,8 @@ _TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list | None) -> list[int]:
     """Token ids of the prompt, rendered once by the model's own chat template."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    messages, tools = for_template(messages, tools, template)
     try:
         text = tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=True, tokenize=False
@@ -23,6 +26,76 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list | 
         raise ApiError(400, f"messages cannot be rendered by the chat template: {exc}",
                        param="messages") from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def for_template(
+    messages: list[dict[str, Any]], tools: list | None, template: str
+) -> tuple[list[dict[str, Any]], list | None]:
+    """Messages in the shape any chat template can render.
+
+    Many templates (SmolLM2's among them) concatenate ``content`` as a string, while OpenAI
+    clients may send an array of text parts or ``null`` next to ``tool_calls``. Text parts are
+    joined, other parts are refused (this is a text model), and what a template ignores
+    (tool calls, the tool list, the ``developer`` role) is written out as Hermes-style text,
+    so the model still sees it and answers in the format :func:`parse_tool_calls` reads."""
+    knows_calls = "tool_calls" in template
+    knows_tools = "tools" in template
+    knows_developer = "developer" in template
+    out = []
+    for i, m in enumerate(messages):
+        msg = dict(m)
+        msg["content"] = flatten_content(msg.get("content"), i)
+        if msg["role"] == "developer" and not knows_developer:
+            msg["role"] = "system"
+        if msg.get("tool_calls") and not knows_calls:
+            calls = "".join(
+                f"\n{TOOL_OPEN}{json.dumps(_call_doc(c), ensure_ascii=False)}</tool_call>"
+                for c in msg.pop("tool_calls")
+            )
+            msg["content"] = (msg["content"] + calls).lstrip("\n")
+        out.append(msg)
+    if tools and not knows_tools:
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        note = (
+            "You can call these tools. To call one, answer with "
+            f'{TOOL_OPEN}{{"name": ..., "arguments": {{...}}}}</tool_call>.\n'
+            f"<tools>\n{listing}\n</tools>"
+        )
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{note}"}
+        else:
+            out.insert(0, {"role": "system", "content": note})
+        tools = None
+    return out, tools
+
+
+def flatten_content(content: Any, index: int) -> str:
+    """A message's content as one string: text parts joined by newlines, ``null`` as ''."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(
+                400,
+                f"content part of type {kind!r} is not supported: this model reads text only "
+                "(send parts of type 'text')",
+                param=f"messages[{index}].content[{j}]",
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _call_doc(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function") or {}
+    args: Any = fn.get("arguments", {})
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):
+            args = json.loads(args)
+    return {"name": fn.get("name"), "arguments": args}
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

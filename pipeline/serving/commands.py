@@ -108,9 +108,9 @@ def check_writable(path: Path, what: str) -> None:
 @click.option(
     "--model",
     "model_path",
-    type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Local model dir (default: the tiny built-in model).",
+    help="smollm2-135m-instruct (default; pulled into ~/.cache/liverl/models on first use), "
+    "'tiny' (built in code, for tests) or a local Hugging Face model dir.",
 )
 @click.option("--sglang-url", default="http://127.0.0.1:30000", show_default=True)
 @click.option("--policy-id", default=None, help="Default: the model dir's name.")

@@ -30,8 +30,10 @@ class ServeSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     backend: Literal["hf", "sglang"] = "hf"
-    model_path: Path | None = Field(
-        default=None, description="Local HF model dir; None serves the tiny built-in model."
+    model_path: str | None = Field(
+        default=None,
+        description="A store model name (smollm2-135m-instruct, pulled on first use), 'tiny' "
+        "(the model built in code) or a local HF model dir; None: smollm2-135m-instruct.",
     )
     served_model_name: str | None = Field(
         default=None, description="Name clients put in `model`; defaults to the policy id."

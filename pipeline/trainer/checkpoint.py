@@ -45,6 +45,8 @@ class Manifest:
     trainer_files: list[dict[str, Any]] = field(default_factory=list)
     method: str = "rl"
     metrics: dict[str, Any] = field(default_factory=dict)
+    # LoRA versions: the base the adapter applies to (path, fingerprint); None: full weights
+    base_model: dict[str, str] | None = None
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)

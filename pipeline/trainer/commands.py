@@ -34,7 +34,22 @@ def _crash_hook() -> object:
 @click.command("train")
 @click.option("--policy", default="default", show_default=True,
               help="Policy id; samples of other policies are skipped.")
-@click.option("--model", default="tiny", show_default=True, help="HF model dir, or 'tiny'.")
+@click.option(
+    "--model",
+    default="smollm2-135m-instruct",
+    show_default=True,
+    help="Store model (pulled on first use), 'tiny' (built in code) or a local HF model dir.",
+)
+@click.option(
+    "--adapter",
+    type=click.Choice(["auto", "lora", "full"]),
+    default="auto",
+    show_default=True,
+    help="Train a LoRA adapter (peft; versions are the adapter only) or every weight; "
+    "auto: lora, full for the tiny model.",
+)
+@click.option("--lora-r", type=int, default=16, show_default=True, help="LoRA rank.")
+@click.option("--lora-alpha", type=float, default=32.0, show_default=True)
 @click.option(
     "--method", type=click.Choice(["rl", "opd", "hybrid"]), default="rl", show_default=True
 )
@@ -60,7 +75,8 @@ def _crash_hook() -> object:
     help="Bound on padded tokens per batch.",
 )
 @click.option("--batch-wait", "batch_max_wait_s", type=float, default=2.0, show_default=True)
-@click.option("--lr", type=float, default=1e-5, show_default=True)
+@click.option("--lr", type=float, default=None,
+              help="Learning rate [default: 2e-4 with LoRA, 1e-5 for full fine-tuning].")
 @click.option(
     "--teacher", type=click.Choice(["reference", "policy"]), default="reference", show_default=True
 )
@@ -76,6 +92,10 @@ def _crash_hook() -> object:
 @click.option("--w-rl", type=float, default=1.0, show_default=True)
 @click.option("--w-opd", type=float, default=1.0, show_default=True)
 @click.option("--staleness", type=click.Choice(["drop", "tis"]), default="drop", show_default=True)
+@click.option("--old-logprobs", type=click.Choice(["engine", "trainer"]), default="engine",
+              show_default=True,
+              help="PPO ratio reference: the engine's recorded log-probs, or the trainer's own "
+              "recomputation (slime's default).")
 @click.option("--max-staleness", type=int, default=2, show_default=True)
 @click.option("--publish-every-steps", type=int, default=1, show_default=True,
               help="Steps that make a version due.")

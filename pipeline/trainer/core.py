@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from pipeline.trainer.prompts import ChatMarkers, teacher_prompt
 
 MAX_HINTS = 3
 OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_CONFIG = "adapter_config.json"
+PEFT_MODEL_CARD = "README.md"  # peft writes a model card next to an adapter; not served
 
 
 @dataclass
@@ -58,12 +60,17 @@ class StepResult:
 
 
 def resolve_model_path(model: str) -> Path:
-    """``tiny`` means the built-in tiny model (built once into the cache)."""
-    if model == "tiny":
-        from pipeline.models.tiny import ensure_tiny_model
+    """``tiny`` (built in code), a model-store name (pulled on first use) or a local dir."""
+    import logging
 
-        return ensure_tiny_model()
-    return Path(model)
+    from pipeline.models.store import resolve
+
+    log = logging.getLogger(__name__)
+    return resolve(model, report=lambda msg: log.info("model store: %s", msg))
+
+
+def is_adapter_version(directory: Path | None) -> bool:
+    return directory is not None and (Path(directory) / ADAPTER_CONFIG).is_file()
 
 
 def pick_device(name: str) -> torch.device:
@@ -94,13 +101,19 @@ class TrainerCore:
         self.reference = reference.to(self.device).eval() if reference is not None else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
+        # With a LoRA policy the frozen reference is the base itself, adapters switched off:
+        # no second copy of the weights.
+        self.lora = _is_peft(self.model)
+        self.base_teacher = self.lora and cfg.teacher == "reference" and reference is None
         self.tokenizer = tokenizer
         self.markers = ChatMarkers.from_tokenizer(tokenizer)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
         )
         self.step = step
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
@@ -110,22 +123,32 @@ class TrainerCore:
 
     @classmethod
     def load(cls, cfg: TrainerSettings, weights_dir: Path | None = None, step: int = 0):  # type: ignore[no-untyped-def]
-        """Policy from ``weights_dir`` (a published version) or ``cfg.model``; reference from
-        ``cfg.model`` when the OPD teacher is the frozen reference."""
+        """Policy from ``weights_dir`` (a published version: full weights or a LoRA adapter on
+        ``cfg.model``) or ``cfg.model``; the OPD teacher is a frozen reference: a copy of
+        ``cfg.model`` for full fine-tuning, the base with adapters off for LoRA."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.manual_seed(cfg.seed)
         base = resolve_model_path(cfg.model)
-        src = weights_dir if weights_dir is not None else base
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(src)
+        tokenizer = AutoTokenizer.from_pretrained(base)
         reference = None
-        if cfg.method != "rl" and cfg.teacher == "reference":
-            if weights_dir is None:
-                reference = copy.deepcopy(model)
-            else:
-                reference = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        if cfg.uses_lora:
+            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            model = _with_adapter(model, cfg, weights_dir)
+        else:
+            if is_adapter_version(weights_dir):
+                raise ValueError(
+                    f"{weights_dir} holds a LoRA adapter; train it with --adapter lora"
+                )
+            src = weights_dir if weights_dir is not None else base
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+            if cfg.method != "rl" and cfg.teacher == "reference":
+                if weights_dir is None:
+                    reference = copy.deepcopy(model)
+                else:
+                    reference = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         core = cls(cfg, model, tokenizer, reference=reference, step=step)
+        core.base_path = base
         opt = None if weights_dir is None else weights_dir / "trainer" / OPTIMIZER_FILE
         if opt is not None and opt.exists():
             core.optimizer.load_state_dict(
@@ -133,8 +156,37 @@ class TrainerCore:
             )
         return core
 
+    base_path: Path | None = None
+
+    def base_model_info(self) -> dict[str, str] | None:
+        """What a LoRA version's manifest records of its base, checked before serving it."""
+        if not self.lora or self.base_path is None:
+            return None
+        from pipeline.models.store import fingerprint
+
+        return {"path": str(self.base_path), "fingerprint": fingerprint(self.base_path)}
+
+    def load_snapshot(self, directory: Path | None) -> Any:
+        """A frozen, plain (merged) model of a published version, or of the base (None)."""
+        from transformers import AutoModelForCausalLM
+
+        base = self.base_path or resolve_model_path(self.cfg.model)
+        if directory is None or not is_adapter_version(directory):
+            model = AutoModelForCausalLM.from_pretrained(directory or base, dtype=torch.float32)
+        else:
+            from peft import PeftModel
+
+            plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+            model = PeftModel.from_pretrained(plain, directory).merge_and_unload()
+        return model.to(self.device).eval().requires_grad_(False)
+
     def save_weights(self, directory: Path) -> None:
-        """Servable files: safetensors weights, config and tokenizer."""
+        """Servable files: safetensors weights, config and tokenizer; for a LoRA policy only
+        the adapter (``adapter_config.json`` + ``adapter_model.safetensors``)."""
+        if self.lora:
+            self.model.save_pretrained(directory, safe_serialization=True)
+            (Path(directory) / PEFT_MODEL_CARD).unlink(missing_ok=True)
+            return
         self.model.save_pretrained(directory, safe_serialization=True)
         self.tokenizer.save_pretrained(directory)
 
@@ -171,6 +223,11 @@ class TrainerCore:
     def _teacher_model(self) -> Any:
         return self.reference if self.reference is not None else self.model
 
+    def _teacher_context(self) -> contextlib.AbstractContextManager[Any]:
+        if self.base_teacher:
+            return self.model.disable_adapter()
+        return contextlib.nullcontext()
+
     def _teacher_logits(self, samples: Sequence[Sample]) -> list[torch.Tensor | None]:
         """Per sample, teacher log-probs ``[H, R, V]`` under each hinted prompt (None: no hint).
 
@@ -183,9 +240,9 @@ class TrainerCore:
         def flush() -> None:
             if not seqs:
                 return
-            logp = torch.log_softmax(
-                self._response_logits(self._teacher_model(), *zip(*seqs, strict=True)), dim=-1
-            )
+            with self._teacher_context():
+                logits = self._response_logits(self._teacher_model(), *zip(*seqs, strict=True))
+            logp = torch.log_softmax(logits, dim=-1)
             at = 0
             for b in group:
                 s = samples[b]
@@ -229,7 +286,11 @@ class TrainerCore:
         return hs.gather_hint(teacher, choice.to(teacher.device)), chosen
 
     def train_step(self, samples: Sequence[Sample], current_version: int) -> StepResult:
-        """One gradient step on ``samples`` (already checked by ``batching.check_sample``)."""
+        """One gradient step on ``samples`` (already checked by ``batching.check_sample``).
+
+        The RL term trains ``loss_mask`` and the OPD term ``opd_mask`` (hinted samples only), so
+        a hinted turn with a neutral score trains OPD alone. Both terms are aggregated over the
+        same rows and the same normalising mask (see :meth:`_batch_rows`)."""
         cfg = self.cfg
         t0 = time.perf_counter()
         dev = self.device
@@ -242,19 +303,31 @@ class TrainerCore:
                 out[b, : len(row)] = torch.tensor(row, dtype=dtype)
             return out.to(dev)
 
+        def flags(values: list[bool]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.bool, device=dev)
+
         tokens = pad([s.response_token_ids for s in samples], torch.long)
         loss_mask = pad([s.loss_mask for s in samples], torch.float32)
+        opd_mask = pad([self._opd_mask_of(s) for s in samples], torch.float32)
+        valid = pad([[1.0] * len(s.response_token_ids) for s in samples], torch.float32)
         behavior = pad([s.behavior_logprobs for s in samples], torch.float32)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
         versions = torch.tensor([s.behavior_weight_version for s in samples], device=dev)
         staleness = (current_version - versions).clamp(min=0)
-        held = [cfg.gate and is_held_out(s.event_id, cfg.gate_holdout) for s in samples]
-        usable = torch.tensor(
-            [not s.masked and not h for s, h in zip(samples, held, strict=True)], device=dev
-        )
-        usable &= loss_mask.sum(dim=-1) > 0
+        held_list = [cfg.gate and is_held_out(s.event_id, cfg.gate_holdout) for s in samples]
+        held = flags(held_list)
+        has_hint = self._has_hint(samples).bool()
+        not_masked = flags([not s.masked for s in samples])
+        rl_ok = not_masked & ~held & (loss_mask.sum(dim=-1) > 0)
+        opd_ok = not_masked & ~held & has_hint & (opd_mask.sum(dim=-1) > 0)
+        no = torch.zeros_like(rl_ok)
+        uses_rl, uses_opd = cfg.method in ("rl", "hybrid"), cfg.method in ("opd", "hybrid")
+        usable = (rl_ok if uses_rl else no) | (opd_ok if uses_opd else no)
         stale = ~L.staleness_keep_mask(versions, current_version, cfg.max_staleness)
-        keep = usable & ~stale if cfg.staleness == "drop" else usable
+        fresh_enough = ~stale if cfg.staleness == "drop" else torch.ones_like(stale)
+        keep = usable & fresh_enough
+        mask_rl = loss_mask * (rl_ok & fresh_enough)[:, None].float()
+        mask_opd = opd_mask * (opd_ok & fresh_enough)[:, None].float()
 
         resp_logits = self._response_logits(
             self.model,
@@ -263,35 +336,41 @@ class TrainerCore:
         )
         logp_cur = L.token_logprobs(resp_logits, tokens)
         prox = logp_cur.detach()
+        drift = self._logprob_drift(prox, behavior, valid * (versions == current_version)[:, None])
         weights: torch.Tensor | None = None
-        logp_old = behavior
+        # Ratio reference: the engine's recorded log-probs, or the trainer's own recomputation
+        # (slime's default, which recomputes old log-probs unless --use-rollout-logprobs).
+        logp_old = prox if cfg.old_logprobs == "trainer" else behavior
         if cfg.staleness == "tis" and bool(stale.any()):
             # Decoupled correction for stale samples: trust region around the pre-update
             # policy, truncated importance weights for behavior -> pre-update.
             tis = L.tis_weights(prox, behavior, cfg.tis_cap)
-            logp_old = torch.where(stale[:, None], prox, behavior)
+            logp_old = torch.where(stale[:, None], prox, logp_old)
             weights = torch.where(stale[:, None], tis, torch.ones_like(tis))
-        mask_rl = loss_mask * keep[:, None].float()
 
         outcomes = [
             SampleOutcome(
                 status="trained" if keep[b] else "stale_dropped" if usable[b]
-                else HELD_OUT if held[b] else "masked",
+                else HELD_OUT if held_list[b]
+                else "no_hint" if cfg.method == "opd" and rl_ok[b] and not has_hint[b]
+                else "masked",
                 staleness=int(staleness[b]),
             )
             for b in range(bsz)
         ]
+        rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd)
         parts: dict[str, L.LossOutput] = {}
-        if cfg.method in ("rl", "hybrid"):
+        if uses_rl:
             parts["rl"] = L.binary_rl_loss(
-                logp_cur, logp_old, rewards, mask_rl, eps=cfg.eps, eps_high=cfg.eps_high,
-                aggregate=cfg.aggregate, weights=weights,
+                logp_cur[rows], logp_old[rows], rewards[rows], mask_rl[rows], eps=cfg.eps,
+                eps_high=cfg.eps_high, aggregate=cfg.aggregate,
+                weights=None if weights is None else weights[rows], norm_mask=norm[rows],
             )
         t_teacher = 0.0
-        if cfg.method in ("opd", "hybrid"):
+        if uses_opd:
             t1 = time.perf_counter()
             parts["opd"] = self._opd_part(samples, resp_logits, tokens, logp_cur, logp_old,
-                                          mask_rl, weights, outcomes)
+                                          mask_opd, weights, outcomes, rows, norm)
             t_teacher = time.perf_counter() - t1
         if cfg.method == "hybrid":
             out = L.hybrid_loss(parts["rl"], parts["opd"], w_rl=cfg.w_rl, w_opd=cfg.w_opd)
@@ -299,8 +378,7 @@ class TrainerCore:
         else:
             out = main = parts[cfg.method]
 
-        trained = mask_rl if cfg.method != "opd" else mask_rl * self._has_hint(samples)[:, None]
-        trained_tokens = int(trained.sum().item())
+        trained_tokens = int(norm.sum().item())
         out.loss.backward()
         t2 = time.perf_counter()
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -330,13 +408,63 @@ class TrainerCore:
             trained_tokens=trained_tokens,
             dropped_stale=int((stale & usable).sum()) if cfg.staleness == "drop" else 0,
             reward_mean=float(rewards.mean()),
-            metrics=dict(out.metrics),
+            metrics={**out.metrics, **drift},
             outcomes=outcomes,
             timings={"compute_s": t2 - t0, "optimizer_s": t3 - t2, "teacher_s": t_teacher},
         )
 
     def _has_hint(self, samples: Sequence[Sample]) -> torch.Tensor:
         return torch.tensor([bool(s.hints) for s in samples], device=self.device).float()
+
+    @staticmethod
+    def _opd_mask_of(sample: Sample) -> list[int]:
+        """The sample's OPD mask; ``loss_mask`` for older events or a mask of the wrong length
+        (``check_sample`` validates ``loss_mask`` only)."""
+        mask = sample.opd_token_mask()
+        return mask if len(mask) == len(sample.response_token_ids) else sample.loss_mask
+
+    def _batch_rows(
+        self,
+        has_hint: torch.Tensor,
+        held: torch.Tensor,
+        mask_rl: torch.Tensor,
+        mask_opd: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows the loss is averaged over, and the mask that normalises both terms.
+
+        Rows follow the reference's batches: OpenClaw-RL (``rl``) and its combine launcher
+        (``hybrid``) submit every scored turn, excluded ones with a zero loss mask, and slime
+        divides by the whole batch, so every row counts (held-out rows are evaluation data, not
+        batch rows); OpenClaw-OPD submits hinted turns only, so ``opd`` averages over hinted
+        rows. The normalising mask is the union of the method's masks, so in ``hybrid`` the OPD
+        term is averaged over the batch like the RL term (an unhinted token is a zero in it,
+        not absent from it) instead of over hinted tokens only."""
+        method = self.cfg.method
+        if method == "opd":
+            rows = has_hint & ~held
+            norm = mask_opd
+        else:
+            rows = ~held
+            norm = mask_rl if method == "rl" else torch.maximum(mask_rl, mask_opd)
+        return rows.nonzero().squeeze(-1), norm
+
+    @staticmethod
+    def _logprob_drift(
+        trainer_logp: torch.Tensor, behavior: torch.Tensor, fresh: torch.Tensor
+    ) -> dict[str, float]:
+        """Engine vs trainer log-probs: mean and max ``|ℓ_trainer − ℓ_behavior|`` over the
+        response tokens of samples generated by the current version (for those the trainer's
+        forward pass *is* the behaviour policy, so any difference is numerical drift). Empty
+        when the batch has no such sample."""
+        count = int(fresh.sum().item())
+        if count == 0:
+            return {}
+        diff = (trainer_logp.float() - behavior.float()).abs() * fresh
+        return {
+            "logprob_drift_mean": float(diff.sum() / count),
+            "logprob_drift_max": float(diff.max()),
+            "logprob_drift_tokens": float(count),
+        }
 
     def _opd_part(
         self,
@@ -345,46 +473,81 @@ class TrainerCore:
         tokens: torch.Tensor,
         logp_cur: torch.Tensor,
         logp_old: torch.Tensor,
-        mask: torch.Tensor,
+        mask_opd: torch.Tensor,
         weights: torch.Tensor | None,
         outcomes: list[SampleOutcome],
+        rows: torch.Tensor,
+        norm: torch.Tensor,
     ) -> L.LossOutput:
+        """The OPD term over ``rows``, trained where ``mask_opd`` is set and normalised by
+        ``norm``; teacher passes run only for samples the term trains."""
         cfg = self.cfg
         bsz, rmax, _ = resp_logits.shape
         k = cfg.topk
-        has_hint = self._has_hint(samples)
-        mask_opd = mask * has_hint[:, None]
         logp_full = torch.log_softmax(resp_logits, dim=-1)
         student = logp_full.detach()
         teacher_tok = torch.zeros((bsz, rmax), device=self.device)
         indices = torch.zeros((bsz, rmax, k), dtype=torch.long, device=self.device)
         subset = torch.ones((bsz, rmax, k), dtype=torch.bool, device=self.device)
         teacher_k = torch.zeros((bsz, rmax, k), device=self.device)
+        trains = (mask_opd.sum(dim=-1) > 0).tolist()
         with torch.no_grad():
-            teachers = self._teacher_logits(samples)
+            teachers = self._teacher_logits(
+                [s if t else replace(s, hints=[]) for s, t in zip(samples, trains, strict=True)]
+            )
             for b, s in enumerate(samples):
                 teacher = teachers[b]
                 if teacher is None:
-                    if cfg.method == "opd" and outcomes[b].status == "trained":
-                        outcomes[b].status = "no_hint"
                     continue
                 r = len(s.response_token_ids)
-                chosen, text = self._choose_hint(s, teacher, student[b, :r], mask[b, :r])
+                chosen, text = self._choose_hint(s, teacher, student[b, :r], mask_opd[b, :r])
                 outcomes[b].selected_hint = text
                 teacher_tok[b, :r] = chosen.gather(-1, tokens[b, :r, None]).squeeze(-1)
                 if cfg.opd_loss == "topk":
                     idx, sub = hs.vocab_subset(student[b, :r], chosen, cfg.topk_subset, k)
                     indices[b, :r], subset[b, :r] = idx, sub
                     teacher_k[b, :r] = chosen.gather(-1, idx)
+        w = None if weights is None else weights[rows]
         if cfg.opd_loss == "token":
             return L.opd_loss(
-                logp_cur, logp_old, teacher_tok, mask_opd, clip_c=cfg.opd_clip, eps=cfg.eps,
-                eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=weights,
+                logp_cur[rows], logp_old[rows], teacher_tok[rows], mask_opd[rows],
+                clip_c=cfg.opd_clip, eps=cfg.eps, eps_high=cfg.eps_high,
+                aggregate=cfg.aggregate, weights=w, norm_mask=norm[rows],
             )
-        cur_k = L.gather_vocab(logp_full, indices)
+        cur_k = L.gather_vocab(logp_full, indices)[rows]
         # Behavior log-probs exist only for sampled tokens, so the top-k ratio is taken
         # against the pre-update policy (ρ_v = 1 at the first and only step per batch).
         return L.topk_opd_loss(
-            cur_k, cur_k.detach(), teacher_k, mask_opd, subset_mask=subset, clip_c=cfg.opd_clip,
-            eps=cfg.eps, eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=weights,
+            cur_k, cur_k.detach(), teacher_k[rows], mask_opd[rows], subset_mask=subset[rows],
+            clip_c=cfg.opd_clip, eps=cfg.eps, eps_high=cfg.eps_high, aggregate=cfg.aggregate,
+            weights=w, norm_mask=norm[rows],
         )
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _with_adapter(model: Any, cfg: TrainerSettings, weights_dir: Path | None) -> Any:
+    """Wrap ``model`` with a trainable LoRA adapter: the published one in ``weights_dir``, or
+    a fresh one (B = 0, so version 0 answers exactly like the base)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if weights_dir is not None:
+        if not is_adapter_version(weights_dir):
+            raise ValueError(f"{weights_dir} holds full weights, not a LoRA adapter; "
+                             "train it with --adapter full")
+        return PeftModel.from_pretrained(model, weights_dir, is_trainable=True)
+    config = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)

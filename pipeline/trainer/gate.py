@@ -124,21 +124,14 @@ class Gate:
         self.seeded_upto = upto
 
     def _load(self, core: Any, directory: Path | None) -> Any:
-        from transformers import AutoModelForCausalLM
-
-        from pipeline.trainer.core import resolve_model_path
-
-        src = directory if directory is not None else resolve_model_path(self.cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-        model.to(core.device).eval().requires_grad_(False)
-        return model
+        return core.load_snapshot(directory)
 
     def promote(self, core: Any, version: int) -> None:
         """The candidate (``core.model`` as published) becomes the live version."""
-        if self.baseline is None:
-            self.baseline = copy.deepcopy(core.model).eval().requires_grad_(False)
-        else:
+        if self.baseline is not None and type(self.baseline) is type(core.model):
             self.baseline.load_state_dict(core.model.state_dict())
+        else:
+            self.baseline = copy.deepcopy(core.model).eval().requires_grad_(False)
         self.baseline_version = version
 
     # ---- evaluation --------------------------------------------------------------------

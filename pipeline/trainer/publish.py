@@ -173,6 +173,7 @@ class Publisher:
             files=[],
             method=self.cfg.method,
             metrics=metrics or {},
+            base_model=core.base_model_info(),
         )
 
         traj = T.to_table(T.TRAJECTORIES, trajectories)

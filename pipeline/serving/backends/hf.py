@@ -1,9 +1,11 @@
 """In-process transformers backend: samples token by token so ids and log-probs are exact.
 
-Each request snapshots the (model, version) pair when it starts; a reload builds a shadow copy,
-loads the new tensors into it and swaps the pair. In-flight requests finish on the weights they
-started with, so every interaction records the version that really produced it and nothing
-waits for a reload.
+Each request snapshots the live (model, version, adapter) triple when it starts. A full-weights
+version is loaded into a shadow copy of the model; a LoRA version (a folder with
+``adapter_config.json``) is a small set of tensors applied to the base model, which is loaded
+once (:mod:`.lora`). Either way the triple is swapped between requests: in-flight requests
+finish on the weights they started with, so every interaction records the version that really
+produced it and nothing waits for a reload.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from . import lora
 from .base import Done, Piece, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -53,7 +56,9 @@ class HFBackend:
         self.context_length = context_length or int(
             getattr(model.config, "max_position_embeddings", 2048)
         )
-        self._live: tuple[Any, int] = (model, version)
+        self._base = model  # adapters always apply to the weights loaded at start
+        self.base_fingerprint = _fingerprint(self.model_path)
+        self._live: tuple[Any, int, lora.Adapter | None] = (model, version, None)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hf-gen")
         self._reload_lock = threading.Lock()
         self.eos_ids = self._eos_ids(model)
@@ -77,14 +82,15 @@ class HFBackend:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Piece | Done | BaseException] = asyncio.Queue()
         cancel = threading.Event()
-        model, version = self._live  # the snapshot this whole request uses
+        model, version, adapter = self._live  # the snapshot this whole request uses
 
         def emit(item: Piece | Done | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def run() -> None:
             try:
-                reason = self._sample(model, prompt_ids, params, emit, cancel)
+                with lora.active(adapter):
+                    reason = self._sample(model, prompt_ids, params, emit, cancel)
                 emit(Done(finish_reason=reason, weight_version=version))
             except BaseException as exc:  # surfaced to the awaiting request
                 emit(exc)
@@ -147,33 +153,70 @@ class HFBackend:
         await asyncio.to_thread(self._reload, Path(path), version)
 
     def _reload(self, path: Path, version: int) -> None:
+        with self._reload_lock:
+            if version <= self._live[1]:
+                return
+            if lora.is_adapter_dir(path):
+                self._reload_adapter(path, version)
+            else:
+                self._reload_full(path, version)
+            log.info("policy %s now serving version %d", self.policy_id, version)
+
+    def _reload_adapter(self, path: Path, version: int) -> None:
+        expected = _manifest_base(path)
+        if expected is not None and expected != self.base_fingerprint:
+            raise ValueError(
+                f"adapter v{version} was trained on another base model (fingerprint "
+                f"{expected[:12]}, serving {self.base_fingerprint[:12]} from {self.model_path})"
+            )
+        adapter = lora.load_adapter(path, version, device=self.device,
+                                    dtype=next(self._base.parameters()).dtype)
+        lora.check_fits(self._base, adapter)
+        lora.wrap_targets(self._base, adapter)  # a no-op after the first adapter
+        self._live = (self._base, version, adapter)  # atomic swap between requests
+
+    def _reload_full(self, path: Path, version: int) -> None:
         from safetensors.torch import load_file
 
-        with self._reload_lock:
-            current, live_version = self._live
-            if version <= live_version:
-                return
-            shadow = copy.deepcopy(current)
-            state: dict[str, Any] = {}
-            files = sorted(path.glob("*.safetensors"))
-            if not files:
-                raise FileNotFoundError(f"no *.safetensors files in {path}")
-            for file in files:
-                state.update(load_file(str(file), device=self.device))
-            missing, unexpected = shadow.load_state_dict(state, strict=False)
-            tied = set(getattr(shadow, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
-            missing = [k for k in missing if k not in tied]
-            if missing or unexpected:
-                raise ValueError(
-                    f"weights in {path} do not fit the model: missing {missing[:5]}, "
-                    f"unexpected {unexpected[:5]}"
-                )
-            shadow.eval()
-            self._live = (shadow, version)  # atomic swap; running requests keep their snapshot
-            log.info("policy %s now serving version %d", self.policy_id, version)
+        current = self._live[0]
+        shadow = copy.deepcopy(current)
+        state: dict[str, Any] = {}
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+        for file in files:
+            state.update(load_file(str(file), device=self.device))
+        missing, unexpected = shadow.load_state_dict(state, strict=False)
+        tied = set(getattr(shadow, "_tied_weights_keys", None) or []) | {"lm_head.weight"}
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ValueError(
+                f"weights in {path} do not fit the model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+        shadow.eval()
+        self._live = (shadow, version, None)  # atomic swap; running requests keep their snapshot
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _fingerprint(model_path: Path) -> str:
+    from pipeline.models.store import fingerprint
+
+    return fingerprint(model_path)
+
+
+def _manifest_base(path: Path) -> str | None:
+    """The base-model fingerprint a version's manifest records, if any."""
+    import json
+
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    base = manifest.get("base_model") or {}
+    return base.get("fingerprint") if isinstance(base, dict) else None
 
 
 # Below this, logits / temperature overflows float32 and sampling is greedy in all but name.
