@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import time
 from dataclasses import replace
 
@@ -118,11 +119,18 @@ def test_poison_records_go_to_dlq_and_consumer_goes_on(
     assert "type" in by_key[b"othertype"].error and "next_state" in by_key[b"othertype"].error
     assert "exceeds" in by_key[b"oversized"].error
     assert "UTF-8" in by_key[b"utf8"].error
-    # Byte-exact originals: what failed can be inspected and replayed.
+    # Byte-exact originals: what failed can be inspected and replayed...
     for label, value in plan:
-        if label != "valid":
+        if label not in ("valid", "oversized"):
             assert by_key[label.encode()].original() == value
             assert base64.b64decode(by_key[label.encode()].original_b64) == value
+    # ...unless the letter would exceed the codec limit itself (base64 grows it by 4/3): then
+    # a leading cut, with the original's size and sha256 (and its coordinates, above).
+    big, value = by_key[b"oversized"], dict(plan)["oversized"]
+    assert len(events.encode(big)) <= settings.kafka.max_event_bytes
+    assert value.startswith(big.original()) and len(big.original()) > 40 * 1024
+    assert big.original_headers["liverl-dlq-original-bytes"] == str(len(value))
+    assert big.original_headers["liverl-dlq-original-sha256"] == hashlib.sha256(value).hexdigest()
 
     # Offsets moved past the dead letters: the group has nothing left to read.
     again = EventConsumer(

@@ -133,7 +133,11 @@ class Collector:
         self.c.close()
 
 
-def start_worker(app_id: str, sid: str, rules: Path, tmp: Path) -> subprocess.Popen:
+def start_worker(
+    app_id: str, sid: str, rules: Path, tmp: Path, **processor_env: str
+) -> subprocess.Popen:
+    """A worker subprocess; ``processor_env`` sets more ``LIVERL_PROCESSORS_*`` variables.
+    Restarts of the same app id append to one log."""
     env = dict(os.environ)
     env.update(
         LIVERL_PROCESSORS_SESSION_PREFIX=sid,
@@ -142,11 +146,12 @@ def start_worker(app_id: str, sid: str, rules: Path, tmp: Path) -> subprocess.Po
         LIVERL_PROCESSORS_SWEEP_INTERVAL_S="1",
         LIVERL_STATE_DIR=str(tmp),
     )
+    env.update({f"LIVERL_PROCESSORS_{k.upper()}": v for k, v in processor_env.items()})
     code = "from pipeline.processors.commands import workers; workers()"
     return subprocess.Popen(
         [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn"],
         env=env,
-        stdout=open(tmp / f"{app_id}.log", "wb"),
+        stdout=open(tmp / f"{app_id}.log", "ab"),
         stderr=subprocess.STDOUT,
     )
 

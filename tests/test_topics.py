@@ -30,6 +30,11 @@ def test_repository_specs_cover_the_event_catalog() -> None:
     schemas = Path(__file__).resolve().parents[1] / "schemas"
     for spec in specs:
         assert (schemas / f"{spec.value_schema}.json").is_file(), spec.value_schema
+    # The size policy is stated once (KafkaSettings); every topic gets its record limit.
+    record = Settings().kafka.max_record_bytes
+    assert {s.config["max.message.bytes"] for s in specs} == {str(record)}
+    for path in Settings().topics.specs_dir.glob("*.yaml"):
+        assert "max.message.bytes" not in path.read_text(), path
 
 
 def test_mismatched_session_partitions_are_rejected(tmp_path: Path) -> None:

@@ -218,9 +218,7 @@ def bound_dead_letter(letter: events.DeadLetter, limit: int) -> events.DeadLette
         )
 
     # Base64 takes 4 bytes per 3; the empty-payload letter's size is what is left over.
-    spare = limit - len(events.encode(build(len(original)))) + len(
-        base64.b64encode(original)
-    )
+    spare = limit - len(events.encode(build(len(original)))) + len(base64.b64encode(original))
     keep = max(0, min(len(original) - 1, spare // 4 * 3))
     out = build(keep)
     while len(events.encode(out)) > limit and keep > 0:  # never taken unless JSON escapes

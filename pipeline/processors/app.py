@@ -307,8 +307,10 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             )
         except Exception as exc:  # noqa: BLE001 - EventValidationError, or anything else:
             if msg.topic in dlq_topics:  # one record must never stop an agent
-                reason = str(exc) if isinstance(exc, events.EventValidationError) else (
-                    f"cannot decode: {type(exc).__name__}: {exc}"[:2000]
+                reason = (
+                    str(exc)
+                    if isinstance(exc, events.EventValidationError)
+                    else (f"cannot decode: {type(exc).__name__}: {exc}"[:2000])
                 )
                 await dead_letter(msg, reason)
             return None
@@ -589,11 +591,14 @@ def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 
     from confluent_kafka.admin import AdminClient, NewTopic
 
     replication = settings.topics.replication_factor or 1
+    # The size policy: a changelog carries token payloads and parked records of up to
+    # kafka.max_event_bytes, which a cluster's default topic limit (1 MB) would refuse.
+    size = {"max.message.bytes": str(settings.kafka.max_record_bytes)}
     wanted: dict[str, NewTopic] = {}
     for tbl in app.tables.values():
         ct = tbl.changelog_topic
         name = ct.get_topic_name()
-        config = {"cleanup.policy": "compact" if ct.compacting else "delete"}
+        config = {"cleanup.policy": "compact" if ct.compacting else "delete", **size}
         wanted[name] = NewTopic(
             name, ct.partitions or app.conf.topic_partitions, replication, config=config
         )
@@ -601,7 +606,8 @@ def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 
         if getattr(t, "internal", False):
             name = t.get_topic_name()
             parts = t.partitions or app.conf.topic_partitions
-            wanted[name] = NewTopic(name, parts, replication, config={"cleanup.policy": "delete"})
+            config = {"cleanup.policy": "delete", **size}
+            wanted[name] = NewTopic(name, parts, replication, config=config)
     leader = f"{app.conf.id}-__assignor-__leader"
     wanted[leader] = NewTopic(leader, 1, replication, config={"cleanup.policy": "compact"})
     admin = AdminClient(settings.kafka_client_config())
