@@ -184,7 +184,7 @@ class Recorder:
         """Spool unusable: produce directly, or count the events as lost."""
         why = self.spool_error
         if self.spool.pending:
-            self._lose(len(frames), f"{why}; older spooled events are waiting (order)")
+            self._lose(len(frames), f"{why}; older spooled events wait for Kafka (order)")
             return
         if not self.kafka_up:
             self._lose(len(frames), f"{why}; Kafka is unreachable")
@@ -237,6 +237,11 @@ class Recorder:
             self.kafka_up = True
         except KafkaException:
             self.kafka_up = False
+        self._recheck()
+
+    def _recheck(self) -> None:
+        """Clear the lost state once an event could be recorded again (spool writable, or
+        Kafka up with nothing spooled ahead)."""
         if self.problem is None:
             return
         try:
@@ -284,6 +289,7 @@ class Recorder:
             if failed:
                 log.warning("%d event(s) not delivered; Kafka unreachable? retrying", failed)
                 self._reset_producer()
+                self._recheck()
                 self._stop.wait(0.5)
         self.delivered += len(records)
         return True

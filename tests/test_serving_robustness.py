@@ -1,0 +1,439 @@
+"""Issue 11, gateway side: no single request can stop recording, and nothing is lost silently.
+
+Each test first shows the failure the adversarial run found (where it can be shown without the
+old code) and then the behaviour now: deep JSON refused before it is served, a bad event
+dead-lettered while the rest flow on, lost events visible in health/metrics with 503 for turns
+that would train, bounded header/body times, bounded session ids, aborted streams recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from click.testing import CliRunner
+from confluent_kafka import Consumer, TopicPartition
+from fastapi import FastAPI
+
+from pipeline import events
+from pipeline.events import examples
+from pipeline.serving.app import Gateway, create_app
+from pipeline.serving.backends.hf import HFBackend
+from pipeline.serving.build import build_app
+from pipeline.serving.commands import serve, server_config
+from pipeline.serving.recorder import Recorder
+from pipeline.serving.settings import ServeSettings
+from pipeline.serving.spool import Spool
+from pipeline.serving.testing import free_port, running
+from pipeline.settings import Settings
+
+from .conftest import create_topic
+from .test_serving_hf import FakeRecorder
+
+MODEL = "liverl-tiny-v1"
+
+
+def body(text: str = "hi", **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": text}],
+            **extra}
+
+
+def gateway_cfg(tmp_path: Path, **extra: Any) -> ServeSettings:
+    return ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
+                         turn_recovery_s=0, **extra)
+
+
+def nested(depth: int) -> Any:
+    doc: Any = 1
+    for _ in range(depth):
+        doc = {"a": doc}
+    return doc
+
+
+def wait(cond: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def consume_all(settings: Settings, topic: str, expected: int, timeout: float = 30) -> list[Any]:
+    """Every event of a (fresh, one-partition) topic, waiting until ``expected`` arrived."""
+    c = Consumer(settings.kafka_client_config(**{"group.id": f"verify-{topic}"}))
+    c.assign([TopicPartition(topic, 0, 0)])
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < expected and time.monotonic() < deadline:
+        for msg in c.consume(100, timeout=0.5):
+            if msg.error() is None:
+                got.append(events.decode(msg.value()))
+    time.sleep(0.5)  # and nothing more after them
+    got += [events.decode(m.value()) for m in c.consume(100, timeout=0.5) if m.error() is None]
+    c.close()
+    return got
+
+
+@pytest.fixture(scope="module")
+def tiny() -> HFBackend:
+    from pipeline.models.tiny import ensure_tiny_model
+
+    return HFBackend(ensure_tiny_model(), workers=2)
+
+
+@pytest.fixture
+def fake_served(tiny: HFBackend) -> Iterator[tuple[str, FakeRecorder]]:
+    rec = FakeRecorder()
+    with running(create_app(Gateway(ServeSettings(), tiny, rec))) as url:  # type: ignore[arg-type]
+        yield url, rec
+
+
+# ---- 1. deep JSON -------------------------------------------------------------------------
+
+
+def test_deep_json_could_not_be_recorded() -> None:
+    """The failure: 260 levels parse and could be served, but the event cannot be encoded."""
+    deep = dataclasses.replace(
+        examples.interaction(), messages=[{"role": "user", "content": "x", "meta": nested(260)}]
+    )
+    with pytest.raises(events.EventValidationError, match="[Rr]ecursion"):
+        events.encode(deep)
+
+
+def test_deep_json_is_400_and_limit_is_inclusive(fake_served: tuple[str, FakeRecorder]) -> None:
+    url, rec = fake_served
+    with httpx.Client(timeout=60) as c:
+        msg = {"role": "user", "content": "x", "meta": nested(260)}
+        r = c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "json_too_deep"
+        # body(1) > messages(2) > message(3) > meta: 61 more levels reach the limit of 64
+        msg["meta"] = nested(61)
+        assert c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]}
+                      ).status_code == 200
+        msg["meta"] = nested(62)
+        assert c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]}
+                      ).status_code == 400
+    assert len(rec.interactions()) == 1
+
+
+@pytest.mark.integration
+def test_deep_json_then_20_requests_all_recorded(
+    kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path
+) -> None:
+    topic = f"test.interactions.{unique}"
+    create_topic(admin, topic)
+    cfg = gateway_cfg(tmp_path, interactions_topic=topic)
+    app = build_app(cfg, kafka_settings)
+    with running(app) as url, httpx.Client(timeout=60) as c:
+        deep = {"role": "user", "content": "x", "meta": nested(260)}
+        r = c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [deep]})
+        assert r.status_code == 400, r.text
+        for i in range(20):
+            r = c.post(f"{url}/v1/chat/completions", json=body(f"q{i}"),
+                       headers={"X-Session-Id": f"s-{unique}"})
+            assert r.status_code == 200, r.text
+        assert wait(lambda: app.state.recorder.backlog == 0, 30)
+        assert c.get(f"{url}/healthz").json()["status"] == "ok"
+    got = consume_all(kafka_settings, topic, 20)
+    assert sorted(e.turn for e in got) == list(range(20)), "20/20 recorded, once each"
+
+
+# ---- 1. the recorder survives any single bad event -----------------------------------------
+
+
+@pytest.mark.integration
+def test_recorder_dead_letters_a_bad_event_and_goes_on(
+    kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path
+) -> None:
+    topic, dlq = f"test.interactions.{unique}", f"test.dlq.{unique}"
+    create_topic(admin, topic)
+    create_topic(admin, dlq)
+    settings = kafka_settings.model_copy(deep=True)
+    settings.kafka.max_event_bytes = 200_000
+    rec = Recorder(settings, Spool(tmp_path / "spool"), dlq_topic=dlq, delivery_timeout_s=5)
+    rec.start()
+    base = examples.interaction()
+    unencodable = dataclasses.replace(
+        base, event_id="bad-1", messages=[{"role": "user", "content": "x", "meta": nested(300)}]
+    )
+    oversized = dataclasses.replace(base, event_id="bad-2", response_text="y" * 300_000)
+    good = [dataclasses.replace(base, event_id=f"good-{i}", turn=i) for i in range(3)]
+    try:
+        rec.record(topic, good[0])
+        rec.record(topic, unencodable)
+        rec.record(topic, oversized)
+        rec.record(topic, good[1])
+        assert wait(lambda: rec.backlog == 0, 30)
+        assert rec.alive, "the writer thread survived"
+        rec.record(topic, good[2])  # and still records afterwards
+        assert wait(lambda: rec.backlog == 0, 30)
+    finally:
+        rec.close()
+    assert [e.event_id for e in consume_all(settings, topic, 3)] == ["good-0", "good-1", "good-2"]
+    letters = consume_all(settings, dlq, 2)
+    assert len(letters) == 2 and rec.dead_lettered == 2
+    by_error = {("encode" in ltr.error): ltr for ltr in letters}
+    assert "Recursion" in by_error[True].error or "recursion" in by_error[True].error
+    big = by_error[False]
+    assert "exceeds the codec limit" in big.error and "sha256" in big.error
+    assert len(big.original()) == 64 * 1024, "payload cut, size and hash kept"
+    assert big.source_topic == topic and big.original_key() == base.session_id.encode()
+
+
+# ---- 5. spool unwritable while Kafka is down -----------------------------------------------
+
+
+def _dead_kafka() -> Settings:
+    s = Settings()
+    s.kafka.bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
+    return s
+
+
+def test_unwritable_spool_and_kafka_down_degrade_and_refuse(tmp_path: Path) -> None:
+    cfg = gateway_cfg(tmp_path, delivery_timeout_s=1.0)
+    app = build_app(cfg, _dead_kafka())
+    rec: Recorder = app.state.recorder
+    gw: Gateway = app.state.gateway
+
+    def disk_full(*_a: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with running(app) as url, httpx.Client(timeout=60) as c:
+        chat = f"{url}/v1/chat/completions"
+        assert c.post(chat, json=body()).status_code == 200  # Kafka down alone: spooled
+        assert c.get(f"{url}/healthz").status_code == 200
+        assert wait(lambda: c.get(f"{url}/healthz").json()["kafka_up"] is False, 10)
+
+        rec.spool.append = disk_full  # type: ignore[method-assign]
+        rec.spool.check = disk_full  # type: ignore[method-assign]
+        assert c.post(chat, json=body("lost")).status_code == 200  # found out only now
+        assert wait(lambda: c.get(f"{url}/healthz").status_code == 503, 10)
+        health = c.get(f"{url}/healthz").json()
+        assert health["status"] == "degraded" and health["events_lost"] == 1
+        assert "No space left" in health["reasons"][0]
+        assert metric(url, "liverl_gateway_events_lost_total") == 1
+
+        r = c.post(chat, json=body("refused"))
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "recording_unavailable"
+        # turns that would not train are still served
+        assert c.post(chat, json=body(), headers={"X-Liverl-Train": "false"}).status_code == 200
+
+        gw.cfg.serve_without_training = True  # the explicit choice: serve, count the loss
+        assert c.post(chat, json=body("served untrained")).status_code == 200
+        assert wait(lambda: metric(url, "liverl_gateway_events_lost_total") == 2, 10)
+        gw.cfg.serve_without_training = False
+
+        del rec.spool.append, rec.spool.check  # the disk has room again
+        assert wait(lambda: c.get(f"{url}/healthz").status_code == 200, 10)
+        assert c.post(chat, json=body("back")).status_code == 200
+    assert rec.spool.pending == 0 or rec.backlog >= 2  # the spooled ones wait for Kafka
+
+
+@pytest.mark.integration
+def test_health_reports_kafka_down_within_the_delivery_timeout(tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    from pipeline.kafka import names, topics
+    from pipeline.kafka.broker import LocalBroker
+    from pipeline.settings import BrokerSettings
+
+    settings = Settings(state_dir=tmp_path / "state",
+                        broker=BrokerSettings(port=free_port(), controller_port=free_port()))
+    local = LocalBroker(settings)
+    try:
+        local.up(quiet=True)
+        admin = AdminClient(settings.kafka_client_config())
+        specs = [s for s in topics.load_specs(settings.topics.specs_dir)
+                 if s.name in (names.INTERACTIONS, names.DLQ)]
+        topics.apply(admin, topics.plan(admin, specs))
+        cfg = gateway_cfg(tmp_path, delivery_timeout_s=8.0)
+        app = build_app(cfg, settings)
+        with running(app) as url, httpx.Client(timeout=60) as c:
+            assert c.post(f"{url}/v1/chat/completions", json=body()).status_code == 200
+            assert wait(lambda: app.state.recorder.backlog == 0, 30)
+            assert c.get(f"{url}/healthz").json()["kafka_up"] is True
+            local.down(quiet=True)
+            down_at = time.monotonic()
+            assert wait(lambda: c.get(f"{url}/healthz").json()["kafka_up"] is False, 8.0)
+            detected_s = time.monotonic() - down_at
+            # Kafka down alone loses nothing (the spool holds it): health stays ok
+            assert c.get(f"{url}/healthz").json()["status"] == "ok"
+        print(f"kafka down detected after {detected_s:.1f}s")
+    finally:
+        local.down(quiet=True)
+
+
+# ---- 7. bounded header values ------------------------------------------------------------
+
+
+def test_session_header_length_and_utf8(fake_served: tuple[str, FakeRecorder]) -> None:
+    url, rec = fake_served
+    chat = f"{url}/v1/chat/completions"
+    with httpx.Client(timeout=60) as c:
+        r = c.post(chat, json=body(), headers={"X-Session-Id": "a" * 257})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-Session-Id"
+        r = c.post(chat, json=body(), headers={"X-Session-Id": b"bad-\xff\xfe"})
+        assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
+        r = c.post(chat, json=body(), headers={"X-Liverl-Group": "g" * 300})
+        assert r.status_code == 400
+        assert c.post(chat, json=body(), headers={"X-Session-Id": "a" * 256}).status_code == 200
+        r = c.post(chat, json=body(), headers={"X-Session-Id": "café".encode()})
+        assert r.status_code == 200
+    assert [i.session_id for i in rec.interactions()] == ["a" * 256, "café"]  # not mojibake
+
+
+# ---- 7. slow headers and bodies ----------------------------------------------------------
+
+
+@contextmanager
+def served_with_timeouts(app: FastAPI, cfg: ServeSettings) -> Iterator[int]:
+    port = free_port()
+    server = uvicorn.Server(server_config(app, cfg, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait(lambda: server.started, 60)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def dribble(port: int, head: bytes, drip: bytes, seconds: float) -> tuple[float | None, bytes]:
+    """Send ``head`` then ``drip`` every 0.1 s; when the server closed the connection (None:
+    still open after ``seconds``) and what it answered."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(head)
+    start, got = time.monotonic(), b""
+    try:
+        while time.monotonic() - start < seconds:
+            ready, _, _ = select.select([sock], [], [], 0.1)
+            if ready:
+                try:
+                    data = sock.recv(65536)
+                except OSError:  # reset by the server
+                    data = b""
+                if not data:
+                    return time.monotonic() - start, got
+                got += data
+                continue
+            try:
+                sock.sendall(drip)
+            except OSError:
+                return time.monotonic() - start, got
+        return None, got
+    finally:
+        sock.close()
+
+
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+BODY_HEAD = HEAD + b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+
+
+def test_slow_headers_stay_open_without_the_timeout(tiny: HFBackend) -> None:
+    """The failure: uvicorn's defaults keep a connection dribbling headers open."""
+    with running(create_app(Gateway(ServeSettings(), tiny, FakeRecorder()))) as url:  # type: ignore[arg-type]
+        port = int(url.rsplit(":", 1)[1])
+        closed, _ = dribble(port, HEAD, b"X-A: b\r\n", 2.0)
+    assert closed is None
+
+
+def test_slow_headers_and_bodies_are_closed(tiny: HFBackend) -> None:
+    cfg = ServeSettings(header_timeout_s=1.0, body_timeout_s=1.5)
+    app = create_app(Gateway(cfg, tiny, FakeRecorder()))  # type: ignore[arg-type]
+    results: list[tuple[str, float | None, bytes]] = []
+
+    def one(kind: str, port: int) -> None:
+        head, drip = (HEAD, b"X-A: b\r\n") if kind == "header" else (BODY_HEAD, b" ")
+        results.append((kind, *dribble(port, head, drip, 8.0)))
+
+    with served_with_timeouts(app, cfg) as port:
+        threads = [threading.Thread(target=one, args=(k, port))
+                   for k in ("header", "body") for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # and the server still answers normally
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body(), timeout=60)
+        assert r.status_code == 200
+    for kind, closed, answer in results:
+        assert closed is not None, f"{kind} dribbler still open after 8 s"
+        if kind == "header":
+            assert closed < 3.0
+        else:
+            assert closed < 4.0 and answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+# ---- 7. a client that leaves mid-stream ----------------------------------------------------
+
+
+class SlowBackend:
+    """The tiny model at one token per 50 ms, so a client can leave mid-answer."""
+
+    def __init__(self, inner: HFBackend) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+        async for item in self.inner.generate(prompt_ids, params):
+            await asyncio.sleep(0.05)
+            yield item
+
+
+def test_midstream_disconnect_is_recorded_as_aborted(tiny: HFBackend) -> None:
+    rec = FakeRecorder()
+    gw = Gateway(ServeSettings(), SlowBackend(tiny), rec)  # type: ignore[arg-type]
+    with running(create_app(gw)) as url, httpx.Client(timeout=60) as c:
+        chat = f"{url}/v1/chat/completions"
+        req = body(max_tokens=400, stream=True, seed=3)
+        headers = {"X-Session-Id": "leaver"}
+        with c.stream("POST", chat, json=req, headers=headers) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+        assert any("content" in ln for ln in got)
+        assert wait(lambda: bool(rec.interactions()), 10), "the partial turn is recorded"
+        aborted = rec.interactions()[0]
+        assert aborted.finish_reason == "abort" and aborted.train is False
+        assert aborted.turn == 0 and 0 < len(aborted.response_token_ids) < 400
+        assert len(aborted.response_logprobs) == len(aborted.response_token_ids)
+        retry = c.post(chat, json=body(), headers=headers)
+        assert retry.headers["x-liverl-turn"] == "1", "the retry is the next turn"
+        assert metric(url, "liverl_gateway_turns_aborted_total") == 1
+
+
+# ---- 7. unwritable state dir at start-up ---------------------------------------------------
+
+
+def test_unwritable_spool_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    spool = blocker / "spool"
+    result = CliRunner().invoke(serve, ["--spool-dir", str(spool)], obj={"settings": Settings()})
+    assert result.exit_code == 1
+    assert str(spool) in result.output and "not writable" in result.output
+    assert "Traceback" not in result.output
