@@ -462,3 +462,50 @@ def test_group_timeout_emits_an_incomplete_group_through_a_sweep_message(h: Harn
     asyncio.run(run())
     got = [(s.session_id, s.reward) for s in h.out(names.SAMPLES)]  # type: ignore[attr-defined]
     assert got == [("t-a", pytest.approx(-1.0, abs=1e-5)), ("t-b", pytest.approx(1.0, abs=1e-5))]
+
+
+def test_keyless_records_are_dead_lettered_not_one_empty_key_session(h: Harness) -> None:
+    """Every input topic is keyed by session: a keyless record would otherwise join one shared
+    empty-key session state and produce nothing at all."""
+
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[0].test_context() as agent:  # pairing: interactions
+            await put(agent, names.INTERACTIONS, events.encode(inter(0)), None)
+            await flush(agent, names.INTERACTIONS)
+        async with app.liverl_agents[1].test_context() as agent:  # judge: next states
+            await put(agent, names.NEXT_STATES, events.encode(next_state(0)), None)
+            await eventually(lambda: len(h.out(names.DLQ)) >= 2)
+
+    asyncio.run(run())
+    letters = h.out(names.DLQ)
+    assert [d.source_topic for d in letters] == [names.INTERACTIONS, names.NEXT_STATES]  # type: ignore[attr-defined]
+    assert all("no Kafka key" in d.error for d in letters)  # type: ignore[attr-defined]
+    assert all(d.original_key() is None for d in letters)  # type: ignore[attr-defined]
+    assert not h.out(names.NEXT_STATES) and not h.out(names.PRM_SCORES)
+
+
+def test_judge_parks_early_next_states_in_a_changelogged_table(h: Harness) -> None:
+    """A next state read before its interaction is written to the ``judge_parked`` table (its
+    offset moves on, so the changelog is its only copy across a restart) and removed only once
+    its verdict has been sent."""
+    early = next_state(0, content="Thanks, that works")
+
+    async def run() -> None:
+        app = h.app()
+        async with app.liverl_agents[1].test_context() as agent:
+            await put(agent, names.NEXT_STATES, early)
+            await eventually(lambda: any(t.endswith("judge_parked") for t, _, _ in h.changelog))
+            assert not h.out(names.PRM_SCORES)
+            await put(agent, names.INTERACTIONS, inter(0))
+            await eventually(lambda: len(h.out(names.PRM_SCORES)) == 1)
+            await eventually(lambda: h.changelog[-1][2] is None)
+
+    asyncio.run(run())
+    parked = [(k, v) for t, k, v in h.changelog if t.endswith("judge_parked")]
+    key = SID.encode() + b"\0" + early.event_id.encode()
+    assert [k for k, _ in parked] == [key, key]
+    assert parked[0][1].split(b"\0", 1)[1] == events.encode(early)  # the record, verbatim
+    assert parked[1][1] is None  # released after the verdict
+    (prm,) = h.out(names.PRM_SCORES)
+    assert prm.parents == [f"{SID}-i0", early.event_id]  # type: ignore[attr-defined]
