@@ -183,6 +183,31 @@ def test_norm_mask_shares_one_denominator_between_terms() -> None:
     assert masked_aggregate(x, m, "token_mean", t(RAGGED_M)).item() == pytest.approx(1 / 4)
 
 
+def test_opd_only_row_in_hybrid_is_averaged_over_the_batch() -> None:
+    # Row 0: RL only (reward 1, Δ = [0.1, 0]); row 1: a hinted turn with reward 0, OPD only
+    # (ρ = 1, teacher gap [0.5, −2.0] → A = [0.5, −1]). Both terms are normalised by the union
+    # mask (all 4 tokens) and averaged over the 2 rows (slime's sample mean over the batch).
+    logp_old = torch.zeros(2, 2, dtype=torch.float64)
+    logp_cur = t([[0.1, 0.0], [0.0, 0.0]]).requires_grad_(True)
+    mask_rl, mask_opd = t([[1, 1], [0, 0]]), t([[0, 0], [1, 1]])
+    union = t([[1, 1], [1, 1]])
+    rl = binary_rl_loss(
+        logp_cur, logp_old, t([1.0, 0.0]), mask_rl, aggregate="sample_mean", norm_mask=union
+    )
+    opd = opd_loss(
+        logp_cur, logp_old, t([[0.0, 0.0], [0.5, -2.0]]), mask_opd,
+        aggregate="sample_mean", norm_mask=union,
+    )
+    # RL, row 0: (−e^{0.1} − 1) / 2 = −1.052585, row 1: 0 → / 2 rows = −0.526293
+    assert rl.loss.item() == pytest.approx((-E01 - 1.0) / 4)
+    # OPD, row 1: (−0.5 + 1) / 2 = 0.25, row 0: 0 → / 2 rows = 0.125
+    assert opd.loss.item() == pytest.approx(0.125)
+    opd.loss.backward()
+    assert logp_cur.grad is not None
+    # d/dℓ of the OPD-only row: −ρ·A / (2 tokens · 2 rows) = [−0.125, 0.25]; row 0 gets none
+    assert logp_cur.grad.tolist() == [[0.0, 0.0], pytest.approx([-0.125, 0.25])]
+
+
 def test_opd_advantage_clips_at_plus_minus_c() -> None:
     # ℓ_T − ℓ_old = [2.0, −3.0, 0.4, −0.7] → clip to [−1, 1] → [1.0, −1.0, 0.4, −0.7]
     adv = opd_advantages(t([[1.5, -3.5, -0.1, -1.2]]), t([[-0.5, -0.5, -0.5, -0.5]]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,117 @@ def test_hybrid_reports_both_parts_and_gradient_checkpointing_runs(tiny: Path) -
     assert result.losses["total"] == pytest.approx(
         result.losses["rl"] + 0.5 * result.losses["opd"], abs=1e-5
     )
+
+
+def test_opd_only_sample_trains_in_opd_and_hybrid_but_not_in_rl(tiny: Path) -> None:
+    # A hinted turn with a zero score: no RL tokens, every token in the OPD mask.
+    opd_only = sample(0, reward=0.0, loss_mask=[0, 0, 0], opd_mask=[1, 1, 1], hints=["run pytest"])
+    runs = (("opd", "trained", 3), ("hybrid", "trained", 3), ("rl", "masked", 0))
+    for method, status, tokens in runs:
+        # ratio reference = the trainer's own log-probs: ρ = 1, so no token is clipped away
+        core = make_core(tiny, method=method, old_logprobs="trainer")
+        before = [p.detach().clone() for p in core.model.parameters()]
+        result = core.train_step([opd_only], current_version=0)
+        assert (result.outcomes[0].status, result.trained_tokens) == (status, tokens), method
+        changed = any(
+            not torch.equal(a, b) for a, b in zip(before, core.model.parameters(), strict=True)
+        )
+        assert changed == (method != "rl"), method
+    # An older event without opd_mask: OPD follows the (zero) loss mask, as before.
+    legacy = sample(0, reward=0.0, loss_mask=[0, 0, 0], hints=["run pytest"])
+    result = make_core(tiny, method="opd").train_step([legacy], current_version=0)
+    assert result.outcomes[0].status == "masked" and result.trained_tokens == 0
+
+
+def test_hybrid_averages_opd_over_the_batch_and_opd_over_hinted_rows(tiny: Path) -> None:
+    # Teacher = frozen copy of the same weights and ratio reference = the trainer's own
+    # log-probs, so the OPD row's per-row mean is the same under both methods; hybrid divides
+    # it by the 2 rows of the batch, opd by its 1 hinted row (the reference's OPD batches hold
+    # hinted turns only).
+    batch = [
+        sample(0, reward=0.0, loss_mask=[0, 0, 0], opd_mask=[1, 1, 1], hints=["run pytest"]),
+        sample(1, reward=1.0, opd_mask=[0, 0, 0]),
+    ]
+    opd = make_core(tiny, method="opd", old_logprobs="trainer").train_step(batch, 0)
+    hybrid = make_core(tiny, method="hybrid", old_logprobs="trainer").train_step(batch, 0)
+    assert opd.losses["opd"] != 0.0
+    assert hybrid.losses["opd"] == pytest.approx(opd.losses["opd"] / 2, rel=1e-5)
+    assert [o.status for o in opd.outcomes] == ["trained", "no_hint"]
+
+
+def _own_logprobs(core: TrainerCore, batch: list[Sample]) -> list[list[float]]:
+    """Behaviour log-probs as the trainer's own forward pass computes them (same batch)."""
+    from pipeline.trainer import losses as L
+
+    with torch.no_grad():
+        logits = core._response_logits(
+            core.model, [s.prompt_token_ids for s in batch], [s.response_token_ids for s in batch]
+        )
+        rmax = max(len(s.response_token_ids) for s in batch)
+        ids = torch.tensor([s.response_token_ids + [0] * (rmax - len(s.response_token_ids))
+                            for s in batch])
+        logp = L.token_logprobs(logits, ids)
+    return [logp[b, : len(s.response_token_ids)].tolist() for b, s in enumerate(batch)]
+
+
+def test_logprob_drift_is_zero_with_the_same_weights_and_not_after_a_step(tiny: Path) -> None:
+    core = make_core(tiny)
+    batch = [sample(0, response=5), sample(1, prompt=6, response=3, reward=-1.0)]
+    batch = [
+        dataclasses.replace(s, behavior_logprobs=lp)
+        for s, lp in zip(batch, _own_logprobs(core, batch), strict=True)
+    ]
+    first = core.train_step(batch, current_version=0)
+    assert first.metrics["logprob_drift_mean"] == 0.0
+    assert first.metrics["logprob_drift_max"] == 0.0
+    assert first.metrics["logprob_drift_tokens"] == 8.0
+    second = core.train_step(batch, current_version=0)  # the weights moved (lr 1e-2)
+    assert second.metrics["logprob_drift_max"] > second.metrics["logprob_drift_mean"] > 0.0
+    # stale samples are not at the behaviour version: no drift figure from them
+    third = core.train_step(batch, current_version=1)
+    assert "logprob_drift_mean" not in third.metrics
+
+
+def test_old_logprobs_trainer_makes_the_ratio_one(tiny: Path) -> None:
+    # behaviour log-probs far from the model's: with the engine reference every token is
+    # clipped away (ρ ≫ 1.28, A > 0), with the trainer's own recomputation ρ = 1 and it trains.
+    batch = [sample(0, behavior_logprobs=[-30.0] * 3)]
+    engine = make_core(tiny).train_step(batch, 0)
+    trainer = make_core(tiny, old_logprobs="trainer").train_step(batch, 0)
+    assert engine.clip_fraction == 1.0 and engine.grad_norm == 0.0
+    assert trainer.clip_fraction == 0.0 and trainer.kl == 0.0 and trainer.grad_norm
+
+
+def test_hf_backend_logprob_drift(tiny: Path) -> None:
+    """Engine (hf backend, token by token with a KV cache) vs trainer (one padded forward):
+    the figure the README quotes."""
+    import asyncio
+
+    from pipeline.serving.backends.base import Done, SamplingParams
+    from pipeline.serving.backends.hf import HFBackend
+
+    backend = HFBackend(tiny, workers=1)
+
+    async def gen(prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
+        ids: list[int] = []
+        lps: list[float] = []
+        async for item in backend.generate(prompt, SamplingParams(max_tokens=32, seed=seed)):
+            if not isinstance(item, Done):
+                ids += item.token_ids
+                lps += item.logprobs
+        return ids, lps
+
+    batch = []
+    for i in range(8):
+        prompt = [1] + [40 + (7 * i + j) % 300 for j in range(16 + 4 * i)]
+        ids, lps = asyncio.run(gen(prompt, seed=i))
+        batch.append(sample(i, prompt_token_ids=prompt, response_token_ids=ids,
+                            loss_mask=[1] * len(ids), behavior_logprobs=lps))
+    asyncio.run(backend.close())
+    m = make_core(tiny).train_step(batch, current_version=0).metrics
+    n = m["logprob_drift_tokens"]
+    print(
+        f"hf backend vs trainer log-prob drift (tiny model, fp32 CPU, {n:.0f} tokens): "
+        f"mean {m['logprob_drift_mean']:.2e}, max {m['logprob_drift_max']:.2e}"
+    )
+    assert m["logprob_drift_max"] < 1e-3
