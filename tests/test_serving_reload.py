@@ -15,7 +15,7 @@ from pipeline import events
 from pipeline.kafka import EventProducer, names
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
-from pipeline.serving.reloader import Reloader
+from pipeline.serving.reloader import Reloader, local_dir
 from pipeline.serving.settings import ServeSettings
 from pipeline.serving.testing import running
 from pipeline.settings import Settings
@@ -159,3 +159,71 @@ def test_five_versions_under_concurrent_traffic(
     assert by_session == seen, "each interaction records the version that answered it"
     ok = [e.version for _, e in rec.events if isinstance(e, events.ServingStatus) and e.ok]
     assert ok == sorted(ok) and ok[-1] == 5
+
+
+def _corrupt(ev: events.WeightsPublished) -> None:
+    """Flip bytes of a published file, keeping its size (a disk or copy error)."""
+    path = local_dir(ev.uri) / ev.files[0]["path"]
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 8] = b"\xff" * 8
+    path.write_bytes(bytes(raw))
+
+
+def test_corrupt_newest_falls_back_to_newest_valid(tmp_path: Path, tiny_backend: HFBackend) -> None:
+    """Before: the newest of a batch failed and the older ones were forgotten (served v0)."""
+    rec = FakeRecorder()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        policy = tiny_backend.policy_id
+        r = Reloader(Settings(), tiny_backend, loop, replica_id="r0", emit=rec.record)
+        found = [manifest(tiny_backend, tmp_path, v, policy) for v in (1, 2, 3)]
+        _corrupt(found[2])
+        r.candidates = {ev.version: ev for ev in found}
+        assert r.load_newest() == 2 and tiny_backend.version == 2
+        statuses = [(s.ok, s.version) for _, s in rec.events if isinstance(s, events.ServingStatus)]
+        assert statuses == [(False, 0), (True, 2)]
+        assert r.candidates == {} and 3 in r.failed
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+
+
+@pytest.mark.integration
+def test_restarted_gateway_serves_newest_valid_version(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path, tiny_backend: HFBackend  # type: ignore[no-untyped-def]
+) -> None:
+    from .conftest import create_topic
+
+    topic, policy = f"test.weights.{unique}", tiny_backend.policy_id
+    create_topic(admin, topic)
+    found = [manifest(tiny_backend, tmp_path, v, policy) for v in (1, 2, 3)]
+    _corrupt(found[2])
+    producer = EventProducer(kafka_settings)
+    for ev in found:
+        producer.send(topic, ev)
+    producer.flush()
+    rec = FakeRecorder()
+    gateway = Gateway(ServeSettings(record=False, reload=False), tiny_backend, rec)  # type: ignore[arg-type]
+    reloader: list[Reloader] = []
+
+    async def startup() -> None:
+        r = Reloader(kafka_settings, tiny_backend, asyncio.get_running_loop(),
+                     replica_id="r-restart", emit=rec.record, topic=topic)
+        r.start()
+        reloader.append(r)
+
+    async def shutdown() -> None:
+        await asyncio.to_thread(reloader[0].close)
+
+    with running(create_app(gateway, startup, shutdown)) as url:
+        deadline = time.monotonic() + 30
+        while tiny_backend.version < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)  # and it stays there
+        body = {"model": policy, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200
+    assert resp.headers["x-liverl-weight-version"] == "2", "newest valid, not v0"
+    failed = [s for _, s in rec.events if isinstance(s, events.ServingStatus) and not s.ok]
+    assert len(failed) == 1 and "sha256" in (failed[0].error or "")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+
+import pytest
 
 from pipeline.serving.spool import Spool
 
@@ -48,3 +51,48 @@ def test_segments_rotate_and_are_deleted(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.log"))) <= 2
     spool.close()
     assert Spool(tmp_path, segment_bytes=50).pending == 0
+
+
+def test_failed_append_is_rolled_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails midway (disk full at fsync) must leave neither a partial frame nor
+    an uncounted record behind: that made later records arrive late and counts go wrong."""
+    import pipeline.serving.spool as spool_mod
+
+    spool = Spool(tmp_path)
+    spool.append([b"a"])
+    seg = next(tmp_path.glob("*.log"))
+    size = seg.stat().st_size
+    real_fsync = spool_mod.os.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_mod.os, "fsync", full)
+    with pytest.raises(OSError):
+        spool.append([b"lost-1", b"lost-2"])
+    monkeypatch.setattr(spool_mod.os, "fsync", real_fsync)
+    assert seg.stat().st_size == size and spool.pending == 1
+    spool.append([b"b"])
+    assert spool.peek(10)[0] == [b"a", b"b"] and spool.pending == 2
+    spool.close()
+    assert Spool(tmp_path).peek(10)[0] == [b"a", b"b"]
+
+
+def test_ack_that_cannot_be_persisted_still_advances(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([b"a", b"b"])
+    _, cur = spool.peek(1)
+    (tmp_path / "acked.json.tmp").mkdir()  # the position file cannot be written
+    spool.ack(cur)
+    assert spool.ack_error and spool.pending == 1 and spool.peek(10)[0] == [b"b"]
+    (tmp_path / "acked.json.tmp").rmdir()
+    spool.ack(spool.peek(10)[1])
+    assert spool.ack_error is None and spool.pending == 0
+
+
+def test_check_reports_an_unwritable_dir(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.check()
+    (tmp_path / ".probe").mkdir()  # the probe file cannot be created
+    with pytest.raises(OSError):
+        spool.check()
