@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.base import SamplingParams
@@ -21,7 +22,8 @@ from .test_serving_hf import FakeRecorder
 
 def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
     """Answers /generate with fixed tokens and the current weight version, like SGLang."""
-    state: dict[str, Any] = {"version": "0", "requests": [], "reloads": [], "fail": False}
+    state: dict[str, Any] = {"version": "0", "requests": [], "reloads": [], "fail": False,
+                             "adapters": {}, "lora_calls": []}
     answer = tokenizer("Paris is the capital.", add_special_tokens=False)["input_ids"]
     answer = [*answer, tokenizer.eos_token_id]
     app = FastAPI()
@@ -30,6 +32,11 @@ def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
     async def generate(request: Request) -> dict[str, Any]:
         body = await request.json()
         state["requests"].append(body)
+        lora_name = body.get("lora_path")
+        if lora_name is not None and lora_name not in state["adapters"]:
+            return JSONResponse({"error": {"message": f"unknown lora {lora_name}"}}, 400)
+        if state.get("slow"):
+            await asyncio.sleep(state["slow"])
         n = min(len(answer), body["sampling_params"]["max_new_tokens"])
         out = answer[:n]
         return {
@@ -50,6 +57,22 @@ def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
             return {"success": False, "message": "shape mismatch"}
         state["version"] = body["weight_version"]
         return {"success": True, "message": "ok"}
+
+    @app.post("/load_lora_adapter")
+    async def load_lora(request: Request) -> JSONResponse:
+        body = await request.json()
+        state["lora_calls"].append(("load", body))
+        if state.get("lora_fail"):
+            return JSONResponse({"success": False, "error_message": "rank 64 > max 16"}, 400)
+        state["adapters"][body["lora_name"]] = body["lora_path"]
+        return JSONResponse({"success": True, "loaded_adapters": state["adapters"]})
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora(request: Request) -> JSONResponse:
+        body = await request.json()
+        state["lora_calls"].append(("unload", body))
+        state["adapters"].pop(body["lora_name"], None)
+        return JSONResponse({"success": True, "loaded_adapters": state["adapters"]})
 
     return app, state
 
@@ -143,3 +166,49 @@ def test_unreachable_sglang_is_502_not_500(tmp_path: Path) -> None:
     )
     assert resp.status_code == 502
     assert resp.json()["error"]["code"] == "backend_error"
+
+
+def test_lora_versions_use_dynamic_adapter_loading(sglang, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Adapter versions go through /load_lora_adapter; each request names the adapter that
+    was live when it started; an adapter is unloaded only once no request runs on it."""
+    url, path, state = sglang
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    for d in (v1, v2):
+        d.mkdir()
+        (d / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 4, "lora_alpha": 8}')
+
+    async def go() -> None:
+        backend = SGLangBackend(url, path, policy_id="pol")
+        await backend.reload(v1, 1)
+        assert state["lora_calls"] == [
+            ("load", {"lora_name": "pol-v1", "lora_path": str(v1), "pinned": False})
+        ]
+        assert state["reloads"] == []  # not a full-weights update
+        items = [i async for i in backend.generate([1, 2], SamplingParams(max_tokens=2))]
+        assert state["requests"][-1]["lora_path"] == "pol-v1"
+        assert items[-1].weight_version == 1
+
+        state["slow"] = 0.5  # a request on v1 is running while v2 arrives
+
+        async def on_v1() -> int:
+            got = [i async for i in backend.generate([1, 2], SamplingParams(max_tokens=2))]
+            return got[-1].weight_version  # type: ignore[union-attr]
+
+        running = asyncio.create_task(on_v1())
+        await asyncio.sleep(0.1)
+        await backend.reload(v2, 2)
+        assert "pol-v1" in state["adapters"]  # still in use: not unloaded yet
+        assert await running == 1
+        assert ("unload", {"lora_name": "pol-v1"}) in state["lora_calls"]
+        assert set(state["adapters"]) == {"pol-v2"}
+        state["slow"] = 0
+        items = [i async for i in backend.generate([1, 2], SamplingParams(max_tokens=2))]
+        assert state["requests"][-1]["lora_path"] == "pol-v2" and items[-1].weight_version == 2
+
+        state["lora_fail"] = True
+        with pytest.raises(SGLangError, match="load_lora_adapter failed: rank 64"):
+            await backend.reload(v1, 3)
+        assert backend.version == 2
+        await backend.close()
+
+    asyncio.run(go())

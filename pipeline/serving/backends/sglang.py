@@ -6,17 +6,29 @@ engine's own tokens and log-probs, never re-tokenized. Start SGLang with
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` so its log-probs use the same basis as the hf backend
 (raw distribution, temperature 1); otherwise they are the sampler's temperature/top-p ones.
 Generation is one non-streaming call; the gateway still streams it to the client as SSE.
+
+Weight versions: full weights go through ``/update_weights_from_disk``; a LoRA version (a folder
+with ``adapter_config.json``) through SGLang's dynamic LoRA loading: ``/load_lora_adapter``
+registers it under the name ``<policy>-v<N>``, each request names the adapter that was live
+when it started (``lora_path`` on ``/generate``), and an adapter no request uses any more is
+unloaded (``/unload_lora_adapter``). Start SGLang with ``--enable-lora --max-lora-rank R
+--lora-target-modules all`` so adapters can be loaded that were not there at launch.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from . import lora
 from .base import Done, Piece, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class SGLangError(RuntimeError):
@@ -41,6 +53,9 @@ class SGLangBackend:
         self.policy_id = policy_id
         self.context_length = context_length
         self._version = version
+        self._adapter: str | None = None  # live LoRA name on the server, None: base weights
+        self._in_use: Counter[str] = Counter()  # adapter name -> requests running on it
+        self._loaded: set[str] = set()  # adapters this gateway loaded and not yet unloaded
         self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
 
     @property
@@ -59,16 +74,24 @@ class SGLangBackend:
             sampling["stop"] = params.stop
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
-        body = {
+        body: dict[str, Any] = {
             "input_ids": prompt_ids,
             "sampling_params": sampling,
             "return_logprob": True,
             "stream": False,
         }
+        version, adapter = self._version, self._adapter  # this request's snapshot
+        if adapter is not None:
+            body["lora_path"] = adapter
+            self._in_use[adapter] += 1
         try:
             resp = await self._client.post("/generate", json=body)
         except httpx.HTTPError as exc:
             raise SGLangError(f"SGLang at {self.url} unreachable: {exc}") from exc
+        finally:
+            if adapter is not None:
+                self._in_use[adapter] -= 1
+                await self._unload_unused()
         if resp.status_code != 200:
             raise SGLangError(f"SGLang /generate answered {resp.status_code}: {resp.text[:300]}")
         data = resp.json()
@@ -83,9 +106,14 @@ class SGLangBackend:
         yield Piece(ids, logprobs)
         finish = (meta.get("finish_reason") or {}).get("type", "stop")
         reason = finish if finish in ("stop", "length", "abort") else "stop"
-        yield Done(finish_reason=reason, weight_version=_version(meta, self._version))
+        # With an adapter the version is the adapter's; SGLang's weight_version is the base's.
+        served = version if adapter is not None else _version(meta, version)
+        yield Done(finish_reason=reason, weight_version=served)
 
     async def reload(self, path: Path, version: int) -> None:
+        if lora.is_adapter_dir(path):
+            await self._load_adapter(path, version)
+            return
         body = {
             "model_path": str(path),
             "weight_version": str(version),
@@ -103,6 +131,39 @@ class SGLangBackend:
             detail = data.get("message") if isinstance(data, dict) else None
             raise SGLangError(f"update_weights_from_disk failed: {detail or resp.text[:300]}")
         self._version = max(self._version, version)
+        self._adapter = None
+        await self._unload_unused()
+
+    async def _load_adapter(self, path: Path, version: int) -> None:
+        name = f"{self.policy_id}-v{version}"
+        body = {"lora_name": name, "lora_path": str(path), "pinned": False}
+        try:
+            resp = await self._client.post("/load_lora_adapter", json=body)
+        except httpx.HTTPError as exc:
+            raise SGLangError(f"SGLang at {self.url} unreachable: {exc}") from exc
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {}
+        if resp.status_code != 200 or not isinstance(data, dict) or not data.get("success"):
+            detail = (data.get("error_message") or data.get("message")) if isinstance(
+                data, dict) else None
+            raise SGLangError(f"load_lora_adapter failed: {detail or resp.text[:300]}")
+        if version > self._version:
+            self._version, self._adapter = version, name
+            self._loaded.add(name)
+        await self._unload_unused()
+
+    async def _unload_unused(self) -> None:
+        """Unload adapters that are neither live nor used by a running request."""
+        for name in [n for n in self._loaded if n != self._adapter and self._in_use[n] <= 0]:
+            self._loaded.discard(name)
+            try:
+                resp = await self._client.post("/unload_lora_adapter", json={"lora_name": name})
+                if resp.status_code != 200:
+                    log.warning("unload of adapter %s answered %s", name, resp.status_code)
+            except httpx.HTTPError as exc:  # the server keeps an extra adapter; harmless
+                log.warning("unload of adapter %s failed: %s", name, exc)
 
     async def close(self) -> None:
         await self._client.aclose()
