@@ -162,3 +162,14 @@ def test_crash_at_any_stage_then_recovery_writes_each_row_once(
     assert {r["day"] for r in rows(cfg, "trajectories")} == {"2026-09-21"}
     meta = DeltaTable(str(cfg.lake_root / "trajectories")).metadata()
     assert meta.partition_columns == ["day"]
+
+
+def test_drift_and_opd_mask_columns(tiny: Path, tmp_path: Path) -> None:
+    cfg, core = setup(tiny, tmp_path)
+    publish_one(cfg, core, Publisher(cfg), 1, records(2))  # samples of version 0: fresh
+    publish_one(cfg, core, Publisher(cfg), 2, records(2, 2))  # still version 0: stale
+    steps = sorted(rows(cfg, "gradient_steps"), key=lambda r: r["step"])
+    assert steps[0]["logprob_drift_max"] >= steps[0]["logprob_drift_mean"] > 0.0
+    assert steps[1]["logprob_drift_mean"] is None and steps[1]["logprob_drift_max"] is None
+    # samples written without opd_mask: the OPD mask recorded is their loss mask
+    assert {tuple(r["opd_mask"]) for r in rows(cfg, "trajectories")} == {(1, 1, 0)}

@@ -27,7 +27,8 @@ TRAJECTORIES_SCHEMA = pa.schema(
         ("prompt_token_ids", pa.list_(pa.int32())),
         ("response_token_ids", pa.list_(pa.int32())),
         ("response_text", pa.string()),
-        ("loss_mask", pa.list_(pa.int8())),
+        ("loss_mask", pa.list_(pa.int8())),  # the RL term's mask
+        ("opd_mask", pa.list_(pa.int8())),  # the OPD term's (loss_mask for older samples)
         ("behavior_logprobs", pa.list_(pa.float32())),
         ("reward", pa.float64()),
         ("hints", pa.list_(pa.string())),
@@ -63,6 +64,10 @@ GRADIENT_STEPS_SCHEMA = pa.schema(
         ("trained_tokens", pa.int64()),
         ("dropped_stale", pa.int64()),
         ("reward_mean", pa.float64()),
+        # |engine - trainer| log-prob over the step's samples made by the current version
+        # (null when none was): numerical drift between serving and training
+        ("logprob_drift_mean", pa.float64()),
+        ("logprob_drift_max", pa.float64()),
         ("consumed_offsets", pa.string()),  # JSON {"partition": next_offset}
         ("metrics", pa.string()),  # JSON of every loss metric
         ("ts_ms", pa.int64()),

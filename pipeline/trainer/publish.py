@@ -76,6 +76,7 @@ def trajectory_rows(
                 "response_token_ids": s.response_token_ids,  # type: ignore[attr-defined]
                 "response_text": tokenizer.decode(s.response_token_ids),  # type: ignore[attr-defined]
                 "loss_mask": s.loss_mask,  # type: ignore[attr-defined]
+                "opd_mask": s.opd_token_mask(),  # type: ignore[attr-defined]
                 "behavior_logprobs": s.behavior_logprobs,  # type: ignore[attr-defined]
                 "reward": s.reward,  # type: ignore[attr-defined]
                 "hints": s.hints,  # type: ignore[attr-defined]
@@ -115,6 +116,8 @@ def step_row(
         "trained_tokens": result.trained_tokens,
         "dropped_stale": result.dropped_stale,
         "reward_mean": result.reward_mean,
+        "logprob_drift_mean": result.metrics.get("logprob_drift_mean"),
+        "logprob_drift_max": result.metrics.get("logprob_drift_max"),
         "consumed_offsets": _json({str(p): o for p, o in sorted(offsets.items())}),
         "metrics": _json(result.metrics),
         "ts_ms": ts_ms,
