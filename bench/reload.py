@@ -1,11 +1,12 @@
 """Weight reload latency: a published version until the gateway answers with it.
 
 For each version: the trainer's atomic writer (safetensors, sha256 manifest, fsync, rename),
-then the ``weights`` event on Kafka, then the gateway's reloader (verify sha256, load into
-a shadow copy, swap between requests) until an answer carries the new version. Printed
-next to the floor: just reading and hashing the same files.
+then the ``weights`` event on Kafka, then the gateway's reloader (verify sha256, load, swap
+between requests) until an answer carries the new version. Printed next to the floor: just
+reading and hashing the same files. The default model versions a LoRA adapter (peft, r=16 on
+every projection: the adapter is the version); ``--model tiny`` versions full weights.
 
-    LIVERL_STATE_DIR=.liverl/test .venv/bin/python bench/reload.py [--versions 10]
+    LIVERL_STATE_DIR=.liverl/test .venv/bin/python bench/reload.py [--model tiny] [--versions 10]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from pipeline import events
 from pipeline.kafka import EventProducer, names
-from pipeline.models.tiny import ensure_tiny_model
+from pipeline.models import store
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.build import build_app
 from pipeline.serving.settings import ServeSettings
@@ -34,14 +35,39 @@ from pipeline.trainer.checkpoint import Manifest, write_version
 TRAINER = events.Producer(component="bench-reload", version="1")
 
 
-def _write(root: Path, model: torch.nn.Module, policy: str, version: int) -> Manifest:
+def _write(root: Path, model: torch.nn.Module, policy: str, version: int,
+           base: dict[str, str] | None) -> Manifest:
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.0 + 1e-3)  # a different version, same shapes
+        for name, p in model.named_parameters():
+            if base is None:
+                p.mul_(1.0 + 1e-3)  # a different version, same shapes
+            elif "lora_B" in name:
+                p.normal_(0.0, 1e-3)
     manifest = Manifest(policy, version, version - 1 or None, version, events.now_ms(),
-                        names.SAMPLES, {}, [])
-    write_version(root, manifest, lambda tmp: model.save_pretrained(tmp))
+                        names.SAMPLES, {}, [], base_model=base)
+
+    def files(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        (tmp / "README.md").unlink(missing_ok=True)  # peft's model card is not served
+
+    write_version(root, manifest, files)
     return manifest
+
+
+def _policy_model(model_dir: Path, lora: bool) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    if not lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    from pipeline.trainer.config import TrainerSettings
+
+    cfg = TrainerSettings()
+    return get_peft_model(model, LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules,
+        lora_dropout=0.0, task_type="CAUSAL_LM"))
 
 
 def _read_floor(folder: Path) -> float:
@@ -57,14 +83,16 @@ def _read_floor(folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=10)
+    parser.add_argument("--model", default=store.DEFAULT_MODEL,
+                        help="tiny (full weights) or a store model (LoRA adapter versions)")
     args = parser.parse_args()
-
-    from transformers import AutoModelForCausalLM
 
     settings = Settings()
     policy = f"bench-reload-{uuid.uuid4().hex[:8]}"
-    model_dir = ensure_tiny_model()
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model_dir = store.resolve(args.model)
+    lora = args.model != store.TINY
+    model = _policy_model(model_dir, lora)
+    base = {"path": str(model_dir), "fingerprint": store.fingerprint(model_dir)} if lora else None
     backend = HFBackend(model_dir, policy_id=policy, workers=2)
     producer = EventProducer(settings, client_id="bench-reload")
     writes, floors, to_answer, totals = [], [], [], []
@@ -77,7 +105,7 @@ def main() -> None:
             c.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
             for version in range(1, args.versions + 1):
                 t0 = time.perf_counter()
-                manifest = _write(root, model, policy, version)
+                manifest = _write(root, model, policy, version, base)
                 t_written = time.perf_counter()
                 folder = root / policy / f"v{version}"
                 producer.send(names.WEIGHTS, events.WeightsPublished(
@@ -88,10 +116,13 @@ def main() -> None:
                 ), key=policy)
                 producer.flush()
                 t_event = time.perf_counter()
-                while True:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
                     reply = c.post(f"{url}/v1/chat/completions", json=body).json()
                     if reply["system_fingerprint"] == f"liverl-v{version}":
                         break
+                else:
+                    raise SystemExit(f"v{version} was not served within 60 s")
                 t_served = time.perf_counter()
                 writes.append(t_written - t0)
                 to_answer.append(t_served - t_event)
@@ -102,8 +133,9 @@ def main() -> None:
     def ms(values: list[float]) -> str:
         return f"p50 {statistics.median(values) * 1e3:7.1f} ms   max {max(values) * 1e3:7.1f} ms"
 
-    print(f"tiny model, {size:.2f} MB of safetensors, {args.versions} versions, "
-          f"Kafka {settings.bootstrap}")
+    kind = "LoRA adapter" if lora else "full weights"
+    print(f"{args.model} ({kind}), {size:.2f} MB of safetensors per version, "
+          f"{args.versions} versions, Kafka {settings.bootstrap}")
     print(f"write version (atomic, fsync)       {ms(writes)}")
     print(f"weights event -> first new answer   {ms(to_answer)}")
     print(f"write + event -> first new answer   {ms(totals)}")

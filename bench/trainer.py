@@ -1,8 +1,12 @@
-"""Trainer throughput with the tiny model on CPU: samples/s, tokens/s and the share of wall
-time spent outside forward/backward/optimizer (Kafka, checks, publishing, Delta). Prints
-figures; asserts nothing.
+"""Trainer throughput on CPU: samples/s, tokens/s and the share of wall time spent outside
+forward/backward/optimizer (Kafka, checks, publishing, Delta). Prints figures; asserts nothing.
 
     python bench/trainer.py [--samples 2048] [--batch 16] [--publish-every default 1] [--no-kafka]
+    python bench/trainer.py --model smollm2-135m-instruct --samples 64 --batch 8 \
+        --prompt 128 --response 64 --methods rl --publish-every 1
+
+``--model tiny`` (default here, full fine-tuning) or a store model (LoRA adapter: what a
+version publishes is the adapter).
 
 With Kafka (default) it needs a broker at the configured bootstrap (``liverl broker up``);
 it writes to a throwaway topic and a temporary folder.
@@ -18,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from pipeline.events import Producer, Sample
+from pipeline.models import store
 from pipeline.models.tiny import ensure_tiny_model
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import TrainerCore
@@ -124,13 +129,19 @@ def main() -> None:
     ap.add_argument("--publish-every", nargs="+", default=["default", "1"],
                     help="'default' (settings cadence) and/or step counts")
     ap.add_argument("--no-kafka", action="store_true")
+    ap.add_argument("--model", default="tiny", help="tiny or a store model (LoRA)")
+    ap.add_argument("--methods", nargs="+", default=["rl", "hybrid"])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = ensure_tiny_model(Path(tmp) / "tiny")
+        if args.model == "tiny":
+            model = ensure_tiny_model(Path(tmp) / "tiny")
+        else:
+            model = store.resolve(args.model)
         data = samples(args.samples, "bench", args.prompt, args.response)
-        print(f"tiny model, {args.samples} samples of {args.prompt}+{args.response} tokens, "
-              f"batch {args.batch}, CPU")
-        for method in ("rl", "hybrid"):
+        kind = "full fine-tuning" if args.model == "tiny" else "LoRA r=16"
+        print(f"{args.model} ({kind}), {args.samples} samples of {args.prompt}+{args.response} "
+              f"tokens, batch {args.batch}, CPU")
+        for method in args.methods:
             bench_core(model, data, args.batch, method)
         if not args.no_kafka:
             for every in args.publish_every:

@@ -286,6 +286,11 @@ def resolve(model: str | Path | None, *, root: Path | None = None,
     )
 
 
+def is_store_model(model: str | Path) -> bool:
+    """A store name, or a directory the store converted (it holds the store's manifest)."""
+    return str(model) in REGISTRY or (Path(model) / MANIFEST).is_file()
+
+
 @dataclass(frozen=True)
 class CachedModel:
     name: str

@@ -46,7 +46,7 @@ def _crash_hook() -> object:
     default="auto",
     show_default=True,
     help="Train a LoRA adapter (peft; versions are the adapter only) or every weight; "
-    "auto: lora, full for the tiny model.",
+    "auto: lora for store models, full for 'tiny' and other model dirs.",
 )
 @click.option("--lora-r", type=int, default=16, show_default=True, help="LoRA rank.")
 @click.option("--lora-alpha", type=float, default=32.0, show_default=True)

@@ -49,7 +49,8 @@ class TrainerSettings(BaseModel):
 
     # what is trained: a LoRA adapter (peft) on the frozen base, or every weight
     adapter: Literal["auto", "lora", "full"] = Field(
-        default="auto", description="auto: lora, except full for the tiny built-in model."
+        default="auto",
+        description="auto: lora for store models (the default), full for 'tiny' and other dirs.",
     )
     lora_r: int = Field(default=16, ge=1)
     lora_alpha: float = Field(default=32.0, gt=0)
@@ -145,7 +146,13 @@ class TrainerSettings(BaseModel):
 
     @property
     def uses_lora(self) -> bool:
-        return self.adapter == "lora" or (self.adapter == "auto" and self.model != "tiny")
+        """auto: LoRA for store models (the real default), full for the tiny model and
+        other local directories."""
+        if self.adapter != "auto":
+            return self.adapter == "lora"
+        from pipeline.models.store import is_store_model
+
+        return is_store_model(self.model)
 
     @property
     def learning_rate(self) -> float:
