@@ -30,7 +30,8 @@ BASE = {
         {
             "id": "bad",
             "kind": "forbidden_pattern",
-            "patterns": ["rm -rf /"],
+            "patterns": ["rm -rf /", "git push --force( |$)"],
+            "alternatives": ["git push --force-with-lease"],
             "penalty": 0.3,
             "compliance": 0.02,
         },
@@ -64,46 +65,72 @@ def test_default_rules_load():
 
 def test_forbidden_command_and_its_compliance_bonus():
     rs, h = rules(), PathHistory()
-    r = rs.evaluate(0, [call("ls")], h)
-    assert (r.phi, r.compliance_bonus, r.rule_ids) == (0.02, 0.02, ["bad"])
+    r = rs.evaluate(0, [call("ls")], h)  # not forbidden, but not an alternative either
+    assert (r.phi, r.compliance_bonus, r.rule_ids) == (0.0, 0.0, [])
     r = rs.evaluate(1, [call("ls"), call("rm -rf / ")], h)
     assert (r.phi, r.compliance_bonus) == (-0.3, 0.0)
     assert r.hits == [{"rule_id": "bad", "detail": "rm -rf / "}]
-    assert rs.evaluate(2, [], h).phi == 0.0  # no action, no verdict: never punish inaction
+    lease = call("git push --force-with-lease origin main")
+    r = rs.evaluate(2, [lease], h)  # the compliant alternative to --force: +mu
+    assert (r.phi, r.compliance_bonus, r.rule_ids) == (0.02, 0.02, ["bad"])
+    assert rs.evaluate(3, [lease], h).phi == 0.0  # the same call again: credited once
+    assert rs.evaluate(4, [call("git push --force origin main")], h).phi == -0.3
+    assert rs.evaluate(5, [], h).phi == 0.0  # no action, no verdict: never punish inaction
 
 
 def test_identical_failing_calls_beyond_n():
     rs, h = rules(), PathHistory()
     fail = call("make", "Error 2")
-    assert rs.evaluate(0, [fail], h).phi == pytest.approx(0.02)  # 1st failure
-    assert rs.evaluate(1, [fail], h).phi == pytest.approx(0.02)  # 2nd: N = 2 allowed
-    third = rs.evaluate(2, [fail], h)  # 3rd identical failing call: -0.2 + 0.02
-    assert third.phi == pytest.approx(-0.18)
+    assert rs.evaluate(0, [fail], h).phi == 0.0  # 1st failure
+    assert rs.evaluate(1, [fail], h).phi == 0.0  # 2nd: N = 2 allowed
+    third = rs.evaluate(2, [fail], h)  # 3rd identical failing call: -lambda
+    assert third.phi == pytest.approx(-0.2)
     assert third.hits[0] == {"rule_id": "rep", "detail": 'shell:{"cmd":"make"} failed 3 times'}
-    # Same call with arguments reordered is identical; a different call after failures is
-    # verified recovery: +0.05 (rep) + 0.02 (bad).
+    # A different call that succeeds after the failure recovers from it: +0.05, once.
     changed = rs.evaluate(3, [call("make clean")], h)
-    assert changed.phi == pytest.approx(0.07) and changed.compliance_bonus == pytest.approx(0.07)
+    assert changed.phi == pytest.approx(0.05) and changed.compliance_bonus == pytest.approx(0.05)
+    assert rs.evaluate(4, [call("make clean")], h).phi == 0.0
     assert ToolCall("a", "f", '{"x": 1, "y": 2}').key == ToolCall("b", "f", '{"y": 2, "x": 1}').key
+
+
+def test_bonuses_on_a_session_with_a_failure_a_recovery_and_unrelated_calls():
+    rs, h = rules(), PathHistory()
+    phis = [
+        rs.evaluate(0, [call("ls"), call("cat a.py")], h).phi,  # unrelated: 0
+        rs.evaluate(1, [call("pytest", "Error: 1 failed")], h).phi,  # a failure: 0 (1st)
+        rs.evaluate(2, [call("pytest -x")], h).phi,  # the call after it, different, ok: +0.05
+        rs.evaluate(3, [call("ls")], h).phi,  # unrelated, after the recovery: 0
+        # failure and recovery within one turn: +0.05; the unrelated call after it: nothing
+        rs.evaluate(4, [call("make", "error"), call("make -j1"), call("ls -la")], h).phi,
+        rs.evaluate(5, [call("make -j1", "error"), call("make -j1", "error")], h).phi,  # 0
+    ]
+    # Before: 0.02 per turn for "no forbidden command" and 0.05 for every new call after any
+    # failure: [0.02, 0.02, 0.07, 0.07, 0.07, 0.02].
+    assert phis == pytest.approx([0.0, 0.0, 0.05, 0.0, 0.05, 0.0])
+    assert h.unrecovered == call("make -j1").key  # still pending: the next different call
+    assert rs.evaluate(6, [call("make -j2")], h).phi == pytest.approx(0.05)
 
 
 def test_required_step_within_a_window():
     rs, h = rules(), PathHistory()
     skipped = rs.evaluate(0, [call("git commit -m x")], h)
-    assert skipped.phi == pytest.approx(-0.2 + 0.02)
+    assert skipped.phi == pytest.approx(-0.2)
     rs.evaluate(1, [call("pytest -q")], h)
     done = rs.evaluate(2, [call("git commit -m y")], h)
-    assert done.phi == pytest.approx(0.05 + 0.02)
+    assert done.phi == pytest.approx(0.05)
     stale = rs.evaluate(5, [call("git commit -m z")], h)  # pytest was 4 turns ago > 2
-    assert stale.phi == pytest.approx(-0.2 + 0.02)
+    assert stale.phi == pytest.approx(-0.2)
     same_turn = rs.evaluate(9, [call("pytest"), call("git commit")], PathHistory())
-    assert same_turn.phi == pytest.approx(0.05 + 0.02)
+    assert same_turn.phi == pytest.approx(0.05)
 
 
 def test_history_round_trips_as_json():
     rs, h = rules(), PathHistory()
     rs.evaluate(0, [call("make", "error")], h)
     assert PathHistory.from_json(h.to_json()) == h
+    assert h.unrecovered is not None
+    # state written before the recovery/credit fields existed
+    assert PathHistory.from_json({"failures": {}, "commands": []}) == PathHistory()
 
 
 def test_inaction_trap_is_rejected_with_an_explanation():

@@ -1,7 +1,12 @@
 """RLVP path penalties: rules as YAML data, validated, evaluated per turn.
 
 R = O + beta * Phi with Phi = -lambda per violated rule (at most once per rule and turn, so the
-path part is bounded) + mu per verified compliance. Validation enforces DESIGN.md section 5:
+path part is bounded) + mu per verified compliance. A compliance bonus rewards the compliant
+alternative to a specific violation, never mere absence of one (RLVP: avoiding the bad move must
+not be worth more than the outcome): a forbidden pattern pays mu only for a call matching one of
+its ``alternatives`` (each distinct call once per session), a required step for the trigger done
+after its requirement, and a repeated failing call once, for the first different call that
+succeeds after a failure (the recovery from that failure). Validation enforces DESIGN.md section 5:
 (1) only verifiable bad actions, never lack of progress; (2) the outcome stays the main driver;
 (3) every penalty is paired with a compliance reward; (4) the compliant path is reachable and
 the rule cannot be farmed.
@@ -39,6 +44,11 @@ class RuleSpec(BaseModel):
     compliance: float = Field(default=0.0, description="mu, the paired compliance bonus")
     max_repeats: int | None = None
     patterns: list[str] = Field(default_factory=list)
+    alternatives: list[str] = Field(
+        default_factory=list,
+        description="forbidden_pattern: the compliant forms of the forbidden action (e.g. "
+        "--force-with-lease for --force); only these earn the compliance bonus.",
+    )
     trigger: str | None = None
     requires: str | None = None
     within_turns: int | None = None
@@ -89,19 +99,32 @@ class ToolCall:
 
 @dataclass
 class PathHistory:
-    """Per-session memory the rules need: failure counts and recent commands (JSON-able)."""
+    """Per-session memory the rules need (JSON-able): failure counts, recent commands, the
+    failed call still awaiting its recovery, and the alternatives already credited."""
 
     failures: dict[str, int] = field(default_factory=dict)
     commands: list[tuple[int, str]] = field(default_factory=list)
+    unrecovered: str | None = None  # key of the last failed call, until a recovery
+    credited: list[str] = field(default_factory=list)  # "<rule id> <call key>"
 
     def to_json(self) -> dict[str, Any]:
-        return {"failures": self.failures, "commands": [list(c) for c in self.commands]}
+        return {
+            "failures": self.failures,
+            "commands": [list(c) for c in self.commands],
+            "unrecovered": self.unrecovered,
+            "credited": self.credited,
+        }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any] | None) -> PathHistory:
         if not obj:
             return cls()
-        return cls(dict(obj["failures"]), [(int(t), str(c)) for t, c in obj["commands"]])
+        return cls(
+            dict(obj["failures"]),
+            [(int(t), str(c)) for t, c in obj["commands"]],
+            obj.get("unrecovered"),
+            list(obj.get("credited", [])),
+        )
 
 
 @dataclass(frozen=True)
@@ -129,6 +152,7 @@ class RuleSet:
         self._compiled = {
             r.id: {
                 "patterns": [re.compile(p) for p in r.patterns],
+                "alternatives": [re.compile(p) for p in r.alternatives],
                 "trigger": re.compile(r.trigger) if r.trigger else None,
                 "requires": re.compile(r.requires) if r.requires else None,
             }
@@ -150,8 +174,9 @@ class RuleSet:
         """Score one turn's tool calls and update ``history`` (call once per turn, in order)."""
         hits: list[RuleHit] = []
         phi = bonus = 0.0
+        recovery, unrecovered = self._recovery(calls, history.unrecovered)
         for rule in self.spec.rules:
-            outcome = self._apply(rule, turn, calls, history)
+            outcome = self._apply(rule, turn, calls, history, recovery)
             if outcome is None:
                 continue
             violated, detail = outcome
@@ -166,30 +191,58 @@ class RuleSet:
             history.commands.append((turn, call.command))
             if self.is_failure(call.result):
                 history.failures[call.key] = history.failures.get(call.key, 0) + 1
+        history.unrecovered = unrecovered
         del history.commands[:-200]
+        del history.credited[:-200]
         return PathResult(round(phi, 10), round(bonus, 10), hits)
 
+    def _recovery(
+        self, calls: Sequence[ToolCall], unrecovered: str | None
+    ) -> tuple[ToolCall | None, str | None]:
+        """The call (if any) that recovers from the pending failure, and what is pending after
+        this turn. Calls are taken in order: a failing call becomes the pending failure; the
+        first later call that differs from it and does not fail recovers from it, once."""
+        recovered = None
+        for call in calls:
+            failed = self.is_failure(call.result)
+            if unrecovered is not None and call.key != unrecovered and not failed:
+                recovered = recovered or call
+                unrecovered = None
+            if failed:
+                unrecovered = call.key
+        return recovered, unrecovered
+
     def _apply(
-        self, rule: RuleSpec, turn: int, calls: Sequence[ToolCall], history: PathHistory
+        self,
+        rule: RuleSpec,
+        turn: int,
+        calls: Sequence[ToolCall],
+        history: PathHistory,
+        recovery: ToolCall | None = None,
     ) -> tuple[bool, str] | None:
-        """(violated, detail), or None when the rule does not apply to this turn."""
+        """(violated, detail), (False, detail) for a verified compliance, or None when the
+        rule does not apply to this turn."""
         c = self._compiled[rule.id]
         if rule.kind == "forbidden_pattern":
-            if not calls:
-                return None
             for call in calls:
                 if any(p.search(call.command) for p in c["patterns"]):
                     return True, call.command[:200]
-            return False, f"{len(calls)} call(s), none forbidden"
+            for call in calls:  # the compliant alternative, each distinct call credited once
+                tag = f"{rule.id} {call.key}"
+                if tag not in history.credited and any(
+                    p.search(call.command) for p in c["alternatives"]
+                ):
+                    history.credited.append(tag)
+                    return False, f"compliant alternative: {call.command[:160]}"
+            return None
         if rule.kind == "repeated_failing_call":
             assert rule.max_repeats is not None
             for call in calls:
                 before = history.failures.get(call.key, 0)
                 if before >= rule.max_repeats and self.is_failure(call.result):
                     return True, f"{call.key[:160]} failed {before + 1} times"
-            for call in calls:  # recovery: after a failure, tried something different
-                if history.failures and call.key not in history.failures:
-                    return False, f"changed approach after a failure: {call.name}"
+            if recovery is not None:
+                return False, f"recovered from a failure with a different call: {recovery.name}"
             return None
         if rule.kind == "required_step":
             for call in calls:
@@ -247,6 +300,13 @@ def validate_spec(spec: RuleSetSpec) -> None:
                     problems.append(
                         f"{where}: pattern {p!r} matches the empty command, so no compliant "
                         "path exists (design rule 4: the compliant path must be reachable)"
+                    )
+            for p in r.alternatives:
+                rx = _compile(p, where, problems)
+                if rx is not None and rx.search("") is not None:
+                    problems.append(
+                        f"{where}: alternative {p!r} matches every command, so its bonus is "
+                        "farmable (design rule 4)"
                     )
         elif r.kind == "repeated_failing_call":
             if r.max_repeats is None or r.max_repeats < 1:
