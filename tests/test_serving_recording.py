@@ -51,7 +51,9 @@ def test_outage_spools_and_drains_exactly_once(tmp_path: Path) -> None:
             if s.name in (names.INTERACTIONS, names.WEIGHTS, names.SERVING_STATUS)
         ]
         topics.apply(admin, topics.plan(admin, specs))
-        cfg = ServeSettings(spool_dir=tmp_path / "spool", delivery_timeout_s=2.0, reload=False)
+        cfg = ServeSettings(
+            model_path="tiny", spool_dir=tmp_path / "spool", delivery_timeout_s=2.0, reload=False
+        )
         sent: list[str] = []
         app = build_app(cfg, settings)
         with running(app) as url, httpx.Client(timeout=60) as c:
