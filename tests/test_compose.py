@@ -35,3 +35,24 @@ def test_liverl_services_run_real_cli_commands() -> None:
             flags = {opt for p in sub.params for opt in getattr(p, "opts", [])}
             given = {arg for arg in command[1:] if arg.startswith("--")}
             assert given <= flags, f"{name}: unknown flags {given - flags}"
+
+
+def test_gpu_profile_routes_a_gateway_to_sglang_with_original_logprobs() -> None:
+    from pipeline.serving.settings import ServeSettings
+
+    services = COMPOSE["services"]
+    assert services["sglang"]["environment"]["SGLANG_RETURN_ORIGINAL_LOGPROB"] == "1"
+    gpu = [
+        name
+        for name, svc in services.items()
+        if svc.get("profiles") == ["gpu"] and svc.get("command", [None])[0] == "serve"
+    ]
+    assert gpu == ["gateway-sglang"]
+    svc = services["gateway-sglang"]
+    env = svc["environment"]
+    prefix = "LIVERL_SERVE_"
+    fields = {k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)}
+    assert set(fields) <= set(ServeSettings.model_fields) | {"api_keys"}
+    assert fields["backend"] == "sglang"
+    assert fields["sglang_url"] == "http://sglang:30000"
+    assert svc["depends_on"]["sglang"]["condition"] == "service_healthy"
