@@ -135,6 +135,13 @@ def check_writable(path: Path, what: str) -> None:
 )
 @click.option("--max-body-bytes", default=4 * 1024 * 1024, show_default=True, type=int)
 @click.option("--no-record", is_flag=True, help="Serve without recording interactions.")
+@click.option(
+    "--serve-without-training",
+    is_flag=True,
+    default=False,
+    help="While events cannot be recorded (spool unwritable and Kafka down), serve turns "
+    "that would train anyway instead of answering 503 (the loss is counted).",
+)
 @click.option("--no-reload", is_flag=True, help="Do not follow liverl.weights.v1.")
 @click.option("--require-promoted", is_flag=True, help="Load only promoted weight versions.")
 @click.option(
