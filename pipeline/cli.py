@@ -173,7 +173,11 @@ def _specs(settings: Settings):  # type: ignore[no-untyped-def]
     from pipeline.kafka.topics import TopicSpecError, load_specs
 
     try:
-        return load_specs(settings.topics.specs_dir, settings.topics.replication_factor)
+        return load_specs(
+            settings.topics.specs_dir,
+            settings.topics.replication_factor,
+            max_record_bytes=settings.kafka.max_record_bytes,
+        )
     except TopicSpecError as exc:
         _fail(str(exc))
 

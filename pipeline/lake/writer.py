@@ -38,6 +38,7 @@ def append_once(
         table_uri,
         data,
         mode="append",
+        schema_mode="merge",  # columns added in later releases extend older lakes
         partition_by=partition_by,
         commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
     )
@@ -76,6 +77,7 @@ class Appender:
             self._table if self._table is not None else self.uri,
             data,
             mode="append",
+            schema_mode="merge",
             partition_by=self.partition_by,
             commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
         )
