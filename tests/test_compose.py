@@ -56,3 +56,18 @@ def test_gpu_profile_routes_a_gateway_to_sglang_with_original_logprobs() -> None
     assert fields["backend"] == "sglang"
     assert fields["sglang_url"] == "http://sglang:30000"
     assert svc["depends_on"]["sglang"]["condition"] == "service_healthy"
+
+
+def test_named_volumes_are_declared_and_the_model_is_pulled_once() -> None:
+    declared = set(COMPOSE["volumes"])
+    for name, svc in COMPOSE["services"].items():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/", "$")):
+                assert source in declared, f"{name} mounts undeclared volume {source}"
+    services = COMPOSE["services"]
+    assert services["model"]["command"] == ["models", "pull"]
+    for name in ("gateway", "trainer", "gateway-sglang", "sglang"):
+        condition = services[name]["depends_on"]["model"]["condition"]
+        assert condition == "service_completed_successfully", name
+    assert "--enable-lora" in services["sglang"]["command"]
