@@ -500,15 +500,23 @@ def create_app(
         )
 
     @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        """``ok``, or 503 ``degraded`` with ``reasons`` when data would be lost."""
+    async def healthz(request: Request) -> JSONResponse:
+        """``ok``, or 503 ``degraded`` with ``reasons`` when data would be lost or weights are
+        no longer followed; ``warnings`` for what is survivable (a failed reloader poll)."""
         rec = gateway.recorder
         reasons = [r for r in (gateway.recording_problem(),) if r]
+        warnings: list[str] = []
+        for r in getattr(request.app.state, "reloader", None) or []:
+            if getattr(r, "error", None):
+                warnings.append(f"weights reloader: {r.error}")
+            if getattr(r, "died", False):
+                reasons.append("the weights reloader has stopped")
         lost = getattr(rec, "lost", 0)
         return JSONResponse(
             {
                 "status": "degraded" if reasons else "ok",
                 "reasons": reasons,
+                "warnings": warnings,
                 "policy_id": gateway.backend.policy_id,
                 "weight_version": gateway.backend.version,
                 "record_backlog": rec.backlog if rec else 0,

@@ -91,6 +91,12 @@ class Reloader:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def died(self) -> bool:
+        """Started, not closed, and yet its thread is gone (health reports it)."""
+        t = self._thread
+        return t.ident is not None and not t.is_alive() and not self._stop.is_set()
+
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._thread.join(timeout=timeout)
