@@ -1,7 +1,8 @@
 """`liverl up`: the embedded default closes the loop and stops everything on Ctrl-C.
 
-Conversations from the `openai` SDK become interactions, rewards and samples; the trainer
-turns them into a weight version that the gateway then serves; `trajectories` names for
+The default is the real SmolLM2-135M-Instruct with LoRA: it answers in plain English,
+conversations from the `openai` SDK become interactions, rewards and samples; the trainer
+turns them into an adapter version that the gateway then serves; `trajectories` names for
 every sample the version that produced it and the step that consumed it.
 """
 
@@ -47,6 +48,7 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         "LIVERL_STATE_DIR": str(tmp_path / "state"),
         "LIVERL_BROKER_PORT": str(free_port()),
         "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()),
+        "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),  # other workers may hold 6066
     }
     log = tmp_path / "up.log"
     with open(log, "wb") as out:
@@ -73,6 +75,14 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert f"OpenAI base URL: http://127.0.0.1:{gateway}/v1" in text
 
         client = OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="local")
+        fact = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16,
+            temperature=0,
+            extra_headers={"X-Liverl-Train": "false"},
+        )
+        assert "Paris" in (fact.choices[0].message.content or ""), fact
         replies = ["thanks, that works!", "no, that is wrong"]
         for session in ("loop-a", "loop-b"):
             messages = [{"role": "user", "content": "count to three"}]
@@ -105,11 +115,21 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
                 extra_headers={"X-Session-Id": "probe"},
             ).system_fingerprint
         assert served != "liverl-v0", (tmp_path / "state" / "logs" / "trainer.log").read_text()
+        # The version is a LoRA adapter, published as the adapter alone.
+        version_dir = tmp_path / "state" / "weights" / "default" / "v1"
+        servable = sorted(p.name for p in version_dir.iterdir() if p.is_file())
+        assert servable == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
 
         from deltalake import DeltaTable
 
-        rows = DeltaTable(str(tmp_path / "state" / "lake" / "trajectories")).to_pyarrow_table()
-        rows = rows.to_pylist()
+        # Sessions close at different moments, so their samples may train in separate steps
+        # (and versions): wait until every turn has a trajectory row.
+        table = str(tmp_path / "state" / "lake" / "trajectories")
+        rows: list[dict] = []
+        deadline = time.monotonic() + 180
+        while len(rows) < 6 and time.monotonic() < deadline:
+            rows = DeltaTable(table).to_pyarrow_table().to_pylist()
+            time.sleep(1)
         assert sorted((r["session_id"], r["turn"]) for r in rows) == [
             (s, t) for s in ("loop-a", "loop-b") for t in range(3)
         ]
