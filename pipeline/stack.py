@@ -2,7 +2,10 @@
 
 Each component is the same ``liverl`` command a user (or docker compose) would run, so the
 embedded default and production share entry points. Ctrl-C or SIGTERM stops them in
-reverse order: SIGTERM, a grace period, then SIGKILL.
+reverse order: SIGTERM, a grace period, then SIGKILL. Children run in their own sessions (a
+terminal's Ctrl-C reaches only ``up``, which stops them in order) and get SIGTERM from the
+kernel if ``up`` itself dies without stopping them (SIGKILL, OOM): no orphaned trainer keeps
+a model in memory.
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ class Running:
     log: Path
 
 
+def _die_with_parent() -> None:
+    """Linux ``PR_SET_PDEATHSIG``: SIGTERM this child when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def start(settings: Settings, components: list[Component]) -> list[Running]:
     logs = Path(settings.state_dir).resolve() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -45,6 +59,7 @@ def start(settings: Settings, components: list[Component]) -> list[Running]:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
                 env=os.environ.copy(),
             )
         running.append(Running(comp, proc, log))

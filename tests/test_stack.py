@@ -155,3 +155,27 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.integration
+def test_components_die_with_a_killed_up() -> None:
+    """A SIGKILLed parent leaves no orphans: children get SIGTERM from the kernel."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "from pipeline.stack import _die_with_parent\n"
+         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+         " start_new_session=True, preexec_fn=_die_with_parent)\n"
+         "print(c.pid, flush=True)\n"
+         "time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert _running(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(child)
