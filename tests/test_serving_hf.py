@@ -148,7 +148,10 @@ def test_openai_sdk_plain_and_streaming(served, backend: HFBackend) -> None:  # 
     assert turns[1].response_token_ids == turns[0].response_token_ids
 
 
-def test_tools_pass_through_and_tool_calls_parsed(backend: HFBackend) -> None:
+def test_tools_reach_the_prompt_and_tool_calls_parsed(backend: HFBackend) -> None:
+    """The tiny model's template ignores ``tools``, so the gateway writes them into a system
+    message (Hermes style) instead of dropping them; a template that renders tools gets them
+    as the ``tools`` argument (tests/test_serving_chat.py)."""
     from openai import OpenAI
 
     rec = FakeRecorder()
@@ -158,6 +161,7 @@ def test_tools_pass_through_and_tool_calls_parsed(backend: HFBackend) -> None:
 
     def spy(messages: Any, **kw: Any) -> Any:
         seen["tools"] = kw.get("tools")
+        seen["messages"] = messages
         return real(messages, **kw)
 
     call = '<tool_call>{"name": "shell", "arguments": {"cmd": "ls"}}</tool_call>'
@@ -185,7 +189,10 @@ def test_tools_pass_through_and_tool_calls_parsed(backend: HFBackend) -> None:
             chunks = list(stream)
     finally:
         backend.tokenizer.apply_chat_template = real
-    assert seen["tools"] == tools
+    assert seen["tools"] is None
+    system = seen["messages"][0]
+    assert system["role"] == "system" and "<tools>" in system["content"]
+    assert json.dumps(tools[0], ensure_ascii=False) in system["content"]
     msg = out.choices[0].message
     assert out.choices[0].finish_reason == "tool_calls"
     assert msg.content == "Let me look."
