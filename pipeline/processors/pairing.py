@@ -1,6 +1,8 @@
 """Next-state pairing: when turn t+1 of a session arrives, what it adds after turn t's prompt
-and answer is turn t's next state. Also evaluates the turn's path penalties, because pairing
-is where a turn's tool calls meet their results, in session order.
+and answer is turn t's next state. Tool results that report a shell exit code make it a
+``terminal`` next state with that code and the output's tails (see ``terminal.py``), so the
+judges see a verifiable pass/fail instead of raw tool text. Also evaluates the turn's path
+penalties, because pairing is where a turn's tool calls meet their results, in session order.
 
 :class:`Pairer` is pure: state is a JSON-able dict per session (a Faust table value), and every
 call returns the events to emit. Event ids are derived from the parent interaction ids and the
@@ -16,6 +18,7 @@ from pipeline.events import Interaction, NextState, PathPenalty, Producer, deriv
 
 from .judges import content_text
 from .penalties import PathHistory, RuleSet, ToolCall
+from .terminal import combined_exit_code, parse_tool_message
 
 SessionState = dict[str, Any]
 
@@ -131,6 +134,14 @@ class Pairer:
         roles = [m.get("role") for m in added]
         kind = "user_reply" if "user" in roles or not roles else "tool_result"
         role = "user" if "user" in roles else (roles[0] if roles else None)
+        detail: dict[str, Any] = {"messages": added}
+        exit_code = None
+        if kind == "tool_result":
+            shells = [r for m in added if (r := parse_tool_message(m)) is not None]
+            exit_code = combined_exit_code(shells)
+            if exit_code is not None:
+                kind = "terminal"
+                detail["terminal"] = [r.to_json() for r in shells]
         parents = [prev["event_id"], inter.event_id]
         return NextState(
             event_id=derive_event_id("next_state", parents, self.version, kind),
@@ -142,8 +153,9 @@ class Pairer:
             kind=kind,
             role=role,
             content="\n".join(content_text(m.get("content")) for m in added),
+            exit_code=exit_code,
             source="pairing",
-            detail={"messages": added},
+            detail=detail,
         )
 
     def _penalty(
