@@ -37,6 +37,8 @@ from .auth import Authenticator, RateLimiter
 from .backends.base import Backend, Done, Piece, SamplingParams
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
 from .errors import ApiError
+from .feedback import FeedbackRequest, handle_feedback
+from .hooks import HookPayload, handle_hook
 from .metrics import Metrics
 from .protocol import ChatRequest, check_depth, parse_request
 from .recorder import Recorder
@@ -101,14 +103,16 @@ class Gateway:
 
     # ---- request handling ---------------------------------------------------------------
 
-    async def read_body(self, request: Request) -> Any:
-        """The parsed body, bounded in size, time and depth."""
+    async def read_body(self, request: Request, limit: int | None = None) -> Any:
+        """The parsed body, bounded in size (``limit``, default ``max_body_bytes``), time and
+        depth."""
+        limit = limit or self.cfg.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
-            raise self._too_large()
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise self._too_large(limit)
         try:
             async with asyncio.timeout(self.cfg.body_timeout_s):
-                buf = await self._read_limited(request)
+                buf = await self._read_limited(request, limit)
         except TimeoutError:
             raise ApiError(
                 408,
@@ -123,20 +127,16 @@ class Gateway:
         check_depth(doc, self.cfg.max_json_depth)
         return doc
 
-    async def _read_limited(self, request: Request) -> bytearray:
+    async def _read_limited(self, request: Request, limit: int) -> bytearray:
         buf = bytearray()
         async for chunk in request.stream():
             buf += chunk
-            if len(buf) > self.cfg.max_body_bytes:
-                raise self._too_large()
+            if len(buf) > limit:
+                raise self._too_large(limit)
         return buf
 
-    def _too_large(self) -> ApiError:
-        return ApiError(
-            413,
-            f"request body exceeds {self.cfg.max_body_bytes} bytes",
-            code="request_too_large",
-        )
+    def _too_large(self, limit: int) -> ApiError:
+        return ApiError(413, f"request body exceeds {limit} bytes", code="request_too_large")
 
     def prepare(self, request: Request, doc: Any, key_id: str) -> Turn:
         req = parse_request(doc)
@@ -480,6 +480,34 @@ def create_app(
             ).response()
         m.requests.labels("200").inc()
         return resp
+
+    # Next states from outside the conversation (feedback.py, hooks.py): same key check and
+    # rate limit as chat; bodies bounded by next_state_max_body_bytes.
+    @app.post(
+        "/v1/feedback",
+        response_model=None,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": FeedbackRequest.model_json_schema()}},
+            }
+        },
+    )
+    async def feedback(request: Request) -> Response:
+        return await handle_feedback(gateway, request)
+
+    @app.post(
+        "/v1/hooks/{event}",
+        response_model=None,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": HookPayload.model_json_schema()}},
+            }
+        },
+    )
+    async def hook(event: str, request: Request) -> Response:
+        return await handle_hook(gateway, event, request)
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

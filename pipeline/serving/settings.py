@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -80,6 +80,27 @@ class ServeSettings(BaseModel):
 
     record: bool = True
     interactions_topic: str = "liverl.interactions.v1"
+    next_states_topic: str = Field(
+        default="liverl.next_states.v1",
+        description="Where /v1/feedback and /v1/hooks/* record next states.",
+    )
+    next_state_max_body_bytes: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        description="Largest body of /v1/feedback and /v1/hooks/* (413 beyond): they carry a "
+        "reply, a score or a hook payload, never a conversation.",
+    )
+    next_state_max_chars: int = Field(
+        default=16_000,
+        ge=1,
+        description="Longest text a feedback or hook body may carry (feedback `text`, a hook's "
+        "`prompt`); 400 beyond, nothing recorded.",
+    )
+    hook_stop_scores: dict[str, Annotated[float, Field(ge=-1, le=1)]] = Field(
+        default_factory=lambda: {"error": -1.0, "aborted": -1.0},
+        description="The `stop` hook's `status` -> score of the session's last turn (in "
+        "[-1, 1]); a status not listed (e.g. completed) closes the session without a score.",
+    )
     spool_dir: Path = Path(".liverl/spool")
     spool_segment_bytes: int = 64 * 1024 * 1024
     delivery_timeout_s: float = Field(

@@ -1,0 +1,202 @@
+"""``POST /v1/feedback``: thumbs, a score or words about a turn, as a ``feedback`` next state.
+
+Feedback often comes from outside the conversation (a thumbs button, a review tool), so it is
+recorded on its own rather than waiting for a next turn. It goes through the gateway's
+recorder (memory queue -> fsynced spool -> Kafka), like interactions, and is authenticated and
+rate-limited like ``/v1/chat/completions``.
+
+Request (JSON, at most ``next_state_max_body_bytes``; unknown fields are refused)::
+
+    {"session_id": "s1", "turn": 3 | "last", "thumbs": "up" | "down",
+     "score": -1.0..1.0, "text": "too long, use bullet points"}
+
+At least one of ``thumbs``, ``score``, ``text``. ``score`` wins over ``thumbs`` (up = 1,
+down = -1) but must not contradict it. ``"last"`` (the default) is the session's latest turn
+recorded by this gateway while the session is open (400 ``session_not_found`` otherwise; pass
+the turn number, from the ``X-Liverl-Turn`` response header, to rate a turn of a closed or
+another replica's session). Response::
+
+    {"object": "feedback", "id": "<event id>", "session_id": "s1", "turn": 3,
+     "kind": "feedback", "score": 1.0, "recorded": true}
+
+``recorded`` is false when the gateway runs with recording off. Bad payloads get an
+OpenAI-style 4xx and nothing is recorded. Any authenticated caller may rate any session, as
+with ``liverl record-outcome``; ``detail.key_id`` names the caller's key for audits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline import __version__, events
+
+from .errors import ApiError
+from .sessions import MAX_ID_CHARS, Sessions
+
+if TYPE_CHECKING:
+    from .app import Gateway
+
+PRODUCER = events.Producer(component="gateway", version=__version__)
+MAX_TURN = 2**31 - 1
+M = TypeVar("M", bound=BaseModel)
+
+Turn = Annotated[int, Field(strict=True, ge=0, le=MAX_TURN)]
+
+
+class FeedbackRequest(BaseModel):
+    """The body of ``POST /v1/feedback``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    turn: Turn | Literal["last"] = "last"
+    thumbs: Literal["up", "down"] | None = None
+    score: float | None = Field(default=None, ge=-1, le=1, strict=True, allow_inf_nan=False)
+    text: str | None = None
+
+    def outcome(self) -> float | None:
+        """The explicit score: ``score``, else the thumbs as +-1, else None (text only)."""
+        if self.score is not None:
+            return float(self.score)
+        return None if self.thumbs is None else (1.0 if self.thumbs == "up" else -1.0)
+
+
+# ---- shared by the feedback and hook routes ---------------------------------------------------
+
+
+def authorize(gateway: Gateway, request: Request) -> str:
+    """The caller's key id, checked and rate-limited exactly as for chat completions."""
+    key_id = gateway.auth.key_id(request.headers.get("authorization"))
+    gateway.limiter.check(key_id)
+    return key_id
+
+
+def validated(model: type[M], doc: Any) -> M:
+    """``doc`` as ``model``, or the OpenAI-style 4xx naming the offending field."""
+    if not isinstance(doc, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise ApiError(
+            422, f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value"
+        ) from None
+
+
+def check_text(value: str | None, limit: int, param: str) -> None:
+    """400 when a text that would be recorded is longer than ``limit`` characters."""
+    if value is not None and len(value) > limit:
+        raise ApiError(
+            400, f"{param} is longer than {limit} characters", param=param, code="text_too_long"
+        )
+
+
+def last_turn(sessions: Sessions, session_id: str) -> int | None:
+    """The session's latest recorded main turn on this gateway; None when the session is
+    unknown here (never seen, closed, or evicted). The registry keeps the next turn index."""
+    nxt = sessions._turns.get(session_id)
+    return None if not nxt else nxt - 1
+
+
+def record(gateway: Gateway, event: events.NextState) -> bool:
+    """Hand a next state to the recorder (False: recording is off). 503 while events would
+    be lost, as for a chat turn that would train."""
+    problem = gateway.recording_problem()
+    if problem:
+        raise ApiError(
+            503,
+            f"next states cannot be recorded right now ({problem}); retry later",
+            type="server_error",
+            code="recording_unavailable",
+            headers={"Retry-After": "5"},
+        )
+    if gateway.recorder is None:
+        return False
+    gateway.recorder.record(gateway.cfg.next_states_topic, event)
+    return True
+
+
+# ---- feedback -----------------------------------------------------------------------------------
+
+
+def resolve_turn(sessions: Sessions, session_id: str, turn: int | str) -> int:
+    """The turn a feedback is about: ``"last"`` must name an open session of this gateway; a
+    number must not be ahead of what this gateway recorded for a session it knows."""
+    last = last_turn(sessions, session_id)
+    if turn == "last":
+        if last is None:
+            raise ApiError(
+                400,
+                f"session {session_id!r} has no open turn on this gateway; pass the turn number",
+                param="session_id",
+                code="session_not_found",
+            )
+        return last
+    assert isinstance(turn, int)
+    if last is not None and turn > last:
+        raise ApiError(
+            400,
+            f"turn {turn} of session {session_id!r} has not been recorded (last is {last})",
+            param="turn",
+            code="turn_not_found",
+        )
+    return turn
+
+
+def feedback_event(req: FeedbackRequest, turn: int, key_id: str) -> events.NextState:
+    """The ``feedback`` next state of one turn (a root event: random id)."""
+    detail: dict[str, Any] = {"key_id": key_id}
+    if req.thumbs is not None:
+        detail["thumbs"] = req.thumbs
+    return events.NextState(
+        event_id=events.new_event_id(),
+        producer=PRODUCER,
+        session_id=req.session_id,
+        turn=turn,
+        kind="feedback",
+        content=req.text or "",
+        role="user",
+        source="feedback",
+        score=req.outcome(),
+        detail=detail,
+    )
+
+
+def parse_feedback(doc: Any, max_chars: int) -> FeedbackRequest:
+    """A valid feedback request or the 4xx saying why not."""
+    req = validated(FeedbackRequest, doc)
+    check_text(req.text, max_chars, "text")
+    if req.thumbs is None and req.score is None and not req.text:
+        raise ApiError(400, "feedback needs thumbs, score or text", code="empty_feedback")
+    sign = 1 if req.thumbs == "up" else -1
+    if req.thumbs is not None and req.score is not None and req.score * sign < 0:
+        raise ApiError(
+            400, f"score {req.score:g} contradicts thumbs {req.thumbs!r}", param="score"
+        )
+    return req
+
+
+async def handle_feedback(gateway: Gateway, request: Request) -> JSONResponse:
+    key_id = authorize(gateway, request)
+    doc = await gateway.read_body(request, gateway.cfg.next_state_max_body_bytes)
+    req = parse_feedback(doc, gateway.cfg.next_state_max_chars)
+    turn = resolve_turn(gateway.sessions, req.session_id, req.turn)
+    event = feedback_event(req, turn, key_id)
+    recorded = record(gateway, event)
+    return JSONResponse(
+        {
+            "object": "feedback",
+            "id": event.event_id,
+            "session_id": req.session_id,
+            "turn": turn,
+            "kind": event.kind,
+            "score": event.score,
+            "recorded": recorded,
+        }
+    )

@@ -1,0 +1,283 @@
+"""POST /v1/feedback: bounded, authenticated, and recorded as a ``feedback`` next state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from fastapi.testclient import TestClient
+
+from pipeline import events
+from pipeline.kafka import names
+from pipeline.serving.app import Gateway, create_app
+from pipeline.serving.backends.hf import HFBackend
+from pipeline.serving.recorder import Recorder
+from pipeline.serving.settings import ServeSettings, hash_key
+from pipeline.serving.spool import Spool
+from pipeline.settings import Settings
+
+MODEL = "liverl-tiny-v1"
+URL = "/v1/feedback"
+
+
+class ListRecorder:
+    """Stands in for the recorder: keeps what the gateway hands over."""
+
+    backlog = 0
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, events.Event]] = []
+
+    def record(self, topic: str, event: events.Event) -> None:
+        self.records.append((topic, event))
+
+
+@pytest.fixture(scope="module")
+def backend() -> HFBackend:
+    from pipeline.models.tiny import ensure_tiny_model
+
+    return HFBackend(ensure_tiny_model(), workers=1, context_length=64)
+
+
+def client(backend: HFBackend, recorder: Any = None, **cfg: Any) -> TestClient:
+    settings = ServeSettings(reload=False, **cfg)
+    gateway = Gateway(settings, backend, recorder)
+    return TestClient(create_app(gateway), raise_server_exceptions=False)
+
+
+def chat(c: TestClient | httpx.Client, session: str, base: str = "", **headers: str) -> int:
+    """One recorded turn of ``session``; returns its turn number."""
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    resp = c.post(f"{base}/v1/chat/completions", json=body,
+                  headers={"X-Session-Id": session, **headers})
+    assert resp.status_code == 200, resp.text
+    return int(resp.headers["x-liverl-turn"])
+
+
+def err(resp: httpx.Response, status: int, param: str | None = None) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert body["param"] == param, body
+    return body
+
+
+# ---- validation, limits and access: 4xx and nothing recorded ------------------------------------
+
+
+def test_feedback_on_the_last_turn_and_on_a_numbered_one(backend: HFBackend) -> None:
+    rec = ListRecorder()
+    c = client(backend, rec)
+    assert [chat(c, "fb-1") for _ in range(2)] == [0, 1]
+    rec.records.clear()
+    resp = c.post(URL, json={"session_id": "fb-1", "thumbs": "up"})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body | {"id": "x"} == {
+        "object": "feedback",
+        "id": "x",
+        "session_id": "fb-1",
+        "turn": 1,
+        "kind": "feedback",
+        "score": 1.0,
+        "recorded": True,
+    }
+    resp = c.post(URL, json={"session_id": "fb-1", "turn": 0, "score": -0.5, "text": "too long"})
+    assert resp.status_code == 200, resp.text
+    (t1, up), (t2, scored) = rec.records
+    assert t1 == t2 == "liverl.next_states.v1"
+    assert isinstance(up, events.NextState) and isinstance(scored, events.NextState)
+    assert (up.kind, up.turn, up.score, up.content, up.source) == ("feedback", 1, 1.0, "", "feedback")
+    assert up.event_id == body["id"] and up.detail["thumbs"] == "up"
+    assert (scored.turn, scored.score, scored.content, scored.scope) == (0, -0.5, "too long", "turn")
+    # text alone is feedback for the judges to read: no explicit score
+    c.post(URL, json={"session_id": "fb-1", "text": "use bullet points"})
+    assert rec.records[-1][1].score is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"turn": 0, "thumbs": "up"}, 422, "session_id"),
+        ({"session_id": "", "thumbs": "up"}, 422, "session_id"),
+        ({"session_id": "s" * 257, "thumbs": "up"}, 422, "session_id"),
+        ({"session_id": "fb-2", "thumbs": "sideways"}, 422, "thumbs"),
+        ({"session_id": "fb-2", "score": 1.5}, 422, "score"),
+        ({"session_id": "fb-2", "score": -1.01}, 422, "score"),
+        ({"session_id": "fb-2", "score": "1"}, 422, "score"),
+        ({"session_id": "fb-2", "score": True}, 422, "score"),
+        ({"session_id": "fb-2", "turn": -1, "thumbs": "up"}, 422, None),
+        ({"session_id": "fb-2", "turn": "first", "thumbs": "up"}, 422, None),
+        ({"session_id": "fb-2", "turn": 1.0, "thumbs": "up"}, 422, None),
+        ({"session_id": "fb-2", "text": 3}, 422, "text"),
+        ({"session_id": "fb-2", "thumbs": "up", "extra": 1}, 422, "extra"),
+        ({"session_id": "fb-2"}, 400, None),  # nothing to say
+        ({"session_id": "fb-2", "text": ""}, 400, None),
+        ({"session_id": "fb-2", "thumbs": "up", "score": -0.5}, 400, "score"),  # contradiction
+        ({"session_id": "fb-2", "turn": 5, "thumbs": "up"}, 400, "turn"),  # not recorded yet
+        ({"session_id": "never-seen", "thumbs": "up"}, 400, "session_id"),  # "last" unknown
+        (["not", "an", "object"], 400, None),
+    ],
+)
+def test_bad_payloads_are_4xx_and_record_nothing(
+    backend: HFBackend, body: Any, status: int, param: str | None
+) -> None:
+    rec = ListRecorder()
+    c = client(backend, rec)
+    chat(c, "fb-2")
+    rec.records.clear()
+    e = err(c.post(URL, json=body), status, param)
+    if param == "session_id" and status == 400:
+        assert e["code"] == "session_not_found"
+    assert rec.records == []
+
+
+def test_not_json_is_400(backend: HFBackend) -> None:
+    rec = ListRecorder()
+    c = client(backend, rec)
+    err(c.post(URL, content=b"{nope", headers={"Content-Type": "application/json"}), 400)
+    assert rec.records == []
+
+
+def test_each_limit_is_crossed_at_the_edge(backend: HFBackend) -> None:
+    rec = ListRecorder()
+    c = client(backend, rec, next_state_max_body_bytes=2048, next_state_max_chars=100,
+               max_json_depth=4)
+    chat(c, "fb-3")
+    rec.records.clear()
+    ok = {"session_id": "fb-3", "text": "x" * 100}
+    assert c.post(URL, json=ok).status_code == 200
+    e = err(c.post(URL, json={**ok, "text": "x" * 101}), 400, "text")  # text length
+    assert e["code"] == "text_too_long"
+    e = err(c.post(URL, json={**ok, "text": "x" * 3000}), 413)  # body size, declared
+    assert e["code"] == "request_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while reading
+        yield b'{"session_id": "fb-3", "text": "'
+        for _ in range(10):
+            yield b"y" * 500
+        yield b'"}'
+
+    err(c.post(URL, content=chunks()), 413)
+    deep: Any = "x"
+    for _ in range(4):
+        deep = [deep]
+    e = err(c.post(URL, json={**ok, "text": deep}), 400)  # JSON depth (5 > 4)
+    assert e["code"] == "json_too_deep"
+    assert len(rec.records) == 1  # only the first, valid one
+
+
+def test_authenticated_and_rate_limited_like_chat(backend: HFBackend) -> None:
+    rec = ListRecorder()
+    c = client(backend, rec, api_key_hashes=[hash_key("k1")], rate_limit_per_min=6,
+               rate_limit_burst=2)
+    good = {"Authorization": "Bearer k1"}
+    chat(c, "fb-4", **good)
+    rec.records.clear()
+    body = {"session_id": "fb-4", "thumbs": "down"}
+    err(c.post(URL, json=body), 401)
+    err(c.post(URL, json=body, headers={"Authorization": "Bearer k2"}), 401)
+    assert c.post(URL, json=body, headers=good).status_code == 200
+    e = err(c.post(URL, json=body, headers=good), 429)  # burst of 2 spent (chat + feedback)
+    assert e["code"] == "rate_limit_exceeded"
+    assert len(rec.records) == 1
+
+
+def test_recording_off_accepts_and_says_so(backend: HFBackend) -> None:
+    c = client(backend, None, record=False)
+    chat(c, "fb-5")
+    resp = c.post(URL, json={"session_id": "fb-5", "thumbs": "up"})
+    assert resp.status_code == 200 and resp.json()["recorded"] is False
+
+
+def test_lost_recording_is_503(backend: HFBackend, tmp_path: Path) -> None:
+    rec = Recorder(Settings(), Spool(tmp_path / "spool"))
+    c = client(backend, rec)
+    chat(c, "fb-6")
+    queued = rec.backlog  # the chat turn (the recorder is not started)
+    rec.problem = "spool not writable and Kafka unreachable"
+    e = err(c.post(URL, json={"session_id": "fb-6", "thumbs": "up"}), 503)
+    assert e["code"] == "recording_unavailable"
+    assert rec.backlog == queued
+
+
+# ---- end to end on the real broker ----------------------------------------------------------------
+
+
+def next_states_from_now(kafka: Settings, group: str) -> Consumer:
+    """A consumer of next_states positioned at its current end (sees only what follows)."""
+    c = Consumer(kafka.kafka_client_config(**{"group.id": group}))
+    topic = names.NEXT_STATES
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign(
+        [
+            TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
+            for p in parts
+        ]
+    )
+    return c
+
+
+def consume_session(c: Consumer, session: str, want: int, settle_s: float = 3.0) -> list[Any]:
+    """The session's next states: waits for ``want``, then ``settle_s`` more for extras."""
+    got: list[Any] = []
+    deadline = time.monotonic() + 60
+    settle_until: float | None = None
+    while time.monotonic() < deadline:
+        for msg in c.consume(100, timeout=0.5):
+            if msg.error() is None and msg.key() == session.encode():
+                got.append(events.decode(msg.value(), "next_state"))
+        if len(got) >= want and settle_until is None:
+            settle_until = time.monotonic() + settle_s
+        if settle_until is not None and time.monotonic() > settle_until:
+            break
+    c.close()
+    return got
+
+
+def gateway_app(tmp_path: Path, kafka: Settings):  # type: ignore[no-untyped-def]
+    from pipeline.serving.build import build_app
+
+    cfg = ServeSettings(
+        model_path="tiny", spool_dir=tmp_path / "spool", reload=False, turn_recovery_s=0
+    )
+    return build_app(cfg, kafka)
+
+
+@pytest.mark.integration
+def test_feedback_reaches_next_states_on_the_broker(
+    kafka_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    sid = f"fb-e2e-{unique}"
+    consumer = next_states_from_now(kafka_settings, f"fb-{unique}")
+    app = gateway_app(tmp_path, kafka_settings)
+    from pipeline.serving.testing import running
+
+    with running(app) as url, httpx.Client(timeout=60) as c:
+        assert [chat(c, sid, url) for _ in range(2)] == [0, 1]
+        last = c.post(f"{url}{URL}", json={"session_id": sid, "thumbs": "down",
+                                            "text": "Too formal. Use simple steps please."})
+        assert last.status_code == 200, last.text
+        first = c.post(f"{url}{URL}", json={"session_id": sid, "turn": 0, "score": 0.5})
+        assert first.status_code == 200, first.text
+        for bad in ({"session_id": sid, "score": 2}, {"session_id": sid, "text": "x" * 20_000},
+                    {"session_id": sid, "turn": 9, "thumbs": "up"}):
+            assert 400 <= c.post(f"{url}{URL}", json=bad).status_code < 500
+        deadline = time.monotonic() + 30
+        while app.state.recorder.backlog and time.monotonic() < deadline:
+            time.sleep(0.1)
+    got = {ns.event_id: ns for ns in consume_session(consumer, sid, want=2)}
+    assert set(got) == {last.json()["id"], first.json()["id"]}, "exactly the two good ones"
+    down, half = got[last.json()["id"]], got[first.json()["id"]]
+    assert (down.session_id, down.turn, down.kind, down.score, down.role, down.source) == (
+        sid, 1, "feedback", -1.0, "user", "feedback"
+    )
+    assert down.content == "Too formal. Use simple steps please."
+    assert down.detail["thumbs"] == "down" and down.producer.component == "gateway"
+    assert (half.turn, half.score, half.content, half.scope) == (0, 0.5, "", "turn")
