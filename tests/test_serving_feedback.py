@@ -93,9 +93,11 @@ def test_feedback_on_the_last_turn_and_on_a_numbered_one(backend: HFBackend) -> 
     (t1, up), (t2, scored) = rec.records
     assert t1 == t2 == "liverl.next_states.v1"
     assert isinstance(up, events.NextState) and isinstance(scored, events.NextState)
-    assert (up.kind, up.turn, up.score, up.content, up.source) == ("feedback", 1, 1.0, "", "feedback")
+    assert (up.kind, up.turn, up.score, up.content) == ("feedback", 1, 1.0, "")
+    assert up.source == "feedback"
     assert up.event_id == body["id"] and up.detail["thumbs"] == "up"
-    assert (scored.turn, scored.score, scored.content, scored.scope) == (0, -0.5, "too long", "turn")
+    assert (scored.turn, scored.score, scored.content) == (0, -0.5, "too long")
+    assert scored.scope == "turn"
     # text alone is feedback for the judges to read: no explicit score
     c.post(URL, json={"session_id": "fb-1", "text": "use bullet points"})
     assert rec.records[-1][1].score is None  # type: ignore[attr-defined]
@@ -207,7 +209,7 @@ def test_lost_recording_is_503(backend: HFBackend, tmp_path: Path) -> None:
     assert rec.backlog == queued
 
 
-# ---- end to end on the real broker ----------------------------------------------------------------
+# ---- end to end on the real broker -------------------------------------------------------------
 
 
 def next_states_from_now(kafka: Settings, group: str) -> Consumer:
@@ -215,12 +217,8 @@ def next_states_from_now(kafka: Settings, group: str) -> Consumer:
     c = Consumer(kafka.kafka_client_config(**{"group.id": group}))
     topic = names.NEXT_STATES
     parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-    c.assign(
-        [
-            TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1])
-            for p in parts
-        ]
-    )
+    ends = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts]
+    c.assign([TopicPartition(topic, p, end) for p, end in zip(parts, ends, strict=True)])
     return c
 
 
