@@ -138,6 +138,8 @@ class HFBackend:
                     return "stop"
                 if params.stop and self._hit_stop(out_ids, params.stop):
                     return "stop"
+                if len(out_ids) >= params.max_tokens:
+                    break  # no forward pass for a token nobody will read
                 out = model(
                     input_ids=torch.tensor([[token]], device=self.device),
                     past_key_values=out.past_key_values,
