@@ -1,15 +1,28 @@
 """Click commands for the reward pipeline; the lead wires them into ``pipeline.cli``.
 
 ``liverl workers``: run a Faust worker (start more processes with the same app id to scale).
-``liverl record-outcome``: a quality gate's pass/fail as a ``next_states`` event.
+``liverl record-outcome``: a quality gate's pass/fail as a ``next_states`` event; with
+``-- CMD ARGS`` it runs the gate itself and records its exit code and the ends of its output.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO
 
 import click
 
 from pipeline.events import NextState, Producer, new_event_id, now_ms
 from pipeline.settings import Settings, load_settings
+
+from .terminal import TAIL_CHARS, tail
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -74,8 +87,14 @@ def workers(
 
 
 @click.command("record-outcome")
-@click.option("--session", "session_id", required=True, help="Session id.")
-@click.option("--passed/--failed", default=None, required=True, help="Outcome of the gate.")
+@click.option(
+    "--session", "session_id", required=True, envvar="LIVERL_SESSION_ID",
+    help="Session id (env LIVERL_SESSION_ID).",
+)
+@click.option(
+    "--passed/--failed", default=None,
+    help="Outcome of the gate; omit it when a command after -- decides it.",
+)
 @click.option("--turn", type=int, default=None, help="Attach to one turn (default: the session).")
 @click.option(
     "--kind",
@@ -85,24 +104,65 @@ def workers(
 )
 @click.option("--detail", default="", help="Free text (e.g. the failing test names).")
 @click.option("--source", default="record-outcome", show_default=True)
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=1800.0,
+    show_default=True, help="Seconds the command may run; then it is killed (exit 124).",
+)
+@click.option(
+    "--tail", "tail_chars", type=click.IntRange(1, 100_000), default=TAIL_CHARS,
+    show_default=True, help="Characters kept of the end of the command's stdout and stderr.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def record_outcome(
     ctx: click.Context,
     session_id: str,
-    passed: bool,
+    passed: bool | None,
     turn: int | None,
     kind: str,
     detail: str,
     source: str,
+    timeout_s: float,
+    tail_chars: int,
+    command: tuple[str, ...],
 ) -> None:
-    """Record a pass/fail outcome for a session (or one turn) as a next_states event."""
+    """Record a pass/fail outcome for a session (or one turn) as a next_states event.
+
+    Either say it (--passed / --failed) or let a quality gate decide: with
+    `liverl record-outcome --session S -- pytest -q` the command runs (its output passes
+    through), its exit code decides pass/fail, the ends of its output are recorded, and this
+    command exits with the gate's exit code, so it can stand in for the gate in a script.
+    """
     from pipeline.kafka import EventProducer, names
 
-    event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail, source=source)
-    producer = EventProducer(_settings(ctx), client_id="liverl-record-outcome")
-    producer.send(names.NEXT_STATES, event)
-    producer.flush()
-    click.echo(f"recorded {'passed' if passed else 'failed'} for {session_id}: {event.event_id}")
+    if command and passed is not None:
+        raise click.UsageError("give --passed/--failed or a command after --, not both")
+    if not command and passed is None:
+        raise click.UsageError("give --passed/--failed, or a command to run after --")
+    settings = _settings(ctx)
+    gate = None
+    if command:
+        gate = run_gate(list(command), timeout_s, tail_chars)
+        event = gate_event(session_id, list(command), gate, turn=turn, kind=kind,
+                           detail=detail, source=source)
+    else:
+        assert passed is not None
+        event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail,
+                              source=source)
+    verdict = "passed" if event.exit_code == 0 else "failed"
+    try:
+        producer = EventProducer(settings, client_id="liverl-record-outcome")
+        producer.send(names.NEXT_STATES, event)
+        producer.flush()
+    except Exception as exc:  # noqa: BLE001 - Kafka's or the config's: say it, exit non-zero
+        raise click.ClickException(f"{verdict}, but not recorded: {exc}") from exc
+    if gate is None:
+        click.echo(f"recorded {verdict} for {session_id}: {event.event_id}")
+        return
+    click.echo(  # stderr: stdout carried the command's own output
+        f"recorded {verdict} (exit {gate.exit_code}) for {session_id}: {event.event_id}", err=True
+    )
+    ctx.exit(gate.exit_code)
 
 
 def outcome_event(
@@ -131,3 +191,118 @@ def outcome_event(
         detail={"passed": passed},
         scope="session" if turn is None else "turn",
     )
+
+
+# ---- quality gates: run a command, keep its exit code and the ends of its output --------------
+
+TIMEOUT_EXIT = 124  # as GNU timeout
+MAX_COMMAND_CHARS = 1000  # of the command line kept in the event
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """How a gate command ended: shell-style exit code (128+N for signal N, 124 timed out,
+    127 not found, 126 not runnable) and the ends of its output."""
+
+    exit_code: int
+    stdout_tail: str
+    stderr_tail: str
+    timed_out: bool
+    duration_s: float
+
+
+class _Tail:
+    """Copies a stream through while keeping only its last bytes (bounded memory)."""
+
+    def __init__(self, src: IO[bytes], dst: IO[bytes] | None, keep: int) -> None:
+        self.keep = keep
+        self.buf = bytearray()
+        self.thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+        self.thread.start()
+
+    def _pump(self, src: IO[bytes], dst: IO[bytes] | None) -> None:
+        while chunk := src.read1(65536):  # type: ignore[attr-defined]
+            if dst is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    dst.write(chunk)
+                    dst.flush()
+            self.buf += chunk
+            if len(self.buf) > 2 * self.keep:
+                del self.buf[: len(self.buf) - self.keep]
+
+    def text(self, chars: int) -> str:
+        self.thread.join(timeout=5)  # a grandchild may still hold the pipe: do not wait on it
+        return tail(bytes(self.buf[-self.keep :]).decode("utf-8", "replace"), chars)
+
+
+def run_gate(
+    argv: list[str], timeout_s: float, tail_chars: int = TAIL_CHARS, echo: bool = True
+) -> GateResult:
+    """Run ``argv`` (no shell) to its end or the timeout, its output passing through to ours
+    when ``echo``; the whole process group is killed at the timeout."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        return GateResult(code, "", tail(str(exc), tail_chars), False, 0.0)
+    assert proc.stdout is not None and proc.stderr is not None
+    keep = 4 * tail_chars  # bytes: UTF-8 needs at most 4 a character
+    out = _Tail(proc.stdout, click.get_binary_stream("stdout") if echo else None, keep)
+    err = _Tail(proc.stderr, click.get_binary_stream("stderr") if echo else None, keep)
+    timed_out = False
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        code = TIMEOUT_EXIT
+    if code < 0:
+        code = 128 - code  # killed by signal N: 128 + N, as a shell reports it
+    return GateResult(
+        code,
+        out.text(tail_chars),
+        err.text(tail_chars),
+        timed_out,
+        round(time.monotonic() - started, 3),
+    )
+
+
+def gate_event(
+    session_id: str,
+    argv: list[str],
+    gate: GateResult,
+    *,
+    turn: int | None = None,
+    kind: str = "test_result",
+    detail: str = "",
+    source: str = "record-outcome",
+) -> NextState:
+    """The outcome of a gate command: pass/fail from its exit code, the judges' text from the
+    ends of its output (or ``detail`` when given), the rest in ``detail``."""
+    cmd = shlex.join(argv)
+    if len(cmd) > MAX_COMMAND_CHARS:
+        cmd = cmd[: MAX_COMMAND_CHARS - 1] + "…"
+    passed = gate.exit_code == 0
+    text = f"$ {cmd}\n{gate.stdout_tail}"
+    if gate.stderr_tail:
+        text += f"\n[stderr]\n{gate.stderr_tail}"
+    if gate.timed_out:
+        text += "\n[timed out]"
+    event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail or text,
+                          source=source)
+    event.exit_code = gate.exit_code
+    event.detail = {
+        "passed": passed,
+        "command": cmd,
+        "exit_code": gate.exit_code,
+        "stdout_tail": gate.stdout_tail,
+        "stderr_tail": gate.stderr_tail,
+        "timed_out": gate.timed_out,
+        "duration_s": gate.duration_s,
+    }
+    return event
