@@ -9,7 +9,15 @@ import pytest
 
 from pipeline import events
 from pipeline.events import examples
-from pipeline.processors.judges import RuleJudge, make_judge, parse_vote, plurality, select_hints
+from pipeline.processors.judges import (
+    REGISTRY,
+    ReplyJudge,
+    RuleJudge,
+    make_judge,
+    parse_vote,
+    plurality,
+    select_hints,
+)
 
 
 @pytest.mark.parametrize(
@@ -86,6 +94,34 @@ def ns(**kw):  # type: ignore[no-untyped-def]
 def test_rule_judge(kw, score):
     v = asyncio.run(RuleJudge().judge(None, ns(**kw)))  # type: ignore[arg-type]
     assert (v.score, v.votes) == (score, [score])
+
+
+@pytest.mark.parametrize(
+    ("kw", "score"),
+    [
+        ({"exit_code": 0, "kind": "terminal"}, 1),
+        ({"exit_code": 2, "kind": "test_result"}, -1),
+        ({"score": 0.5, "kind": "feedback"}, 1),
+        ({"score": -3.0, "exit_code": 0}, -1),
+        ({"content": "Thanks, but the tests still fail"}, -1),
+        ({"content": "Perfect, thank you!"}, 1),
+        ({"content": "What about the docs?"}, 0),
+        ({"content": "error: thanks", "kind": "tool_result"}, 0),
+        ({"content": "", "kind": "session_end"}, 0),
+        # Where the phrase lists saw nothing (the issue's replies):
+        ({"content": "Great, short and sweet."}, 1),
+        ({"content": "Way too much text for me; just one brief sentence, please."}, -1),
+    ],
+)
+def test_reply_judge_keeps_the_rule_judges_verdicts(kw, score):
+    """The default judge gives the rule judge's verdicts on its cases, and votes where the
+    phrase lists voted 0."""
+    v = asyncio.run(ReplyJudge().judge(None, ns(**kw)))  # type: ignore[arg-type]
+    assert (v.score, v.votes) == (score, [score])
+
+
+def test_registry_lists_the_default_and_the_alternatives():
+    assert {"replies", "rules", "llm"} <= set(REGISTRY)
 
 
 def test_phrase_lists_are_configurable():

@@ -51,7 +51,10 @@ class ProcessorSettings(BaseSettings):
     # idle_timeout_s + grace_s + outcome_wait_s so that no live session loses its state.
     retain_s: float = 6 * 3600.0
     # Judges.
-    judge: str = "rules"
+    # Judge by name: "replies" (default: explicit score and exit code first, then the user's
+    # reply read by the patterns of rules/replies.yaml plus vaderSentiment; hints from directive
+    # corrections), "rules" (the fixed phrase lists it replaced) or "llm" (the PRM, llm_* below).
+    judge: str = "replies"
     judge_batch: int = 32
     rules_path: Path = DEFAULT_RULES
     llm_base_url: str = "http://127.0.0.1:8000/v1"

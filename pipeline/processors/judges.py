@@ -1,4 +1,5 @@
-"""Judges, pluggable by name: rule verifiers and an LLM PRM behind an OpenAI-compatible API.
+"""Judges, pluggable by name: the reply judge (default), rule verifiers and an LLM PRM behind an
+OpenAI-compatible API.
 
 A judge turns (turn context, next state) into a :class:`Verdict`: votes in {-1, 0, +1} (None for
 an unparsable vote), their plurality, optional hint candidates and the error if it failed. A
@@ -13,9 +14,11 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import yaml
 
 from pipeline.events import Interaction, NextState
 
@@ -167,6 +170,296 @@ class RuleJudge:
         return Verdict(0, [0], f"no verifiable signal in {state.kind}")
 
 
+# ---- reply judge (the default) -----------------------------------------------------------------
+
+DEFAULT_REPLY_RULES = Path(__file__).with_name("rules") / "replies.yaml"
+CJK = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uf900-\ufaff\uff00-\uffef]")
+QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+SENTENCE = re.compile(r"(?<=[.!?])\s+|(?<=[。！？；;])|\n+")
+CLAUSE = re.compile(r"[,;:，、；：]|\s[-\u2013\u2014]+\s|\u2014")
+PLEASE = re.compile(r"[\s,]*\b(?:please|pls|plz)\b[\s,]*|请", re.IGNORECASE)
+WORD = re.compile(r"[\w']+")
+JUST = re.compile(r"\s*just\b", re.IGNORECASE)
+
+
+def _decap(text: str) -> str:
+    """Lower-case the first letter unless the first word is "I" or an acronym."""
+    word = text.split(" ", 1)[0]
+    if word == "I" or word.startswith("I'") or (len(word) > 1 and word.isupper()):
+        return text
+    return text[:1].lower() + text[1:]
+
+
+def _rx(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern, re.IGNORECASE)
+
+
+def text_width(text: str) -> int:
+    """Display columns: a CJK character counts two (select_hints' 11 characters are English)."""
+    return sum(2 if CJK.match(ch) else 1 for ch in text)
+
+
+@dataclass(frozen=True)
+class ReplyRules:
+    """The patterns of ``rules/replies.yaml`` (see the comments there), compiled."""
+
+    version: str
+    corrections: tuple[re.Pattern[str], ...]
+    approvals: tuple[re.Pattern[str], ...]
+    negation_en: re.Pattern[str]
+    window_words: int
+    negation_zh: re.Pattern[str]
+    window_chars: int
+    contrast: re.Pattern[str]
+    lead: re.Pattern[str]
+    tail: re.Pattern[str]
+    marker: re.Pattern[str]
+    verbs: re.Pattern[str]
+    style_verbs: re.Pattern[str]
+    style: re.Pattern[str]
+    obj: re.Pattern[str]
+    new_task: re.Pattern[str]
+    not_directive: re.Pattern[str]
+    not_noun_phrase: re.Pattern[str]
+    noun_phrases: tuple[tuple[re.Pattern[str], str, bool], ...]
+    chinese_verbs: re.Pattern[str]
+    min_width: int
+    max_chars: int
+    positive: float
+    negative: float
+    question_negative: float
+
+    @classmethod
+    def load(cls, path: Path | str = DEFAULT_REPLY_RULES) -> ReplyRules:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        neg, d = raw["negation"], raw["directive"]
+        return cls(
+            version=str(raw["version"]),
+            corrections=tuple(_rx(p) for p in raw["corrections"]),
+            approvals=tuple(_rx(p) for p in raw["approvals"]),
+            negation_en=_rx(f"^(?:{neg['english']})$"),
+            window_words=int(neg["english_window_words"]),
+            negation_zh=_rx(neg["chinese"]),
+            window_chars=int(neg["chinese_window_chars"]),
+            contrast=_rx(raw["contrast"]),
+            lead=_rx(d["lead"]),
+            tail=_rx(d["tail"]),
+            marker=_rx(d["marker"]),
+            verbs=_rx(d["verbs"]),
+            style_verbs=_rx(d["style_verbs"]),
+            style=_rx(d["style"]),
+            obj=_rx(d["object"]),
+            new_task=_rx(d["new_task"]),
+            not_directive=_rx(d["not_directive"]),
+            not_noun_phrase=_rx(d["not_noun_phrase"]),
+            noun_phrases=tuple(
+                (_rx(n["pattern"]), str(n["hint"]), bool(n.get("marker_only", False)))
+                for n in d["noun_phrases"]
+            ),
+            chinese_verbs=_rx(d["chinese_verbs"]),
+            min_width=int(raw["hint"]["min_width"]),
+            max_chars=int(raw["hint"]["max_chars"]),
+            positive=float(raw["sentiment"]["positive"]),
+            negative=float(raw["sentiment"]["negative"]),
+            question_negative=float(raw["sentiment"]["question_negative"]),
+        )
+
+
+def normalise_hint(text: str, *, min_width: int = 11, max_chars: int = 160) -> str | None:
+    """A hint as the OPD teacher reads it: one instruction, capitalised, ending with a period
+    (。 after Chinese), without "please", at most ``max_chars`` characters (cut at a word), and
+    at least ``min_width`` columns wide (else None)."""
+    text = " ".join(PLEASE.sub(" ", text.translate(QUOTES)).split())
+    text = re.sub(r"\s+([,.;:!?])", r"\1", text).strip(" ,;:-\u2013\u2014")
+    text = re.sub(r"[\s.!?,;:。！？，；]+$", "", text)
+    if len(text) > max_chars - 1:
+        text = text[: max_chars - 1].rsplit(" ", 1)[0].rstrip(" ,;:")
+    if not text:
+        return None
+    text = re.sub(r"\bi(?=\b|')", "I", text)
+    text = text[0].upper() + text[1:] + ("。" if CJK.match(text[-1]) else ".")
+    return text if text_width(text) >= min_width else None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a reply says: a vote, why, and the hint of a directive correction (if any)."""
+
+    score: int
+    rationale: str
+    hints: list[str]
+
+
+class ReplyJudge:
+    """The default judge: verifiable signals first, then the user's reply read by patterns.
+
+    Explicit scores and exit codes decide as in :class:`RuleJudge`. A user reply or feedback
+    text is read with the patterns of ``rules/replies.yaml``: a directive about the answer's
+    form ("Use simple steps please.") is a correction whose directive becomes the hint ("Use
+    simple steps."); otherwise correction and approval cues with negation and contrast ("thanks,
+    but it still fails" is a correction); without any cue, vaderSentiment's compound score
+    (a lexicon shipped in its wheel). Tool output and a bare session end carry no verdict.
+    """
+
+    judge_id = "replies"
+
+    def __init__(self, rules: ReplyRules | Path | str | None = None) -> None:
+        self.rules = (
+            rules
+            if isinstance(rules, ReplyRules)
+            else ReplyRules.load(rules or DEFAULT_REPLY_RULES)
+        )
+        self.version = f"replies-judge-1/{self.rules.version}"
+        self._vader: Any = None
+
+    async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
+        return self.verdict(state)
+
+    def verdict(self, state: NextState) -> Verdict:
+        reply = state.kind in ("user_reply", "feedback") and bool(state.content.strip())
+        if state.score is not None:
+            s = (state.score > 0) - (state.score < 0)
+            # A thumbs-down with a directive ("please answer in one sentence") keeps its hint.
+            hints = self.read(state.content).hints if s < 0 and reply else []
+            return Verdict(s, [s], f"explicit score {state.score:g}", hints)
+        if state.exit_code is not None:
+            s = 1 if state.exit_code == 0 else -1
+            return Verdict(s, [s], f"exit code {state.exit_code}")
+        if reply:
+            r = self.read(state.content)
+            return Verdict(r.score, [r.score], r.rationale, r.hints)
+        return Verdict(0, [0], f"no verifiable signal in {state.kind}")
+
+    # -- reading a reply -----------------------------------------------------------------------
+
+    def read(self, text: str) -> Reading:
+        text = " ".join(text.translate(QUOTES).split())
+        sentences = [s.strip() for s in SENTENCE.split(text) if s and s.strip()]
+        fragments = self.directives(sentences)
+        if fragments:
+            return Reading(-1, f"directive {fragments[0]!r}", self._hint(fragments))
+        found = self.cues(text, sentences)
+        cut = max((m.start() for m in self.rules.contrast.finditer(text) if m.start()), default=0)
+        late = [c for c in found if c[0] >= cut]
+        used = late if cut and late else found
+        bad = [cue for _, pol, cue in used if pol < 0]
+        good = [cue for _, pol, cue in used if pol > 0]
+        if bad:
+            return Reading(-1, f"correction cue {bad[0]!r}", [])
+        if good:
+            return Reading(1, f"approval cue {good[0]!r}", [])
+        compound = self.sentiment(text)
+        question = text.rstrip().endswith(("?", "？"))
+        if compound <= (self.rules.question_negative if question else self.rules.negative):
+            return Reading(-1, f"sentiment {compound:+.2f}", [])
+        if compound >= self.rules.positive and not question:
+            return Reading(1, f"sentiment {compound:+.2f}", [])
+        return Reading(0, f"no cue, sentiment {compound:+.2f}", [])
+
+    def cues(self, text: str, sentences: Sequence[str]) -> list[tuple[int, int, str]]:
+        """(offset, polarity, cue) of every cue, negation applied, cues inside longer cues
+        dropped, approvals inside questions ignored."""
+        r = self.rules
+        spans: list[tuple[int, int, int]] = []
+        for pol, patterns in ((-1, r.corrections), (1, r.approvals)):
+            for pat in patterns:
+                spans += [
+                    (m.start(), m.end(), pol) for m in pat.finditer(text) if m.end() > m.start()
+                ]
+        kept = [
+            s
+            for s in spans
+            if not any(
+                o != s and o[0] <= s[0] and s[1] <= o[1] and o[1] - o[0] > s[1] - s[0]
+                for o in spans
+            )
+        ]
+        questions, pos = [], 0
+        for sent in sentences:
+            start = text.find(sent, pos)
+            pos = start + len(sent)
+            if sent.endswith(("?", "？")):
+                questions.append((start, pos))
+        out = []
+        for start, end, pol in sorted(set(kept)):
+            if self._negated(text, start):
+                pol = -pol
+            if pol > 0 and any(a <= start < b for a, b in questions):
+                continue
+            out.append((start, pol, text[start:end]))
+        return out
+
+    def _negated(self, text: str, start: int) -> bool:
+        before = CLAUSE.split(re.split(r"[.!?。！？]", text[:start])[-1])[-1]
+        if CJK.search(text[start : start + 1]):
+            return bool(self.rules.negation_zh.search(before[-self.rules.window_chars :]))
+        words = WORD.findall(before)[-self.rules.window_words :]
+        return any(self.rules.negation_en.match(w) for w in words)
+
+    def directives(self, sentences: Sequence[str]) -> list[str]:
+        """Every directive clause as an instruction; a later one keeps its "just"."""
+        out: list[str] = []
+        for sentence in sentences:
+            for clause in CLAUSE.split(sentence):
+                frag = self.directive(clause)
+                if frag:
+                    out.append(f"just {_decap(frag)}" if out and JUST.match(clause) else frag)
+        return out
+
+    def directive(self, clause: str) -> str | None:
+        """The clause as an instruction if it is a directive about the answer's form."""
+        r = self.rules
+        marker = bool(r.marker.search(clause))
+        c = clause.strip()
+        while True:
+            stripped = r.tail.sub("", r.lead.sub("", c, count=1), count=1).strip()
+            if stripped == c:
+                break
+            c = stripped
+        if not c or r.new_task.search(c) or r.not_directive.search(c):
+            return None
+        if CJK.search(c):
+            return c if r.chinese_verbs.match(c) else None
+        verb = r.verbs.match(c)
+        if verb:
+            rest = c[verb.end() :]
+            if r.style_verbs.match(c) or r.style.search(rest) or r.obj.match(c):
+                return c
+            return None
+        if r.not_noun_phrase.search(c):
+            return None
+        for pat, template, marker_only in r.noun_phrases:
+            m = pat.match(c)
+            if m and (marker or (not marker_only and r.style.search(c))):
+                parts = [_decap(p or "") for p in (m.group(0), *m.groups())]
+                return template.format(*parts)
+        return None
+
+    def _hint(self, fragments: Sequence[str]) -> list[str]:
+        """The directive clauses as one normalised instruction (clauses beyond the length
+        bound are dropped)."""
+        r = self.rules
+        text = fragments[0]
+        for f in fragments[1:]:
+            more = f"{text}, {f[:1].lower()}{f[1:]}" if not CJK.match(f) else f"{text}，{f}"
+            if len(more) >= r.max_chars:
+                break
+            text = more
+        hint = normalise_hint(text, min_width=r.min_width, max_chars=r.max_chars)
+        return [hint] if hint else []
+
+    def sentiment(self, text: str) -> float:
+        """vaderSentiment's compound score in [-1, 1]; 0 for Chinese (its lexicon is English)."""
+        if CJK.search(text):
+            return 0.0
+        text = PLEASE.sub(" ", text)  # politeness, which VADER scores as positive
+        if self._vader is None:
+            from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+            self._vader = SentimentIntensityAnalyzer()
+        return float(self._vader.polarity_scores(text)["compound"])
+
+
 # ---- LLM PRM ---------------------------------------------------------------------------------
 
 PRM_PROMPT = """You are a process reward model. Judge whether the assistant's answer was good, \
@@ -313,6 +606,7 @@ def make_judge(name: str, **kwargs: Any) -> Judge:
     return REGISTRY[name](**kwargs)
 
 
+register("replies", lambda **_: ReplyJudge())
 register("rules", lambda **_: RuleJudge())
 register(
     "llm",

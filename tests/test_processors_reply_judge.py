@@ -1,0 +1,357 @@
+"""The default reply judge: hand-written replies, hint normalisation, and its precision on the
+held-out part of a labelled set of replies (tests/data/replies.jsonl).
+
+The labelled set: ``{"text", "label": -1|0|1, "hint": str|null, "split": "dev"|"heldout"}``.
+The first 290 lines ("dev") were written first and the patterns in
+pipeline/processors/rules/replies.yaml were tuned on them; the 129 "heldout" lines were written
+afterwards, before the judge was first run on them, and were never tuned on. The figures the
+README reports are the floors asserted in :func:`test_heldout_precision_meets_the_reported_figures`;
+``python -m tests.test_processors_reply_judge`` prints them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.events import examples
+from pipeline.processors.config import ProcessorSettings
+from pipeline.processors.judges import (
+    DEFAULT_REPLY_RULES,
+    ReplyJudge,
+    ReplyRules,
+    make_judge,
+    normalise_hint,
+    text_width,
+)
+
+DATA = Path(__file__).parent / "data" / "replies.jsonl"
+# What the README reports for the held-out part (floors: the measured values, rounded down).
+REPORTED = {
+    "precision": {-1: 0.98, 0: 0.64, 1: 1.0},
+    "hint_key": 0.88,
+    "hint_exact": 0.82,
+    "spurious_hints": 0,
+}
+STOP = set(
+    [
+        "a",
+        "an",
+        "the",
+        "in",
+        "to",
+        "of",
+        "as",
+        "it",
+        "me",
+        "my",
+        "for",
+        "with",
+        "and",
+        "or",
+        "be",
+        "is",
+        "use",
+        "give",
+        "answer",
+        "write",
+        "make",
+        "just",
+        "only",
+        "please",
+        "your",
+        "that",
+        "this",
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def judge() -> ReplyJudge:
+    return ReplyJudge()
+
+
+def load(split: str | None = None) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line]
+    return [r for r in rows if split is None or r["split"] == split]
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.casefold()).split())
+
+
+def _key_tokens(text: str) -> set[str]:
+    norm = _norm(text)
+    if re.search(r"[\u4e00-\u9fff]", norm):
+        return set(norm.replace(" ", "")) - set("用请的")
+    return {w for w in norm.split() if w not in STOP}
+
+
+def key_match(gold: str, got: str | None) -> bool:
+    """The extracted hint carries the key phrase: at least 60 % of the gold hint's content
+    words (characters for Chinese) appear in it."""
+    if not got:
+        return False
+    want = _key_tokens(gold)
+    return not want or len(want & _key_tokens(got)) / len(want) >= 0.6
+
+
+def evaluate(judge: ReplyJudge, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Vote precision and recall per class, accuracy, and hint extraction figures."""
+    pred = [judge.read(r["text"]) for r in rows]
+    out: dict[str, Any] = {"n": len(rows), "labels": dict(Counter(r["label"] for r in rows))}
+    out["precision"], out["recall"] = {}, {}
+    for c in (-1, 0, 1):
+        said = [r for r, p in zip(rows, pred, strict=True) if p.score == c]
+        is_c = [(r, p) for r, p in zip(rows, pred, strict=True) if r["label"] == c]
+        out["precision"][c] = sum(r["label"] == c for r in said) / len(said) if said else 1.0
+        out["recall"][c] = sum(p.score == c for _, p in is_c) / len(is_c) if is_c else 1.0
+    out["accuracy"] = sum(r["label"] == p.score for r, p in zip(rows, pred, strict=True)) / len(
+        rows
+    )
+    hinted = [(r, p.hints[0] if p.hints else None) for r, p in zip(rows, pred, strict=True)]
+    gold = [(r["hint"], h) for r, h in hinted if r["hint"]]
+    out["hint_n"] = len(gold)
+    out["hint_yield"] = sum(h is not None for _, h in gold) / len(gold)
+    out["hint_exact"] = sum(h is not None and _norm(g) == _norm(h) for g, h in gold) / len(gold)
+    out["hint_key"] = sum(key_match(g, h) for g, h in gold) / len(gold)
+    out["spurious_hints"] = sum(h is not None for r, h in hinted if not r["hint"])
+    out["misses"] = [
+        (r["text"], r["label"], p.score, r["hint"], p.hints)
+        for r, p in zip(rows, pred, strict=True)
+        if p.score != r["label"] or (r["hint"] and not key_match(r["hint"], (p.hints or [""])[0]))
+    ]
+    return out
+
+
+# ---- the labelled set ------------------------------------------------------------------------
+
+
+def test_labelled_set_shape() -> None:
+    rows = load()
+    assert len(rows) >= 200
+    assert len({r["text"] for r in rows}) == len(rows)  # no duplicates
+    held = load("heldout")
+    assert len(held) >= 80 and {r["split"] for r in rows} == {"dev", "heldout"}
+    for r in rows:
+        assert r["label"] in (-1, 0, 1) and set(r) == {"text", "label", "hint", "split"}
+        assert r["hint"] is None or (r["label"] == -1 and r["hint"] == normalise_hint(r["hint"]))
+    for split in ("dev", "heldout"):
+        part = load(split)
+        assert {r["label"] for r in part} == {-1, 0, 1}
+        assert any(re.search(r"[\u4e00-\u9fff]", r["text"]) for r in part)  # both languages
+        assert sum(bool(r["hint"]) for r in part) >= 30
+
+
+def test_heldout_precision_meets_the_reported_figures(judge: ReplyJudge) -> None:
+    got = evaluate(judge, load("heldout"))
+    for c, floor in REPORTED["precision"].items():
+        assert got["precision"][c] >= floor, (c, got["precision"], got["misses"])
+    assert got["hint_key"] >= REPORTED["hint_key"], got["misses"]
+    assert got["hint_exact"] >= REPORTED["hint_exact"], got["misses"]
+    assert got["spurious_hints"] <= REPORTED["spurious_hints"]
+
+
+def test_dev_part_is_read_as_labelled(judge: ReplyJudge) -> None:
+    """The part the patterns were tuned on: every vote right, every hint carries its key."""
+    got = evaluate(judge, load("dev"))
+    assert got["accuracy"] >= 0.99 and got["hint_key"] >= 0.95, got["misses"]
+
+
+# ---- hand-written replies --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "score", "hint"),
+    [
+        # The issue's examples and the simulated users' phrasing.
+        ("Too formal. Use simple steps please.", -1, "Use simple steps."),
+        (
+            "Way too much text for me; just one brief sentence, please.",
+            -1,
+            "Answer in one brief sentence.",
+        ),
+        ("Great, short and sweet.", 1, None),
+        ("Thanks, that's exactly what I needed.", 1, None),
+        (
+            "That's way too long. Please answer in one short sentence.",
+            -1,
+            "Answer in one short sentence.",
+        ),
+        ("Too much jargon for me. Use plain words please.", -1, "Use plain words."),
+        (
+            "Hard to follow. Give me the steps as a numbered list.",
+            -1,
+            "Give me the steps as a numbered list.",
+        ),
+        ("Please write in lowercase.", -1, "Write in lowercase."),
+        ("No jargon.", -1, "Avoid jargon."),
+        # Corrections without a directive: a vote, no hint.
+        ("Thanks, but it still fails", -1, None),
+        ("That's not what I asked for.", -1, None),
+        ("Not helpful.", -1, None),
+        ("太长了。", -1, None),
+        # Contrast and negation.
+        ("It's a bit long, but really helpful.", 1, None),
+        ("Nothing wrong with it, thanks.", 1, None),
+        ("Not too long this time, thanks!", 1, None),
+        ("Thanks, but can you make it shorter?", -1, "Make it shorter."),
+        # Neutral follow-ups and new requests.
+        ("What about the docs?", 0, None),
+        ("How long does the build take?", 0, None),
+        ("Write a haiku about autumn.", 0, None),
+        ("Can you explain the second step?", 0, None),
+        ("Ok.", 0, None),
+        ("这个参数是什么意思？", 0, None),
+        # Chinese directive.
+        ("太长了，请用一句话回答。", -1, "用一句话回答。"),
+        # The lexicon where no cue applies.
+        ("Delightful.", 1, None),
+        ("This is dreadful.", -1, None),
+    ],
+)
+def test_hand_written_replies(judge: ReplyJudge, text: str, score: int, hint: str | None) -> None:
+    r = judge.read(text)
+    assert (r.score, r.hints) == (score, [hint] if hint else []), r.rationale
+
+
+def test_every_simulated_user_reply(judge: ReplyJudge) -> None:
+    """pipeline/sim's users: thanks and praise are +1; complaints are -1; a complaint with a
+    directive sentence is -1 with a hint that carries the preference's key phrase."""
+    from pipeline.sim.preferences import PREFERENCES
+    from pipeline.sim.users import DIRECTIVES, QUALITY_COMPLAINTS, THANKS
+
+    wrong = []
+
+    def check(text: str, score: int, key: str | None = None) -> None:
+        r = judge.read(text)
+        if r.score != score or (key and not (r.hints and key.lower() in r.hints[0].lower())):
+            wrong.append((text, r.score, r.hints, r.rationale))
+
+    praise = [t for p in PREFERENCES.values() for t in p.praise]
+    for text in (*THANKS, *praise):
+        check(text, 1)
+    for text in (q for qs in QUALITY_COMPLAINTS.values() for q in qs):
+        check(text, -1)
+    for pref in PREFERENCES.values():
+        hint = pref.hint.strip()
+        body = hint.rstrip(".!? ")
+        body = body[:1].lower() + body[1:]
+        for complaint in (pref.complaint, *pref.complaints):
+            check(complaint, -1)
+            for directive in DIRECTIVES:
+                said = f"{complaint} {directive.format(Hint=hint, hint=body)}"
+                check(said, -1, pref.key_phrase)
+    assert not wrong, wrong
+
+
+def ns(**kw):  # type: ignore[no-untyped-def]
+    return dataclasses.replace(examples.examples()["next_state"], **kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "score", "hints"),
+    [
+        ({"exit_code": 0, "kind": "terminal"}, 1, []),
+        ({"exit_code": 2, "kind": "test_result"}, -1, []),
+        ({"score": 0.5, "kind": "feedback", "content": "too long"}, 1, []),  # score first
+        ({"score": -3.0, "exit_code": 0}, -1, []),
+        (  # a thumbs-down with a directive keeps its hint; a thumbs-up has none
+            {"score": -1.0, "kind": "feedback", "content": "Please answer in one sentence."},
+            -1,
+            ["Answer in one sentence."],
+        ),
+        ({"score": 1.0, "kind": "feedback", "content": "Use bullet points please."}, 1, []),
+        (
+            {"content": "Too long. Keep it under 50 words.", "kind": "feedback"},
+            -1,
+            ["Keep it under 50 words."],
+        ),
+        ({"content": "Use bullet points please.", "kind": "tool_result"}, 0, []),  # not a reply
+        ({"content": "", "kind": "session_end"}, 0, []),
+        ({"content": "   ", "kind": "user_reply"}, 0, []),
+    ],
+)
+def test_verdicts_keep_verifiable_signals_first(judge: ReplyJudge, kw, score, hints) -> None:  # type: ignore[no-untyped-def]
+    v = asyncio.run(judge.judge(None, ns(**kw)))  # type: ignore[arg-type]
+    assert (v.score, v.votes, v.hints, v.error) == (score, [score], hints, None)
+    assert v.rationale
+
+
+def test_hints_only_on_corrections(judge: ReplyJudge) -> None:
+    for row in load():
+        r = judge.read(row["text"])
+        assert not r.hints or r.score == -1, row
+        for h in r.hints:
+            assert h == normalise_hint(h) and "please" not in h.lower()
+
+
+# ---- hint normalisation ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        ("use simple steps please", "Use simple steps."),
+        ("Please, answer in one sentence!!", "Answer in one sentence."),
+        ("  keep it   short , please ?", "Keep it short."),
+        ("explain it like i'm five", "Explain it like I'm five."),
+        ("Be brief.", None),  # 9 characters: below select_hints' floor of 11
+        ("Avoid jargon", "Avoid jargon."),
+        ("请用一句话回答", "用一句话回答。"),  # 7 CJK characters = 14 columns
+        ("短一点", None),
+        ("", None),
+        ("please", None),
+    ],
+)
+def test_normalise_hint(raw: str, hint: str | None) -> None:
+    assert normalise_hint(raw) == hint
+
+
+def test_normalise_hint_bounds_length() -> None:
+    long = "Use " + " ".join(["short"] * 60)
+    h = normalise_hint(long, max_chars=40)
+    assert h is not None and len(h) <= 40 and h.endswith("short.")
+    assert text_width("ab中文") == 6
+
+
+# ---- wiring ----------------------------------------------------------------------------------
+
+
+def test_reply_judge_is_the_default_and_rules_still_work() -> None:
+    assert ProcessorSettings().judge == "replies"
+    j = make_judge("replies", base_url="http://x", model="m")  # build_judge's keywords
+    assert j.judge_id == "replies" and j.version.startswith("replies-judge-1/")
+    assert make_judge("rules").judge_id == "rules"
+    assert make_judge("llm", base_url="http://127.0.0.1:1/v1", model="m").judge_id == "llm:m"
+
+
+def test_patterns_come_from_a_file(tmp_path: Path) -> None:
+    text = DEFAULT_REPLY_RULES.read_text(encoding="utf-8")
+    custom = tmp_path / "replies.yaml"
+    custom.write_text(
+        text.replace("version: replies-1", "version: custom-1").replace(
+            "approvals:\n", 'approvals:\n  - "\\\\bdanke\\\\b"\n', 1
+        ),
+        encoding="utf-8",
+    )
+    j = ReplyJudge(custom)
+    assert j.version == "replies-judge-1/custom-1"
+    assert j.read("Danke!").score == 1
+    assert ReplyJudge(ReplyRules.load(custom)).read("Danke!").score == 1
+
+
+if __name__ == "__main__":
+    for split in ("dev", "heldout"):
+        res = evaluate(ReplyJudge(), load(split))
+        misses = res.pop("misses")
+        print(split, json.dumps(res, indent=1, default=str))
+        for m in misses:
+            print("  miss:", m)
