@@ -6,6 +6,7 @@ import pytest
 
 from pipeline.sim import QUESTIONS, Question, check_quality, mentions
 from pipeline.sim.quality import (
+    ECHOES_QUESTION,
     EMPTY,
     NON_LETTERS,
     OFF_TOPIC,
@@ -81,6 +82,13 @@ def test_good_answers_pass(answer: str) -> None:
     quality = check_quality(SLEEP, answer, [STOCK, "Boil water and steep the tea."])
     assert quality.ok, quality.reasons
     assert quality.reasons == []
+
+
+def test_echoing_the_question_fails() -> None:
+    for echo in (SLEEP.text, "Give me a tip for sleeping better!", "a tip for sleeping better."):
+        quality = check_quality(SLEEP, echo, [])
+        assert ECHOES_QUESTION in quality.reasons, (echo, quality.reasons)
+    assert check_quality(SLEEP, "A tip for sleeping better: go to bed early.", []).ok
 
 
 def test_off_topic() -> None:

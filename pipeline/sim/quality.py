@@ -13,6 +13,7 @@ A pilot (issue 10) showed plain Binary RL reaching 100 % "short" by answering ev
 - ``degenerate: repeated tokens``: one word n-gram (n = 1..4) occurring 3+ times and covering
   half of the words or more, or, from 12 words on, under 35 % distinct words.
 - ``off topic``: none of the question's keywords (:func:`.questions.mentions`).
+- ``repeats the question``: the answer is the question again (near-identical as below).
 - ``repeats an earlier answer``: normalised text identical, or difflib ratio >= 0.85, to one of
   ``earlier_answers`` (the caller passes answers to *other* questions).
 """
@@ -40,6 +41,7 @@ REPEATED_SENTENCE = "degenerate: repeated sentence"
 REPEATED_TOKENS = "degenerate: repeated tokens"
 OFF_TOPIC = "off topic"
 REPEATS_EARLIER = "repeats an earlier answer"
+ECHOES_QUESTION = "repeats the question"
 
 NEAR_DUPLICATE = 0.85
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -112,6 +114,8 @@ def check_quality(question: Question, answer: str, earlier_answers: Sequence[str
         return Quality(False, reasons)
     if not mentions(answer, question.keywords):
         reasons.append(OFF_TOPIC)
+    if similar(answer, question.text):
+        reasons.append(ECHOES_QUESTION)
     if any(similar(answer, earlier) for earlier in earlier_answers):
         reasons.append(REPEATS_EARLIER)
     return Quality(not reasons, reasons)

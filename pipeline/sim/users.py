@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .preferences import PREFERENCES, Preference
-from .quality import EMPTY, OFF_TOPIC, REPEATS_EARLIER, Quality, check_quality
+from .quality import (
+    ECHOES_QUESTION,
+    EMPTY,
+    OFF_TOPIC,
+    REPEATS_EARLIER,
+    Quality,
+    check_quality,
+)
 from .questions import Question
 
 THANKS: tuple[str, ...] = (
@@ -41,6 +48,10 @@ QUALITY_COMPLAINTS: dict[str, tuple[str, ...]] = {
         "That doesn't answer my question.",
         "That has nothing to do with what I asked.",
         "That's off topic.",
+    ),
+    ECHOES_QUESTION: (
+        "You just repeated my question.",
+        "That's my question, not an answer.",
     ),
     REPEATS_EARLIER: (
         "You said the same thing last time, and it doesn't answer my question.",
