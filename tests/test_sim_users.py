@@ -124,6 +124,18 @@ def test_make_users() -> None:
         SimUser("u", PREFERENCES["concise"], hint_rate=1.5)
 
 
+def test_shared_history_catches_one_answer_across_users() -> None:
+    alone = make_users(3)
+    reasons = [u.judge(q, STOCK).quality.reasons for u, q in zip(alone, QUESTIONS, strict=False)]
+    assert reasons == [["off topic"]] * 3
+    together = make_users(3, shared_history=True)
+    answer = "Drink water, sleep well, boil the kettle, go to bed early at night."
+    judged = [u.judge(q, answer) for u, q in zip(together, (SLEEP, SLEEP, TEA), strict=True)]
+    assert judged[0].quality.ok
+    assert judged[1].quality.ok, "the same question again is not a repeat"
+    assert "repeats an earlier answer" in judged[2].quality.reasons
+
+
 def test_split_is_disjoint_stable_and_seeded() -> None:
     train, held = split()
     assert len(train) + len(held) == len(QUESTIONS)

@@ -136,19 +136,28 @@ def make_users(
     preferences: Sequence[str] = ("concise",),
     hint_rate: float = 1.0,
     seed: int = 0,
+    *,
+    shared_history: bool = False,
 ) -> list[SimUser]:
-    """``n`` users ``user-0`` … with preferences assigned round-robin from ``preferences``."""
+    """``n`` users ``user-0`` … with preferences assigned round-robin from ``preferences``.
+
+    ``shared_history=True`` gives them one memory of (question, answer) pairs, so the
+    repetition check spans all of them: use it when each user asks a single question (an
+    evaluation), or the same stock answer to every question would never count as a repeat.
+    """
     if not preferences:
         raise ValueError("at least one preference")
     unknown = [p for p in preferences if p not in PREFERENCES]
     if unknown:
         raise KeyError(f"unknown preferences {unknown}; known: {sorted(PREFERENCES)}")
+    shared: list[tuple[str, str]] = []
     return [
         SimUser(
             user_id=f"user-{i}",
             preference=PREFERENCES[preferences[i % len(preferences)]],
             hint_rate=hint_rate,
             seed=seed,
+            history=shared if shared_history else [],
         )
         for i in range(n)
     ]
