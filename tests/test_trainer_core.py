@@ -283,3 +283,27 @@ def test_hf_backend_logprob_drift(tiny: Path) -> None:
         f"mean {m['logprob_drift_mean']:.2e}, max {m['logprob_drift_max']:.2e}"
     )
     assert m["logprob_drift_max"] < 1e-3
+
+
+def test_rows_with_nothing_to_train_skip_the_forward_pass_but_count(tiny: Path) -> None:
+    """A masked closing turn costs no forward pass, yet still counts as a batch row: with
+    slime's per-sample mean, [a, masked] gives half the loss of [a] alone."""
+    alone = make_core(tiny).train_step([sample(0, reward=1.0)], current_version=0)
+    core = make_core(tiny)
+    seen: list[int] = []
+    real = core._response_logits
+
+    def spy(model: object, prompts: list, responses: list) -> torch.Tensor:  # type: ignore[type-arg]
+        seen.append(len(prompts))
+        return real(model, prompts, responses)
+
+    core._response_logits = spy  # type: ignore[method-assign]
+    mixed = core.train_step([sample(0, reward=1.0), sample(1, masked=True)], current_version=0)
+    assert seen == [1]  # only the active row went through the model
+    assert mixed.losses["total"] == pytest.approx(alone.losses["total"] / 2, rel=1e-5)
+    assert [o.status for o in mixed.outcomes] == ["trained", "masked"]
+    idle = make_core(tiny)
+    before = [p.detach().clone() for p in idle.model.parameters()]
+    nothing = idle.train_step([sample(1, masked=True)], current_version=0)
+    assert nothing.trained_tokens == 0 and nothing.losses["total"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, idle.model.parameters(), strict=True))

@@ -329,14 +329,14 @@ class TrainerCore:
         mask_rl = loss_mask * (rl_ok & fresh_enough)[:, None].float()
         mask_opd = opd_mask * (opd_ok & fresh_enough)[:, None].float()
 
-        resp_logits = self._response_logits(
-            self.model,
-            [s.prompt_token_ids for s in samples],
-            [s.response_token_ids for s in samples],
-        )
+        # Rows with nothing to train (a closing turn, a stale or held-out sample) still count
+        # in the loss's denominator but need no forward pass: their masks zero them anyway.
+        active = (mask_rl.sum(dim=-1) > 0) | (mask_opd.sum(dim=-1) > 0)
+        resp_logits = self._active_logits(samples, active, rmax)
         logp_cur = L.token_logprobs(resp_logits, tokens)
         prox = logp_cur.detach()
-        drift = self._logprob_drift(prox, behavior, valid * (versions == current_version)[:, None])
+        fresh_rows = (versions == current_version) & active
+        drift = self._logprob_drift(prox, behavior, valid * fresh_rows[:, None])
         weights: torch.Tensor | None = None
         # Ratio reference: the engine's recorded log-probs, or the trainer's own recomputation
         # (slime's default, which recomputes old log-probs unless --use-rollout-logprobs).
@@ -379,7 +379,8 @@ class TrainerCore:
             out = main = parts[cfg.method]
 
         trained_tokens = int(norm.sum().item())
-        out.loss.backward()
+        if out.loss.requires_grad:  # no active row: nothing to differentiate
+            out.loss.backward()
         t2 = time.perf_counter()
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm: float | None = 0.0
@@ -412,6 +413,28 @@ class TrainerCore:
             outcomes=outcomes,
             timings={"compute_s": t2 - t0, "optimizer_s": t3 - t2, "teacher_s": t_teacher},
         )
+
+    def _active_logits(
+        self, samples: Sequence[Sample], active: torch.Tensor, rmax: int
+    ) -> torch.Tensor:
+        """Response logits ``[B, rmax, V]``: computed for active rows, zeros elsewhere."""
+        idx = active.nonzero().squeeze(-1).tolist()
+        if len(idx) == len(samples):
+            return self._response_logits(
+                self.model,
+                [s.prompt_token_ids for s in samples],
+                [s.response_token_ids for s in samples],
+            )
+        out = torch.zeros((len(samples), rmax, self.vocab_size), device=self.device)
+        if idx:
+            sub = self._response_logits(
+                self.model,
+                [samples[i].prompt_token_ids for i in idx],
+                [samples[i].response_token_ids for i in idx],
+            )
+            out = out.index_copy(0, torch.tensor(idx, device=self.device),
+                                 torch.nn.functional.pad(sub, (0, 0, 0, rmax - sub.shape[1])))
+        return out
 
     def _has_hint(self, samples: Sequence[Sample]) -> torch.Tensor:
         return torch.tensor([bool(s.hints) for s in samples], device=self.device).float()
