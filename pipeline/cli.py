@@ -443,6 +443,7 @@ def status(ctx: click.Context) -> None:
 
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
+    from pipeline.demo.commands import demo
     from pipeline.models.commands import models
     from pipeline.processors.commands import record_outcome, workers
     from pipeline.report import report
@@ -450,6 +451,7 @@ def _register_components() -> None:
     from pipeline.trainer.commands import train
 
     cli.add_command(models)
+    cli.add_command(demo)
     cli.add_command(serve)
     cli.add_command(workers)
     cli.add_command(record_outcome)

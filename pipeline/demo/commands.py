@@ -1,0 +1,100 @@
+"""``liverl demo``: watch a real model learn a user's preference from their replies."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+@click.command("demo")
+@click.option("--quick", is_flag=True, help="A short run (8 rounds of 6 users; a few minutes "
+              "on 2 cores).")
+@click.option("--method", type=click.Choice(["rl", "opd", "hybrid"]), default="opd",
+              show_default=True, help="Training method of the demo's trainer.")
+@click.option("--preference", default="concise", show_default=True,
+              help="The users' hidden preference (see pipeline/sim/preferences.py).")
+@click.option("--hint-rate", type=float, default=1.0, show_default=True,
+              help="Share of corrections that say what the user wants.")
+@click.option("--rounds", type=int, default=None, help="Rounds of sessions [default: 20; 8 "
+              "with --quick].")
+@click.option("--users", type=int, default=6, show_default=True,
+              help="Users per round (concurrent sessions; also the trainer's batch).")
+@click.option("--eval-questions", type=int, default=None,
+              help="Held-out questions per evaluation [default: 16; 8 with --quick].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--model", default=None, help="Model of the demo's loop [default: "
+              "smollm2-135m-instruct].")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the PNG and JSON go [default: <state_dir>/demo/<policy>].")
+@click.option("--url", default=None, help="Use a running gateway (…/v1) instead of starting "
+              "a loop; its trainer's cadence is then its own.")
+@click.option("--policy", default=None, help="With --url: the policy it serves.")
+@click.pass_context
+def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rate: float,
+         rounds: int | None, users: int, eval_questions: int | None, seed: int,
+         model: str | None, out: Path | None, url: str | None, policy: str | None) -> None:
+    """Simulated users with a hidden preference talk to the live policy through the gateway.
+
+    Each user asks a question, checks the answer against their preference (e.g. one short
+    sentence) and against answering the question at all, and replies with thanks or a
+    correction that often says what they want. Those replies become rewards and hints, the
+    trainer publishes LoRA versions, and the gateway serves them while the users keep
+    talking. Before and after, held-out users ask held-out questions (nothing recorded).
+    Writes learning_curve.png and summary.json.
+    """
+    from pipeline.demo.display import Display
+    from pipeline.demo.loop import LoopConfig, LoopError, running_loop
+    from pipeline.demo.plot import write_outputs
+    from pipeline.demo.runner import DemoConfig, DemoRunner
+    from pipeline.settings import Settings
+    from pipeline.sim import PREFERENCES
+
+    if preference not in PREFERENCES:
+        known = ", ".join(sorted(PREFERENCES))
+        raise click.BadParameter(f"known: {known}", param_hint="--preference")
+    if not 0.0 <= hint_rate <= 1.0:
+        raise click.BadParameter("must be within [0, 1]", param_hint="--hint-rate")
+    if url is not None and policy is None:
+        raise click.UsageError("--url needs --policy (the served model name)")
+    settings: Settings = (ctx.obj or {}).get("settings") or Settings()
+    cfg = DemoConfig(method=method, preference=preference, hint_rate=hint_rate, users=users,
+                     rounds=rounds or (8 if quick else 20),
+                     eval_questions=eval_questions or (8 if quick else 16), seed=seed)
+    policy = policy or f"demo-{method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or Path(settings.state_dir) / "demo" / policy
+    lake = Path(settings.trainer.under_state_dir(Path(settings.state_dir)).lake_root)
+
+    def run(gateway: str) -> None:
+        with Display(cfg, policy) as display:
+            result = DemoRunner(gateway, policy, cfg, on_progress=display).run(lake)
+        png, summary = write_outputs(result, out)
+        s = result.summary()
+        b, a = s["heldout_before"], s["heldout_after"]
+        click.echo(
+            f"held-out users: satisfied {b['satisfied']:.0%} (v{b['version']}) -> "
+            f"{a['satisfied']:.0%} (v{a['version']}); answers the question "
+            f"{b['quality_ok']:.0%} -> {a['quality_ok']:.0%}"
+        )
+        f = s["freshness_s"]
+        if f["n"]:
+            click.echo(f"freshness (reply -> first answer from weights trained on it): "
+                       f"p50 {f['p50']:.1f} s, max {f['max']:.1f} s over {f['n']} sessions")
+        click.echo(f"wrote {png} and {summary}")
+
+    if url is not None:
+        run(url)
+        return
+    loop_cfg = LoopConfig(policy=policy, method=method, model=model,
+                          state_dir=Path(settings.state_dir), batch_samples=users)
+    click.echo(f"starting the loop for policy {policy} (model, broker, workers, trainer, "
+               f"gateway; logs in {Path(settings.state_dir).resolve() / 'logs'})…")
+    try:
+        with running_loop(loop_cfg) as loop:
+            click.echo(f"loop ready at {loop.url}")
+            run(loop.url)
+    except LoopError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,128 @@
+"""The loop the demo talks to: ``liverl up`` as a child process, tuned for a short session.
+
+The demo runs the very stack a user runs (``liverl up``: broker, topics, Faust workers,
+trainer, gateway) with its own policy id, so its LoRA versions start from the base model
+and never touch another policy's weights. The trainer's cadence is set for a live demo
+(small batches, a version after every step) through ``LIVERL_TRAINER_*`` variables, which
+``up`` hands to its children unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pipeline.serving.testing import free_port
+
+
+class LoopError(RuntimeError):
+    """The stack did not come up; the message carries the end of its logs."""
+
+
+@dataclass
+class LoopConfig:
+    policy: str
+    method: str = "opd"
+    model: str | None = None  # None: the default store model
+    port: int | None = None  # None: a free port
+    state_dir: Path | None = None  # None: the settings' state dir
+    batch_samples: int = 6
+    batch_wait_s: float = 4.0
+    lr: float | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 600.0
+
+
+@dataclass
+class Loop:
+    url: str  # gateway base URL, .../v1
+    policy: str
+    logs: Path
+    proc: subprocess.Popen[bytes] | None
+
+
+def _env(cfg: LoopConfig, state_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "LIVERL_STATE_DIR": str(state_dir),
+        "LIVERL_TRAINER_BATCH_MAX_SAMPLES": str(cfg.batch_samples),
+        "LIVERL_TRAINER_BATCH_MAX_WAIT_S": str(cfg.batch_wait_s),
+        "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "1.0",  # a version after every step
+        # Another worker (a running `liverl up`) may hold Faust's default web port.
+        "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),
+    })
+    if cfg.lr is not None:
+        env["LIVERL_TRAINER_LR"] = str(cfg.lr)
+    env.update(cfg.extra_env)
+    return env
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], trainer_log: Path, offset: int,
+                policy: str, timeout_s: float, up_log: Path) -> None:
+    """Gateway answers /healthz and the trainer printed ``trainer ready`` for our policy."""
+    deadline = time.monotonic() + timeout_s
+    healthy = trained = False
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LoopError(f"`liverl up` exited with {proc.returncode}:\n{_tail(up_log)}")
+        if not healthy:
+            with contextlib.suppress(httpx.HTTPError):
+                healthy = httpx.get(url.removesuffix("/v1") + "/healthz", timeout=2).is_success
+        if not trained and trainer_log.exists():
+            with open(trainer_log, "rb") as fh:
+                fh.seek(offset)
+                trained = f"trainer ready: policy {policy}".encode() in fh.read()
+        if healthy and trained:
+            return
+        time.sleep(0.5)
+    raise LoopError(f"the loop was not ready after {timeout_s:.0f} s:\n{_tail(up_log)}")
+
+
+@contextlib.contextmanager
+def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
+    """Start ``liverl up`` for ``cfg.policy``, wait until it serves and trains, stop it after."""
+    from pipeline.settings import Settings
+
+    state_dir = Path(cfg.state_dir or Settings().state_dir).resolve()
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    trainer_log = logs / "trainer.log"
+    offset = trainer_log.stat().st_size if trainer_log.exists() else 0
+    port = cfg.port or free_port()
+    args = [sys.executable, "-m", "pipeline.cli", "up", "--port", str(port),
+            "--policy", cfg.policy, "--method", cfg.method]
+    if cfg.model:
+        args += ["--model", cfg.model]
+    up_log = logs / f"demo-up-{cfg.policy}.log"
+    with open(up_log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=_env(cfg, state_dir),
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_ready(url, proc, trainer_log, offset, cfg.policy, cfg.start_timeout_s, up_log)
+        yield Loop(url=url, policy=cfg.policy, logs=logs, proc=proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # `up` stops its children in order
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

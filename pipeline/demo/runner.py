@@ -1,0 +1,292 @@
+"""Simulated users against a live loop: training sessions, held-out evaluation, freshness.
+
+A *training session* is one user asking one question of the live policy, judging the answer
+against a hidden preference (and against answering the question at all), and replying: the
+reply is the next state that the judge turns into a reward and, when it carries a directive,
+a hint. An *evaluation* asks held-out users held-out questions with ``X-Liverl-Train: false``
+(nothing recorded, nothing trained), once on the initial policy and once on the final one.
+
+Freshness is measured per training session: from the moment the user's reply was recorded
+to the first answer the demo saw from the weight version whose step consumed that session
+(read from the Delta ``trajectories`` table once the run is over).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.sim import Question, TurnResult, make_users, run_session, split
+
+
+@dataclass
+class DemoConfig:
+    method: str = "opd"
+    preference: str = "concise"
+    hint_rate: float = 1.0
+    users: int = 6  # concurrent users per round (one session each)
+    rounds: int = 8
+    eval_questions: int = 8
+    max_tokens: int = 48
+    temperature: float = 0.7
+    seed: int = 0
+    window: int = 12  # sessions in the moving satisfied share
+    settle_s: float = 120.0  # wait this long at most for the last sessions to be trained
+
+
+@dataclass
+class Evaluation:
+    version: int | None
+    satisfied: float
+    meets_preference: float
+    quality_ok: float
+    n: int
+    answers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Session:
+    index: int
+    round: int
+    user_id: str
+    session_id: str
+    question: str
+    answer: str
+    satisfied: bool
+    meets_preference: bool
+    quality_ok: bool
+    reply: str
+    version: int | None
+    asked_at: float
+    replied_at: float
+
+
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    policy: str
+    before: Evaluation
+    after: Evaluation
+    sessions: list[Session]
+    first_seen: dict[int, float]  # weight version -> when the demo first got an answer from it
+    freshness_s: list[float]
+    wall_s: float
+
+    def summary(self) -> dict[str, Any]:
+        fresh = self.freshness_s
+        return {
+            "policy": self.policy,
+            "method": self.config.method,
+            "preference": self.config.preference,
+            "hint_rate": self.config.hint_rate,
+            "seed": self.config.seed,
+            "sessions": len(self.sessions),
+            "versions_seen": sorted(self.first_seen),
+            "heldout_before": _eval_dict(self.before),
+            "heldout_after": _eval_dict(self.after),
+            "train_satisfied_share": _share([s.satisfied for s in self.sessions]),
+            "train_quality_share": _share([s.quality_ok for s in self.sessions]),
+            "sessions_until_met": sessions_until_met(
+                [s.satisfied for s in self.sessions], self.config.window
+            ),
+            "freshness_s": {
+                "n": len(fresh),
+                "p50": statistics.median(fresh) if fresh else None,
+                "max": max(fresh) if fresh else None,
+            },
+            "wall_s": round(self.wall_s, 1),
+            "config": asdict(self.config),
+        }
+
+
+def _share(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
+def _eval_dict(e: Evaluation) -> dict[str, Any]:
+    return {"version": e.version, "satisfied": e.satisfied, "meets_preference": e.meets_preference,
+            "quality_ok": e.quality_ok, "n": e.n}
+
+
+def moving_share(flags: list[bool], window: int) -> list[float]:
+    """Share of True over the last ``window`` items at each position."""
+    out = []
+    for i in range(len(flags)):
+        part = flags[max(0, i + 1 - window) : i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
+def sessions_until_met(flags: list[bool], window: int, threshold: float = 0.75) -> int | None:
+    """Training sessions until the moving satisfied share first reaches ``threshold`` over a
+    full window (None: never). OpenClaw-RL reports the same kind of figure per method."""
+    for i in range(window - 1, len(flags)):
+        if sum(flags[i + 1 - window : i + 1]) / window >= threshold:
+            return i + 1
+    return None
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+class DemoRunner:
+    """Drives simulated users through the gateway at ``url`` serving ``policy``."""
+
+    def __init__(self, url: str, policy: str, cfg: DemoConfig, *,
+                 on_progress: Progress | None = None) -> None:
+        from openai import OpenAI
+
+        self.url = url
+        self.policy = policy
+        self.cfg = cfg
+        self.client = OpenAI(base_url=url, api_key="demo", timeout=600, max_retries=0)
+        self.on_progress = on_progress or (lambda _kind, _data: None)
+        self.first_seen: dict[int, float] = {}
+        train_q, held_q = split(seed=cfg.seed)
+        self.train_questions: list[Question] = train_q
+        self.heldout_questions: list[Question] = held_q[: cfg.eval_questions]
+        self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed)
+        self.eval_users = make_users(len(self.heldout_questions), (cfg.preference,),
+                                     cfg.hint_rate, cfg.seed + 10_000)
+        self.rng = random.Random(cfg.seed)
+
+    def _seen(self, result: TurnResult, at: float) -> None:
+        v = result.weight_version
+        if v is not None and v not in self.first_seen:
+            self.first_seen[v] = at
+            self.on_progress("version", {"version": v, "at": at})
+
+    def evaluate(self, label: str) -> Evaluation:
+        """Held-out users on held-out questions, nothing recorded; fresh users each time so
+        the repetition check starts empty."""
+        users = make_users(len(self.heldout_questions), (self.cfg.preference,),
+                           self.cfg.hint_rate, self.cfg.seed + 10_000)
+        run = f"eval-{label}-{int(time.time() * 1000)}"
+
+        def one(i: int) -> TurnResult:
+            return run_session(
+                self.client, self.policy, users[i], self.heldout_questions[i],
+                session_id=f"{run}-{i}", max_tokens=self.cfg.max_tokens, temperature=0.0,
+                train=False,
+            )
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(one, range(len(users))))
+        for r in results:
+            self._seen(r, time.monotonic())
+        n = len(results)
+        versions = {r.weight_version for r in results}
+        ev = Evaluation(
+            version=max((v for v in versions if v is not None), default=None),
+            satisfied=sum(r.judgement.satisfied for r in results) / n,
+            meets_preference=sum(r.judgement.meets_preference for r in results) / n,
+            quality_ok=sum(r.judgement.quality.ok for r in results) / n,
+            n=n,
+            answers=[{"question": r.question.text, "answer": r.answer,
+                      "satisfied": r.judgement.satisfied,
+                      "reasons": r.judgement.quality.reasons} for r in results],
+        )
+        self.on_progress("eval", {"label": label, "eval": ev})
+        return ev
+
+    def train_round(self, round_no: int, start_index: int) -> list[Session]:
+        """One session per user, concurrently (as real users would arrive)."""
+        questions = self.rng.sample(self.train_questions, len(self.users))
+        run = f"{self.policy}-r{round_no}"
+
+        def one(i: int) -> Session:
+            asked = time.monotonic()
+            r = run_session(self.client, self.policy, self.users[i], questions[i],
+                            session_id=f"{run}-u{i}", max_tokens=self.cfg.max_tokens,
+                            temperature=self.cfg.temperature, train=True)
+            # The reply request answers within a token, so its end stands for when the
+            # user's reply was recorded (freshness is measured from there).
+            replied = time.monotonic()
+            self._seen(r, replied)
+            return Session(
+                index=start_index + i, round=round_no, user_id=r.user_id,
+                session_id=r.session_id, question=r.question.text, answer=r.answer,
+                satisfied=r.judgement.satisfied,
+                meets_preference=r.judgement.meets_preference,
+                quality_ok=r.judgement.quality.ok, reply=r.reply, version=r.weight_version,
+                asked_at=asked, replied_at=replied,
+            )
+
+        with ThreadPoolExecutor(max_workers=len(self.users)) as pool:
+            sessions = list(pool.map(one, range(len(self.users))))
+        for s in sessions:
+            self.on_progress("session", {"session": s})
+        return sessions
+
+    def probe(self) -> int | None:
+        """One tiny unrecorded request: which version serves now (and note when first seen)."""
+        reply = self.client.chat.completions.create(
+            model=self.policy, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+            extra_headers={"X-Liverl-Train": "false"},
+        )
+        fp = reply.system_fingerprint or ""
+        version = int(fp.rsplit("v", 1)[-1]) if fp.startswith("liverl-v") else None
+        if version is not None and version not in self.first_seen:
+            self.first_seen[version] = time.monotonic()
+            self.on_progress("version", {"version": version, "at": self.first_seen[version]})
+        return version
+
+    def run(self, lake: Path) -> DemoResult:
+        start = time.monotonic()
+        self.probe()
+        before = self.evaluate("before")
+        sessions: list[Session] = []
+        for round_no in range(self.cfg.rounds):
+            sessions += self.train_round(round_no, len(sessions))
+        self._settle(lake, sessions)
+        after = self.evaluate("after")
+        fresh = freshness(lake, self.policy, sessions, self.first_seen)
+        return DemoResult(self.cfg, self.policy, before, after, sessions, dict(self.first_seen),
+                          fresh, time.monotonic() - start)
+
+    def _settle(self, lake: Path, sessions: list[Session]) -> None:
+        """Wait (bounded) until the last sessions were trained and their version serves."""
+        wanted = {s.session_id for s in sessions}
+        deadline = time.monotonic() + self.cfg.settle_s
+        while time.monotonic() < deadline:
+            consumed = consumed_versions(lake, self.policy)
+            done = wanted & set(consumed)
+            newest = max((consumed[s] for s in done), default=None)
+            version = self.probe()
+            self.on_progress("settle", {"trained": len(done), "of": len(wanted)})
+            if len(done) == len(wanted) and newest is not None and (version or 0) >= newest:
+                return
+            time.sleep(2)
+
+
+def consumed_versions(lake: Path, policy: str) -> dict[str, int]:
+    """session id -> the weight version whose step consumed its turn 0 (Delta trajectories)."""
+    from deltalake import DeltaTable
+
+    uri = str(lake / "trajectories")
+    if not DeltaTable.is_deltatable(uri):
+        return {}
+    import pyarrow.compute as pc
+
+    ds = DeltaTable(uri).to_pyarrow_dataset()
+    flt = (pc.field("policy_id") == policy) & (pc.field("turn") == 0)
+    rows = ds.to_table(columns=["session_id", "weight_version"], filter=flt).to_pylist()
+    return {r["session_id"]: r["weight_version"] for r in rows if r["weight_version"] is not None}
+
+
+def freshness(lake: Path, policy: str, sessions: list[Session],
+              first_seen: dict[int, float]) -> list[float]:
+    """Seconds from each user's reply to the first answer from the version trained on it."""
+    consumed = consumed_versions(lake, policy)
+    out = []
+    for s in sessions:
+        v = consumed.get(s.session_id)
+        if v is not None and v in first_seen and first_seen[v] >= s.replied_at:
+            out.append(first_seen[v] - s.replied_at)
+    return out
