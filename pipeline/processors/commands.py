@@ -34,7 +34,9 @@ def _settings(ctx: click.Context) -> Settings:
 @click.option("--app-id", default=None, help="Faust app id = consumer group (default from config).")
 @click.option("--web-port", type=int, default=None, help="Faust web/metrics port (default 6066).")
 @click.option("--no-web", is_flag=True, help="Disable the web/metrics server.")
-@click.option("--judge", default=None, help="Judge name: rules (default) or llm.")
+@click.option("--judge", default=None,
+              help="Judge name: replies (default: reply patterns + sentiment, with hints), "
+              "rules (phrase lists) or llm (PRM behind an OpenAI-compatible API).")
 @click.option("--rules", "rules_path", default=None, help="Path-penalty rules YAML.")
 @click.option(
     "-l",
