@@ -6,6 +6,7 @@ import pytest
 
 from pipeline.sim import QUESTIONS, Question, check_quality, mentions
 from pipeline.sim.quality import (
+    ECHOES_HINT,
     ECHOES_QUESTION,
     EMPTY,
     NON_LETTERS,
@@ -89,6 +90,15 @@ def test_echoing_the_question_fails() -> None:
         quality = check_quality(SLEEP, echo, [])
         assert ECHOES_QUESTION in quality.reasons, (echo, quality.reasons)
     assert check_quality(SLEEP, "A tip for sleeping better: go to bed early.", []).ok
+
+
+def test_parroting_the_hint_fails() -> None:
+    hint = "Use plain, simple words."
+    parrot = "To wake up earlier at night, you can use plain, simple words."
+    assert check_quality(SLEEP, parrot, []).ok, "without the hint nothing to compare"
+    assert check_quality(SLEEP, parrot, [], hint=hint).reasons == [ECHOES_HINT]
+    fine = "Use simple habits: go to bed at the same time every night."
+    assert check_quality(SLEEP, fine, [], hint=hint).ok
 
 
 def test_off_topic() -> None:

@@ -35,6 +35,14 @@ def test_stock_answer_to_every_question_never_satisfies() -> None:
     assert all("repeats an earlier answer" in j.quality.reasons for j in judgements[1:])
 
 
+def test_parroting_the_hint_is_not_satisfying() -> None:
+    user = SimUser("u", PREFERENCES["concise"])
+    judged = user.judge(SLEEP, "To sleep better, answer in one short sentence.")
+    assert judged.meets_preference and not judged.satisfied
+    assert judged.quality.reasons == ["repeats the instruction"]
+    assert user.reply(judged).startswith(("You just repeated", "Don't repeat"))
+
+
 def test_same_answer_to_the_same_question_is_not_a_repeat() -> None:
     user = SimUser("u", PREFERENCES["concise"])
     assert user.judge(SLEEP, GOOD_SHORT).satisfied

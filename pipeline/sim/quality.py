@@ -14,6 +14,8 @@ A pilot (issue 10) showed plain Binary RL reaching 100 % "short" by answering ev
   half of the words or more, or, from 12 words on, under 35 % distinct words.
 - ``off topic``: none of the question's keywords (:func:`.questions.mentions`).
 - ``repeats the question``: the answer is the question again (near-identical as below).
+- ``repeats the instruction``: the answer contains the user's hint itself (normalised), as in
+  "To wake up earlier, you can use plain, simple words." (only when ``hint`` is given).
 - ``repeats an earlier answer``: normalised text identical, or difflib ratio >= 0.85, to one of
   ``earlier_answers`` (the caller passes answers to *other* questions).
 """
@@ -42,6 +44,7 @@ REPEATED_TOKENS = "degenerate: repeated tokens"
 OFF_TOPIC = "off topic"
 REPEATS_EARLIER = "repeats an earlier answer"
 ECHOES_QUESTION = "repeats the question"
+ECHOES_HINT = "repeats the instruction"
 
 NEAR_DUPLICATE = 0.85
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
@@ -106,9 +109,12 @@ def similar(a: str, b: str) -> bool:
     return na == nb or SequenceMatcher(None, na, nb).ratio() >= NEAR_DUPLICATE
 
 
-def check_quality(question: Question, answer: str, earlier_answers: Sequence[str]) -> Quality:
+def check_quality(
+    question: Question, answer: str, earlier_answers: Sequence[str], hint: str | None = None
+) -> Quality:
     """Whether ``answer`` answers ``question``; ``earlier_answers`` are answers to other
-    questions (an answer that fits every question answers none)."""
+    questions (an answer that fits every question answers none); ``hint``, the user's
+    instruction, must not be parroted back."""
     reasons = _degenerate(answer)
     if reasons == [EMPTY]:
         return Quality(False, reasons)
@@ -116,6 +122,8 @@ def check_quality(question: Question, answer: str, earlier_answers: Sequence[str
         reasons.append(OFF_TOPIC)
     if similar(answer, question.text):
         reasons.append(ECHOES_QUESTION)
+    if hint and normalise(hint) and f" {normalise(hint)} " in f" {normalise(answer)} ":
+        reasons.append(ECHOES_HINT)
     if any(similar(answer, earlier) for earlier in earlier_answers):
         reasons.append(REPEATS_EARLIER)
     return Quality(not reasons, reasons)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .preferences import PREFERENCES, Preference
 from .quality import (
+    ECHOES_HINT,
     ECHOES_QUESTION,
     EMPTY,
     OFF_TOPIC,
@@ -48,6 +49,10 @@ QUALITY_COMPLAINTS: dict[str, tuple[str, ...]] = {
         "That doesn't answer my question.",
         "That has nothing to do with what I asked.",
         "That's off topic.",
+    ),
+    ECHOES_HINT: (
+        "You just repeated what I asked for instead of answering.",
+        "Don't repeat my instructions, answer the question.",
     ),
     ECHOES_QUESTION: (
         "You just repeated my question.",
@@ -101,7 +106,7 @@ class SimUser:
     def judge(self, question: Question, answer: str) -> Judgement:
         """Judge ``answer``; remembers it for the repetition check of later questions."""
         earlier = [a for q, a in self.history if q != question.text]
-        quality = check_quality(question, answer, earlier)
+        quality = check_quality(question, answer, earlier, hint=self.preference.hint)
         self.history.append((question.text, answer))
         del self.history[: -self.memory]
         meets = self.preference.met(answer)
