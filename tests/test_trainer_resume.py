@@ -70,3 +70,26 @@ def test_corrupt_newest_version_resumes_from_newest_valid(
     assert newest.offsets() == {0: 12}, "the inputs after v2 were trained again, then the rest"
     ck.verify_version(ck.version_dir(weights, policy, newest.version))
     assert ck.newest_valid(weights, policy).version == newest.version  # type: ignore[union-attr]
+
+
+def test_steps_that_train_nothing_do_not_make_versions(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """Masked samples are consumed and recorded, but an identical version is published only
+    when the trainer stops (to keep their bookkeeping), not once per step."""
+    topic, policy = f"test.trainer.noop.{unique}", f"p-{unique}"
+    create_topic(admin, topic, 1)
+    rng = random.Random(5)
+    masked = [make_sample(i, policy, rng, masked=True, loss_mask=[0, 0, 0, 0])
+              for i in range(6)]
+    produce(kafka_settings, topic, masked)
+    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
+    cmd = trainer_cmd(tiny, topic, policy, tmp_path, idle_s=1.5)
+    out = run_to_idle(cmd, kafka_settings, tmp_path / "t1.log")
+    weights = tmp_path / "weights"
+    assert ck.versions(weights, policy) == [1], out  # two no-op steps, one closing version
+    assert ck.read_manifest(weights, policy, 1).offsets() == {0: 6}
+
+    produce(kafka_settings, topic, [make_sample(i, policy, rng) for i in range(6, 12)])
+    run_to_idle(cmd, kafka_settings, tmp_path / "t2.log")
+    assert ck.versions(weights, policy) == [1, 2, 3]  # trained steps: a version each

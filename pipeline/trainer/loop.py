@@ -202,7 +202,12 @@ class TrainerLoop:
                 traj_rows += trajectory_rows(records, result, core.tokenizer)
                 step_rows.append(step_row(cfg, result, batcher.next_offsets(polled), now_ms))
                 last_input = time.monotonic()  # idle counts from the last input or step
-            due = len(step_rows) >= cfg.publish_every_steps or (
+            # A version is due for steps that changed the weights; steps that trained
+            # nothing (every sample masked or stale) wait for the next one, or for
+            # publish_every_s, so they do not mint identical versions that make every
+            # in-flight sample look one version staler.
+            changed = any(row["trained_tokens"] > 0 for row in step_rows)
+            due = (changed and len(step_rows) >= cfg.publish_every_steps) or (
                 time.monotonic() - last_publish >= cfg.publish_every_s
             )
             if step_rows and due and time.monotonic() >= next_allowed:
