@@ -88,7 +88,10 @@ def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rat
         run(url)
         return
     loop_cfg = LoopConfig(policy=policy, method=method, model=model,
-                          state_dir=Path(settings.state_dir), batch_samples=users)
+                          state_dir=Path(settings.state_dir),
+                          # a session is two turns (the answer, then the closing reply):
+                          # one round of sessions makes one step
+                          batch_samples=2 * users)
     click.echo(f"starting the loop for policy {policy} (model, broker, workers, trainer, "
                f"gateway; logs in {Path(settings.state_dir).resolve() / 'logs'})…")
     try:

@@ -151,9 +151,10 @@ class DemoRunner:
         train_q, held_q = split(seed=cfg.seed)
         self.train_questions: list[Question] = train_q
         self.heldout_questions: list[Question] = held_q[: cfg.eval_questions]
-        self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed)
-        self.eval_users = make_users(len(self.heldout_questions), (cfg.preference,),
-                                     cfg.hint_rate, cfg.seed + 10_000)
+        # One repetition memory across users: the same stock answer to different users'
+        # questions is caught at once (the pilot's "You are a helpful AI…" hack).
+        self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed,
+                                shared_history=True)
         self.rng = random.Random(cfg.seed)
 
     def _seen(self, result: TurnResult, at: float) -> None:
@@ -166,7 +167,7 @@ class DemoRunner:
         """Held-out users on held-out questions, nothing recorded; fresh users each time so
         the repetition check starts empty."""
         users = make_users(len(self.heldout_questions), (self.cfg.preference,),
-                           self.cfg.hint_rate, self.cfg.seed + 10_000)
+                           self.cfg.hint_rate, self.cfg.seed + 10_000, shared_history=True)
         run = f"eval-{label}-{int(time.time() * 1000)}"
 
         def one(i: int) -> TurnResult:
