@@ -317,9 +317,12 @@ def up(
     (logs in <state_dir>/logs/). Point any OpenAI client at the printed base URL.
     """
     from pipeline import stack
+    from pipeline.durable import writable_problem
     from pipeline.kafka.broker import BrokerError, LocalBroker
 
     settings = _settings(ctx)
+    if (problem := writable_problem(Path(settings.state_dir) / "logs")) is not None:
+        _fail(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     started_broker = False
     if settings.uses_local_broker:
         local = LocalBroker(settings)

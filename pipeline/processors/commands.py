@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import click
@@ -60,6 +61,10 @@ def workers(
     LIVERL_PROCESSORS_LLM_BASE_URL=http://host:8000/v1). Scale out by running more workers
     with the same app id, up to one per partition.
     """
+    from pipeline.durable import writable_problem
+
+    if (problem := writable_problem(Path(_settings(ctx).state_dir) / "processors")) is not None:
+        raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     import faust
 
     from .app import create_app, ensure_internal_topics

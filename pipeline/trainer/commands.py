@@ -136,6 +136,13 @@ def train(ctx: click.Context, **options: object) -> None:
     cfg: TrainerSettings = merged(settings.trainer, ctx, options).under_state_dir(
         settings.state_dir
     )
+    from pipeline.durable import writable_problem
+
+    for root in (cfg.weights_root, cfg.lake_root):
+        if (problem := writable_problem(Path(root))) is not None:
+            raise click.ClickException(
+                f"{problem}; set --weights-root/--lake-root or state_dir (LIVERL_STATE_DIR)"
+            )
     loop = TrainerLoop(
         settings,
         cfg,
