@@ -1,10 +1,10 @@
 """``liverl report``: one PNG and a short text summary of training, read from the Delta lake.
 
 Reads ``<lake>/trajectories``, ``<lake>/gradient_steps`` and ``<lake>/weights`` (schemas in
-:mod:`pipeline.lake.tables`, DESIGN.md §8) with ``deltalake``/pyarrow, reading only the
-columns it plots (never the token id lists). Columns a table lacks are read as nulls and
-the panels that need them say so, so a lake written by an older or newer trainer still
-renders. Only ``trajectories`` is required; the other two tables are optional.
+:mod:`pipeline.lake.tables`, docs/architecture.md#delta-tables) with ``deltalake``/pyarrow,
+reading only the columns it plots (never the token id lists). Columns a table lacks are read
+as nulls and the panels that need them say so, so a lake written by an older or newer trainer
+still renders. Only ``trajectories`` is required; the other two tables are optional.
 
 Drawn with matplotlib's Agg canvas on an explicit :class:`~matplotlib.figure.Figure`
 (no pyplot, no global backend state), imported lazily so ``liverl --help`` stays fast.

@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     topics: TopicSettings = Field(default_factory=TopicSettings)
-    # Component sections ([serve], [workers]/LIVERL_PROCESSORS_*, [trainer]); command-line
+    # Component sections ([serve], [processors], [trainer]); command-line
     # options given explicitly override them.
     serve: ServeSettings = Field(default_factory=ServeSettings)
     processors: ProcessorSettings = Field(default_factory=ProcessorSettings)

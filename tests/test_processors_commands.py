@@ -1,4 +1,4 @@
-"""The click commands the lead wires into ``liverl``, and the judge stage's waiting room."""
+"""The ``liverl workers``/``record-outcome`` commands, and the judge stage's waiting room."""
 
 from __future__ import annotations
 

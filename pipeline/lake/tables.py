@@ -1,4 +1,4 @@
-"""Schemas and locations of the trainer's Delta tables (DESIGN.md §8).
+"""Schemas and locations of the trainer's Delta tables (docs/architecture.md#delta-tables).
 
 Explicit Arrow schemas (not inferred) so every writer, replay and reader agrees on types;
 maps and nested metrics are JSON strings because every engine (pyarrow, polars, DuckDB,

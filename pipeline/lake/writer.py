@@ -1,4 +1,6 @@
-"""Idempotent Delta appends keyed by an application transaction (DESIGN.md §7 step 2).
+"""Idempotent Delta appends keyed by an application transaction.
+
+Step 2 of the publish protocol (docs/architecture.md#exactly-once-publishing).
 
 Each append carries ``Transaction(app_id, version)`` in the same commit as the data, so
 "was this batch written?" is answered atomically by the table itself: a retry after a crash

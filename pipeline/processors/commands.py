@@ -1,4 +1,4 @@
-"""Click commands for the reward pipeline; the lead wires them into ``pipeline.cli``.
+"""Click commands for the reward pipeline, registered in ``pipeline.cli``.
 
 ``liverl workers``: run a Faust worker (start more processes with the same app id to scale).
 ``liverl record-outcome``: a quality gate's pass/fail as a ``next_states`` event; with

@@ -1,7 +1,7 @@
 """Processor settings: ``LIVERL_PROCESSORS_*`` environment variables over defaults.
 
-Kept apart from ``pipeline.settings`` (owned elsewhere) so the workers can be tuned without
-touching the shared settings object; the Kafka location still comes from ``Settings``.
+The ``[processors]`` section of ``pipeline.settings.Settings``; the Kafka location comes from
+``Settings`` too.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Group stage logic: hold the samples of sessions that share a ``group_id`` until the group is
-complete, then z-score their rewards within (group, step index) (RLAnything, DESIGN.md §5).
+complete, then z-score their rewards within (group, step index) (RLAnything,
+docs/architecture.md#groups).
 
 Sessions are assembled per session (keyed by session id); a group spans sessions on different
 partitions, so the worker re-keys each grouped session's samples by group id through an internal

@@ -6,7 +6,8 @@ alternative to a specific violation, never mere absence of one (RLVP: avoiding t
 not be worth more than the outcome): a forbidden pattern pays mu only for a call matching one of
 its ``alternatives`` (each distinct call once per session), a required step for the trigger done
 after its requirement, and a repeated failing call once, for the first different call that
-succeeds after a failure (the recovery from that failure). Validation enforces DESIGN.md section 5:
+succeeds after a failure (the recovery from that failure). Validation enforces RLVP's four design
+rules (docs/architecture.md#path-penalties):
 (1) only verifiable bad actions, never lack of progress; (2) the outcome stays the main driver;
 (3) every penalty is paired with a compliance reward; (4) the compliant path is reachable and
 the rule cannot be farmed.

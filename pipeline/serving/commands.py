@@ -1,4 +1,4 @@
-"""``liverl serve``: the capture gateway. The lead wires ``serve`` into ``pipeline.cli``."""
+"""``liverl serve``: the capture gateway (registered in ``pipeline.cli``)."""
 
 from __future__ import annotations
 

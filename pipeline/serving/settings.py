@@ -1,4 +1,4 @@
-"""Gateway settings. Kept here (not in ``pipeline.settings``) until the lead adds a section."""
+"""Gateway settings: the ``[serve]`` section of ``pipeline.settings.Settings``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``liverl train``: the click command (the lead wires it into ``pipeline.cli``).
+"""``liverl train``: the click command (registered in ``pipeline.cli``).
 
 ``LIVERL_TRAINER_CRASH_AT=<stage>`` kills the process (``os._exit``) when the publish
 protocol reaches that stage (``before_rename``, ``after_folder``, ``after_delta_trajectories``,
@@ -128,7 +128,12 @@ def _crash_hook() -> object:
 )
 @click.pass_context
 def train(ctx: click.Context, **options: object) -> None:
-    """Train POLICY from the samples topic and publish versioned weights (DESIGN.md §6-§7)."""
+    """Train POLICY from the samples topic and publish versioned weights.
+
+    \b
+    See docs/architecture.md#training-losses
+    and docs/architecture.md#exactly-once-publishing.
+    """
     from pipeline.options import merged
     from pipeline.trainer.loop import TrainerLoop, install_signal_handlers
 

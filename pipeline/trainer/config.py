@@ -1,7 +1,6 @@
 """Trainer settings (one policy per trainer process).
 
-Kept in the trainer package as a pydantic model; the lead can nest it into
-``pipeline.settings.Settings`` as ``trainer: TrainerSettings`` (``LIVERL_TRAINER_*``).
+The ``[trainer]`` section of ``pipeline.settings.Settings`` (``LIVERL_TRAINER_*``).
 """
 
 from __future__ import annotations
@@ -98,9 +97,10 @@ class TrainerSettings(BaseModel):
     max_staleness: int = Field(default=2, ge=0)
     tis_cap: float = 2.0
 
-    # publishing (DESIGN.md §7). A version is *due* after ``publish_every_steps`` steps or when
-    # its oldest step is ``publish_every_s`` old; a due version is then published as soon as
-    # publishing stays within ``publish_max_overhead`` of wall time (1.0: immediately).
+    # publishing (docs/architecture.md#publish-cadence). A version is *due* after
+    # ``publish_every_steps`` steps or ``publish_every_s`` after the last publish; a due
+    # version is then published as soon as publishing stays within ``publish_max_overhead``
+    # of wall time (1.0: immediately).
     publish_every_steps: int = Field(default=1, ge=1)
     publish_every_s: float = Field(default=60.0, gt=0.0)
     publish_max_overhead: float = Field(

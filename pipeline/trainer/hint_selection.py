@@ -1,4 +1,6 @@
-"""Overlap-guided hint selection and vocabulary subsets for top-k OPD (DESIGN.md §6).
+"""Overlap-guided hint selection and vocabulary subsets for top-k OPD.
+
+See docs/architecture.md#hint-selection-and-top-k-opd.
 
 For one response of T tokens scored by the student and, for each of up to 3
 candidate hints h, by the teacher (the same response under the prompt with

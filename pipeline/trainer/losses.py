@@ -1,4 +1,6 @@
-"""Policy-gradient losses for liverl's three training methods (DESIGN.md §6).
+"""Policy-gradient losses for liverl's three training methods.
+
+See docs/architecture.md#training-losses.
 
 Plain functions over torch tensors, in the style of TRL. Shapes are batch-first
 and padded:

@@ -1,4 +1,4 @@
-"""The publish protocol of DESIGN.md §7, and its recovery.
+"""The publish protocol (docs/architecture.md#exactly-once-publishing), and its recovery.
 
 1. weights + manifest -> ``vN`` (atomic folder, :mod:`checkpoint`); the folder also holds
    the lake rows of this version, so everything after step 1 can be redone from disk;
