@@ -93,3 +93,27 @@ def test_steps_that_train_nothing_do_not_make_versions(
     produce(kafka_settings, topic, [make_sample(i, policy, rng) for i in range(6, 12)])
     run_to_idle(cmd, kafka_settings, tmp_path / "t2.log")
     assert ck.versions(weights, policy) == [1, 2, 3]  # trained steps: a version each
+
+
+def test_a_sample_sent_twice_is_trained_once_across_restarts(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """Processors are at-least-once (a restarted worker re-sends a session's samples with the
+    same ids); the trainer trains each id once, also after its own restart."""
+    from deltalake import DeltaTable
+
+    topic, policy = f"test.trainer.dedup.{unique}", f"p-{unique}"
+    create_topic(admin, topic, 1)
+    rng = random.Random(7)
+    first = [make_sample(i, policy, rng) for i in range(6)]
+    produce(kafka_settings, topic, [*first, first[1], first[4]])
+    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
+    cmd = trainer_cmd(tiny, topic, policy, tmp_path, idle_s=1.5)
+    out = run_to_idle(cmd, kafka_settings, tmp_path / "t1.log")
+    assert "2 duplicates skipped" in out, out
+    produce(kafka_settings, topic, [first[0], make_sample(6, policy, rng), first[5]])
+    out = run_to_idle(cmd, kafka_settings, tmp_path / "t2.log")
+    assert "2 duplicates skipped" in out, out
+    rows = DeltaTable(str(tmp_path / "lake" / "trajectories")).to_pyarrow_table().to_pylist()
+    ids = sorted(r["event_id"] for r in rows)
+    assert ids == sorted(f"sample-{i:04d}" for i in range(7))

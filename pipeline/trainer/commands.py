@@ -158,7 +158,8 @@ def train(ctx: click.Context, **options: object) -> None:
     stats = loop.run()
     click.echo(
         f"done: {stats.steps} steps, {stats.samples} samples, {stats.published} versions, "
-        f"{stats.dead_lettered} dead-lettered, {stats.dropped_stale} stale dropped"
+        f"{stats.dead_lettered} dead-lettered, {stats.dropped_stale} stale dropped, "
+        f"{stats.duplicates} duplicates skipped"
     )
 
 

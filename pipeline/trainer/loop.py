@@ -37,6 +37,7 @@ from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.batching import Batcher, check_sample
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import StepResult, TrainerCore
+from pipeline.trainer.dedup import SeenIds
 from pipeline.trainer.gate import Gate
 from pipeline.trainer.publish import Publisher, Stage, step_row, trajectory_rows
 
@@ -51,6 +52,7 @@ class LoopStats:
     dead_lettered: int = 0
     other_policy: int = 0
     dropped_stale: int = 0
+    duplicates: int = 0  # samples whose id was already trained (upstream re-sends)
     timings: dict[str, float] = field(
         default_factory=lambda: {
             "compute_s": 0.0, "optimizer_s": 0.0, "publish_s": 0.0, "poll_s": 0.0,
@@ -77,6 +79,7 @@ class TrainerLoop:
         self.stats = LoopStats()
         self._stop = False
         self._newest = 0  # highest version number on disk, usable or not
+        self.seen = SeenIds()
 
     def stop(self, *_: Any) -> None:
         self._stop = True
@@ -106,6 +109,7 @@ class TrainerLoop:
             )
         directory = ck.version_dir(cfg.weights_root, cfg.policy, manifest.version)
         core = TrainerCore.load(cfg, directory, step=manifest.step)
+        self.seen.seed(cfg.weights_root, cfg.policy, manifest.version)
         if publisher.gate is not None:  # held-out turns and live model as of v(N-1)
             publisher.gate.seed(core, manifest.version - 1)
         publisher.complete(directory, core)
@@ -240,8 +244,13 @@ class TrainerLoop:
         if sample.policy_id != self.cfg.policy:
             self.stats.other_policy += 1
             return
+        if sample.event_id in self.seen:
+            self.stats.duplicates += 1
+            log.info("skipped duplicate sample %s (already trained)", sample.event_id)
+            return
         reason = check_sample(sample, core.vocab_size, limit)
         if reason is None:
+            self.seen.add(sample.event_id)
             batcher.add(rec)
             return
         letter = DeadLetter.wrap(
