@@ -10,7 +10,7 @@ import click
 
 
 @click.command("demo")
-@click.option("--quick", is_flag=True, help="A short run (8 rounds of 6 users; a few minutes "
+@click.option("--quick", is_flag=True, help="A short run (10 rounds of 6 users; about 8 minutes "
               "on 2 cores).")
 @click.option("--method", type=click.Choice(["rl", "opd", "hybrid"]), default="opd",
               show_default=True, help="Training method of the demo's trainer.")
@@ -18,13 +18,16 @@ import click
               help="The users' hidden preference (see pipeline/sim/preferences.py).")
 @click.option("--hint-rate", type=float, default=1.0, show_default=True,
               help="Share of corrections that say what the user wants.")
-@click.option("--rounds", type=int, default=None, help="Rounds of sessions [default: 20; 8 "
+@click.option("--rounds", type=int, default=None, help="Rounds of sessions [default: 20; 10 "
               "with --quick].")
 @click.option("--users", type=int, default=6, show_default=True,
               help="Users per round (concurrent sessions; also the trainer's batch).")
 @click.option("--eval-questions", type=int, default=None,
               help="Held-out questions per evaluation [default: 16; 8 with --quick].")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--pace/--no-pace", default=True, show_default=True,
+              help="Users wait for the weights trained on a round before the next one "
+              "(serving and training share 2 cores; without it rounds run on old weights).")
 @click.option("--model", default=None, help="Model of the demo's loop [default: "
               "smollm2-135m-instruct].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -34,7 +37,7 @@ import click
 @click.option("--policy", default=None, help="With --url: the policy it serves.")
 @click.pass_context
 def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rate: float,
-         rounds: int | None, users: int, eval_questions: int | None, seed: int,
+         rounds: int | None, users: int, eval_questions: int | None, seed: int, pace: bool,
          model: str | None, out: Path | None, url: str | None, policy: str | None) -> None:
     """Simulated users with a hidden preference talk to the live policy through the gateway.
 
@@ -61,8 +64,9 @@ def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rat
         raise click.UsageError("--url needs --policy (the served model name)")
     settings: Settings = (ctx.obj or {}).get("settings") or Settings()
     cfg = DemoConfig(method=method, preference=preference, hint_rate=hint_rate, users=users,
-                     rounds=rounds or (8 if quick else 20),
-                     eval_questions=eval_questions or (8 if quick else 16), seed=seed)
+                     rounds=rounds or (10 if quick else 20),
+                     eval_questions=eval_questions or (8 if quick else 16), seed=seed,
+                     pace=pace)
     policy = policy or f"demo-{method}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = out or Path(settings.state_dir) / "demo" / policy
     lake = Path(settings.trainer.under_state_dir(Path(settings.state_dir)).lake_root)

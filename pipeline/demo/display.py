@@ -60,6 +60,8 @@ class Display:
             self._line(f"held-out {data['label']}: v{ev.version} {ev.satisfied:.0%} satisfied, "
                        f"{ev.meets_preference:.0%} meet the preference, "
                        f"{ev.quality_ok:.0%} answer the question (n={ev.n})")
+        elif kind == "pace":
+            self.stage = f"users wait for v{data['waiting_for']} (trained on their replies)"
         elif kind == "settle":
             self.stage = f"waiting for the last sessions to train ({data['trained']}/{data['of']})"
         if self.live is not None:

@@ -38,6 +38,11 @@ class DemoConfig:
     seed: int = 0
     window: int = 12  # sessions in the moving satisfied share
     settle_s: float = 120.0  # wait this long at most for the last sessions to be trained
+    # Users wait for the weights trained on their round before the next round, as a person
+    # waits for a reply: on 2 cores serving and training share the CPU, and without the
+    # pause generation starves the trainer so rounds run on ever older weights.
+    pace: bool = True
+    pace_s: float = 180.0  # at most this long per round
 
 
 @dataclass
@@ -244,12 +249,24 @@ class DemoRunner:
         before = self.evaluate("before")
         sessions: list[Session] = []
         for round_no in range(self.cfg.rounds):
+            live = self.probe() or 0
             sessions += self.train_round(round_no, len(sessions))
+            if self.cfg.pace and round_no + 1 < self.cfg.rounds:
+                self._wait_for_newer(live)
         self._settle(lake, sessions)
         after = self.evaluate("after")
         fresh = freshness(lake, self.policy, sessions, self.first_seen)
         return DemoResult(self.cfg, self.policy, before, after, sessions, dict(self.first_seen),
                           fresh, time.monotonic() - start)
+
+    def _wait_for_newer(self, live: int) -> None:
+        """Until a version newer than ``live`` serves (bounded by ``pace_s``)."""
+        deadline = time.monotonic() + self.cfg.pace_s
+        self.on_progress("pace", {"waiting_for": live + 1})
+        while time.monotonic() < deadline:
+            if (self.probe() or 0) > live:
+                return
+            time.sleep(1.0)
 
     def _settle(self, lake: Path, sessions: list[Session]) -> None:
         """Wait (bounded) until the last sessions were trained and their version serves."""
