@@ -65,8 +65,6 @@ def workers(
 
     if (problem := writable_problem(Path(_settings(ctx).state_dir) / "processors")) is not None:
         raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
-    import faust
-
     from .app import create_app, ensure_internal_topics
     from .config import ProcessorSettings
     from .penalties import RuleConfigError
@@ -89,7 +87,9 @@ def workers(
         ensure_internal_topics(app, settings)
     except (RuleConfigError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    from .worker import BoundedShutdownWorker
+
+    worker = BoundedShutdownWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
 
 
