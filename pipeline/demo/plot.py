@@ -53,11 +53,15 @@ def plot(result: DemoResult, path: Path) -> None:
             ax.text(s.index + 1, 1.03, f"v{s.version}", fontsize=7, ha="center",
                     color="#777777")
     end = max(x, default=1)
-    for ev, label, color in ((result.before, "held-out, initial", "#d62728"),
-                             (result.after, "held-out, final", "#2ca02c")):
-        ax.hlines(ev.satisfied, 1, end, colors=color, linestyles="dashdot", lw=1.2,
-                  label=f"{label} v{ev.version}: {ev.satisfied:.0%} satisfied, "
-                        f"{ev.quality_ok:.0%} on topic (n={ev.n})")
+    # Held-out evaluations (greedy, nothing recorded) as points before and after training.
+    for ev, at, label, color in ((result.before, 0, "held-out, initial", "#d62728"),
+                                 (result.after, end + 1, "held-out, final", "#006d2c")):
+        ax.scatter([at], [ev.satisfied], s=90, marker="D", color=color, zorder=5,
+                   label=f"{label} v{ev.version}: {ev.satisfied:.0%} satisfied, "
+                         f"{ev.quality_ok:.0%} answer the question (n={ev.n})")
+        ax.annotate(f"v{ev.version}: {ev.satisfied:.0%}", (at, ev.satisfied),
+                    textcoords="offset points", xytext=(0, 9), ha="center", fontsize=9,
+                    color=color)
     fresh = result.freshness_s
     fresh_txt = (f"freshness p50 {sorted(fresh)[len(fresh) // 2]:.1f} s" if fresh
                  else "freshness: n/a")
@@ -69,8 +73,8 @@ def plot(result: DemoResult, path: Path) -> None:
     ax.set_xlabel("training session")
     ax.set_ylabel("share")
     ax.set_ylim(-0.02, 1.08)
-    ax.set_xlim(0.5, end + 0.5)
+    ax.set_xlim(-1, end + 2)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center left", fontsize=8, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path)
