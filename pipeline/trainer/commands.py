@@ -128,7 +128,7 @@ def _crash_hook() -> object:
 )
 @click.pass_context
 def train(ctx: click.Context, **options: object) -> None:
-    """Train POLICY from the samples topic and publish versioned weights.
+    """Train the --policy from the samples topic and publish versioned weights.
 
     \b
     See docs/architecture.md#training-losses
