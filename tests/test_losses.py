@@ -21,6 +21,7 @@ from pipeline.trainer.losses import (
     binary_rl_advantages,
     binary_rl_loss,
     hybrid_loss,
+    kl_to_reference,
     masked_aggregate,
     opd_advantages,
     opd_loss,
@@ -410,3 +411,19 @@ def test_gradient_sign_opd_and_topk() -> None:
         new = torch.log_softmax(logits2 - 0.1 * logits2.grad, dim=-1)  # type: ignore[operator]
     assert new[0, 0, 1] > full[0, 0, 1]
     assert new[0, 0, 0] < full[0, 0, 0]
+
+
+def test_kl_to_reference_by_hand() -> None:
+    """k3: kl_t = exp(ℓ_ref − ℓ_cur) − (ℓ_ref − ℓ_cur) − 1. Token 1: ℓ_cur = ln 0.5,
+    ℓ_ref = ln 0.25, so d = −ln 2, kl = 0.5 + ln 2 − 1 = 0.193147; token 2: equal, 0; token
+    3 masked. token_mean = 0.193147 / 2; d loss / d ℓ_cur1 = (1 − exp(d)) / 2 = 0.25."""
+    cur = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25), math.log(0.25), -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    out = kl_to_reference(cur, ref, mask, aggregate="token_mean")
+    expected = (0.5 + math.log(2) - 1) / 2
+    assert out.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert out.metrics["kl_ref"] == pytest.approx(expected, abs=1e-6)
+    out.loss.backward()
+    assert cur.grad is not None
+    assert cur.grad[0].tolist() == pytest.approx([0.25, 0.0, 0.0], abs=1e-6)

@@ -307,3 +307,14 @@ def test_rows_with_nothing_to_train_skip_the_forward_pass_but_count(tiny: Path) 
     nothing = idle.train_step([sample(1, masked=True)], current_version=0)
     assert nothing.trained_tokens == 0 and nothing.losses["total"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, idle.model.parameters(), strict=True))
+
+
+def test_kl_to_reference_is_zero_at_the_reference_then_positive(tiny: Path) -> None:
+    core = make_core(tiny, kl_coef=0.5)
+    assert core.reference is not None  # a frozen copy is kept for the KL term
+    first = core.train_step([sample(0, reward=1.0)], current_version=0)
+    assert first.metrics["kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    second = core.train_step([sample(1, reward=1.0)], current_version=0)
+    assert second.metrics["kl_ref"] > 0
+    assert second.losses["total"] == pytest.approx(
+        second.losses["rl"] + 0.5 * second.losses["kl"], rel=1e-5)

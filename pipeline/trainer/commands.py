@@ -89,6 +89,8 @@ def _crash_hook() -> object:
 @click.option(
     "--opd-loss", type=click.Choice(["token", "topk"]), default="token", show_default=True
 )
+@click.option("--kl-coef", type=float, default=0.0, show_default=True,
+              help="Weight of the KL to the frozen reference added to the loss (0: off).")
 @click.option("--w-rl", type=float, default=1.0, show_default=True)
 @click.option("--w-opd", type=float, default=1.0, show_default=True)
 @click.option("--staleness", type=click.Choice(["drop", "tis"]), default="drop", show_default=True)

@@ -77,6 +77,11 @@ class TrainerSettings(BaseModel):
         description="PPO ratio reference for fresh samples: the serving engine's recorded "
         "log-probs, or the trainer's own recomputation (detached).",
     )
+    kl_coef: float = Field(
+        default=0.0, ge=0.0,
+        description="Weight of the KL to the frozen reference (k3 estimator) added to the "
+        "loss; 0 leaves it out (OpenClaw-RL's launchers train without it).",
+    )
     eps: float = 0.2
     eps_high: float = 0.28
 

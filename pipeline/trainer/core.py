@@ -142,7 +142,7 @@ class TrainerCore:
                 )
             src = weights_dir if weights_dir is not None else base
             model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-            if cfg.method != "rl" and cfg.teacher == "reference":
+            if (cfg.method != "rl" and cfg.teacher == "reference") or cfg.kl_coef > 0:
                 if weights_dir is None:
                     reference = copy.deepcopy(model)
                 else:
@@ -378,6 +378,14 @@ class TrainerCore:
         else:
             out = main = parts[cfg.method]
 
+        if cfg.kl_coef > 0:
+            ref = self._reference_logprobs(samples, active, rmax, tokens)
+            kl = L.kl_to_reference(logp_cur[rows], ref[rows], norm[rows],
+                                   aggregate=cfg.aggregate, norm_mask=norm[rows])
+            parts["kl"] = kl
+            total = out.loss + cfg.kl_coef * kl.loss
+            out = L.LossOutput(total, {**out.metrics, "kl_ref": kl.metrics["kl_ref"],
+                                       "loss": float(total.detach())})
         trained_tokens = int(norm.sum().item())
         if out.loss.requires_grad:  # no active row: nothing to differentiate
             out.loss.backward()
@@ -415,26 +423,43 @@ class TrainerCore:
         )
 
     def _active_logits(
-        self, samples: Sequence[Sample], active: torch.Tensor, rmax: int
+        self, samples: Sequence[Sample], active: torch.Tensor, rmax: int,
+        model: Any | None = None,
     ) -> torch.Tensor:
         """Response logits ``[B, rmax, V]``: computed for active rows, zeros elsewhere."""
+        model = self.model if model is None else model
         idx = active.nonzero().squeeze(-1).tolist()
         if len(idx) == len(samples):
             return self._response_logits(
-                self.model,
+                model,
                 [s.prompt_token_ids for s in samples],
                 [s.response_token_ids for s in samples],
             )
         out = torch.zeros((len(samples), rmax, self.vocab_size), device=self.device)
         if idx:
             sub = self._response_logits(
-                self.model,
+                model,
                 [samples[i].prompt_token_ids for i in idx],
                 [samples[i].response_token_ids for i in idx],
             )
             out = out.index_copy(0, torch.tensor(idx, device=self.device),
                                  torch.nn.functional.pad(sub, (0, 0, 0, rmax - sub.shape[1])))
         return out
+
+    def _reference_logprobs(
+        self, samples: Sequence[Sample], active: torch.Tensor, rmax: int, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """Log-probs of the response tokens under the frozen reference (the base with the
+        adapter off for LoRA, the reference copy for full fine-tuning)."""
+        with torch.no_grad():
+            if self.lora:
+                with self.model.disable_adapter():
+                    logits = self._active_logits(samples, active, rmax)
+            elif self.reference is not None:
+                logits = self._active_logits(samples, active, rmax, self.reference)
+            else:  # pragma: no cover - load() always provides one when kl_coef > 0
+                raise ValueError("kl_coef > 0 needs a reference model")
+            return L.token_logprobs(logits, tokens)
 
     def _has_hint(self, samples: Sequence[Sample]) -> torch.Tensor:
         return torch.tensor([bool(s.hints) for s in samples], device=self.device).float()

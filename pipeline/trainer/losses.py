@@ -377,6 +377,32 @@ def hybrid_loss(
 
 
 # ---------------------------------------------------------------------------
+# KL to the reference (a stabiliser against drifting into degenerate answers)
+
+
+def kl_to_reference(
+    logp_cur: torch.Tensor,
+    logp_ref: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    aggregate: Aggregate = "token_mean",
+    norm_mask: torch.Tensor | None = None,
+) -> LossOutput:
+    """Per-token KL estimate to the frozen reference (k3, GRPO/slime's ``low_var_kl``):
+
+    ``kl_t = exp(ℓ_ref − ℓ_cur) − (ℓ_ref − ℓ_cur) − 1`` (≥ 0, 0 where the policy equals
+    the reference), aggregated like the policy terms; its gradient pulls ``ℓ_cur`` back
+    toward ``ℓ_ref`` on the sampled tokens. The trainer adds ``kl_coef`` times it.
+    """
+    diff = logp_ref.detach() - logp_cur
+    per_token = torch.exp(diff) - diff - 1.0
+    m = mask.to(per_token.dtype)
+    loss = masked_aggregate(per_token, m, aggregate, norm_mask)
+    return LossOutput(loss=loss, metrics={"loss": float(loss.detach()),
+                                          "kl_ref": _token_mean(per_token.detach(), m)})
+
+
+# ---------------------------------------------------------------------------
 # Staleness (off-policy samples)
 
 
