@@ -447,6 +447,8 @@ def status(ctx: click.Context) -> None:
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
     from pipeline.demo.commands import demo
+    from pipeline.kafka.tap import tap
+    from pipeline.lake.sql import sql
     from pipeline.models.commands import models
     from pipeline.processors.commands import record_outcome, workers
     from pipeline.report import report
@@ -460,6 +462,8 @@ def _register_components() -> None:
     cli.add_command(record_outcome)
     cli.add_command(train)
     cli.add_command(report)
+    cli.add_command(tap)
+    cli.add_command(sql)
 
 
 _register_components()

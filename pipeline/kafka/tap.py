@@ -1,0 +1,414 @@
+"""``liverl tap TOPIC``: print a topic's decoded events for people.
+
+The tap never touches any consumer group: it assigns partitions directly (start offsets
+from ``offsets_for_times`` for ``--since``), runs with ``enable.auto.commit=false`` and a
+throwaway group id that never joins (no ``subscribe``), and never commits. Without
+``--follow`` it stops at the end offsets captured when it started (or after ``--limit``).
+Records that do not decode are shown as such, never a crash.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+import orjson
+
+from pipeline.settings import Settings
+
+TAP_GROUP_PREFIX = "liverl-tap-"
+_SUMMARY_CHARS = 60
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+class TapError(click.ClickException):
+    exit_code = 2
+
+
+class TopicMissing(TapError):
+    """The broker has no such topic."""
+
+
+# ---- arguments -----------------------------------------------------------------------------
+
+
+def parse_since(value: str, now_ms: int | None = None) -> int:
+    """``10m``/``2h``/``30s``/``1d`` ago, or an ISO time (naive = UTC), to epoch ms."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    match = _DURATION.match(value)
+    if match:
+        return now - int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (e.g. 30s, 10m, 2h, 1d) nor an ISO time "
+            "(e.g. 2026-05-01T12:00:00Z)",
+            param_hint="--since",
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return int(parsed.timestamp() * 1000)
+
+
+def _spec_types(settings: Settings) -> dict[str, str]:
+    from pipeline.kafka.consumer import expected_types_from_specs
+
+    return expected_types_from_specs(settings)
+
+
+def short_name(topic: str) -> str:
+    """``liverl.interactions.v1`` -> ``interactions``."""
+    parts = topic.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "liverl" else topic
+
+
+def known_list(known: list[str]) -> str:
+    return ", ".join(f"{short_name(t)} ({t})" for t in sorted(known))
+
+
+def resolve_topic(name: str, known: list[str]) -> str:
+    """A full or short topic name. A dotted name that is not in ``topics/`` (e.g. a replay
+    namespace's ``replay.X.liverl.rewards.v1``) is passed on for the broker to confirm."""
+    if name in known:
+        return name
+    matches = [t for t in known if short_name(t) == name or t == f"liverl.{name}.v1"]
+    if len(matches) == 1:
+        return matches[0]
+    if "." in name or "-" in name:
+        return name
+    raise TapError(f"unknown topic {name!r}; known topics: {known_list(known)}")
+
+
+def expected_type(topic: str, types: dict[str, str]) -> str | None:
+    """The event type a topic carries; a namespaced copy (``replay.X.<topic>``) inherits it."""
+    if topic in types:
+        return types[topic]
+    for name, kind in types.items():
+        if topic.endswith("." + name):
+            return kind
+    return None
+
+
+# ---- rows ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TapRow:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    event: Any = None  # events.Event when decoded
+    error: str | None = None
+    value: bytes | None = None
+
+    @property
+    def type(self) -> str:
+        if self.event is not None:
+            return str(self.event.type)
+        return "tombstone" if self.value is None else "undecodable"
+
+    def kafka(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "timestamp_ms": self.timestamp_ms,
+            "key": None if self.key is None else self.key.decode("utf-8", "replace"),
+        }
+
+    def to_json(self) -> bytes:
+        from pipeline import events
+
+        if self.event is not None:
+            doc: dict[str, Any] = events.to_dict(self.event)
+        else:
+            raw = self.value or b""
+            doc = {
+                "type": self.type,
+                "error": self.error,
+                "value_head": raw[:500].decode("utf-8", "replace"),
+                "value_bytes": len(raw),
+            }
+        doc["_kafka"] = self.kafka()
+        return orjson.dumps(doc)
+
+
+def _head(text: Any, n: int = _SUMMARY_CHARS) -> str:
+    one = " ".join(str(text if text is not None else "").split())
+    return one if len(one) <= n else one[: n - 1] + "…"
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def summary(row: TapRow) -> str:
+    """A one-line human summary per event type."""
+    e = row.event
+    if e is None:
+        return _head(row.error or "", 100)
+    t = e.type
+    turn = f"turn {e.turn} " if hasattr(e, "turn") else ""
+    if t == "interaction":
+        return f"{turn}v{e.weight_version} {e.finish_reason}: {_head(e.response_text)}"
+    if t == "next_state":
+        extra = f" score={_num(e.score)}" if e.score is not None else ""
+        extra += f" exit={e.exit_code}" if e.exit_code is not None else ""
+        return f"{turn}{e.kind}{extra}: {_head(e.content)}"
+    if t == "prm_score":
+        return f"{turn}score {e.score} votes {e.votes} {e.judge_id}" + (
+            f" error: {_head(e.error, 40)}" if e.error else ""
+        )
+    if t == "hint":
+        return f"{turn}rank {e.rank} {e.judge_id}: {_head(e.hint)}"
+    if t == "path_penalty":
+        bonus = _num(e.compliance_bonus)
+        return f"{turn}penalty {_num(e.penalty)} bonus {bonus} rules {e.rule_ids}"
+    if t == "reward":
+        return (
+            f"{turn}total {_num(e.total)} (outcome {_num(e.outcome)} prm {_num(e.prm)} "
+            f"penalty {_num(e.penalty)}) {e.formula_version}"
+        )
+    if t == "sample":
+        hints = f"hints {len(e.hints)}" + (f": {_head(e.hints[0], 40)}" if e.hints else "")
+        masked = " masked" if e.masked else ""
+        return f"{turn}reward {_num(e.reward)} {hints} v{e.behavior_weight_version}{masked}"
+    if t == "gradient_step":
+        losses = " ".join(f"{k}={_num(v)}" for k, v in sorted(e.losses.items()))
+        return f"{e.policy_id} step {e.step} {losses} samples {e.samples} v{e.weight_version}"
+    if t == "weights":
+        return f"{e.policy_id} v{e.version} {e.status} step {e.step} parent {_num(e.parent)}"
+    if t == "serving_status":
+        state = "ok" if e.ok else f"error: {_head(e.error, 40)}"
+        return f"{e.replica_id} {e.policy_id} v{e.version} {state} ({_num(e.reload_ms)} ms)"
+    if t == "dlq":
+        return f"{e.source_topic}[{e.source_partition}]@{e.source_offset}: {_head(e.error)}"
+    return _head(orjson.dumps(row.event).decode(), 100)  # pragma: no cover - new types
+
+
+def _fmt_ts(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%d %H:%M:%S.") + f"{dt.microsecond // 1000:03d}"
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+def tap_records(
+    settings: Settings,
+    topic: str,
+    *,
+    since_ms: int | None = None,
+    follow: bool = False,
+    session: str | None = None,
+    limit: int | None = None,
+    expected: str | None = None,
+    timeout: float = 30.0,
+) -> Iterator[TapRow]:
+    """Yield the topic's records in per-partition order; never commits any offsets."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as TP
+
+    from pipeline import events
+
+    fetch_total = max(52428800, settings.kafka.max_fetch_bytes * 2)
+    conf = settings.kafka_client_config(
+        **{
+            # Never joins (assign, no subscribe) and never commits: no group state at all.
+            "group.id": f"{TAP_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "fetch.max.bytes": fetch_total,
+            "max.partition.fetch.bytes": settings.kafka.max_fetch_bytes,
+            "receive.message.max.bytes": fetch_total + 1024 * 1024,
+        }
+    )
+    consumer = Consumer(conf)
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout)
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
+            raise TopicMissing(f"no such topic on the broker ({settings.bootstrap})")
+        partitions = sorted(tmeta.partitions)
+        ends: dict[int, int] = {}
+        for p in partitions:
+            _low, high = consumer.get_watermark_offsets(TP(topic, p), timeout=timeout)
+            ends[p] = high
+        if since_ms is not None:
+            found = consumer.offsets_for_times(
+                [TP(topic, p, since_ms) for p in partitions], timeout=timeout
+            )
+            # -1: no record at or after the time -> start at the end.
+            starts = {
+                tp.partition: (tp.offset if tp.offset >= 0 else ends[tp.partition]) for tp in found
+            }
+            assignment = [TP(topic, p, starts[p]) for p in partitions]
+        else:
+            starts = {p: 0 for p in partitions}
+            assignment = [TP(topic, p, OFFSET_BEGINNING) for p in partitions]
+        pending = set() if follow else {p for p in partitions if starts[p] < ends[p]}
+        if not follow and not pending:
+            return
+        consumer.assign(assignment)
+        want_key = session.encode() if session is not None else None
+        shown = 0
+        while follow or pending:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                click.echo(f"warning: {err}", err=True)
+                continue
+            p, offset = msg.partition(), msg.offset()
+            if not follow:
+                if p not in pending or offset >= ends[p]:
+                    pending.discard(p)
+                    continue
+                if offset + 1 >= ends[p]:
+                    pending.discard(p)
+            if want_key is not None and msg.key() != want_key:
+                continue
+            value = msg.value()
+            row = TapRow(topic, p, offset, msg.timestamp()[1], msg.key(), value=value)
+            if value is None:
+                row.error = "tombstone (null value)"
+            else:
+                try:
+                    row.event = events.decode(value, expected_type=expected)
+                except Exception as exc:  # noqa: BLE001 - show the record, never crash
+                    row.error = f"{type(exc).__name__}: {exc}"
+            yield row
+            shown += 1
+            if limit is not None and shown >= limit:
+                return
+    finally:
+        # close() without commit: auto-commit is off and nothing was ever stored.
+        consumer.close()
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def _table(title: str | None, show_header: bool):  # type: ignore[no-untyped-def]
+    from rich.table import Table
+
+    table = Table(title=title, show_header=show_header, box=None, pad_edge=False)
+    table.add_column("ts (UTC)", no_wrap=True, width=23)
+    table.add_column("p@offset", no_wrap=True, justify="right", width=10)
+    table.add_column("key", no_wrap=True, max_width=24, overflow="ellipsis")
+    table.add_column("type", no_wrap=True, width=14)
+    table.add_column("summary", overflow="fold")
+    return table
+
+
+def _add(table, row: TapRow) -> None:  # type: ignore[no-untyped-def]
+    key = "-" if row.key is None else row.key.decode("utf-8", "replace")
+    kind = row.type if row.event is not None else f"[red]{row.type}[/]"
+    table.add_row(
+        _fmt_ts(row.timestamp_ms), f"{row.partition}@{row.offset}", key, kind, summary(row)
+    )
+
+
+@click.command("tap")
+@click.argument("topic")
+@click.option("--since", default=None, help="Start at records from 10m/2h/1d ago or an ISO time.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C.")
+@click.option("--session", default=None, help="Only records with this key (session id).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after N records.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table for people; json: one decoded envelope per line (Kafka coordinates in _kafka).",
+)
+@click.pass_context
+def tap(
+    ctx: click.Context,
+    topic: str,
+    since: str | None,
+    follow: bool,
+    session: str | None,
+    limit: int | None,
+    fmt: str,
+) -> None:
+    """Print a topic's decoded events (full name or short: interactions, rewards, …).
+
+    Reads from the beginning, or from --since; stops at the end offsets seen at start
+    unless --follow. Never commits offsets for any consumer group.
+    """
+    from rich.console import Console
+
+    obj: dict[str, Any] = ctx.find_root().obj or {}
+    settings: Settings = obj.get("settings") or Settings()
+    since_ms = parse_since(since) if since is not None else None
+    types = _spec_types(settings)
+    name = resolve_topic(topic, sorted(types))
+    expected = expected_type(name, types)
+    console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
+    rows = tap_records(
+        settings,
+        name,
+        since_ms=since_ms,
+        follow=follow,
+        session=session,
+        limit=limit,
+        expected=expected,
+    )
+    try:
+        if fmt == "json":
+            out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+            for row in rows:
+                line = row.to_json() + b"\n"
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+                else:  # pragma: no cover - text-only streams
+                    click.echo(line.decode(), nl=False)
+            return
+        if not follow:
+            table = _table(f"{name}", True)
+            count = 0
+            for row in rows:
+                _add(table, row)
+                count += 1
+            if count:
+                console.print(table)
+            click.echo(f"{count} record(s) from {name}", err=True)
+            return
+        first = True
+        for row in rows:  # streaming: one row per table, header once
+            table = _table(None, first)
+            _add(table, row)
+            console.print(table)
+            first = False
+    except TopicMissing as exc:
+        known = known_list(list(types))
+        raise TapError(f"unknown topic {topic!r}: {exc.message}; known: {known}") from None
+    except KeyboardInterrupt:
+        pass

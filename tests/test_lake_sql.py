@@ -1,0 +1,91 @@
+"""``liverl sql``: DuckDB over the lake's Delta tables, each a view named by its path."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+from click.testing import CliRunner
+from deltalake import write_deltalake
+
+from pipeline.cli import cli
+from pipeline.lake.sql import find_tables
+
+
+def _lake(tmp_path: Path) -> Path:
+    lake = tmp_path / "lake"
+    traj = pa.table(
+        {
+            "session_id": ["s1", "s1", "s2", "s3", "s3", "s3"],
+            "status": ["trained", "masked", "trained", "trained", "trained", "no_hint"],
+            "reward": [1.0, 0.0, -1.0, 0.5, 0.25, 2.0],
+        }
+    )
+    write_deltalake(str(lake / "trajectories"), traj)
+    write_deltalake(str(lake / "trajectories"), traj.slice(0, 1), mode="append")
+    write_deltalake(str(lake / "events" / "interactions"), pa.table({"turn": [1, 2, 3]}))
+    (lake / "not_a_table").mkdir()
+    return lake
+
+
+def test_find_tables_names_nested_by_path(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    assert sorted(find_tables(lake)) == ["events_interactions", "trajectories"]
+
+
+def test_select_where_group_by(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    query = (
+        "SELECT status, count(*) AS n, sum(reward) AS total FROM trajectories "
+        "WHERE session_id <> 's2' GROUP BY status ORDER BY status"
+    )
+    res = CliRunner().invoke(cli, ["sql", query, "--lake", str(lake), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = [orjson.loads(line) for line in res.stdout.splitlines()]
+    # s1 trained twice (the appended copy), s3 trained 0.5 + 0.25; s2 excluded.
+    assert rows == [
+        {"status": "masked", "n": 1, "total": 0.0},
+        {"status": "no_hint", "n": 1, "total": 2.0},
+        {"status": "trained", "n": 4, "total": 2.75},
+    ]
+
+    res = CliRunner().invoke(
+        cli,
+        ["sql", "SELECT sum(turn) AS s FROM events_interactions", "--lake", str(lake),
+         "--format", "csv"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert list(csv.reader(io.StringIO(res.stdout))) == [["s"], ["6"]]
+
+    res = CliRunner().invoke(
+        cli, ["sql", "SELECT count(*) AS n FROM trajectories", "--lake", str(lake)],
+        terminal_width=200,
+    )  # fmt: skip
+    assert res.exit_code == 0 and "7" in res.stdout
+
+
+def test_tables_lists_names_and_counts(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    res = CliRunner().invoke(cli, ["sql", "--tables", "--lake", str(lake), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = [orjson.loads(line) for line in res.stdout.splitlines()]
+    assert {r["table"]: r["rows"] for r in rows} == {"events_interactions": 3, "trajectories": 7}
+
+
+def test_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    lake = _lake(tmp_path)
+    for args in (
+        ["sql", "SELEC nonsense", "--lake", str(lake)],
+        ["sql", "SELECT * FROM nosuch", "--lake", str(lake)],
+        ["sql", "SELECT 1", "--lake", str(tmp_path / "empty")],
+        ["sql", "--lake", str(lake)],
+    ):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 2, (args, res.output)
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+        assert "Traceback" not in res.output
