@@ -337,7 +337,7 @@ def test_patterns_come_from_a_file(tmp_path: Path) -> None:
     text = DEFAULT_REPLY_RULES.read_text(encoding="utf-8")
     custom = tmp_path / "replies.yaml"
     custom.write_text(
-        text.replace("version: replies-1", "version: custom-1").replace(
+        text.replace("version: replies-2", "version: custom-1").replace(
             "approvals:\n", 'approvals:\n  - "\\\\bdanke\\\\b"\n', 1
         ),
         encoding="utf-8",
