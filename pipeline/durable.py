@@ -1,9 +1,20 @@
-"""fsync for files and folders: what makes a rename or an append survive a power cut."""
+"""Files that survive: fsync for files and folders (what makes a rename or an append survive
+a power cut), content hashes, and a writability check for state folders."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def fsync_path(path: Path) -> None:

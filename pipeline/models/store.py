@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.durable import sha256_file
+
 MANIFEST = "liverl-model.json"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY = "tiny"
@@ -73,14 +75,6 @@ def cache_root() -> Path:
 
 def model_dir(name: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / name
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:

@@ -89,16 +89,13 @@ def server_config(app: Any, cfg: ServeSettings, **overrides: Any) -> uvicorn.Con
 
 def check_writable(path: Path, what: str) -> None:
     """A clear error naming the path instead of a traceback from deep inside start-up."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
+    from pipeline.durable import writable_problem
+
+    if (problem := writable_problem(path)) is not None:
         raise click.ClickException(
-            f"{what} {path} is not writable ({exc.strerror or exc}); choose another with "
-            "--spool-dir, or set state_dir (LIVERL_STATE_DIR / --config)"
-        ) from None
+            f"{what} {problem}; choose another with --spool-dir, or set state_dir "
+            "(LIVERL_STATE_DIR / --config)"
+        )
 
 
 @click.command("serve")

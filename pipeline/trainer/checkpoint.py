@@ -11,7 +11,6 @@ of this version, so a crash after the rename can still finish publishing them).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.durable import fsync_path
+from pipeline.durable import fsync_path, sha256_file
 
 MANIFEST = "manifest.json"
 TRAINER_DIR = "trainer"
@@ -67,12 +66,6 @@ def version_dir(root: Path, policy: str, version: int) -> Path:
     return policy_dir(root, policy) / f"v{version}"
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _describe(base: Path, paths: list[Path]) -> list[dict[str, Any]]:

@@ -119,17 +119,7 @@ class SGLangBackend:
             "weight_version": str(version),
             "abort_all_requests": False,
         }
-        try:
-            resp = await self._client.post("/update_weights_from_disk", json=body)
-        except httpx.HTTPError as exc:
-            raise SGLangError(f"SGLang at {self.url} unreachable: {exc}") from exc
-        try:
-            data = resp.json()
-        except ValueError:
-            data = {}
-        if resp.status_code != 200 or not isinstance(data, dict) or not data.get("success"):
-            detail = data.get("message") if isinstance(data, dict) else None
-            raise SGLangError(f"update_weights_from_disk failed: {detail or resp.text[:300]}")
+        await self._admin("/update_weights_from_disk", body)
         self._version = max(self._version, version)
         self._adapter = None
         await self._unload_unused()
@@ -137,8 +127,16 @@ class SGLangBackend:
     async def _load_adapter(self, path: Path, version: int) -> None:
         name = f"{self.policy_id}-v{version}"
         body = {"lora_name": name, "lora_path": str(path), "pinned": False}
+        await self._admin("/load_lora_adapter", body)
+        if version > self._version:
+            self._version, self._adapter = version, name
+            self._loaded.add(name)
+        await self._unload_unused()
+
+    async def _admin(self, path: str, body: dict[str, Any]) -> None:
+        """POST a weights/adapter call; SGLang answers ``{"success": bool, ...}``."""
         try:
-            resp = await self._client.post("/load_lora_adapter", json=body)
+            resp = await self._client.post(path, json=body)
         except httpx.HTTPError as exc:
             raise SGLangError(f"SGLang at {self.url} unreachable: {exc}") from exc
         try:
@@ -148,11 +146,7 @@ class SGLangBackend:
         if resp.status_code != 200 or not isinstance(data, dict) or not data.get("success"):
             detail = (data.get("error_message") or data.get("message")) if isinstance(
                 data, dict) else None
-            raise SGLangError(f"load_lora_adapter failed: {detail or resp.text[:300]}")
-        if version > self._version:
-            self._version, self._adapter = version, name
-            self._loaded.add(name)
-        await self._unload_unused()
+            raise SGLangError(f"{path.lstrip('/')} failed: {detail or resp.text[:300]}")
 
     async def _unload_unused(self) -> None:
         """Unload adapters that are neither live nor used by a running request."""
