@@ -149,3 +149,18 @@ def test_runs_on_the_jdk_from_the_wheel_when_no_system_java(
         assert admin.list_topics(timeout=10).brokers
     finally:
         local.down(quiet=True)
+
+
+@pytest.mark.integration
+def test_a_cluster_id_starting_with_a_dash_formats(tmp_path: Path) -> None:
+    """Random ids are base64url: one in 64 starts with '-', which the storage tool's argument
+    parser took for an option."""
+    settings = _settings(tmp_path)
+    local = LocalBroker(settings)
+    local.home.mkdir(parents=True, exist_ok=True)
+    (local.home / "cluster.id").write_text("-BcdEfGhIjKlMnOpQrStUw")
+    try:
+        local.up(quiet=True)
+        assert local.pid() is not None
+    finally:
+        local.down(quiet=True)

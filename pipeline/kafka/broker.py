@@ -354,8 +354,9 @@ class LocalBroker:
                 *jvm,
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # one token: an id starting with "-" (1 in 64 random ids) would otherwise be
+                # read as an option and the format would fail
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(props),
                 "--ignore-formatted",
