@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import ApiError
 
@@ -102,13 +102,6 @@ def check_depth(doc: Any, limit: int) -> None:
 
 
 def parse_request(doc: Any) -> ChatRequest:
-    if not isinstance(doc, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    try:
-        return ChatRequest.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise ApiError(
-            422, f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value"
-        ) from None
+    from .feedback import validated  # the one body validator for every endpoint
+
+    return validated(ChatRequest, doc)
