@@ -671,6 +671,20 @@ def _default_lake(ctx: click.Context) -> tuple[Path, str | None]:
     help="PNG file to write.",
 )
 @click.option(
+    "--html",
+    "html_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="HTML page to write (default: the PNG's path with .html); see --no-html.",
+)
+@click.option("--no-html", is_flag=True, help="Write only the PNG.")
+@click.option(
+    "--lag/--no-lag",
+    default=True,
+    show_default=True,
+    help="Ask the broker for consumer lag for the HTML page (3 s timeout).",
+)
+@click.option(
     "--since-version",
     type=click.IntRange(min=0),
     default=None,
@@ -678,17 +692,32 @@ def _default_lake(ctx: click.Context) -> tuple[Path, str | None]:
 )
 @click.pass_context
 def report(
-    ctx: click.Context, lake: Path | None, policy: str | None, out: Path, since_version: int | None
+    ctx: click.Context,
+    lake: Path | None,
+    policy: str | None,
+    out: Path,
+    html_out: Path | None,
+    no_html: bool,
+    lag: bool,
+    since_version: int | None,
 ) -> None:
-    """Plot training from the Delta lake into one PNG and print a short summary.
+    """Plot training from the Delta lake into one PNG and an HTML page; print a summary.
 
-    Panels: mean reward of trained samples per weight version (with counts), losses by
+    PNG panels: mean reward of trained samples per weight version (with counts), losses by
     part, KL and clip fraction, and grad norm per optimizer step, share of samples by
     status per version, and weight versions with their promotion verdicts.
+
+    The HTML page (self-contained, the PNG inline) adds reward over time by method and by
+    judge, each weight version with when it was published and first served, trained
+    samples per minute, and consumer lag per group. Judges and serving times come from the
+    archive (`liverl archive`); without it the page says what is missing.
     """
+    from pipeline.report_html import build_page, lag_reader, render_html
+
     default_lake, default_policy = _default_lake(ctx)
-    _summary, lines = build_report(
-        lake if lake is not None else default_lake,
+    lake = lake if lake is not None else default_lake
+    summary, lines = build_report(
+        lake,
         out,
         policy=policy,
         since_version=since_version,
@@ -696,6 +725,16 @@ def report(
     )
     for line in lines:
         click.echo(line)
+    if no_html:
+        return
+    settings = (ctx.find_root().obj or {}).get("settings")
+    if lag and settings is None:
+        from pipeline.settings import Settings
+
+        settings = Settings()
+    page = build_page(lake, summary.policy, lag=lag_reader(settings) if lag else None)
+    target = render_html(page, html_out or out.with_suffix(".html"), png=out)
+    click.echo(f"html: {target}")
 
 
 if __name__ == "__main__":  # pragma: no cover
