@@ -97,6 +97,7 @@ class DemoResult:
             "heldout_after": _eval_dict(self.after),
             "train_satisfied_share": _share([s.satisfied for s in self.sessions]),
             "train_quality_share": _share([s.quality_ok for s in self.sessions]),
+            "train_satisfied": [s.satisfied for s in self.sessions],
             "sessions_until_met": sessions_until_met(
                 [s.satisfied for s in self.sessions], self.config.window
             ),
