@@ -57,6 +57,23 @@ def _crash_hook() -> object:
     "--topic", "input_topic", default=names.SAMPLES, show_default=True, help="Input samples topic."
 )
 @click.option(
+    "--from-delta",
+    type=click.Choice(["trajectories"]),
+    default=None,
+    help="Offline retraining: train on rows of this lake table instead of --topic, then exit. "
+    "Give the new policy its own --policy id.",
+)
+@click.option(
+    "--where",
+    default=None,
+    help="With --from-delta: SQL filter on its rows (DuckDB), e.g. \"policy_id = 'default' "
+    "AND reward <> 0\".",
+)
+@click.option(
+    "--namespace", default=None, help="Train in replay namespace NAME: its samples topic, "
+    "groups and weights (<state_dir>/replay/NAME/); never the live ones.",
+)
+@click.option(
     "--weights-root",
     type=click.Path(path_type=Path),
     default=None,
@@ -132,17 +149,30 @@ def _crash_hook() -> object:
 def train(ctx: click.Context, **options: object) -> None:
     """Train the --policy from the samples topic and publish versioned weights.
 
+    With --from-delta, train from history instead (offline retraining): the selected rows
+    of the lake table, deduplicated by event id, are trained once in a fixed order with
+    the same exactly-once publishing, and the command exits when they are consumed.
+
     \b
     See docs/architecture.md#training-losses
     and docs/architecture.md#exactly-once-publishing.
     """
-    from pipeline.options import merged
+    from pipeline.options import explicit, merged
     from pipeline.trainer.loop import TrainerLoop, install_signal_handlers
 
+    namespace = options.pop("namespace", None)
     settings: Settings = (ctx.obj or {}).get("settings") or Settings()
+    if namespace or settings.kafka.namespace:
+        from pipeline.replay.namespace import enter_checked
+
+        settings = enter_checked(settings, namespace)  # type: ignore[arg-type]
     cfg: TrainerSettings = merged(settings.trainer, ctx, options).under_state_dir(
         settings.state_dir
     )
+    if settings.kafka.namespace:
+        from pipeline.replay.namespace import trainer_settings
+
+        cfg = trainer_settings(cfg, settings, explicit(ctx, options))
     from pipeline.durable import writable_problem
 
     for root in (cfg.weights_root, cfg.lake_root):
@@ -150,6 +180,8 @@ def train(ctx: click.Context, **options: object) -> None:
             raise click.ClickException(
                 f"{problem}; set --weights-root/--lake-root or state_dir (LIVERL_STATE_DIR)"
             )
+    if cfg.where and not cfg.from_delta:
+        raise click.UsageError("--where filters --from-delta rows; give --from-delta too")
     loop = TrainerLoop(
         settings,
         cfg,
@@ -157,7 +189,12 @@ def train(ctx: click.Context, **options: object) -> None:
         echo=lambda line: click.echo(line, err=False),
     )
     install_signal_handlers(loop)
-    stats = loop.run()
+    from pipeline.trainer.offline import OfflineInputError
+
+    try:
+        stats = loop.run()
+    except OfflineInputError as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(
         f"done: {stats.steps} steps, {stats.samples} samples, {stats.published} versions, "
         f"{stats.dead_lettered} dead-lettered, {stats.dropped_stale} stale dropped, "

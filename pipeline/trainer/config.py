@@ -38,6 +38,15 @@ class TrainerSettings(BaseModel):
     start: Literal["earliest", "latest"] = Field(
         default="earliest", description="Where a trainer with no manifest starts reading."
     )
+    # offline retraining (pipeline/trainer/offline.py): input from a Delta table, not Kafka
+    from_delta: str | None = Field(
+        default=None,
+        description="Train from this lake table (trajectories) instead of input_topic, then "
+        "exit; the new policy gets its own weights folder.",
+    )
+    where: str | None = Field(
+        default=None, description="SQL filter on the --from-delta rows (DuckDB syntax)."
+    )
 
     # batching: every bound holds at once
     batch_max_samples: int = Field(default=16, ge=1)

@@ -39,6 +39,7 @@ from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import StepResult, TrainerCore
 from pipeline.trainer.dedup import SeenIds
 from pipeline.trainer.gate import Gate
+from pipeline.trainer.offline import DeltaSource
 from pipeline.trainer.publish import Publisher, Stage, step_row, trajectory_rows
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,8 @@ class TrainerLoop:
     # ---- main loop ------------------------------------------------------------------------
 
     def run(self) -> LoopStats:
+        if self.cfg.from_delta:
+            return self._run_offline()
         cfg = self.cfg
         producer = EventProducer(self.settings, client_id=f"liverl-trainer-{cfg.policy}")
         consumer = EventConsumer(
@@ -166,12 +169,39 @@ class TrainerLoop:
             producer.flush()
         return self.stats
 
+    def _run_offline(self) -> LoopStats:
+        """Train from the Delta selection (pipeline/trainer/offline.py), then return."""
+        from pipeline.trainer import offline
+
+        cfg = self.cfg
+        newest = ck.newest_valid(cfg.weights_root, cfg.policy, lambda _v, _r: None)
+        table_version = offline.pinned_version(
+            newest.input_topic if newest else None, cfg.from_delta or "", cfg.where
+        )
+        selection = offline.select(cfg.lake_root, cfg.from_delta or "", cfg.where,
+                                   version=table_version)
+        # The selection stands for the input topic in manifests (resume, refusal).
+        self.cfg = cfg = cfg.model_copy(update={"input_topic": selection.input_name})
+        self.echo(f"offline: {selection.rows.num_rows} row(s) of {cfg.from_delta} "
+                  f"v{selection.table_version}" + (f" where {cfg.where}" if cfg.where else ""))
+        producer = EventProducer(self.settings, client_id=f"liverl-trainer-{cfg.policy}")
+        source = offline.DeltaSource(selection, cfg.policy)
+        gate = Gate(cfg) if cfg.gate else None
+        publisher = Publisher(cfg, producer, lambda _offsets: None, self.on_stage, gate=gate)
+        try:
+            core, version, offsets = self._recover(publisher)
+            source.seek(offsets.get(0, 0))
+            self._loop(core, version, {0: source.position}, source, producer, publisher)
+        finally:
+            producer.flush()
+        return self.stats
+
     def _loop(
         self,
         core: TrainerCore,
         version: int,
         polled: dict[int, int],
-        consumer: EventConsumer,
+        consumer: EventConsumer | DeltaSource,
         producer: EventProducer,
         publisher: Publisher,
     ) -> None:
@@ -188,6 +218,9 @@ class TrainerLoop:
             # Never wait on the broker while a batch is ready to train.
             t_poll = time.perf_counter()
             wait = 0.0 if batcher.ready() else 0.2
+            offline = isinstance(consumer, DeltaSource)
+            if offline:
+                consumer.behavior_version = version  # history is not stale, only off-policy
             batch = consumer.poll_batch(max_records=cfg.batch_max_samples * 4, timeout=wait)
             if batch.offsets:  # idle polls are waiting, not overhead
                 self.stats.timings["poll_s"] += time.perf_counter() - t_poll
@@ -198,7 +231,8 @@ class TrainerLoop:
                 last_input = time.monotonic()
             for rec in batch.records:
                 self._admit(rec, core, limit, batcher, producer, trainer_id)
-            if batcher.ready():
+            drained = offline and consumer.exhausted  # type: ignore[union-attr]
+            if batcher.ready() or (drained and batcher):
                 records = batcher.take()
                 result = core.train_step([r.event for r in records], version)  # type: ignore[misc]
                 self._account(result)
@@ -221,6 +255,9 @@ class TrainerLoop:
                 traj_rows, step_rows = [], []
                 last_publish = time.monotonic()
                 next_allowed = last_publish + (last_publish - started) * (1 - f) / f
+            if drained and not batcher:
+                self.echo("offline: every selected row consumed")
+                break
             idle_s = cfg.exit_when_idle_s
             if idle_s is not None and not batcher and time.monotonic() - last_input >= idle_s:
                 self.echo(f"idle for {idle_s}s: exiting")

@@ -1,0 +1,141 @@
+"""Offline retraining from the lake (issue 12, item 3): real broker, real trainer processes.
+
+A live trainer first trains a policy from Kafka, which fills ``trajectories``; then
+``liverl train --from-delta trajectories --where …`` trains a second policy from those rows.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from click.testing import CliRunner
+from deltalake import DeltaTable
+
+from pipeline.models.tiny import ensure_tiny_model
+from pipeline.settings import Settings
+from pipeline.trainer import checkpoint as ck
+from pipeline.trainer import offline
+from pipeline.trainer.commands import train
+
+from .conftest import create_topic
+from .test_trainer_exactly_once import ROOT, make_sample, produce, trainer_cmd
+
+pytestmark = pytest.mark.integration
+
+
+def offline_cmd(tiny: Path, policy: str, root: Path, where: str) -> list[str]:
+    cmd = trainer_cmd(tiny, "unused", policy, root, idle_s=1.0)
+    i = cmd.index("--topic")
+    return [*cmd[:i], *cmd[i + 2:], "--from-delta", "trajectories", "--where", where]
+
+
+def run(cmd: list[str], settings: Settings, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1",
+                                   LIVERL_KAFKA_BOOTSTRAP=settings.bootstrap, **env))
+
+
+def rows_of(lake: Path, policy: str) -> list[str]:
+    table = DeltaTable(str(lake / "trajectories")).to_pyarrow_table(
+        columns=["policy_id", "event_id"])
+    return table.filter(pc.equal(table.column("policy_id"), policy)).column(
+        "event_id").to_pylist()
+
+
+def test_offline_retrain_trains_each_selected_row_once_across_a_crash(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    topic, live, again = f"test.trainer.offline.{unique}", f"live-{unique}", f"off-{unique}"
+    create_topic(admin, topic, 1)
+    rng = random.Random(5)
+    produce(kafka_settings, topic, [make_sample(i, live, rng) for i in range(12)])
+    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
+    first = run(trainer_cmd(tiny, topic, live, tmp_path, idle_s=1.5), kafka_settings)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lake, weights = tmp_path / "lake", tmp_path / "weights"
+    assert len(rows_of(lake, live)) == 12
+
+    # Select 8 of the 12 rows: the filter is what decides, and the count must match.
+    where = f"policy_id = '{live}' AND (turn % 2 = 0 OR turn IN (1, 3))"
+    expected = offline.select(lake, "trajectories", where)
+    assert expected.rows.num_rows == 8  # turns 0, 2, 4, 6, 8, 10 and 1, 3
+    cmd = offline_cmd(tiny, again, tmp_path, where)
+
+    crashed = run(cmd, kafka_settings, LIVERL_TRAINER_CRASH_AT="after_delta_trajectories")
+    assert crashed.returncode == 137, crashed.stderr[-3000:]
+    done = run(cmd, kafka_settings)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from v1" in done.stdout and "every selected row consumed" in done.stdout
+
+    trained = rows_of(lake, again)
+    assert sorted(trained) == sorted(expected.rows.column("event_id").to_pylist())
+    assert len(trained) == len(set(trained)) == 8, "each selected row exactly once"
+    newest = ck.latest_manifest(weights, again)
+    assert newest is not None and newest.input_topic == expected.input_name
+    assert newest.offsets() == {0: 8}
+    assert len(rows_of(lake, live)) == 12, "the source policy is untouched"
+
+    # The lake grew (the offline policy's own rows), yet a rerun reads the pinned version.
+    rerun = run(cmd, kafka_settings)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "done: 0 steps, 0 samples, 0 versions" in rerun.stdout
+    assert ck.latest_manifest(weights, again).version == newest.version  # type: ignore[union-attr]
+
+    # Another filter under the same policy is another input: refused, nothing trained.
+    other = run(offline_cmd(tiny, again, tmp_path, f"policy_id = '{live}'"), kafka_settings)
+    assert other.returncode != 0 and "not" in other.stderr + other.stdout
+    assert len(rows_of(lake, again)) == 8
+
+
+def test_duplicate_event_ids_train_once_newest_row_wins(tmp_path: Path) -> None:
+    from tests.test_report import traj_row, write
+
+    lake = tmp_path / "lake"
+    rows = [traj_row(1, 1, "trained", 1.0, 0, i=0), traj_row(2, 2, "trained", -1.0, 5, i=0),
+            traj_row(1, 1, "trained", 0.5, 10, i=1)]
+    rows[1]["event_id"] = rows[0]["event_id"]  # trained again after a fallback
+    write(lake, "trajectories", rows)
+    sel = offline.select(lake, "trajectories", None)
+    assert sel.rows.num_rows == 2
+    by_id = dict(zip(sel.rows.column("event_id").to_pylist(), sel.rows.column("reward")
+                     .to_pylist(), strict=True))
+    assert by_id[rows[0]["event_id"]] == -1.0  # the v2 row
+    source = offline.DeltaSource(sel, "new")
+    source.behavior_version = 4
+    batch = source.poll_batch(10)
+    assert [r.offset for r in batch.records] == [0, 1] and source.exhausted
+    assert all(r.event.policy_id == "new" for r in batch.records)  # type: ignore[attr-defined]
+    assert all(r.event.behavior_weight_version == 4 for r in batch.records)  # type: ignore[attr-defined]
+    assert offline.pinned_version(sel.input_name, "trajectories", None) == sel.table_version
+    assert offline.pinned_version(sel.input_name, "trajectories", "turn = 1") is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--where", "turn = 1"], "give --from-delta too"),
+        (["--from-delta", "trajectories", "--where", "no_such_column = 1"], "no_such_column"),
+        (["--from-delta", "trajectories"], "no Delta table"),
+    ],
+)
+def test_bad_offline_arguments_are_usage_errors(
+    tmp_path: Path, args: list[str], message: str, kafka_settings: Settings
+) -> None:
+    if "no Delta table" not in message:
+        from tests.test_report import traj_row, write
+
+        write(tmp_path / "lake", "trajectories", [traj_row(1, 1, "trained", 1.0, 0)])
+    result = CliRunner().invoke(
+        train,
+        ["--model", "tiny", "--policy", "p", "--lake-root", str(tmp_path / "lake"),
+         "--weights-root", str(tmp_path / "w"), *args],
+        obj={"settings": kafka_settings},
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "w" / "p").exists() or not any((tmp_path / "w" / "p").iterdir())
