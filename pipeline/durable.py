@@ -26,6 +26,18 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a reader sees the old or the new bytes, never a mix,
+    and the new ones survive a power cut (temp file, fsync, rename, fsync the folder)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
 def writable_problem(path: Path) -> str | None:
     """Why ``path`` (created if missing) cannot take files, or None. Components check their
     state folders at start-up so a bad path is one clear line, not a traceback from deep

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ import pyarrow.compute as pc
 import torch
 from deltalake import DeltaTable
 
-from pipeline.durable import fsync_path
+from pipeline.durable import atomic_write
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer import losses as L
 from pipeline.trainer.config import TrainerSettings
@@ -69,15 +68,9 @@ def read_verdict(directory: Path) -> dict[str, Any] | None:
 
 
 def write_verdict(directory: Path, verdict: dict[str, Any]) -> None:
-    """Atomic and durable (temp file, fsync, rename, fsync the folder)."""
-    folder = directory / ck.TRAINER_DIR
-    tmp = folder / f".{VERDICT_FILE}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(verdict, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, folder / VERDICT_FILE)
-    fsync_path(folder)
+    """Atomic and durable: a crash leaves the old verdict or the new one."""
+    atomic_write(directory / ck.TRAINER_DIR / VERDICT_FILE,
+                 orjson.dumps(verdict, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
 
 
 class Gate:
