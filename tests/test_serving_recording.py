@@ -1,9 +1,13 @@
-"""Recording survives a Kafka outage: every interaction arrives exactly once, in order."""
+"""Recording survives a Kafka outage (every interaction arrives exactly once, in order) and a
+spool damaged on disk (the frames after the damage are delivered, the damage is kept)."""
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -11,12 +15,18 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import names, topics
 from pipeline.kafka.broker import LocalBroker
 from pipeline.serving.build import build_app
+from pipeline.serving.recorder import UNKNOWN_TOPIC, Recorder, frame
 from pipeline.serving.settings import ServeSettings
+from pipeline.serving.spool import Spool
 from pipeline.serving.testing import free_port, running
 from pipeline.settings import BrokerSettings, Settings
+
+from .conftest import create_topic
+from .test_serving_robustness import consume_all
 
 MODEL = "liverl-tiny-v1"
 
@@ -111,3 +121,81 @@ def test_outage_spools_and_drains_exactly_once(tmp_path: Path) -> None:
             assert turns == sorted(turns), "order kept within a session"
     finally:
         local.down(quiet=True)
+
+
+# ---- a spool frame damaged on disk (issue 11) -------------------------------------------------
+
+
+def _spool_with_damage(directory: Path, topic: str, n: int) -> tuple[list[str], bytes]:
+    """A spool holding ``n`` interactions whose second frame has a flipped byte; the ids of
+    the undamaged ones and the damaged frame's bytes."""
+    base = examples.interaction()
+    evs = [dataclasses.replace(base, event_id=f"spooled-{i}", turn=i) for i in range(n)]
+    spool = Spool(directory)
+    spool.append([frame(topic, ev) for ev in evs])
+    spool.close()
+    seg = next(directory.glob("*.log"))
+    data = bytearray(seg.read_bytes())
+    first = 8 + struct.unpack_from(">I", data, 0)[0]
+    size = 8 + struct.unpack_from(">I", data, first)[0]
+    data[first + 8 + 100] ^= 0x01  # inside the second payload
+    seg.write_bytes(bytes(data))
+    return [ev.event_id for i, ev in enumerate(evs) if i != 1], bytes(data[first : first + size])
+
+
+def _dead_kafka() -> Settings:
+    s = Settings()
+    s.kafka.bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
+    return s
+
+
+def test_a_damaged_spool_frame_is_counted_and_degrades_health(tmp_path: Path) -> None:
+    _spool_with_damage(tmp_path / "spool", names.INTERACTIONS, 3)
+    cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
+                        turn_recovery_s=0, delivery_timeout_s=1.0)
+    app = build_app(cfg, _dead_kafka())
+    with running(app) as url, httpx.Client(timeout=60) as c:
+        assert _wait(lambda: _metric(url, "liverl_gateway_spool_quarantined_total") == 1, 10)
+        health = c.get(f"{url}/healthz")
+        assert health.status_code == 503
+        doc = health.json()
+        assert doc["status"] == "degraded" and doc["spool_quarantined"] == 1
+        assert any("quarantined" in r and "spool" in r for r in doc["reasons"]), doc
+        # recording itself works: turns that train are still served
+        body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        assert c.post(f"{url}/v1/chat/completions", json=body).status_code == 200
+        for bad in (tmp_path / "spool" / "quarantine").glob("*.bad"):
+            bad.unlink()  # an operator dealt with it
+        assert c.get(f"{url}/healthz").json()["reasons"] == []
+
+
+@pytest.mark.integration
+def test_events_after_a_damaged_spool_frame_reach_kafka(
+    kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path
+) -> None:
+    topic, dlq = f"test.interactions.{unique}", f"test.dlq.{unique}"
+    create_topic(admin, topic)
+    create_topic(admin, dlq)
+    directory = tmp_path / "spool"
+    good, damaged = _spool_with_damage(directory, topic, 4)
+    spool = Spool(directory)
+    spool.append([b"crc fine, not a frame"])  # unreadable content, e.g. from another tool
+    rec = Recorder(kafka_settings, spool, dlq_topic=dlq, delivery_timeout_s=5)
+    rec.start()
+    later = dataclasses.replace(examples.interaction(), event_id="recorded-later", turn=9)
+    try:
+        rec.record(topic, later)
+        assert _wait(lambda: rec.backlog == 0, 30)
+        assert rec.alive
+    finally:
+        rec.close()
+    got = consume_all(kafka_settings, topic, 4)
+    assert [e.event_id for e in got] == [*good, "recorded-later"]
+    letters = consume_all(kafka_settings, dlq, 2)
+    assert len(letters) == 2 and rec.quarantined == 2
+    by_topic = {ltr.source_topic: ltr for ltr in letters}
+    assert by_topic[topic].original() == damaged, "the damaged bytes, verbatim"
+    assert "corrupt spool frame" in by_topic[topic].error and "quarantine/" in by_topic[topic].error
+    assert by_topic[UNKNOWN_TOPIC].original() == b"crc fine, not a frame"
+    kept = sorted(p.read_bytes() for p in (directory / "quarantine").glob("*.bad"))
+    assert kept == sorted([damaged, b"crc fine, not a frame"])

@@ -96,3 +96,116 @@ def test_check_reports_an_unwritable_dir(tmp_path: Path) -> None:
     (tmp_path / ".probe").mkdir()  # the probe file cannot be created
     with pytest.raises(OSError):
         spool.check()
+
+
+# ---- frames damaged on disk by something outside liverl (issue 11) --------------------------
+
+
+def _frames(seg: Path) -> list[tuple[int, int]]:
+    """(offset, size) of each frame of an undamaged segment."""
+    data, out, pos = seg.read_bytes(), [], 0
+    while pos < len(data):
+        size = 8 + int.from_bytes(data[pos : pos + 4], "big")
+        out.append((pos, size))
+        pos += size
+    return out
+
+
+def _damage(seg: Path, at: int, new: bytes) -> bytes:
+    data = bytearray(seg.read_bytes())
+    old = bytes(data[at : at + len(new)])
+    data[at : at + len(new)] = new
+    seg.write_bytes(bytes(data))
+    return old
+
+
+def test_a_flipped_byte_in_the_middle_frame_is_quarantined(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([b"first", b"middle-record", b"last"])
+    seg = next(tmp_path.glob("*.log"))
+    offset, size = _frames(seg)[1]
+    _damage(seg, offset + 12, b"X")  # inside the middle payload: its crc no longer matches
+    bad = seg.read_bytes()[offset : offset + size]
+
+    got, cur = spool.peek(10)
+    assert got == [b"first", b"last"], "the frames after the damaged one are still delivered"
+    [region] = spool.quarantined_now
+    assert region.index == 1 and region.offset == offset
+    assert region.path.parent == tmp_path / "quarantine"
+    assert region.path.read_bytes() == bad, "the damaged frame is kept byte for byte"
+    assert spool.quarantined_total == 1
+    problem = spool.quarantine_problem()
+    assert problem and "1 corrupt spool region" in problem and str(tmp_path) in problem
+    spool.ack(cur)
+    assert spool.pending == 0
+    spool.append([b"after"])
+    assert spool.peek(10)[0] == [b"after"] and spool.quarantined_total == 1
+    region.path.unlink()  # someone looked at it
+    assert spool.quarantine_problem() is None
+
+
+def test_a_damaged_frame_is_not_taken_for_a_torn_tail_at_start(tmp_path: Path) -> None:
+    """The failure: start-up cut the newest segment at the first bad frame, silently dropping
+    every whole frame after it."""
+    spool = Spool(tmp_path)
+    spool.append([b"a" * 20, b"b" * 20, b"c" * 20, b"d" * 20])
+    spool.close()
+    seg = next(tmp_path.glob("*.log"))
+    offset, _ = _frames(seg)[1]
+    _damage(seg, offset, b"\x7f\xff")  # the length field: where the frame ends is unknown
+    again = Spool(tmp_path)
+    assert again.pending == 4  # the damaged region counts as one record
+    got, cur = again.peek(10)
+    assert got == [b"a" * 20, b"c" * 20, b"d" * 20]
+    assert len(again.quarantined_now) == 1
+    assert again.quarantined_now[0].path.read_bytes()[:2] == b"\x7f\xff"
+    again.ack(cur)
+    assert again.pending == 0
+    again.close()
+    assert Spool(tmp_path).pending == 0
+
+
+def test_a_zeroed_page_across_segments_is_skipped(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=200)
+    records = [f"record-{i:03d}".encode() * 3 for i in range(30)]
+    for r in records:
+        spool.append([r])
+    segs = sorted(tmp_path.glob("*.log"))
+    assert len(segs) > 3
+    frames = _frames(segs[1])
+    start = frames[1][0]
+    _damage(segs[1], start, bytes(frames[1][1] + 5))  # a zeroed block, ending mid-frame
+    out: list[bytes] = []
+    regions = 0
+    while spool.pending:
+        got, cur = spool.peek(4)
+        out += got
+        regions += len(spool.quarantined_now)
+        spool.ack(cur)
+    lost = [r for r in records if r not in out]
+    assert len(lost) == 2, "the zeroed frame and the one whose header it ran into"
+    assert [r for r in records if r not in lost] == out, "everything else, in order"
+    assert regions == 1 and spool.quarantined_total == 1
+    kept = next((tmp_path / "quarantine").glob("*.bad")).read_bytes()
+    assert kept.startswith(bytes(frames[1][1] + 5)) and kept.endswith(lost[1])
+
+
+def test_a_segment_cut_short_does_not_hold_up_the_next(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=60)
+    records = [f"r{i:02d}".encode() * 8 for i in range(8)]
+    for r in records:
+        spool.append([r])
+    first = sorted(tmp_path.glob("*.log"))[0]
+    n_first = len(_frames(first))
+    with open(first, "r+b") as fh:  # lose the end of its last frame
+        fh.truncate(first.stat().st_size - 3)
+    got, cur = spool.peek(100)
+    assert got == records[: n_first - 1] + records[n_first:]
+    spool.ack(cur)
+    assert spool.pending == 0 and spool.quarantined_total == 1
+
+
+def test_empty_records_are_refused(tmp_path: Path) -> None:
+    """A zeroed header reads as an empty frame with a valid crc: none may be written."""
+    with pytest.raises(ValueError):
+        Spool(tmp_path).append([b"a", b""])

@@ -89,6 +89,7 @@ class Gateway:
         if isinstance(recorder, Recorder):
             recorder.on_lost = self.metrics.lost.inc
             recorder.on_dead_letter = self.metrics.dead_lettered.inc
+            recorder.on_quarantine = self.metrics.quarantined.inc
 
     def recording_problem(self) -> str | None:
         """Why a turn recorded now would be lost (None: recording works or is off)."""
@@ -532,7 +533,8 @@ def create_app(
         """``ok``, or 503 ``degraded`` with ``reasons`` when data would be lost or weights are
         no longer followed; ``warnings`` for what is survivable (a failed reloader poll)."""
         rec = gateway.recorder
-        reasons = [r for r in (gateway.recording_problem(),) if r]
+        quarantine = rec.quarantine_problem() if isinstance(rec, Recorder) else None
+        reasons = [r for r in (gateway.recording_problem(), quarantine) if r]
         warnings: list[str] = []
         for r in getattr(request.app.state, "reloader", None) or []:
             if getattr(r, "error", None):
@@ -551,6 +553,7 @@ def create_app(
                 "kafka_up": rec.kafka_up if rec else None,
                 "events_lost": lost,
                 "spool_error": getattr(rec, "spool_error", None),
+                "spool_quarantined": getattr(rec, "quarantined", 0),
                 "serve_without_training": gateway.cfg.serve_without_training,
             },
             status_code=503 if reasons else 200,

@@ -11,7 +11,7 @@ from pipeline.settings import Settings
 
 from .app import Gateway, create_app
 from .backends.base import Backend
-from .recorder import Recorder, unframe
+from .recorder import Recorder, spooled_values
 from .reloader import Reloader
 from .settings import ServeSettings
 from .spool import Spool
@@ -59,7 +59,7 @@ def recover_turns(
         log.warning("turn recovery from Kafka skipped (%s); spooled events only", exc)
         ledger = TurnLedger()
     frames, _cursor = recorder.spool.peek(recorder.spool.pending)
-    ledger.add_values(unframe(raw)[2] for raw in frames)
+    ledger.add_values(spooled_values(frames))
     recovered = ledger.open_sessions()
     gateway.sessions.seed(recovered)
     if recovered:

@@ -35,7 +35,13 @@ class Metrics:
         )
         self.aborted = Counter(
             "liverl_gateway_turns_aborted",
-            "Streamed turns whose client went away; recorded with train=false", registry=r,
+            "Turns whose client went away before the answer; recorded with train=false",
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "liverl_gateway_spool_quarantined",
+            "Damaged or unreadable spooled frames moved to quarantine/ and dead-lettered",
+            registry=r,
         )
         self.weight_version = Gauge(
             "liverl_gateway_weight_version", "Weight version now serving", registry=r

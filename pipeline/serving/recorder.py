@@ -14,6 +14,13 @@ produced directly (only when no spooled record is waiting, so order is kept); an
 can be neither spooled nor produced is counted as lost and :attr:`Recorder.problem` says why
 until a probe finds the spool writable again (the gateway then refuses turns that would
 train, see ``ServeSettings.serve_without_training``).
+
+Nothing on disk can stop recording either: a spooled frame damaged by something outside
+liverl is quarantined by the spool (``quarantine/`` next to the segments), replaced in the
+stream by a dead letter that carries its bytes, counted (``on_quarantine``) and named by
+:meth:`Recorder.quarantine_problem` (``/healthz`` degraded) until the file is removed; the
+frames after it are delivered as usual. The same happens to a frame whose crc is right but
+whose content cannot be read back.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import contextlib
 import hashlib
 import logging
 import queue
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -34,11 +42,13 @@ from pipeline import __version__, events
 from pipeline.kafka import DeliveryError, EventProducer, names
 from pipeline.settings import Settings
 
-from .spool import Spool
+from .spool import Quarantined, Spool
 
 log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="gateway-recorder", version=__version__)
 DEAD_LETTER_KEEP_BYTES = 64 * 1024  # of the original value; its size and sha256 are kept too
+UNKNOWN_TOPIC = "unknown (corrupt spool frame)"
+_FRAME_TOPIC = re.compile(rb'\{"t":"([A-Za-z0-9._-]{1,249})"')  # a damaged frame's topic
 # Kafka refuses these records whatever the retry: dead-letter them instead of blocking.
 _PERMANENT = {
     KafkaError.MSG_SIZE_TOO_LARGE,
@@ -73,12 +83,15 @@ class Recorder:
         self.redelivered = 0
         self.dead_lettered = 0
         self.lost = 0
+        self.quarantined = 0  # damaged spool regions and unreadable frames set aside
         self.kafka_up = True
         self.started = False
         self.spool_error: str | None = None
         self.problem: str | None = None  # why events are being lost now; None: all good
         self.on_lost: Callable[[int], None] = lambda _n: None
         self.on_dead_letter: Callable[[int], None] = lambda _n: None
+        self.on_quarantine: Callable[[int], None] = lambda _n: None
+        self._counted: set[str] = set()  # quarantine files already counted
         self._queue: queue.Queue[tuple[str, events.Event] | None] = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -102,6 +115,10 @@ class Recorder:
     def backlog(self) -> int:
         """Events not yet confirmed by Kafka (in memory or in the spool)."""
         return self._queue.qsize() + self.spool.pending
+
+    def quarantine_problem(self) -> str | None:
+        """Spooled records that were set aside undelivered (None: none are waiting)."""
+        return self.spool.quarantine_problem()
 
     @property
     def alive(self) -> bool:
@@ -165,7 +182,7 @@ class Recorder:
         self.on_dead_letter(1)
         key = events.key(event) if isinstance(event, events.TurnEvent) else None
         letter = dead_letter(_best_effort_bytes(event), topic, key, reason, event.event_id)
-        return _frame(self.dlq_topic, letter)
+        return frame(self.dlq_topic, letter)
 
     def _store(self, frames: list[bytes]) -> None:
         if not frames:
@@ -217,6 +234,7 @@ class Recorder:
         while not self._stop.is_set():
             try:
                 records, cursor = self.spool.peek(self.batch)
+                records = self._checked(records, self.spool.quarantined_now)
                 if not records:
                     if time.monotonic() >= next_probe:
                         self._probe()
@@ -229,6 +247,36 @@ class Recorder:
             except Exception:  # noqa: BLE001 - the drainer must never die
                 log.exception("spool drain failed; retrying")
                 self._stop.wait(1.0)
+
+    def _checked(self, records: list[bytes], damaged: list[Quarantined]) -> list[bytes]:
+        """The batch with each damaged region the spool skipped, and each frame that cannot be
+        read back, replaced by a dead letter carrying its bytes (kept in quarantine/)."""
+        out = list(records)
+        for i, raw in enumerate(records):
+            try:
+                unframe(raw)
+            except Exception as exc:  # noqa: BLE001 - whatever is wrong with the bytes
+                digest = hashlib.sha256(raw).hexdigest()
+                path = self.spool.quarantine_bytes(f"frame-{digest[:32]}.bad", raw)
+                reason = f"unreadable spool frame ({type(exc).__name__}: {exc})"[:1000]
+                log.error("%s: moved to %s, delivery goes on after it", reason, path)
+                out[i] = self._quarantine_letter(raw, path.name, reason, digest)
+        for region in sorted(damaged, key=lambda q: q.index, reverse=True):
+            digest = hashlib.sha256(region.data).hexdigest()
+            letter = self._quarantine_letter(region.data, region.path.name, region.reason, digest)
+            out.insert(region.index, letter)
+        return out
+
+    def _quarantine_letter(self, data: bytes, name: str, reason: str, digest: str) -> bytes:
+        """A dead-letter frame for bytes set aside in quarantine/ (counted once per file)."""
+        if name not in self._counted:
+            self._counted.add(name)
+            self.quarantined += 1
+            self.on_quarantine(1)
+        found = _FRAME_TOPIC.match(data, 8) or _FRAME_TOPIC.match(data)
+        topic = found.group(1).decode() if found else UNKNOWN_TOPIC
+        error = f"{reason}; the bytes are in quarantine/{name} of the gateway's spool"
+        return frame(self.dlq_topic, dead_letter(data, topic, None, error, digest))
 
     def _probe(self) -> None:
         """While idle: is Kafka reachable (metadata request), and is a lost state over?"""
@@ -300,7 +348,7 @@ class Recorder:
         self.dead_lettered += 1
         self.on_dead_letter(1)
         seed = hashlib.sha256(raw).hexdigest()
-        return _frame(self.dlq_topic, dead_letter(value, topic, key, reason, seed))
+        return frame(self.dlq_topic, dead_letter(value, topic, key, reason, seed))
 
     def _get_producer(self) -> EventProducer:
         if self._producer is None:
@@ -367,7 +415,7 @@ def _best_effort_bytes(event: events.Event) -> bytes:
     return repr(event)[: DEAD_LETTER_KEEP_BYTES * 2].encode("utf-8", "backslashreplace")
 
 
-def _frame(topic: str, event: events.Event) -> bytes:
+def frame(topic: str, event: events.Event) -> bytes:
     return _frame_value(topic, events.encode(event), events.key(event), events.headers(event))
 
 
@@ -382,6 +430,16 @@ def _frame_value(
             "v": value.decode(),
         }
     )
+
+
+def spooled_values(frames: Iterable[bytes]) -> Iterator[bytes]:
+    """The event values of spooled frames; unreadable frames are skipped here (the drainer
+    quarantines and dead-letters them)."""
+    for raw in frames:
+        try:
+            yield unframe(raw)[2]
+        except Exception:  # noqa: BLE001, S112 - any damage: not this reader's job
+            continue
 
 
 def unframe(raw: bytes) -> tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]:

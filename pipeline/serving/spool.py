@@ -10,6 +10,14 @@ A failed append (disk full, I/O error, read-only remount) is rolled back: the by
 are truncated away so the file and the sequence count stay in step, and the caller learns of
 the failure. A failed acknowledgement keeps the position in memory (the records are not sent
 again by this process; after a crash they may be, and consumers deduplicate by event id).
+
+A frame damaged on disk by something outside liverl (bad crc, impossible length, empty) cannot
+stop delivery: :meth:`Spool.peek` copies the damaged bytes to ``quarantine/<segment>-<offset>.bad``
+(fsynced), skips to the next valid frame (the next frame when only the payload is damaged, else
+a scan for the next frame whose crc matches) and reports the region in
+:attr:`Spool.quarantined_now`, so the caller can dead-letter it and count it. The frames after
+it are delivered as usual. A bad region at the very end of the newest segment with no valid
+frame after it is a torn tail from a crash and is cut off at start-up, as before.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import struct
 import threading
 import zlib
@@ -30,6 +39,12 @@ from pipeline.durable import fsync_path
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">II")
 _POS_FILE = "acked.json"
+QUARANTINE_DIR = "quarantine"
+# A resync scan checks candidate frames' crcs over at most this many bytes; past it, the rest
+# of the segment is quarantined whole (random garbage would otherwise cost minutes).
+_RESYNC_CRC_BUDGET = 256 * 1024 * 1024
+# Candidate frame starts while resyncing: a length below 32 MiB begins with 0x00 or 0x01.
+_HEADER_START = re.compile(rb"[\x00\x01]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +52,18 @@ class Cursor:
     seq: int
     segment: int  # first seq of the segment file
     offset: int  # byte offset inside it
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """A damaged region of a segment that :meth:`Spool.peek` skipped; its bytes are in ``path``."""
+
+    path: Path
+    segment: int
+    offset: int
+    data: bytes
+    reason: str
+    index: int  # position in the peeked batch where its records would have been
 
 
 class Spool:
@@ -56,9 +83,13 @@ class Spool:
             fh.truncate(valid_end)
         self._next_seq = last + count
         self._tail_first = last
+        self._tail_size = valid_end  # bytes of whole appended frames in the tail segment
         self._tail = self._open_tail(last)
         self.ack_error: str | None = None  # last failure to persist the position
         self.broken: str | None = None  # a failed append could not be rolled back
+        self.quarantined_now: list[Quarantined] = []  # damaged regions met by the last peek
+        self.quarantined_total = 0  # damaged regions met by this process, each counted once
+        self._reported: set[tuple[int, int]] = set()
 
     # ---- writing ------------------------------------------------------------------------
 
@@ -66,6 +97,8 @@ class Spool:
         """Durably append records (one fsync for the whole batch); all or nothing."""
         if not payloads:
             return
+        if not all(payloads):
+            raise ValueError("empty spool records are not allowed (a zeroed page reads as them)")
         buf = bytearray()
         for p in payloads:
             buf += _FRAME.pack(len(p), zlib.crc32(p))
@@ -83,6 +116,7 @@ class Spool:
                 self._rollback(start)
                 raise
             self._next_seq += len(payloads)
+            self._tail_size = start + len(buf)
             if start + len(buf) >= self.segment_bytes:
                 self._rotate()
 
@@ -118,7 +152,7 @@ class Spool:
             log.exception("spool segment rotation failed; appending to the current one")
             return
         os.close(self._tail)
-        self._tail_first, self._tail = self._next_seq, fd
+        self._tail_first, self._tail, self._tail_size = self._next_seq, fd, 0
         with contextlib.suppress(OSError):
             fsync_path(self.dir)
 
@@ -130,34 +164,112 @@ class Spool:
     @property
     def pending(self) -> int:
         """Records written but not yet acknowledged by Kafka."""
-        return self._next_seq - self._acked.seq
+        return max(0, self._next_seq - self._acked.seq)
+
+    @property
+    def acked(self) -> Cursor:
+        return self._acked
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.glob("*.log"))
 
     def peek(self, max_records: int) -> tuple[list[bytes], Cursor]:
-        """Up to ``max_records`` unacknowledged records, oldest first, and the cursor after them."""
+        """Up to ``max_records`` unacknowledged records, oldest first, and the cursor after them.
+
+        Damaged regions on the way are quarantined and skipped (:attr:`quarantined_now`). Reads
+        stop at the bytes of whole appends, never at a record count, so a miscounted damaged
+        region cannot hide later records; the count is exact again at each segment's end."""
         with self._lock:
-            end_seq = self._next_seq
-            tail_first = self._tail_first
+            end_seq, tail_first, tail_end = self._next_seq, self._tail_first, self._tail_size
         out: list[bytes] = []
+        self.quarantined_now = []
         cur = self._acked
-        while len(out) < max_records and cur.seq < end_seq:
-            with open(self._path(cur.segment), "rb") as fh:
-                fh.seek(cur.offset)
-                while len(out) < max_records and cur.seq < end_seq:
-                    head = fh.read(_FRAME.size)
-                    if len(head) < _FRAME.size:
-                        break
-                    length, crc = _FRAME.unpack(head)
-                    payload = fh.read(length)
-                    if len(payload) < length or zlib.crc32(payload) != crc:
-                        raise OSError(f"corrupt spool frame in {self._path(cur.segment)}")
-                    out.append(payload)
-                    cur = Cursor(cur.seq + 1, cur.segment, cur.offset + _FRAME.size + length)
-            if len(out) < max_records and cur.seq < end_seq and cur.segment != tail_first:
-                cur = Cursor(cur.seq, self._next_segment(cur.segment), 0)
+        while len(out) < max_records:
+            path = self._path(cur.segment)
+            is_tail = cur.segment == tail_first
+            limit = tail_end if is_tail else path.stat().st_size
+            cur = self._read(path, cur, limit, max_records, out)
+            if cur.offset < limit:
+                break  # the batch is full
+            if is_tail:
+                cur = Cursor(end_seq, tail_first, tail_end)
+                break
+            nxt = self._next_segment(cur.segment)
+            cur = Cursor(nxt, nxt, 0)
         return out, cur
+
+    def _read(
+        self, path: Path, cur: Cursor, limit: int, max_records: int, out: list[bytes]
+    ) -> Cursor:
+        """Whole frames of one segment from ``cur`` up to byte ``limit``, into ``out``."""
+        with open(path, "rb") as fh:
+            fh.seek(cur.offset)
+            while len(out) < max_records and cur.offset < limit:
+                head = fh.read(_FRAME.size)
+                payload = b""
+                ok = False
+                if len(head) == _FRAME.size:
+                    length, crc = _FRAME.unpack(head)
+                    if 0 < length <= limit - cur.offset - _FRAME.size:
+                        payload = fh.read(length)
+                        ok = len(payload) == length and zlib.crc32(payload) == crc
+                if ok:
+                    out.append(payload)
+                    cur = Cursor(cur.seq + 1, cur.segment, cur.offset + _FRAME.size + len(payload))
+                    continue
+                cur = self._quarantine_region(path, cur, limit, len(out))
+                fh.seek(cur.offset)
+        return cur
+
+    def _quarantine_region(self, path: Path, cur: Cursor, limit: int, index: int) -> Cursor:
+        """Copy the damaged bytes at ``cur`` (up to the next valid frame) to quarantine/ and
+        return the cursor after them; counted as one record."""
+        with open(path, "rb") as fh:
+            fh.seek(cur.offset)
+            data = fh.read(limit - cur.offset)
+        skip = _resync(data)
+        bad = data[:skip]
+        where = f"{path.name} at byte {cur.offset}"
+        reason = f"corrupt spool frame in {where} ({len(bad)} bytes)"
+        target = self.quarantine_bytes(f"{cur.segment:020d}-{cur.offset:012d}.bad", bad)
+        self.quarantined_now.append(
+            Quarantined(target, cur.segment, cur.offset, bad, reason, index)
+        )
+        if (cur.segment, cur.offset) not in self._reported:
+            self._reported.add((cur.segment, cur.offset))
+            self.quarantined_total += 1
+            log.error("%s: moved to %s, delivery goes on after it", reason, target)
+        return Cursor(cur.seq + 1, cur.segment, cur.offset + skip)
+
+    def quarantine_bytes(self, name: str, data: bytes) -> Path:
+        """Keep ``data`` durably in ``quarantine/<name>`` (for records that cannot be sent)."""
+        qdir = self.dir / QUARANTINE_DIR
+        qdir.mkdir(exist_ok=True)
+        target = qdir / name
+        tmp = qdir / (name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+        fsync_path(qdir)
+        return target
+
+    def quarantine_problem(self) -> str | None:
+        """What ``quarantine/`` holds (None when empty): records that were never delivered
+        and wait for someone to look at them (remove the files to clear this)."""
+        try:
+            files = [e for e in os.scandir(self.dir / QUARANTINE_DIR) if e.name.endswith(".bad")]
+        except OSError:
+            return None
+        if not files:
+            return None
+        size = sum(e.stat().st_size for e in files)
+        return (
+            f"{len(files)} corrupt spool region(s) ({size} bytes) quarantined in "
+            f"{self.dir / QUARANTINE_DIR}: their records were not delivered (dead letters name "
+            "them); inspect, then remove the files"
+        )
 
     def ack(self, cursor: Cursor) -> None:
         """Everything before ``cursor`` reached Kafka: persist that, drop finished segments.
@@ -215,19 +327,55 @@ class Spool:
 
 
 def _scan(path: Path) -> tuple[int, int]:
-    """Number of whole valid frames in a segment and where they end."""
-    count = end = 0
-    with open(path, "rb") as fh:
-        while True:
-            head = fh.read(_FRAME.size)
-            if len(head) < _FRAME.size:
-                break
-            length, crc = _FRAME.unpack(head)
-            payload = fh.read(length)
-            if len(payload) < length or zlib.crc32(payload) != crc:
-                break
-            count += 1
-            end += _FRAME.size + length
+    """Number of records in a segment and where its last whole frame ends. A damaged region
+    with valid frames after it counts as one record (peek quarantines it); one with none after
+    it is a torn tail from a crash."""
+    data = path.read_bytes()
+    count = pos = end = 0
+    while pos < len(data):
+        if _valid_at(data, pos):
+            pos += _FRAME.size + _FRAME.unpack_from(data, pos)[0]
+            count, end = count + 1, pos
+            continue
+        skip = _resync(data[pos:])
+        if pos + skip >= len(data):
+            break  # nothing valid after it: a torn tail
+        count, pos = count + 1, pos + skip
     return count, end
 
 
+def _valid_at(data: bytes, pos: int) -> bool:
+    """A whole, non-empty frame with a matching crc starts at ``pos``."""
+    if len(data) - pos < _FRAME.size:
+        return False
+    length, crc = _FRAME.unpack_from(data, pos)
+    start = pos + _FRAME.size
+    if not 0 < length <= len(data) - start:
+        return False
+    return zlib.crc32(memoryview(data)[start : start + length]) == crc
+
+
+def _resync(data: bytes) -> int:
+    """Bytes to skip at the start of ``data`` (a damaged frame) to reach the next valid frame,
+    or ``len(data)`` when none follows. A frame whose header is intact but whose payload is
+    damaged is exactly one frame long when a valid frame (or the end) follows it; otherwise
+    candidate frame starts are tried in order, within a crc budget."""
+    if len(data) >= _FRAME.size:
+        length = _FRAME.unpack_from(data, 0)[0]
+        after = _FRAME.size + length
+        if length > 0 and (after == len(data) or (after < len(data) and _valid_at(data, after))):
+            return after
+    budget = _RESYNC_CRC_BUDGET
+    for m in _HEADER_START.finditer(data, 1):
+        pos = m.start()
+        if len(data) - pos < _FRAME.size:
+            break
+        length = _FRAME.unpack_from(data, pos)[0]
+        if not 0 < length <= len(data) - pos - _FRAME.size:
+            continue
+        budget -= length
+        if budget < 0:
+            break
+        if _valid_at(data, pos):
+            return pos
+    return len(data)
