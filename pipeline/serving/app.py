@@ -8,9 +8,11 @@ Bounded inputs: body size (``max_body_bytes``, 413), JSON depth (``max_json_dept
 body arrival time (``body_timeout_s``, 408 and the connection closed). A turn that would train
 is refused with 503 while the recorder loses events (spool unwritable and Kafka down) unless
 ``serve_without_training`` is set; ``/healthz`` then answers 503 ``degraded`` with the reason.
-A streamed turn whose client goes away is recorded with ``finish_reason="abort"`` and
-``train=false``: the turn index stays used (a retry is the next turn, not a second turn 0) and
-the partial answer is kept for inspection but never becomes a sample.
+A turn whose client goes away before the answer, streamed or not, is recorded with
+``finish_reason="abort"`` and ``train=false``: the turn index stays used (a retry is the next
+turn, not a second turn 0) and the partial answer is kept for inspection but never becomes a
+sample. A non-streamed request learns of it from the server's ``http.disconnect`` message,
+awaited next to the generation, which is then stopped.
 """
 
 from __future__ import annotations
@@ -222,7 +224,8 @@ class Gateway:
         return content, calls, finish
 
     def abort(self, turn: Turn) -> None:
-        """The client went away mid-stream: keep the partial turn, never to be trained on."""
+        """The client went away before the answer: keep the partial turn, never to be trained
+        on."""
         self.metrics.aborted.inc()
         if not turn.info.recorded:
             return
@@ -273,6 +276,7 @@ class Gateway:
             turn_type="main",
             session_done=turn.info.done,
             group_id=turn.info.group_id,
+            user_id=turn.info.user_id,
             tool_calls=calls,
         )
 
@@ -285,9 +289,30 @@ class Gateway:
             out["X-Liverl-Turn"] = str(turn.turn)
         return out
 
-    async def complete(self, turn: Turn) -> JSONResponse:
-        async for _ in self.run(turn):
-            pass
+    async def complete(self, turn: Turn, request: Request | None = None) -> JSONResponse:
+        """The whole answer as one JSON body. With ``request``, a client that disconnects
+        first stops the generation and the partial turn is recorded as aborted (499)."""
+        generation = asyncio.ensure_future(self._generate(turn))
+        gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+        try:
+            waiting = {generation} if gone is None else {generation, gone}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            generation.cancel()
+            raise
+        finally:
+            if gone is not None:
+                gone.cancel()
+        if gone is not None and gone.done() and not gone.cancelled() and gone.exception() is None:
+            generation.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await generation
+            self.abort(turn)
+            raise ApiError(
+                499, "the client closed the connection before the answer",
+                type="invalid_request_error", code="client_closed_request",
+            )
+        await generation
         content, calls, finish = self.finish(turn, self.text_of(turn))
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
@@ -304,6 +329,10 @@ class Gateway:
             "usage": self._usage(turn),
         }
         return JSONResponse(body, headers=self.headers(turn))
+
+    async def _generate(self, turn: Turn) -> None:
+        async for _ in self.run(turn):
+            pass
 
     def _usage(self, turn: Turn) -> dict[str, int]:
         n, m = len(turn.prompt_ids), len(turn.ids)
@@ -365,6 +394,13 @@ class Gateway:
             }
             yield b"data: " + orjson.dumps(doc) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects. The body is read already, so the server's next
+    message is ``http.disconnect``, sent when the connection closes."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def header_safe(value: str) -> str:
@@ -469,7 +505,7 @@ def create_app(
                         "X-Session-Id": header_safe(turn.info.session_id),
                     },
                 )
-            resp = await gateway.complete(turn)
+            resp = await gateway.complete(turn, request)
         except ApiError as exc:
             m.requests.labels(str(exc.status)).inc()
             return exc.response()
