@@ -40,8 +40,7 @@ STEP_COLUMNS = [
     "weight_version",
     "published_version",
     "loss",
-    "loss_rl",
-    "loss_opd",
+    "losses",
     "kl",
     "clip_fraction",
     "grad_norm",
@@ -86,10 +85,18 @@ def _empty(name: str, columns: list[str]) -> pa.Table:
     return pa.table({c: pa.array([], type=schema.field(c).type) for c in columns})
 
 
-def read_columns(uri: str, name: str, columns: list[str]) -> tuple[pa.Table | None, list[str]]:
+# Before the ``losses`` map column, gradient_steps had one column per part of the built-in
+# methods; a lake written then still reports its parts.
+LEGACY_LOSSES = {"loss_rl": "rl", "loss_opd": "opd"}
+
+
+def read_columns(
+    uri: str, name: str, columns: list[str], legacy: list[str] | None = None
+) -> tuple[pa.Table | None, list[str]]:
     """``columns`` of the Delta table at ``uri`` (None if there is no table there).
 
     Columns the table lacks come back as nulls of the declared type, and are listed.
+    ``legacy`` columns (no longer in the schema) are added only where the table has them.
     """
     from deltalake import DeltaTable
 
@@ -97,13 +104,16 @@ def read_columns(uri: str, name: str, columns: list[str]) -> tuple[pa.Table | No
         return None, []
     table = DeltaTable(uri)
     present = {f.name for f in table.schema().fields}
-    data = table.to_pyarrow_table(columns=[c for c in columns if c in present])
+    old = [c for c in legacy or [] if c in present]
+    data = table.to_pyarrow_table(columns=[c for c in columns if c in present] + old)
     missing = [c for c in columns if c not in present]
     schema = T.SCHEMAS[name]
     for column in missing:
         kind = schema.field(column).type
         data = data.append_column(pa.field(column, kind), pa.nulls(data.num_rows, kind))
-    return data.select(columns), missing
+    if old and "losses" in missing:
+        missing.remove("losses")  # the legacy columns stand in for it
+    return data.select(columns + old), missing
 
 
 def _policies(*tables: pa.Table) -> list[str]:
@@ -125,7 +135,7 @@ def load(
             "(or point --lake at <state_dir>/lake)"
         )
     steps, steps_missing = read_columns(
-        lake_tables.uri(T.GRADIENT_STEPS), T.GRADIENT_STEPS, STEP_COLUMNS
+        lake_tables.uri(T.GRADIENT_STEPS), T.GRADIENT_STEPS, STEP_COLUMNS, list(LEGACY_LOSSES)
     )
     weights, weights_missing = read_columns(lake_tables.uri(T.WEIGHTS), T.WEIGHTS, WEIGHT_COLUMNS)
     absent = [n for n, t in ((T.GRADIENT_STEPS, steps), (T.WEIGHTS, weights)) if t is None]
@@ -388,11 +398,29 @@ def _integer_x(ax: Axes) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def step_parts(steps: pa.Table) -> list[dict[str, float]]:
+    """Per row, loss part -> value: the ``losses`` map, else the legacy per-part columns."""
+    maps = steps.column("losses").to_pylist()
+    legacy = {c: steps.column(c).to_pylist() for c in LEGACY_LOSSES if c in steps.column_names}
+    out = []
+    for i, pairs in enumerate(maps):
+        if pairs is not None:
+            out.append({k: v for k, v in pairs if v is not None})
+        else:
+            out.append({LEGACY_LOSSES[c]: vals[i] for c, vals in legacy.items()
+                        if vals[i] is not None})
+    return out
+
+
 def _step_series(steps: pa.Table) -> tuple[list[float], dict[str, list[float]]]:
+    """x = step; series: total loss, ``part:<name>`` per loss part, kl, clip, grad norm."""
     rows = steps.filter(pc.is_valid(steps.column("step"))).sort_by("step")
     x = _floats(rows.column("step"))
-    cols = ("loss", "loss_rl", "loss_opd", "kl", "clip_fraction", "grad_norm")
-    return x, {c: _floats(rows.column(c)) for c in cols}
+    series = {c: _floats(rows.column(c)) for c in ("loss", "kl", "clip_fraction", "grad_norm")}
+    parts = step_parts(rows)
+    for name in sorted({k for p in parts for k in p}):
+        series[f"part:{name}"] = [p.get(name, math.nan) for p in parts]
+    return x, series
 
 
 def _has(values: list[float]) -> bool:
@@ -448,7 +476,10 @@ def _panel_reward(ax: Axes, per_version: list[VersionStats], known: bool = True)
 
 def _panel_losses(ax: Axes, x: list[float], series: dict[str, list[float]]) -> None:
     ax.set_title("Loss by part per step")
-    labels = {"loss": "total", "loss_rl": "RL (binary)", "loss_opd": "OPD"}
+    known = {"rl": "RL (binary)", "opd": "OPD", "kl": "KL to reference (unweighted)"}
+    labels = {"loss": "total"} | {
+        key: known.get(key[5:], key[5:]) for key in series if key.startswith("part:")
+    }
     drawn = False
     for col, label in labels.items():
         if x and _has(series[col]):

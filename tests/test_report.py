@@ -93,8 +93,7 @@ def step_row(step: int, values: tuple[Any, ...], policy: str = "p1") -> dict[str
         "published_version": published,
         "method": "hybrid",
         "loss": loss,
-        "loss_rl": rl,
-        "loss_opd": opd,
+        "losses": [(k, v) for k, v in (("rl", rl), ("opd", opd)) if v is not None],
         "kl": kl,
         "clip_fraction": clip,
         "grad_norm": grad,
@@ -247,7 +246,7 @@ def test_missing_columns_are_tolerated(tmp_path: Path) -> None:
     traj = T.to_table(T.TRAJECTORIES, rows).drop_columns(["status"])
     write_deltalake(T.LakeTables(lake).uri(T.TRAJECTORIES), traj, partition_by=["day"])
     steps = T.to_table(T.GRADIENT_STEPS, [step_row(k, v) for k, v in STEPS.items()])
-    steps = steps.drop_columns(["kl", "clip_fraction", "loss_opd", "published_version"])
+    steps = steps.drop_columns(["kl", "clip_fraction", "losses", "published_version"])
     steps = steps.append_column(pa.field("new_metric", pa.float64()), pa.nulls(4, pa.float64()))
     write_deltalake(T.LakeTables(lake).uri(T.GRADIENT_STEPS), steps)
     out = tmp_path / "old.png"
@@ -259,7 +258,7 @@ def test_missing_columns_are_tolerated(tmp_path: Path) -> None:
     assert f"v2 {all_v2:.4f} (n=6)" in result.output
     assert "last reward mean (all samples: no status recorded): v3" in result.output
     assert "note: trajectories has no column(s) status" in result.output
-    assert "note: gradient_steps has no column(s) published_version, loss_opd, kl" in result.output
+    assert "note: gradient_steps has no column(s) published_version, losses, kl" in result.output
     assert "steps: 2 (3..4)" in result.output  # published_version fell back to weight_version+1
 
 
@@ -295,3 +294,28 @@ def test_default_lake_follows_the_state_dir_when_wired_into_a_group(tmp_path: Pa
     assert result.exit_code == 0, result.output
     assert f"lake {tmp_path / 'state' / 'lake'}" in result.output
     assert png_size(out) == PNG_SIZE
+
+
+def test_loss_parts_come_from_the_map_or_the_legacy_columns(tmp_path: Path) -> None:
+    """A lake written before the ``losses`` map kept one column per built-in part."""
+    from pipeline.report import read_columns, step_parts
+
+    steps = T.to_table(T.GRADIENT_STEPS, [step_row(k, v) for k, v in STEPS.items()])
+    legacy = steps.drop_columns(["losses"]).append_column(
+        "loss_rl", pa.array([0.40, 0.45, 0.20, 0.10])).append_column(
+        "loss_opd", pa.array([0.10, None, 0.10, 0.10], pa.float64()))
+    uri = str(tmp_path / "old" / "gradient_steps")
+    write_deltalake(uri, legacy)
+    legacy_cols = ["loss_rl", "loss_opd"]
+    table, missing = read_columns(uri, T.GRADIENT_STEPS, ["step", "losses"], legacy_cols)
+    assert table is not None and missing == []
+    assert step_parts(table) == [
+        {"rl": 0.40, "opd": 0.10}, {"rl": 0.45}, {"rl": 0.20, "opd": 0.10},
+        {"rl": 0.10, "opd": 0.10},
+    ]
+    uri = str(tmp_path / "new" / "gradient_steps")
+    write_deltalake(uri, steps)
+    table, _ = read_columns(uri, T.GRADIENT_STEPS, ["step", "losses"], legacy_cols)
+    assert table is not None
+    assert step_parts(table) == step_parts(legacy.append_column(
+        "losses", pa.nulls(4, T.GRADIENT_STEPS_SCHEMA.field("losses").type)))

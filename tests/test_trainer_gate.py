@@ -21,6 +21,7 @@ from pipeline.trainer import losses as L
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import TrainerCore
 from pipeline.trainer.publish import Publisher, step_row, trajectory_rows
+from pipeline.trainer.scoring import is_held_out
 
 from .test_trainer_learning import digit_ids, prompt_ids, reward
 
@@ -79,16 +80,16 @@ def publish(
 
 def test_holdout_split_is_deterministic_and_sized() -> None:
     ids = [f"sample-{i}" for i in range(20_000)]
-    held = [G.is_held_out(i, 0.1) for i in ids]
-    assert held == [G.is_held_out(i, 0.1) for i in ids]
+    held = [is_held_out(i, 0.1) for i in ids]
+    assert held == [is_held_out(i, 0.1) for i in ids]
     assert 0.09 < sum(held) / len(ids) < 0.11
-    assert not any(G.is_held_out(i, 0.0) for i in ids[:1000])
+    assert not any(is_held_out(i, 0.0) for i in ids[:1000])
 
 
 def test_held_out_samples_are_never_trained(tiny: Path, tmp_path: Path) -> None:
     cfg = settings(tiny, tmp_path, gate_holdout=0.5, lr=1e-1)
     core = TrainerCore.load(cfg)
-    ids = [f"h{i}" for i in range(200) if G.is_held_out(f"h{i}", 0.5)][:4]
+    ids = [f"h{i}" for i in range(200) if is_held_out(f"h{i}", 0.5)][:4]
     batch = [
         Sample(event_id=i, producer=Producer(component="t", version="0"), session_id="x",
                turn=0, policy_id="p", prompt_token_ids=[1, 50, 2], response_token_ids=[70, 80],
@@ -125,7 +126,7 @@ def toy_batches(
         for r, lp in zip(responses, logps, strict=True):
             eid = f"toy-{offset}"
             true = reward(r, set(digits))
-            flip = invert and not G.is_held_out(eid, core.cfg.gate_holdout)
+            flip = invert and not is_held_out(eid, core.cfg.gate_holdout)
             s = Sample(
                 event_id=eid, producer=Producer(component="t", version="0"),
                 session_id=f"s{offset}", turn=0, policy_id="p", prompt_token_ids=prompt,

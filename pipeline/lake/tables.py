@@ -54,8 +54,9 @@ GRADIENT_STEPS_SCHEMA = pa.schema(
         ("published_version", pa.int64()),
         ("method", pa.string()),
         ("loss", pa.float64()),
-        ("loss_rl", pa.float64()),
-        ("loss_opd", pa.float64()),
+        # loss part -> value ({"rl": …, "opd": …, "kl": …}); lakes written before this column
+        # have loss_rl / loss_opd instead (liverl report reads both)
+        ("losses", pa.map_(pa.string(), pa.float64())),
         ("kl", pa.float64()),
         ("clip_fraction", pa.float64()),
         ("grad_norm", pa.float64()),

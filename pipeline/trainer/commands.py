@@ -51,7 +51,13 @@ def _crash_hook() -> object:
 @click.option("--lora-r", type=int, default=16, show_default=True, help="LoRA rank.")
 @click.option("--lora-alpha", type=float, default=32.0, show_default=True)
 @click.option(
-    "--method", type=click.Choice(["rl", "opd", "hybrid"]), default="rl", show_default=True
+    "--method", default="rl", show_default=True,
+    help="Training method: rl, opd, hybrid, or one registered by a --plugin module.",
+)
+@click.option(
+    "--plugin", "plugins", multiple=True,
+    help="Python module imported before training; it may register methods and loss parts "
+    "(pipeline/trainer/methods.py). Repeatable.",
 )
 @click.option(
     "--topic", "input_topic", default=names.SAMPLES, show_default=True, help="Input samples topic."
@@ -166,9 +172,14 @@ def train(ctx: click.Context, **options: object) -> None:
         from pipeline.replay.namespace import enter_checked
 
         settings = enter_checked(settings, namespace)  # type: ignore[arg-type]
-    cfg: TrainerSettings = merged(settings.trainer, ctx, options).under_state_dir(
-        settings.state_dir
-    )
+    from pydantic import ValidationError
+
+    try:
+        cfg: TrainerSettings = merged(settings.trainer, ctx, options).under_state_dir(
+            settings.state_dir
+        )
+    except ValidationError as exc:  # e.g. an unknown --method: one line, no traceback
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
     if settings.kafka.namespace:
         from pipeline.replay.namespace import trainer_settings
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from pipeline.kafka import names
 
-Method = Literal["rl", "opd", "hybrid"]
+# A training method's name (pipeline/trainer/methods.py registry: rl, opd, hybrid, plugins).
+Method = str
 # LoRA moves few parameters from zero, so it takes a larger step than full fine-tuning; 2e-4
 # is the usual LoRA rate and trained SmolLM2-135M in the pilot runs without degenerating.
 LORA_LR = 2e-4
@@ -28,7 +29,13 @@ class TrainerSettings(BaseModel):
         description="A store model name (pulled on first use), 'tiny' (built in code) or a "
         "local HF model dir.",
     )
-    method: Method = "rl"
+    method: Method = Field(
+        default="rl", description="Training method: rl, opd, hybrid or one a plugin registers."
+    )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Python modules imported first; they may register methods and loss parts.",
+    )
     input_topic: str = names.SAMPLES
     group_id: str | None = Field(
         default=None, description="Group for informational offset commits (lag monitoring)."
@@ -157,6 +164,15 @@ class TrainerSettings(BaseModel):
     config_version: str = Field(
         default="trainer-1", description="Goes into derived event ids; bump on semantic change."
     )
+
+    @model_validator(mode="after")
+    def _known_method(self) -> TrainerSettings:
+        """Plugins load first, so a method they register is known when the name is checked."""
+        from pipeline.trainer import methods
+
+        methods.load_plugins(self.plugins)
+        methods.get(self.method)
+        return self
 
     @property
     def uses_lora(self) -> bool:

@@ -22,9 +22,10 @@ import torch
 from pipeline.events import Sample
 from pipeline.trainer import hint_selection as hs
 from pipeline.trainer import losses as L
+from pipeline.trainer import methods, scoring
 from pipeline.trainer.config import TrainerSettings
-from pipeline.trainer.gate import HELD_OUT, is_held_out
 from pipeline.trainer.prompts import ChatMarkers, teacher_prompt
+from pipeline.trainer.scoring import HELD_OUT, is_held_out
 
 MAX_HINTS = 3
 OPTIMIZER_FILE = "optimizer.pt"
@@ -142,7 +143,8 @@ class TrainerCore:
                 )
             src = weights_dir if weights_dir is not None else base
             model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-            if (cfg.method != "rl" and cfg.teacher == "reference") or cfg.kl_coef > 0:
+            needs_teacher = methods.get(cfg.method).uses("opd") and cfg.teacher == "reference"
+            if needs_teacher or cfg.kl_coef > 0:
                 if weights_dir is None:
                     reference = copy.deepcopy(model)
                 else:
@@ -204,21 +206,8 @@ class TrainerCore:
         self, model: Any, prompts: Sequence[list[int]], responses: Sequence[list[int]]
     ) -> torch.Tensor:
         """Logits predicting each response token, ``[B, R_max, V]`` (right-padded)."""
-        seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-        length = max(len(s) for s in seqs)
-        rmax = max(len(r) for r in responses)
-        ids = torch.full((len(seqs), length), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), length), dtype=torch.long)
-        pos = torch.zeros((len(seqs), rmax), dtype=torch.long)
-        for b, (p, s) in enumerate(zip(prompts, seqs, strict=True)):
-            ids[b, : len(s)] = torch.tensor(s)
-            attn[b, : len(s)] = 1
-            r = len(s) - len(p)
-            pos[b, :r] = torch.arange(len(p) - 1, len(p) - 1 + r)
-        ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
-        with self._autocast():
-            logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-        return logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()
+        return scoring.response_logits(model, prompts, responses, pad_id=self.pad_id,
+                                       device=self.device, autocast_dtype=self.autocast_dtype)
 
     def _teacher_model(self) -> Any:
         return self.reference if self.reference is not None else self.model
@@ -321,7 +310,8 @@ class TrainerCore:
         rl_ok = not_masked & ~held & (loss_mask.sum(dim=-1) > 0)
         opd_ok = not_masked & ~held & has_hint & (opd_mask.sum(dim=-1) > 0)
         no = torch.zeros_like(rl_ok)
-        uses_rl, uses_opd = cfg.method in ("rl", "hybrid"), cfg.method in ("opd", "hybrid")
+        method = methods.get(cfg.method)
+        uses_rl, uses_opd = method.uses("rl"), method.uses("opd")
         usable = (rl_ok if uses_rl else no) | (opd_ok if uses_opd else no)
         stale = ~L.staleness_keep_mask(versions, current_version, cfg.max_staleness)
         fresh_enough = ~stale if cfg.staleness == "drop" else torch.ones_like(stale)
@@ -352,31 +342,28 @@ class TrainerCore:
             SampleOutcome(
                 status="trained" if keep[b] else "stale_dropped" if usable[b]
                 else HELD_OUT if held_list[b]
-                else "no_hint" if cfg.method == "opd" and rl_ok[b] and not has_hint[b]
+                else "no_hint" if uses_opd and not uses_rl and rl_ok[b] and not has_hint[b]
                 else "masked",
                 staleness=int(staleness[b]),
             )
             for b in range(bsz)
         ]
-        rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd)
+        rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd, uses_rl, uses_opd)
         parts: dict[str, L.LossOutput] = {}
-        if uses_rl:
-            parts["rl"] = L.binary_rl_loss(
-                logp_cur[rows], logp_old[rows], rewards[rows], mask_rl[rows], eps=cfg.eps,
-                eps_high=cfg.eps_high, aggregate=cfg.aggregate,
-                weights=None if weights is None else weights[rows], norm_mask=norm[rows],
-            )
         t_teacher = 0.0
-        if uses_opd:
+        for name in method.parts:
+            part = methods.PARTS[name]
             t1 = time.perf_counter()
-            parts["opd"] = self._opd_part(samples, resp_logits, tokens, logp_cur, logp_old,
-                                          mask_opd, weights, outcomes, rows, norm)
-            t_teacher = time.perf_counter() - t1
-        if cfg.method == "hybrid":
-            out = L.hybrid_loss(parts["rl"], parts["opd"], w_rl=cfg.w_rl, w_opd=cfg.w_opd)
-            main = parts["rl"]
-        else:
-            out = main = parts[cfg.method]
+            parts[name] = part.fn(methods.StepInputs(
+                core=self, cfg=cfg, samples=samples, resp_logits=resp_logits, tokens=tokens,
+                logp=logp_cur, logp_old=logp_old, rewards=rewards,
+                mask=mask_rl if part.mask == "rl" else mask_opd, weights=weights,
+                outcomes=outcomes, rows=rows, norm=norm,
+            ))
+            if part.mask == "opd":  # the OPD mask's parts run the teacher
+                t_teacher += time.perf_counter() - t1
+        out = method.combine(parts, cfg)
+        main = parts[method.main]
 
         if cfg.kl_coef > 0:
             ref = self._reference_logprobs(samples, active, rmax, tokens)
@@ -409,8 +396,8 @@ class TrainerCore:
             step=self.step,
             weight_version=current_version,
             losses=losses,
-            kl=main.metrics["approx_kl"],
-            clip_fraction=min(1.0, max(0.0, main.metrics["clip_fraction"])),
+            kl=main.metrics.get("approx_kl", 0.0),
+            clip_fraction=min(1.0, max(0.0, main.metrics.get("clip_fraction", 0.0))),
             grad_norm=grad_norm,
             samples=bsz,
             tokens=sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples),
@@ -477,6 +464,8 @@ class TrainerCore:
         held: torch.Tensor,
         mask_rl: torch.Tensor,
         mask_opd: torch.Tensor,
+        uses_rl: bool,
+        uses_opd: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows the loss is averaged over, and the mask that normalises both terms.
 
@@ -487,13 +476,12 @@ class TrainerCore:
         rows. The normalising mask is the union of the method's masks, so in ``hybrid`` the OPD
         term is averaged over the batch like the RL term (an unhinted token is a zero in it,
         not absent from it) instead of over hinted tokens only."""
-        method = self.cfg.method
-        if method == "opd":
+        if not uses_rl:  # OPD-mask parts only: hinted rows
             rows = has_hint & ~held
             norm = mask_opd
         else:
             rows = ~held
-            norm = mask_rl if method == "rl" else torch.maximum(mask_rl, mask_opd)
+            norm = torch.maximum(mask_rl, mask_opd) if uses_opd else mask_rl
         return rows.nonzero().squeeze(-1), norm
 
     @staticmethod

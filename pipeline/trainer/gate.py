@@ -25,7 +25,6 @@ sent, so a crash anywhere after that replays the same verdict rather than re-eva
 from __future__ import annotations
 
 import copy
-import hashlib
 from collections import deque
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -40,22 +39,14 @@ from pipeline.durable import atomic_write
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer import losses as L
 from pipeline.trainer.config import TrainerSettings
+from pipeline.trainer.scoring import HELD_OUT, response_logits
 
-HELD_OUT = "held_out"
 VERDICT_FILE = "verdict.json"
 VERDICT_DONE = "verdict.done"
 _COLUMNS = [
     "event_id", "prompt_token_ids", "response_token_ids", "loss_mask", "reward",
     "weight_version", "step", "source_partition", "source_offset",
 ]
-
-
-def is_held_out(event_id: str, fraction: float) -> bool:
-    """Deterministic split: the same sample is held out in every process and every replay."""
-    if fraction <= 0.0:
-        return False
-    h = int.from_bytes(hashlib.sha256(b"liverl-holdout:" + event_id.encode()).digest()[:8], "big")
-    return h < fraction * 2**64
 
 
 def _order(row: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -140,9 +131,10 @@ class Gate:
             step = max(1, self.cfg.batch_max_samples)
             for i in range(0, len(rows), step):
                 chunk = rows[i : i + step]
-                logits = core._response_logits(
+                logits = response_logits(
                     model, [r["prompt_token_ids"] for r in chunk],
-                    [r["response_token_ids"] for r in chunk],
+                    [r["response_token_ids"] for r in chunk], pad_id=core.pad_id,
+                    device=core.device, autocast_dtype=core.autocast_dtype,
                 )
                 rmax = logits.shape[1]
                 ids = torch.zeros((len(chunk), rmax), dtype=torch.long)

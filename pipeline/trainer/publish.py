@@ -106,8 +106,8 @@ def step_row(
         "published_version": None,
         "method": cfg.method,
         "loss": result.losses["total"],
-        "loss_rl": result.losses.get("rl"),
-        "loss_opd": result.losses.get("opd"),
+        # every part by name (a map column): a new method needs no new column
+        "losses": sorted((k, v) for k, v in result.losses.items() if k != "total"),
         "kl": result.kl,
         "clip_fraction": result.clip_fraction,
         "grad_norm": result.grad_norm,
@@ -304,8 +304,7 @@ class Publisher:
         }
 
     def _step_event(self, row: dict[str, Any]) -> GradientStep:
-        losses = {"total": row["loss"]}
-        losses.update({k: row[f"loss_{k}"] for k in ("rl", "opd") if row[f"loss_{k}"] is not None})
+        losses = {"total": row["loss"], **dict(row["losses"])}
         return GradientStep(
             event_id=derive_event_id(
                 "gradient_step", [], self.cfg.config_version, self.cfg.policy, row["step"]

@@ -1,0 +1,162 @@
+"""Training methods as a registry: a method names the loss parts it trains and how they add up.
+
+A loss part is a plain function ``StepInputs -> LossOutput`` (formulas in
+:mod:`pipeline.trainer.losses`) that trains either the RL mask (``loss_mask``: every scored
+turn) or the OPD mask (``opd_mask`` of hinted turns; the OPD part needs the core's teacher).
+A method is a tuple of parts plus a ``combine`` rule. The core, the Delta lake (the
+``losses`` map column of ``gradient_steps``), publishing and ``liverl report`` only iterate
+over the parts, so a new method is one module that registers itself, loaded with
+``[trainer] plugins = ["my.module"]`` (``--plugin``); see docs/architecture.md.
+
+No torch at import: ``liverl --help`` lists the methods without loading it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from pipeline.trainer.config import TrainerSettings
+    from pipeline.trainer.losses import LossOutput
+
+MaskKind = Literal["rl", "opd"]
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a loss part sees for one batch (full-batch tensors; ``rows`` selects the rows the
+    loss averages over, ``norm`` is the mask that normalises every part alike)."""
+
+    core: Any  # TrainerCore: its teacher and hint selection, for parts that need them
+    cfg: TrainerSettings
+    samples: Sequence[Any]
+    resp_logits: torch.Tensor  # [B, R, V]
+    tokens: torch.Tensor  # [B, R] response token ids
+    logp: torch.Tensor  # [B, R] current log-probs of the response tokens (with grad)
+    logp_old: torch.Tensor  # [B, R] the PPO ratio's reference log-probs
+    rewards: torch.Tensor  # [B]
+    mask: torch.Tensor  # [B, R] this part's trainable tokens
+    weights: torch.Tensor | None  # [B, R] importance weights of stale rows (tis), else None
+    outcomes: list[Any]  # per-sample SampleOutcome (a part may record e.g. the chosen hint)
+    rows: torch.Tensor  # indices of the rows the loss averages over
+    norm: torch.Tensor  # [B, R]
+
+    def take(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """``t`` restricted to :attr:`rows` (None stays None)."""
+        return None if t is None else t[self.rows]
+
+
+LossPart = Callable[[StepInputs], "LossOutput"]
+Combine = Callable[[dict[str, "LossOutput"], "TrainerSettings"], "LossOutput"]
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    fn: LossPart
+    mask: MaskKind
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    parts: tuple[str, ...]
+    combine: Combine
+    main: str  # the part whose approx KL and clip fraction the step reports
+
+    def uses(self, mask: MaskKind) -> bool:
+        return any(PARTS[p].mask == mask for p in self.parts)
+
+
+PARTS: dict[str, Part] = {}
+METHODS: dict[str, Method] = {}
+
+
+def register_part(name: str, *, mask: MaskKind = "rl") -> Callable[[LossPart], LossPart]:
+    """Decorator: ``fn`` computes the loss part ``name`` on the ``mask`` tokens."""
+
+    def add(fn: LossPart) -> LossPart:
+        PARTS[name] = Part(name, fn, mask)
+        return fn
+
+    return add
+
+
+def _sum(parts: dict[str, LossOutput], _cfg: TrainerSettings) -> LossOutput:
+    from pipeline.trainer.losses import LossOutput
+
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    total = sum((p.loss for p in parts.values()), start=0.0 * next(iter(parts.values())).loss)
+    return LossOutput(total, {"loss": float(total.detach())})
+
+
+def register_method(
+    name: str, parts: Sequence[str], *, combine: Combine | None = None, main: str | None = None
+) -> Method:
+    """A method training ``parts`` (registered first), added up by ``combine`` (default: the
+    sum); ``main`` (default: the first part) supplies the reported KL and clip fraction."""
+    unknown = [p for p in parts if p not in PARTS]
+    if not parts or unknown:
+        raise ValueError(f"method {name!r}: unknown loss part(s) {unknown or '(none given)'}; "
+                         f"known: {', '.join(sorted(PARTS))}")
+    method = Method(name, tuple(parts), combine or _sum, main or parts[0])
+    METHODS[name] = method
+    return method
+
+
+def get(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown training method {name!r}; known: "
+                         f"{', '.join(sorted(METHODS))} (a plugin module registers more)") from None
+
+
+def load_plugins(modules: Sequence[str]) -> None:
+    """Import the modules that register methods and parts (``[trainer] plugins``)."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"trainer plugin {module!r} cannot be imported: {exc}") from None
+
+
+# ---- built-in parts and methods ------------------------------------------------------------
+
+
+@register_part("rl", mask="rl")
+def binary_rl(x: StepInputs) -> LossOutput:
+    """Binary RL: PPO-clipped surrogate with the turn's reward as every token's advantage."""
+    from pipeline.trainer import losses as L
+
+    cfg = x.cfg
+    return L.binary_rl_loss(
+        x.logp[x.rows], x.logp_old[x.rows], x.rewards[x.rows], x.mask[x.rows], eps=cfg.eps,
+        eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=x.take(x.weights),
+        norm_mask=x.norm[x.rows],
+    )
+
+
+@register_part("opd", mask="opd")
+def on_policy_distillation(x: StepInputs) -> LossOutput:
+    """OPD: the hinted teacher's per-token advantage (needs the core's teacher passes)."""
+    return x.core._opd_part(x.samples, x.resp_logits, x.tokens, x.logp, x.logp_old, x.mask,
+                            x.weights, x.outcomes, x.rows, x.norm)
+
+
+def _hybrid(parts: dict[str, LossOutput], cfg: TrainerSettings) -> LossOutput:
+    from pipeline.trainer import losses as L
+
+    return L.hybrid_loss(parts["rl"], parts["opd"], w_rl=cfg.w_rl, w_opd=cfg.w_opd)
+
+
+register_method("rl", ["rl"])
+register_method("opd", ["opd"])
+register_method("hybrid", ["rl", "opd"], combine=_hybrid, main="rl")
