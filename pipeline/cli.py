@@ -184,8 +184,10 @@ def _specs(settings: Settings):  # type: ignore[no-untyped-def]
 
 @topics.command("apply")
 @click.option("--dry-run", is_flag=True, help="Show the plan, change nothing.")
+@click.option("--namespace", default=None, help="Apply the specs to replay namespace NAME "
+              "(topics replay.NAME.*), not to the live topics.")
 @click.pass_context
-def topics_apply(ctx: click.Context, dry_run: bool) -> None:
+def topics_apply(ctx: click.Context, dry_run: bool, namespace: str | None = None) -> None:
     """Create missing topics, grow partitions, align configs; refuse shrinks.
 
     A second run changes nothing and says so.
@@ -194,6 +196,10 @@ def topics_apply(ctx: click.Context, dry_run: bool) -> None:
 
     settings = _settings(ctx)
     specs = _specs(settings)
+    if namespace:
+        from pipeline.replay import namespace as ns
+
+        specs = ns.specs(settings, ns.check_name(namespace))
     admin = _admin(settings)
     the_plan = t.plan(admin, specs)
     for refusal in the_plan.refusals:
@@ -288,16 +294,15 @@ def topics_list(ctx: click.Context) -> None:
 )
 @click.option(
     "--method",
-    type=click.Choice(["rl", "opd", "hybrid"]),
     default="rl",
     show_default=True,
-    help="Training method.",
+    help="Training method: rl, opd, hybrid, or one a [trainer] plugins module registers.",
 )
 @click.option(
     "--without",
     "without",
     multiple=True,
-    type=click.Choice(["gateway", "workers", "trainer"]),
+    type=click.Choice(["gateway", "workers", "trainer", "archive"]),
     help="Leave a component out (repeatable).",
 )
 @click.pass_context
@@ -313,14 +318,22 @@ def up(
     """Run the whole loop on this machine until Ctrl-C.
 
     Starts the local broker (unless LIVERL_KAFKA_BOOTSTRAP names a cluster), applies
-    topics/, then runs the Faust workers, the trainer and the gateway as child processes
-    (logs in <state_dir>/logs/). Point any OpenAI client at the printed base URL.
+    topics/, then runs the Faust workers, the trainer, the gateway and the archive
+    (every topic into <state_dir>/lake/events) as child processes (logs in
+    <state_dir>/logs/). Point any OpenAI client at the printed base URL.
     """
     from pipeline import stack
     from pipeline.durable import writable_problem
     from pipeline.kafka.broker import BrokerError, LocalBroker
 
     settings = _settings(ctx)
+    try:  # an unknown method fails here, not in the trainer's log after the stack is up
+        from pipeline.trainer import methods
+
+        methods.load_plugins(settings.trainer.plugins)
+        methods.get(method)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if (problem := writable_problem(Path(settings.state_dir) / "logs")) is not None:
         _fail(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     started_broker = False
@@ -338,6 +351,8 @@ def up(
     _pull_model(model)
     components: list[stack.Component] = []
     model_args = ["--model", model] if model else []
+    if "archive" not in without:
+        components.append(stack.archive_component())
     if "workers" not in without and "workers" in cli.commands:
         components.append(stack.Component("workers", ["workers"]))
     if "trainer" not in without:
@@ -448,9 +463,11 @@ def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
     from pipeline.demo.commands import demo
     from pipeline.kafka.tap import tap
+    from pipeline.lake.commands import archive
     from pipeline.lake.sql import sql
     from pipeline.models.commands import models
     from pipeline.processors.commands import record_outcome, workers
+    from pipeline.replay.commands import diff_rewards, drop_namespace, replay
     from pipeline.report import report
     from pipeline.serving.commands import serve
     from pipeline.trainer.commands import train
@@ -464,6 +481,10 @@ def _register_components() -> None:
     cli.add_command(report)
     cli.add_command(tap)
     cli.add_command(sql)
+    cli.add_command(replay)
+    cli.add_command(diff_rewards)
+    cli.add_command(drop_namespace)
+    cli.add_command(archive)
 
 
 _register_components()
