@@ -73,6 +73,28 @@ def test_batches_respect_sample_and_padded_token_bounds() -> None:
     assert taken == [["s0", "s1", "s2"], ["s3", "s4"], ["s5", "s6"]]
 
 
+def test_idle_input_releases_a_partial_batch_but_steady_input_fills_it() -> None:
+    now = [0.0]
+    b = Batcher(max_samples=4, max_tokens=1000, max_wait_s=2.0, clock=lambda: now[0], idle_s=0.3)
+    b.add(rec(sample(0), partition=0, offset=0))
+    now[0] = 0.2
+    b.add(rec(sample(1), partition=0, offset=1))
+    now[0] = 0.45  # 0.25 s since the last arrival: still within the idle gap
+    assert not b.ready()
+    now[0] = 0.5  # 0.3 s without input: train the two now, not at the 2 s wait bound
+    assert b.ready() and [r.offset for r in b.take()] == [0, 1]
+    # Under load a sample arrives every 0.1 s: never idle, so the batch fills to 4.
+    for i in range(2, 6):
+        now[0] += 0.1
+        b.add(rec(sample(i), partition=0, offset=i))
+        assert b.ready() == (i == 5)
+    assert len(b.take()) == 4
+    off = Batcher(max_samples=4, max_tokens=1000, max_wait_s=2.0, clock=lambda: now[0])
+    off.add(rec(sample(9), partition=0, offset=9))
+    now[0] += 1.0
+    assert not off.ready()  # idle_s = 0: only a full batch or the wait bound
+
+
 def test_next_offsets_stop_at_first_buffered_record() -> None:
     b = Batcher(max_samples=2, max_tokens=1000, max_wait_s=0)
     for i in range(4):

@@ -56,6 +56,8 @@ def _env(cfg: LoopConfig, state_dir: Path) -> dict[str, str]:
         "LIVERL_STATE_DIR": str(state_dir),
         "LIVERL_TRAINER_BATCH_MAX_SAMPLES": str(cfg.batch_samples),
         "LIVERL_TRAINER_BATCH_MAX_WAIT_S": str(cfg.batch_wait_s),
+        # One step per round: the users wait for it (--pace), so no early partial batches.
+        "LIVERL_TRAINER_BATCH_IDLE_S": "0",
         "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "1.0",  # a version after every step
         # Another worker (a running `liverl up`) may hold Faust's default web port.
         "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),

@@ -61,6 +61,10 @@ class Batcher:
     max_wait_s: float
     clock: Callable[[], float] = time.monotonic
     buffer: deque[Buffered] = field(default_factory=deque)
+    # Train what is buffered once no sample arrived for this long (0: off). Under load samples
+    # keep arriving, so batches still fill; when traffic is light the last sample of a burst
+    # is trained after idle_s instead of max_wait_s.
+    idle_s: float = 0.0
 
     def add(self, record: Record) -> None:
         self.buffer.append(Buffered(record, self.clock()))
@@ -80,11 +84,14 @@ class Batcher:
         return count, count == self.max_samples
 
     def ready(self) -> bool:
-        """A full batch is available, or the oldest sample waited long enough."""
+        """A full batch is available, the oldest sample waited long enough, or the input has
+        been idle for ``idle_s``."""
         if not self.buffer:
             return False
         _, full = self._prefix_size()
-        return full or self.clock() - self.buffer[0].arrived >= self.max_wait_s
+        now = self.clock()
+        idle = self.idle_s > 0 and now - self.buffer[-1].arrived >= self.idle_s
+        return full or idle or now - self.buffer[0].arrived >= self.max_wait_s
 
     def take(self) -> list[Record]:
         """Remove and return the largest head prefix within the bounds (at least one)."""

@@ -97,7 +97,10 @@ def _crash_hook() -> object:
     show_default=True,
     help="Bound on padded tokens per batch.",
 )
-@click.option("--batch-wait", "batch_max_wait_s", type=float, default=2.0, show_default=True)
+@click.option("--batch-wait", "batch_max_wait_s", type=float, default=2.0, show_default=True,
+              help="Longest a buffered sample waits for its batch to fill.")
+@click.option("--batch-idle", "batch_idle_s", type=float, default=0.3, show_default=True,
+              help="Train what is buffered once no sample arrived for this long (0: off).")
 @click.option("--lr", type=float, default=None,
               help="Learning rate [default: 2e-4 with LoRA, 1e-5 for full fine-tuning].")
 @click.option(

@@ -61,6 +61,12 @@ class TrainerSettings(BaseModel):
         default=32_768, ge=2, description="Bound on padded tokens (samples x longest sequence)."
     )
     batch_max_wait_s: float = Field(default=2.0, ge=0.0)
+    batch_idle_s: float = Field(
+        default=0.3,
+        ge=0.0,
+        description="Train what is buffered once no sample arrived for this long (0: off): "
+        "full batches under load, fresh weights when traffic is light.",
+    )
 
     # what is trained: a LoRA adapter (peft) on the frozen base, or every weight
     adapter: Literal["auto", "lora", "full"] = Field(

@@ -206,7 +206,8 @@ class TrainerLoop:
         publisher: Publisher,
     ) -> None:
         cfg = self.cfg
-        batcher = Batcher(cfg.batch_max_samples, cfg.batch_max_tokens, cfg.batch_max_wait_s)
+        batcher = Batcher(cfg.batch_max_samples, cfg.batch_max_tokens, cfg.batch_max_wait_s,
+                          idle_s=cfg.batch_idle_s)
         limit = min(cfg.batch_max_tokens, core.max_positions)
         trainer_id = Producer(component="trainer", version=cfg.config_version)
         traj_rows: list[dict[str, Any]] = []
