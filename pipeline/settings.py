@@ -47,6 +47,12 @@ class KafkaSettings(BaseModel):
         ge=64 * 1024,
         description="Largest event value accepted; larger ones are dead-lettered.",
     )
+    namespace: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        description="Replay namespace: every topic and group id gets the prefix replay.NAME. "
+        "(pipeline/kafka/names.py: resolve); unset is the live pipeline.",
+    )
 
     # One size policy, derived from ``max_event_bytes`` (E) so that it is stated once:
     #   event (codec, dead letters)  E                    8 MiB by default

@@ -67,7 +67,12 @@ def expected_types_from_specs(settings: Settings) -> dict[str, str]:
 
 
 class EventConsumer:
-    """Thin typed wrapper over confluent-kafka's Consumer that never stops on a bad record."""
+    """Thin typed wrapper over confluent-kafka's Consumer that never stops on a bad record.
+
+    Topics, the group id and the DLQ topic are live names; with ``kafka.namespace`` set they
+    are the namespace's (``names.resolve``, idempotent), and records carry the topic they were
+    read from, so offsets stored from a batch go to the topics actually consumed.
+    """
 
     def __init__(
         self,
@@ -83,6 +88,8 @@ class EventConsumer:
         on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
         **extra: Any,
     ) -> None:
+        ns = self.namespace = settings.kafka.namespace
+        group_id = names.resolve(group_id, ns)
         fetch_total = max(52428800, settings.kafka.max_fetch_bytes * 2)
         conf = settings.kafka_client_config(
             **{
@@ -101,12 +108,13 @@ class EventConsumer:
         conf.update(extra)
         self._consumer = Consumer(conf)
         self._dlq = dlq if dlq is not None else EventProducer(settings, client_id=f"{group_id}-dlq")
-        self._dlq_topic = dlq_topic
+        self._dlq_topic = names.resolve(dlq_topic, ns)
         self._component = component
         self._max_bytes = settings.kafka.max_event_bytes
-        self._expected = (
+        expected = (
             expected_types if expected_types is not None else expected_types_from_specs(settings)
         )
+        self._expected = {names.resolve(t, ns): kind for t, kind in expected.items()}
         self.dead_lettered = 0
         if topics:
             self.subscribe(list(topics), on_assign=on_assign)
@@ -123,9 +131,14 @@ class EventConsumer:
         kwargs: dict[str, Any] = {}
         if on_assign is not None:
             kwargs["on_assign"] = on_assign
-        self._consumer.subscribe(topics, **kwargs)
+        self._consumer.subscribe([names.resolve(t, self.namespace) for t in topics], **kwargs)
 
     def assign(self, partitions: list[TopicPartition]) -> None:
+        if self.namespace:
+            partitions = [
+                TopicPartition(names.resolve(tp.topic, self.namespace), tp.partition, tp.offset)
+                for tp in partitions
+            ]
         self._consumer.assign(partitions)
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> Batch:

@@ -25,3 +25,45 @@ ALL = (
     SERVING_STATUS,
     DLQ,
 )
+
+# ---- namespaces: a second pipeline on the same cluster (docs/architecture.md#replay-and-
+# namespaces). Every topic and consumer group of namespace N is the live name behind one
+# prefix, ``replay.N.``, so the whole namespace is one prefix to list, ACL or delete.
+
+NAMESPACE_PREFIX = "replay."
+# No dots: the prefix must split back unambiguously into (namespace, live name).
+NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+def prefix(namespace: str) -> str:
+    """``replay.NAME.``: what every topic and group id of the namespace starts with."""
+    return f"{NAMESPACE_PREFIX}{namespace}."
+
+
+def resolve(name: str, namespace: str | None) -> str:
+    """The topic (or group id) ``name`` as seen from ``namespace``; None is live, unchanged.
+
+    Idempotent (a name already in the namespace is returned as is), so a component may pass
+    resolved names to a client that resolves again."""
+    if not namespace:
+        return name
+    p = prefix(namespace)
+    return name if name.startswith(p) else p + name
+
+
+def live(name: str, namespace: str | None) -> str:
+    """The inverse of :func:`resolve`: the live name of a namespaced topic or group."""
+    if namespace:
+        p = prefix(namespace)
+        if name.startswith(p):
+            return name[len(p) :]
+    return name
+
+
+def namespace_of(name: str) -> str | None:
+    """The namespace a topic or group id belongs to (None: live)."""
+    if not name.startswith(NAMESPACE_PREFIX):
+        return None
+    rest = name[len(NAMESPACE_PREFIX) :]
+    ns, dot, _ = rest.partition(".")
+    return ns if dot and ns else None

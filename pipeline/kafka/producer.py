@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from pipeline import events
+from pipeline.kafka import names
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class EventProducer:
 
     Idempotence (``enable.idempotence``) gives acks=all and per-partition ordering without
     duplicates on retry. Failures from delivery reports are collected and raised by
-    :meth:`flush`, so a caller that flushes cannot miss a lost record.
+    :meth:`flush`, so a caller that flushes cannot miss a lost record. Topics are live names;
+    with ``kafka.namespace`` set they are sent to the namespace's copies (``names.resolve``).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class EventProducer:
         conf.update(extra)
         self._producer = Producer(conf)
         self._max_event_bytes = settings.kafka.max_event_bytes
+        self.namespace = settings.kafka.namespace
         self._failures: list[DeliveryFailure] = []
         self._lock = threading.Lock()
         self.delivered = 0
@@ -130,6 +133,8 @@ class EventProducer:
                 on_delivery(err, msg)
 
         kbytes = key.encode() if isinstance(key, str) else key
+        if self.namespace:
+            topic = names.resolve(topic, self.namespace)
         while True:
             try:
                 self._producer.produce(

@@ -339,6 +339,7 @@ def _add(table, row: TapRow) -> None:  # type: ignore[no-untyped-def]
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C.")
 @click.option("--session", default=None, help="Only records with this key (session id).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after N records.")
+@click.option("--namespace", default=None, help="Read replay namespace NAME's copy of the topic.")
 @click.option(
     "--format",
     "fmt",
@@ -355,6 +356,7 @@ def tap(
     follow: bool,
     session: str | None,
     limit: int | None,
+    namespace: str | None,
     fmt: str,
 ) -> None:
     """Print a topic's decoded events (full name or short: interactions, rewards, …).
@@ -369,6 +371,12 @@ def tap(
     since_ms = parse_since(since) if since is not None else None
     types = _spec_types(settings)
     name = resolve_topic(topic, sorted(types))
+    if namespace or settings.kafka.namespace:
+        from pipeline.kafka import names
+        from pipeline.replay.namespace import enter_checked
+
+        settings = enter_checked(settings, namespace)
+        name = names.resolve(name, settings.kafka.namespace)
     expected = expected_type(name, types)
     console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
     rows = tap_records(

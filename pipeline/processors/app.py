@@ -131,6 +131,9 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     """Build the Faust app with its topics, tables, agents and timers."""
     settings = settings or Settings()
     cfg = cfg or ProcessorSettings()
+    ns = settings.kafka.namespace  # a replay namespace: its topics, app id (= group) and tables
+    if ns:
+        cfg = cfg.model_copy(update={"app_id": names.resolve(cfg.app_id, ns)})
     datadir = settings.state_dir / "processors" / cfg.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -169,7 +172,8 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     prefix = cfg.session_prefix.encode() if cfg.session_prefix else b""
 
     def topic(*names_: str) -> faust.TopicT:
-        return app.topic(*names_, value_type=bytes, value_serializer="raw", key_type=bytes)
+        resolved = [names.resolve(n, ns) for n in names_]
+        return app.topic(*resolved, value_type=bytes, value_serializer="raw", key_type=bytes)
 
     out = {n: topic(n) for n in (*EXPECTED, names.REWARDS, names.SAMPLES, names.DLQ)}
     group_topic = app.topic(
@@ -293,8 +297,9 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         prefixes that dead-letter the same record write the same letter)."""
         msg = ev.message
         key = msg.key
+        source = names.live(msg.topic, ns)  # EXPECTED and dlq_topics hold live names
         if not key:  # every input topic is keyed by session: all such records would share
-            if msg.topic in dlq_topics:  # one empty-key session state
+            if source in dlq_topics:  # one empty-key session state
                 await dead_letter(msg, "no Kafka key: this topic is keyed by session id")
             return None
         if prefix and not key.startswith(prefix):
@@ -302,11 +307,11 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         try:
             return key, events.decode(
                 msg.value,
-                expected_type=EXPECTED.get(msg.topic),
+                expected_type=EXPECTED.get(source),
                 max_bytes=settings.kafka.max_event_bytes,
             )
         except Exception as exc:  # noqa: BLE001 - EventValidationError, or anything else:
-            if msg.topic in dlq_topics:  # one record must never stop an agent
+            if source in dlq_topics:  # one record must never stop an agent
                 reason = (
                     str(exc)
                     if isinstance(exc, events.EventValidationError)

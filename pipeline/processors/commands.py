@@ -39,6 +39,8 @@ def _settings(ctx: click.Context) -> Settings:
               help="Judge name: replies (default: reply patterns + sentiment, with hints), "
               "rules (phrase lists) or llm (PRM behind an OpenAI-compatible API).")
 @click.option("--rules", "rules_path", default=None, help="Path-penalty rules YAML.")
+@click.option("--namespace", default=None, help="Run in replay namespace NAME: its topics, app "
+              "id and state (<state_dir>/replay/NAME/); never the live ones.")
 @click.option(
     "-l",
     "--loglevel",
@@ -53,6 +55,7 @@ def workers(
     no_web: bool,
     judge: str | None,
     rules_path: str | None,
+    namespace: str | None,
     loglevel: str,
 ) -> None:
     """Run the reward pipeline worker: pairing, judge + hints, path penalties, rewards, samples.
@@ -63,6 +66,11 @@ def workers(
     """
     from pipeline.durable import writable_problem
 
+    if namespace or _settings(ctx).kafka.namespace:
+        from pipeline.replay.namespace import enter_checked
+
+        obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+        ctx.obj = {**obj, "settings": enter_checked(_settings(ctx), namespace)}
     if (problem := writable_problem(Path(_settings(ctx).state_dir) / "processors")) is not None:
         raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     from .app import create_app, ensure_internal_topics
