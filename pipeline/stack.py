@@ -28,6 +28,13 @@ class Component:
     args: list[str]
 
 
+def archive_component() -> Component:
+    """``liverl archive --follow``: every topic into ``<state_dir>/lake/events/``. On SIGTERM
+    it commits what it has read and exits; whatever the other components send while they
+    stop is copied on the next start (progress lives in the Delta tables)."""
+    return Component("archive", ["archive", "--follow"])
+
+
 @dataclass
 class Running:
     component: Component

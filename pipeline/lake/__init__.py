@@ -1,5 +1,7 @@
-"""Delta Lake tables (trajectories, gradient_steps, weights) and idempotent writers."""
+"""Delta Lake tables (trajectories, gradient_steps, weights, the events/ archive) and
+idempotent writers."""
 
+from pipeline.lake.archive import ArchiveError, archive_path, read_archived
 from pipeline.lake.tables import (
     GRADIENT_STEPS,
     GRADIENT_STEPS_SCHEMA,
@@ -9,7 +11,7 @@ from pipeline.lake.tables import (
     WEIGHTS_SCHEMA,
     LakeTables,
 )
-from pipeline.lake.writer import Appender, append_once, committed_version
+from pipeline.lake.writer import Appender, MultiAppender, append_once, committed_version
 
 __all__ = [
     "GRADIENT_STEPS",
@@ -19,7 +21,11 @@ __all__ = [
     "WEIGHTS",
     "WEIGHTS_SCHEMA",
     "Appender",
+    "ArchiveError",
     "LakeTables",
+    "MultiAppender",
     "append_once",
+    "archive_path",
     "committed_version",
+    "read_archived",
 ]

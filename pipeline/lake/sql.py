@@ -120,7 +120,8 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _lake_default(ctx: click.Context) -> Path:
+def default_lake(ctx: click.Context) -> Path:
+    """``<state_dir>/lake`` as the trainer resolves it: train, report, sql and archive agree."""
     from pipeline.settings import Settings
 
     obj: dict[str, Any] = ctx.find_root().obj or {}
@@ -156,7 +157,7 @@ def sql(
     liverl sql "SELECT status, count(*) FROM trajectories GROUP BY status"
     liverl sql "SELECT * FROM weights ORDER BY version" --format csv
     """
-    lake = lake if lake is not None else _lake_default(ctx)
+    lake = lake if lake is not None else default_lake(ctx)
     if list_tables:
         columns = ["table", "rows", "path"]
         rows: list[tuple[Any, ...]] = list(table_counts(lake))

@@ -9,8 +9,10 @@ reads ``transaction_version(app_id)`` and skips what is already there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 
 
 def committed_version(table_uri: str, app_id: str) -> int | None:
@@ -85,4 +87,98 @@ class Appender:
         )
         if self._table is None:
             self._table = DeltaTable(self.uri)
+        return True
+
+
+def append_with_transactions(
+    target: str | DeltaTable,
+    data: pa.Table,
+    *,
+    transactions: Mapping[str, int],
+    partition_by: list[str] | None = None,
+    writer_properties: WriterProperties | None = None,
+) -> None:
+    """Append ``data`` with every ``(app_id, version)`` of ``transactions`` in one commit.
+
+    For a writer whose batch covers several sources at once (an archive commit spans the
+    partitions of a topic): each source keeps its own progress, all made durable together
+    with the rows. Checking which versions are already committed is the caller's job; a
+    concurrent commit that recorded one of the same app ids first makes this one fail with
+    ``deltalake.exceptions.CommitFailedError`` (delta-rs' conflict check), so two writers
+    can never both append the same version.
+    """
+    write_deltalake(
+        target,
+        data,
+        mode="append",
+        schema_mode="merge",
+        partition_by=partition_by,
+        writer_properties=writer_properties,
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app, version) for app, version in transactions.items()]
+        ),
+    )
+
+
+class MultiAppender(Appender):
+    """An :class:`Appender` whose commits carry several application transactions."""
+
+    def __init__(
+        self,
+        table_uri: str,
+        partition_by: list[str] | None = None,
+        writer_properties: WriterProperties | None = None,
+    ) -> None:
+        super().__init__(table_uri, partition_by)
+        self.writer_properties = writer_properties
+
+    def refresh(self) -> None:
+        """Load commits made by other writers since the handle was opened or last written."""
+        if self._table is not None:
+            self._table.update_incremental()
+        else:
+            self._open()
+
+    def ensure(self, schema: pa.Schema) -> DeltaTable:
+        """The opened table, created empty first when there is none.
+
+        Appends then always go through a handle with a read version: delta-rs checks a
+        commit that creates a table against nothing, so two writers creating it at once
+        would both commit their rows (seen in tests). Two empty creations racing both
+        succeed (versions 0 and 1), which is harmless.
+        """
+        table = self._open()
+        if table is None:
+            DeltaTable.create(
+                self.uri, schema=schema, partition_by=self.partition_by, mode="ignore"
+            )
+            table = self._open()
+            assert table is not None
+        return table
+
+    def committed_versions(self, app_ids: Iterable[str]) -> dict[str, int | None]:
+        return {app: self.committed_version(app) for app in app_ids}
+
+    def append_once_many(self, data: pa.Table, *, transactions: Mapping[str, int]) -> bool:
+        """Append ``data`` with all ``transactions`` unless every one is already committed.
+
+        Returns whether a commit happened. Some committed and others not means the rows mix
+        written and unwritten sources: ValueError, the caller must drop the written rows
+        first. Raises ``CommitFailedError`` when another writer committed one of these app
+        ids since this handle last looked (call :meth:`refresh`, drop, retry).
+        """
+        table = self.ensure(data.schema)
+        done = self.committed_versions(transactions)
+        already = {a for a, v in transactions.items() if (d := done[a]) is not None and d >= v}
+        if already and len(already) == len(transactions):
+            return False
+        if already:
+            raise ValueError(f"already committed: {sorted(already)}; drop their rows first")
+        append_with_transactions(
+            table,
+            data,
+            transactions=transactions,
+            partition_by=self.partition_by,
+            writer_properties=self.writer_properties,
+        )
         return True
