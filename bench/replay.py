@@ -135,7 +135,7 @@ def main() -> None:
             Archiver(settings, [src], lake).run()
             result["archive_seconds"] = round(time.perf_counter() - t0, 2)
             source = DeltaSource(settings, lake)
-            delta_spans = source.spans([src], None, None, None)
+            delta_spans = source.spans([src], None, None, lambda topic, n: None)
             result["delta_to_kafka"] = replay_rate(settings, source, delta_spans, ns_delta)
     finally:
         for fut in admin.delete_topics([raw_topic, src, *dests]).values():

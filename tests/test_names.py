@@ -131,3 +131,23 @@ def test_producer_and_consumer_map_topics_and_groups(kafka_settings, admin, uniq
             fut.result(30)
         for fut in admin.delete_consumer_groups([names.resolve(f"names-{unique}", ns)]).values():
             fut.result(30)
+
+
+def test_faust_app_in_a_namespace_declares_only_namespaced_names(tmp_path: Path) -> None:
+    from pipeline.processors.app import create_app
+    from pipeline.processors.config import ProcessorSettings
+
+    settings = nsmod.enter(Settings(state_dir=tmp_path), "exp")
+    app = create_app(settings, ProcessorSettings(web_enabled=False))
+    assert app.conf.id == "replay.exp.liverl-rewards"
+    declared = {n for t in app.liverl_topics.values() for n in t.topics}
+    declared |= {tbl.changelog_topic.get_topic_name() for tbl in app.tables.values()}
+    for agent in app.liverl_agents:
+        declared |= set(agent.channel.topics)
+    assert declared and all(n.startswith("replay.exp.") for n in declared), declared
+    assert names.resolve(names.INTERACTIONS, "exp") in declared
+    assert str(app.conf.datadir).startswith(str(tmp_path / "replay" / "exp"))
+    live = create_app(Settings(state_dir=tmp_path), ProcessorSettings(web_enabled=False))
+    assert live.conf.id == "liverl-rewards"
+    live_names = {n for t in live.liverl_topics.values() for n in t.topics}
+    assert {names.REWARDS, names.SAMPLES, names.DLQ} <= live_names

@@ -28,8 +28,8 @@ def _settings(ctx: click.Context) -> Settings:
     return settings
 
 
-def _known_topics(settings: Settings) -> dict[str, str]:
-    """topic -> spec key field, from ``topics/``."""
+def _known_topics(settings: Settings) -> dict[str, tuple[str, int]]:
+    """topic -> (spec key field, partitions), from ``topics/``."""
     from pipeline.kafka.topics import TopicSpecError, load_specs
 
     try:
@@ -40,7 +40,7 @@ def _known_topics(settings: Settings) -> dict[str, str]:
         )
     except TopicSpecError as exc:
         raise click.ClickException(str(exc)) from exc
-    return {s.name: s.key for s in specs}
+    return {s.name: (s.key, s.partitions) for s in specs}
 
 
 def resolve_topics(values: tuple[str, ...], known: list[str]) -> list[str]:
@@ -188,7 +188,7 @@ def replay(
         source = KafkaSource(settings)
     else:
         root = lake_root or settings.trainer.under_state_dir(settings.state_dir).lake_root
-        source = DeltaSource(settings, root)
+        source = DeltaSource(settings, root, lambda topic: specs[topic][1])
     try:
         if manifest is not None:
             if manifest.request != request:
@@ -220,14 +220,11 @@ def replay(
                 )
 
             def session_parts(topic: str, partitions: int) -> set[int] | None:
-                if keys is None or specs.get(topic) != "session_id":
+                if keys is None or specs[topic][0] != "session_id":
                     return None
                 return keys_partitions(keys, partitions)
 
-            if isinstance(source, KafkaSource):
-                spans = source.spans(topics, since_ms, until_ms, session_parts)
-            else:
-                spans = source.spans(topics, since_ms, until_ms, sessions)
+            spans = source.spans(topics, since_ms, until_ms, session_parts)
             if keys is not None:
                 present = source.keys_present(spans, keys)
                 unknown = sorted(k.decode() for k in keys - present)
@@ -242,6 +239,8 @@ def replay(
                     f"{fmt_bound(since)} and {fmt_bound(until)}"
                 )
             manifest = Manifest(into, request, spans, since_ms=since_ms, until_ms=until_ms)
+        if isinstance(source, DeltaSource):
+            source.window(manifest.since_ms, manifest.until_ms)
         created = nsmod.ensure_topics(settings, into)
         if created:
             console.print(f"namespace {into}: created {len(created)} topic(s)", highlight=False)

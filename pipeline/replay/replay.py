@@ -489,12 +489,24 @@ class DeltaSource:
 
     kind = "delta"
 
-    def __init__(self, settings: Settings, lake_root: Path) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lake_root: Path,
+        partitions: Callable[[str], int | None] = lambda topic: None,
+    ) -> None:
         self.settings = settings
         self.lake_root = Path(lake_root)
         self.examined = 0
+        self._partitions = partitions  # topic -> its partition count (the spec's)
         self._tables: dict[str, Any] = {}
-        self._window: tuple[int | None, int | None, tuple[str, ...] | None] = (None, None, None)
+        self._window: tuple[int | None, int | None] = (None, None)
+
+    def window(self, since_ms: int | None, until_ms: int | None) -> None:
+        """The time range read from the tables (a resumed run sets the manifest's)."""
+        if (since_ms, until_ms) != self._window:
+            self._window = (since_ms, until_ms)
+            self._tables.clear()
 
     def close(self) -> None:
         self._tables.clear()
@@ -503,14 +515,15 @@ class DeltaSource:
         from pipeline.lake import archive
 
         if topic not in self._tables:
-            since, until, sessions = self._window
+            since, until = self._window
             try:
+                # --sessions filters on record keys here too (as for --from kafka), not on
+                # the decoded session_id: a record that is not an envelope has none.
                 self._tables[topic] = archive.read_archived(
                     self.lake_root,
                     topic,
                     since,
                     until,
-                    sessions,
                     columns=["partition", "offset", "timestamp_ms", "key", "payload", "headers"],
                 )
             except archive.ArchiveError as exc:
@@ -522,23 +535,33 @@ class DeltaSource:
         topics: list[str],
         since_ms: int | None,
         until_ms: int | None,
-        sessions: list[str] | None,
+        session_partitions: Callable[[str, int], set[int] | None],
     ) -> list[Span]:
-        self._window = (since_ms, until_ms, tuple(sessions) if sessions else None)
+        """Per archived partition, the offsets of the rows in the window."""
+        self.window(since_ms, until_ms)
         out = []
         for topic in topics:
             table = self._table(topic)
             if table.num_rows == 0:
                 continue
+            count = self._partitions(topic)
+            wanted = session_partitions(topic, count) if count else None
             grouped = table.group_by("partition").aggregate([("offset", "min"), ("offset", "max")])
             for row in grouped.to_pylist():
+                if wanted is not None and row["partition"] not in wanted:
+                    continue
                 out.append(Span(topic, row["partition"], row["offset_min"], row["offset_max"] + 1))
         return sorted(out, key=lambda s: (s.topic, s.partition))
 
     def keys_present(self, spans: list[Span], keys: set[bytes]) -> set[bytes]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         seen: set[bytes] = set()
+        wanted = pa.array(sorted(keys), type=pa.binary())
         for topic in {s.topic for s in spans}:
-            seen.update(k for k in self._table(topic).column("key").to_pylist() if k in keys)
+            column = self._table(topic).column("key")
+            seen.update(pc.unique(column.filter(pc.is_in(column, wanted))).to_pylist())
         return seen
 
     def read(
