@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import httpx
 import yaml
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from pipeline.events import Interaction, NextState
 
@@ -563,32 +564,46 @@ class LlmJudge:
         )
 
     async def _complete(self, prompt: str) -> tuple[str | None, str | None]:
-        """(text, error): never raises."""
+        """(text, error): never raises. Timeouts, connection errors, 429 and 5xx are retried
+        with exponential backoff (tenacity); any other failure is final."""
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
-        error = "no attempt"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                async with self._sem:
-                    resp = await self._client.post("/chat/completions", json=body)
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    error = f"HTTP {resp.status_code}"
-                    continue
-                resp.raise_for_status()
-                return resp.json()["choices"][0]["message"]["content"] or "", None
-            except httpx.TimeoutException:
-                error = "timeout"
-            except httpx.TransportError as exc:
-                error = f"transport: {type(exc).__name__}"
-            except (httpx.HTTPStatusError, KeyError, IndexError, TypeError, ValueError) as exc:
-                return None, f"bad response: {str(exc)[:200]}"
-        return None, error
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retries + 1),
+            wait=wait_exponential(multiplier=self.backoff_s, exp_base=2),
+            retry=retry_if_exception_type(_Transient),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._request(body)
+        except _Transient as exc:
+            return None, str(exc)
+        except (httpx.HTTPStatusError, KeyError, IndexError, TypeError, ValueError) as exc:
+            return None, f"bad response: {str(exc)[:200]}"
+        return None, "no attempt"  # pragma: no cover - stop_after_attempt(>= 1) always tries
+
+    async def _request(self, body: dict[str, Any]) -> tuple[str | None, str | None]:
+        try:
+            async with self._sem:
+                resp = await self._client.post("/chat/completions", json=body)
+        except httpx.TimeoutException:
+            raise _Transient("timeout") from None
+        except httpx.TransportError as exc:
+            raise _Transient(f"transport: {type(exc).__name__}") from None
+        if resp.status_code == 429 or resp.status_code >= 500:
+            raise _Transient(f"HTTP {resp.status_code}")
+        resp.raise_for_status()
+        return resp.json()["choices"][0]["message"]["content"] or "", None
+
+
+class _Transient(Exception):
+    """A failure worth retrying; its message is the error reported when retries run out."""
 
 
 JudgeFactory = Callable[..., Judge]
