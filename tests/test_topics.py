@@ -46,7 +46,22 @@ def test_mismatched_session_partitions_are_rejected(tmp_path: Path) -> None:
 
 def test_spec_missing_fields_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "x.yaml").write_text("name: x\n")
-    with pytest.raises(topics.TopicSpecError, match="missing field.*partitions"):
+    with pytest.raises(topics.TopicSpecError, match="x.yaml: partitions: Field required"):
+        topics.load_specs(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("partition: 3", "partition: Extra inputs are not permitted"),  # a typo, not a default
+        ("partitions: 0", "partitions: Input should be greater than or equal to 1"),
+        ("partitions: '3'", "partitions: Input should be a valid integer"),
+        ("partitions: 3\nreplication: 0", "replication: Input should be greater than or equal"),
+    ],
+)
+def test_spec_values_are_validated(tmp_path: Path, body: str, message: str) -> None:
+    (tmp_path / "x.yaml").write_text(f"name: x\nkey: session_id\nvalue_schema: s.v1\n{body}\n")
+    with pytest.raises(topics.TopicSpecError, match=message):
         topics.load_specs(tmp_path)
 
 

@@ -21,12 +21,27 @@ from confluent_kafka.admin import (
     NewPartitions,
     NewTopic,
 )
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 SESSION_KEY = "session_id"
 
 
 class TopicSpecError(ValueError):
     """A spec file is invalid or cannot be applied as written."""
+
+
+class SpecFile(BaseModel):
+    """One ``topics/*.yaml`` file as written; unknown fields are refused (a typo such as
+    ``partition:`` must not silently fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    partitions: StrictInt = Field(ge=1)
+    replication: StrictInt = Field(default=1, ge=1)
+    key: str
+    value_schema: str
+    config: dict[str, str | int] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,14 +116,16 @@ def load_specs(
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
             raise TopicSpecError(f"{path}: not valid YAML: {exc}") from exc
-        missing = [k for k in ("name", "partitions", "key", "value_schema") if k not in raw]
-        if missing:
-            raise TopicSpecError(f"{path}: missing field(s) {', '.join(missing)}")
-        partitions = raw["partitions"]
-        if not isinstance(partitions, int) or partitions < 1:
-            raise TopicSpecError(f"{path}: partitions must be a positive integer")
-        replication = replication_override or raw.get("replication", 1)
-        config = {str(k): str(v) for k, v in (raw.get("config") or {}).items()}
+        try:
+            file = SpecFile.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors()
+            )
+            raise TopicSpecError(f"{path}: {problems}") from None
+        partitions = file.partitions
+        replication = replication_override or file.replication
+        config = {str(k): str(v) for k, v in file.config.items()}
         stated = config.setdefault(MAX_MESSAGE_BYTES, str(record_bytes))
         if not stated.isdigit() or int(stated) < record_bytes:
             raise TopicSpecError(
@@ -117,11 +134,11 @@ def load_specs(
             )
         specs.append(
             TopicSpec(
-                name=str(raw["name"]),
+                name=file.name,
                 partitions=partitions,
                 replication=int(replication),
-                key=str(raw["key"]),
-                value_schema=str(raw["value_schema"]),
+                key=file.key,
+                value_schema=file.value_schema,
                 config=config,
                 description=_leading_comment(path),
                 source=path,
