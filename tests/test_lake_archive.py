@@ -502,3 +502,29 @@ def test_two_archivers_racing_write_each_offset_once(
     finally:
         for fut in admin.delete_topics([topic]).values():
             fut.result(timeout=30)
+
+
+@pytest.mark.integration
+def test_a_replay_namespace_archives_its_own_copies(
+    kafka_settings: Settings,
+    admin,  # type: ignore[no-untyped-def]
+    unique: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.kafka import EventProducer
+
+    topic = f"replay.arch{unique}.liverl.rewards.v1"
+    create_topic(admin, topic, partitions=1)
+    try:
+        producer = EventProducer(kafka_settings, client_id="test-archive-ns")
+        producer.send_raw(topic, b"{}", key=b"k")
+        producer.flush()
+        monkeypatch.setenv("LIVERL_KAFKA_NAMESPACE", f"arch{unique}")
+        lake = tmp_path / "lake"
+        _archive("--topics", "rewards", "--lake", str(lake))
+        assert (lake / "events" / topic).is_dir() and not (lake / "events" / "rewards").exists()
+        assert read_archived(lake, topic).column("payload").to_pylist() == [b"{}"]
+    finally:
+        for fut in admin.delete_topics([topic]).values():
+            fut.result(timeout=30)

@@ -177,7 +177,9 @@ def _archive(
 ) -> None:
     obj: dict[str, Any] = ctx.find_root().obj or {}
     settings: Settings = obj.get("settings") or Settings()
-    topics = resolve_topics(topic_args)
+    # In a replay namespace (LIVERL_KAFKA_NAMESPACE) the topics are the namespace's copies;
+    # their tables keep the full name (events/replay.NAME.liverl.…), apart from the live ones.
+    topics = [names.resolve(t, settings.kafka.namespace) for t in resolve_topics(topic_args)]
     lake = lake if lake is not None else default_lake(ctx)
     archiver = Archiver(
         settings,
