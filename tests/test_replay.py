@@ -663,6 +663,14 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
         assert res.exit_code == 0 and "4 turn(s) compared" in res.output, res.output
         assert "4 changed" in res.output and "mean |Δ| 0.0625" in res.output
 
+        res = invoke(["tap", "rewards", "--namespace", ns, "--session", sids[0], "--format",
+                      "json"], ns_env)  # fmt: skip
+        assert res.exit_code == 0, res.output
+        tapped = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
+        assert {d["_kafka"]["topic"] for d in tapped} == {names.resolve(names.REWARDS, ns)}
+        penalties = {d["turn"]: d["penalty"] for d in tapped}
+        assert penalties == {t: pytest.approx(0.25 * p) for t, p in phi.items()}
+
         # The namespace's trainer: its samples, its weights, its events.
         train_log = tmp_path / "ns-train.log"
         trainer = start(

@@ -144,6 +144,7 @@ def replay(
     from rich.console import Console
 
     from .replay import (
+        MANIFEST,
         DeltaSource,
         KafkaSource,
         Manifest,
@@ -178,7 +179,7 @@ def replay(
         "sessions": sessions,
     }
     console = Console(stderr=True)
-    path = nsmod.local_dir(settings, into) / "replay.json"
+    path = nsmod.local_dir(settings, into) / MANIFEST
     try:
         manifest = Manifest.load(path)
     except Exception as exc:  # noqa: BLE001 - a damaged manifest: say where, change nothing
@@ -315,7 +316,7 @@ def diff_rewards(ctx: click.Context, name: str, fmt: str, changed: bool) -> None
     from rich.table import Table
 
     from .diff import diff_rewards as compute
-    from .replay import Manifest
+    from .replay import MANIFEST, Manifest
 
     settings = _settings(ctx)
     nsmod.check_name(name)
@@ -326,7 +327,7 @@ def diff_rewards(ctx: click.Context, name: str, fmt: str, changed: bool) -> None
             f"(liverl replay ... --into {name})"
         )
     try:
-        manifest = Manifest.load(nsmod.local_dir(settings, name) / "replay.json")
+        manifest = Manifest.load(nsmod.local_dir(settings, name) / MANIFEST)
     except Exception:  # noqa: BLE001 - the manifest only narrows the live read
         manifest = None
     result = compute(settings, name, since_ms=manifest.since_ms if manifest else None)

@@ -606,7 +606,6 @@ class Stats:
     produced: int = 0
     examined: int = 0
     seconds: float = 0.0
-    resumed: int = 0  # partitions that continued after an earlier run's records
 
     @property
     def rate(self) -> float:
@@ -697,7 +696,7 @@ def run(
     producer_config: dict[str, Any] | None = None,
 ) -> Stats:
     """Copy the spans from ``starts`` into the namespace; returns counts and time."""
-    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka import KafkaError, KafkaException, Producer
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -793,7 +792,7 @@ def run(
                         break
                     except BufferError:
                         poll(0.05)
-                if n & 1023 == 0:
+                if n & 1023 == 0 or speed is not None:
                     poll(0)
                     if failures:
                         break
@@ -806,6 +805,8 @@ def run(
     except KeyboardInterrupt:
         producer.flush(30)  # keep what is queued: the next run resumes after it
         raise
+    except KafkaException as exc:  # fatal (gapless): stop; what arrived is a prefix
+        failures.append(str(exc))
     finally:
         if gc_was_enabled:
             gc.enable()
