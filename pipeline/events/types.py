@@ -86,6 +86,9 @@ class Interaction(TurnEvent):
     session_done: bool = False
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     group_id: str | None = None  # sessions attempting the same task (GRPO-style group)
+    # Added to v1 (optional): whose turn this is (X-Liverl-User, else the API key's id), so
+    # `liverl forget --user` can find a user's sessions; None in older events.
+    user_id: str | None = None
 
 
 @dataclass(slots=True, kw_only=True)

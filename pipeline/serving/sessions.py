@@ -6,6 +6,8 @@ names no session gets ``auto-<hash>``: sha256 over the caller's key id and the f
 ``prefix_messages`` messages (canonical JSON), so a growing conversation from one key keeps
 one session while different conversations or keys never share one. Turn indices count main
 turns per session from 0 in this process (sticky sessions assumed across replicas).
+``X-Liverl-User`` names whose turn it is (else the key id); recorded as the interaction's
+``user_id`` so that ``liverl forget --user`` can find a user's sessions.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class TurnInfo:
     train: bool
     # Sessions that are attempts at the same task (GRPO-style); rewards are z-scored per group.
     group_id: str | None = None
+    # Whose turn it is (X-Liverl-User, else the key id): what `liverl forget --user` looks for.
+    user_id: str | None = None
 
     @property
     def recorded(self) -> bool:
@@ -101,7 +105,12 @@ class Sessions:
         if group is not None and (not isinstance(group, str) or not 0 < len(group) <= MAX_ID_CHARS):
             raise ApiError(400, "X-Liverl-Group / group_id must be a non-empty string of at "
                            "most 256 characters", param="group_id")
-        return TurnInfo(str(session), turn_type, done, train, group)  # type: ignore[arg-type]
+        user = _header_text("X-Liverl-User", headers.get("x-liverl-user"))
+        if user is not None and not (user.strip() and user.isprintable()):
+            raise ApiError(400, "header X-Liverl-User must be a non-empty printable id of at "
+                           f"most {MAX_ID_CHARS} characters", param="X-Liverl-User")
+        return TurnInfo(str(session), turn_type, done, train, group,  # type: ignore[arg-type]
+                        user or key_id)
 
     def next_turn(self, session_id: str) -> int:
         """Claim the next main-turn index of a session."""
