@@ -441,8 +441,8 @@ class KafkaSource:
             **{
                 # Small queue and partition fetches (a larger record still comes whole: a fetch
                 # always returns at least one batch): memory stays a few MB per partition.
-                "queued.max.messages.kbytes": 4096,
-                "max.partition.fetch.bytes": 1024 * 1024,
+                "queued.max.messages.kbytes": 8192,
+                "max.partition.fetch.bytes": 2 * 1024 * 1024,
                 "fetch.wait.max.ms": 50,
             },
         )
@@ -773,8 +773,8 @@ def run(
                 hdrs += (
                     (H_TOPIC, topic_b[topic]),
                     (H_PARTITION, part_b[partition]),
-                    (H_OFFSET, str(offset).encode()),
-                    (H_TIMESTAMP, str(ts).encode()),
+                    (H_OFFSET, b"%d" % offset),
+                    (H_TIMESTAMP, b"%d" % ts),
                     (H_RUN, run_b),
                     (H_PASS, pass_b),
                 )
