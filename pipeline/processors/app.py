@@ -157,7 +157,10 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 4),
     )
-    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version)
+    # One session's state is one changelog value: bounded below the record limit (config.py).
+    bound = {"text_chars": cfg.state_text_chars,
+             "max_bytes": min(cfg.state_max_bytes, settings.kafka.max_event_bytes)}
+    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version, **bound)
     assembler = Assembler(
         cfg.reward_version,
         cfg.sample_version,
@@ -394,7 +397,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                 key, ev = item
                 state = load(judge_t, key)
                 if isinstance(ev, events.Interaction):
-                    state = judging.on_interaction(state, ev)
+                    state = judging.on_interaction(state, ev, **bound)
                     pending = state.get("pending", {})
                     for nid, entry in list(pending.items()):
                         raw = parked_t.get(parked_key(key, nid)) if entry[1] == ev.turn else None

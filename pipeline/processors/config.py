@@ -50,6 +50,14 @@ class ProcessorSettings(BaseSettings):
     # Per-session state untouched this long is dropped (bounded memory); must exceed
     # idle_timeout_s + grace_s + outcome_wait_s so that no live session loses its state.
     retain_s: float = 6 * 3600.0
+    # One session's judge and pairing state is one changelog value, so it is bounded whatever
+    # the traffic: texts kept per turn (the judge's request and answer: their last characters,
+    # of which the LLM judge reads 4,000; a tool call's command and identity) are cut to
+    # state_text_chars, and the oldest turns, commands and failure counts are dropped while a
+    # value would exceed state_max_bytes (never more than kafka.max_event_bytes, which is below
+    # the record limit). A next state for a dropped turn is dead-lettered after grace_s.
+    state_text_chars: int = Field(default=4_096, ge=256)
+    state_max_bytes: int = Field(default=1 << 20, ge=64 * 1024)
     # Judges.
     # Judge by name: "replies" (default: explicit score and exit code first, then the user's
     # reply read by the patterns of rules/replies.yaml plus vaderSentiment; hints from directive
@@ -65,6 +73,17 @@ class ProcessorSettings(BaseSettings):
     llm_retries: int = 2
     llm_concurrency: int = 8
     llm_hints: bool = True
+
+    @model_validator(mode="after")
+    def _state_holds_a_turn(self) -> ProcessorSettings:
+        # Two turns whose texts are all escapes (6 bytes a character in JSON) must fit.
+        floor = 2 * (2 * 6 * self.state_text_chars + 4096)
+        if self.state_max_bytes < floor:
+            raise ValueError(
+                f"state_max_bytes ({self.state_max_bytes}) must be at least {floor} for "
+                f"state_text_chars={self.state_text_chars} (two turns of full-length texts)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _retain_outlives_sessions(self) -> ProcessorSettings:

@@ -3,12 +3,21 @@
 Pure state handling (JSON-able dict per session) plus one async call into the judge. A next
 state for a turn not seen yet waits up to the grace period (interactions and next states are
 different topics, so either may be read first), then goes to the DLQ with the reason.
+
+The per-session state is a changelog value, so it is bounded whatever the traffic: each turn
+keeps only the last ``text_chars`` characters of its request and answer (the LLM judge reads
+the last 4,000), and the oldest turns are dropped while the turns would take more than
+``max_bytes`` of JSON. A next state for a dropped turn waits and is dead-lettered like one for
+an unknown turn.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from pipeline.events import Hint, Interaction, NextState, PrmScore, Producer, derive_event_id
 
@@ -16,6 +25,9 @@ from .judges import Judge, TurnContext
 from .rewards import is_session_outcome
 
 SessionState = dict[str, Any]
+log = logging.getLogger(__name__)
+TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
+STATE_BYTES = 1 << 20
 
 
 @dataclass
@@ -33,14 +45,44 @@ class JudgeOutput:
     hints: list[Hint] = field(default_factory=list)
 
 
-def on_interaction(state: SessionState | None, inter: Interaction) -> SessionState:
-    """Remember what the judge needs of a trainable main turn."""
+def on_interaction(
+    state: SessionState | None,
+    inter: Interaction,
+    *,
+    text_chars: int = TEXT_CHARS,
+    max_bytes: int = STATE_BYTES,
+) -> SessionState:
+    """Remember what the judge needs of a trainable main turn, within the bounds above."""
     state = dict(state or {})
     if inter.turn_type == "side" or not inter.train:
         return state
     ctx = TurnContext.from_interaction(inter)
-    state.setdefault("turns", {})[str(inter.turn)] = [inter.event_id, ctx.request, ctx.answer]
+    turns = dict(state.get("turns", {}))
+    turns[str(inter.turn)] = [
+        inter.event_id, ctx.request[-text_chars:], ctx.answer[-text_chars:]
+    ]
+    rest = len(orjson.dumps({k: v for k, v in state.items() if k != "turns"}))
+    state["turns"] = _newest_that_fit(turns, max_bytes - rest, inter)
     return state
+
+
+def _newest_that_fit(
+    turns: dict[str, list[Any]], budget: int, inter: Interaction
+) -> dict[str, list[Any]]:
+    """Drop the oldest turns until the rest encode within ``budget`` bytes."""
+    sizes = {t: len(t) + 4 + len(orjson.dumps(v)) for t, v in turns.items()}
+    total = sum(sizes.values()) + 2
+    for t in sorted(turns, key=int):
+        if total <= budget:
+            break
+        total -= sizes[t]
+        del turns[t]
+        if t == str(inter.turn):
+            log.warning(
+                "turn %s of session %r alone exceeds the judge state bound (%d bytes): "
+                "not kept, its next states will be dead-lettered", t, inter.session_id, budget
+            )
+    return turns
 
 
 def on_next_state(

@@ -7,12 +7,23 @@ penalties, because pairing is where a turn's tool calls meet their results, in s
 :class:`Pairer` is pure: state is a JSON-able dict per session (a Faust table value), and every
 call returns the events to emit. Event ids are derived from the parent interaction ids and the
 config version, so a replay emits the same ids.
+
+The state is a changelog value, so it is bounded whatever the traffic (``text_chars``,
+``max_bytes``): a tool call is kept as its identity (name and canonical arguments, replaced by
+a prefix and their sha256 when longer than ``text_chars``, so "the same call" still compares
+exactly) and its command (head and tail, ``text_chars`` in all); a turn keeps the calls that fit
+in half of ``max_bytes``, and the rules' history drops its oldest commands, failure counts and
+credits while it would take more than the other half.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from pipeline.events import Interaction, NextState, PathPenalty, Producer, derive_event_id
 
@@ -21,6 +32,10 @@ from .penalties import PathHistory, RuleSet, ToolCall
 from .terminal import combined_exit_code, parse_tool_message
 
 SessionState = dict[str, Any]
+log = logging.getLogger(__name__)
+TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
+STATE_BYTES = 1 << 20
+_ID_CHARS = 256  # tool call ids longer than this are replaced by a digest
 
 
 @dataclass
@@ -42,6 +57,58 @@ def tool_calls_of(inter: Interaction) -> list[ToolCall]:
     return out
 
 
+@dataclass(frozen=True)
+class KeptCall(ToolCall):
+    """A tool call as the pairing state keeps it: its identity and command, already bounded
+    (the rules use nothing else of the arguments)."""
+
+    kept_key: str = ""
+    kept_command: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.kept_key
+
+    @property
+    def command(self) -> str:
+        return self.kept_command
+
+
+def bounded(text: str, chars: int) -> str:
+    """``text``, or its head and tail with a marker, ``chars`` characters in all."""
+    if len(text) <= chars:
+        return text
+    half = (chars - 3) // 2
+    return text[:half] + "\n…\n" + text[len(text) - (chars - 3 - half) :]
+
+
+def bounded_id(text: str, chars: int) -> str:
+    """``text``, or a prefix and the sha256 of the whole: still equal exactly when equal."""
+    if len(text) <= chars:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return text[: max(0, chars - 72)] + "…sha256:" + digest
+
+
+def keep_call(call: ToolCall, chars: int) -> list[str]:
+    """The stored form of a call: [id, name, identity, command]."""
+    return [
+        bounded_id(call.call_id, _ID_CHARS),
+        bounded_id(call.name, _ID_CHARS),
+        bounded_id(call.key, chars),
+        bounded(call.command, chars),
+    ]
+
+
+def kept_call(stored: list[str], result: str | None, chars: int) -> KeptCall:
+    """A stored call back as a :class:`ToolCall` (3 items: written before the bound)."""
+    if len(stored) == 3:
+        cid, name, args = stored
+        stored = keep_call(ToolCall(cid, name, args), chars)
+    cid, name, key, command = stored
+    return KeptCall(cid, name, "", result, kept_key=key, kept_command=command)
+
+
 def added_messages(prev_len: int, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages turn t+1 adds after turn t's prompt (``prev_len`` messages) and answer.
 
@@ -59,9 +126,18 @@ class Pairer:
 
     component = "next_state"
 
-    def __init__(self, rules: RuleSet, version: str = "pairing-1") -> None:
+    def __init__(
+        self,
+        rules: RuleSet,
+        version: str = "pairing-1",
+        *,
+        text_chars: int = TEXT_CHARS,
+        max_bytes: int = STATE_BYTES,
+    ) -> None:
         self.rules = rules
         self.version = version
+        self.text_chars = text_chars
+        self.max_bytes = max_bytes
         self.producer = Producer(component=self.component, version=version)
         self.penalty_producer = Producer(component="penalties", version=rules.version)
 
@@ -92,11 +168,29 @@ class Pairer:
             "turn": inter.turn,
             "messages_len": len(inter.messages),
             "trainable": inter.train,
-            "tool_calls": [[c.call_id, c.name, c.arguments] for c in tool_calls_of(inter)],
+            "tool_calls": self._keep_calls(inter),
         }
         if inter.session_done:
             self._close(state, out, inter.ts_ms, "session_done")
         return out
+
+    def _keep_calls(self, inter: Interaction) -> list[list[str]]:
+        """The turn's calls in stored form, as many as fit in half the state bound."""
+        kept: list[list[str]] = []
+        room = self.max_bytes // 2
+        calls = tool_calls_of(inter)
+        for call in calls:
+            stored = keep_call(call, self.text_chars)
+            room -= len(orjson.dumps(stored)) + 1
+            if room < 0:
+                log.warning(
+                    "turn %d of session %r: %d of its %d tool calls exceed the pairing state "
+                    "bound and are left out of its path penalty",
+                    inter.turn, inter.session_id, len(calls) - len(kept), len(calls),
+                )
+                break
+            kept.append(stored)
+        return kept
 
     def on_idle(self, state: SessionState, now_ms: int, idle_timeout_ms: int) -> PairOutput:
         """Close a session idle past the timeout (emits the session_end next state)."""
@@ -162,14 +256,17 @@ class Pairer:
         self, state: SessionState, prev: dict[str, Any], added: list[dict[str, Any]]
     ) -> PathPenalty:
         results = {
-            str(m.get("tool_call_id")): content_text(m.get("content"))
+            bounded_id(str(m.get("tool_call_id")), _ID_CHARS): content_text(m.get("content"))
             for m in added
             if m.get("role") == "tool"
         }
-        calls = [ToolCall(cid, n, args, results.get(cid)) for cid, n, args in prev["tool_calls"]]
+        calls = [
+            kept_call(c, results.get(bounded_id(c[0], _ID_CHARS)), self.text_chars)
+            for c in prev["tool_calls"]
+        ]
         history = PathHistory.from_json(state.get("history"))
         result = self.rules.evaluate(prev["turn"], calls, history)
-        state["history"] = history.to_json()
+        state["history"] = self._bounded_history(history)
         parents = [prev["event_id"]]
         return PathPenalty(
             event_id=derive_event_id("path_penalty", parents, self.rules.version),
@@ -183,3 +280,23 @@ class Pairer:
             beta=self.rules.beta,
             hits=result.hits,
         )
+
+    def _bounded_history(self, history: PathHistory) -> dict[str, Any]:
+        """The history as JSON within half the state bound: oldest commands go first, then
+        the oldest failure counts, then the oldest credits (each is at most one call's
+        bounded text, and their lists are already capped in number by the rules)."""
+        doc = history.to_json()
+        room = self.max_bytes // 2
+        failures = list(doc["failures"].items())
+        size = len(orjson.dumps(doc))
+        while size > room:
+            items = next((x for x in (doc["commands"], failures, doc["credited"]) if x), None)
+            if items is None:
+                break
+            size -= len(orjson.dumps(items.pop(0))) + 1  # an estimate: checked when it fits
+            if size <= room:
+                doc["failures"] = dict(failures)
+                size = len(orjson.dumps(doc))
+        doc["failures"] = dict(failures)
+        return doc
+
