@@ -462,6 +462,7 @@ def status(ctx: click.Context) -> None:
 def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
     from pipeline.demo.commands import demo
+    from pipeline.forget import forget
     from pipeline.kafka.tap import tap
     from pipeline.lake.commands import archive
     from pipeline.lake.sql import sql
@@ -481,6 +482,7 @@ def _register_components() -> None:
     cli.add_command(report)
     cli.add_command(tap)
     cli.add_command(sql)
+    cli.add_command(forget)
     cli.add_command(replay)
     cli.add_command(diff_rewards)
     cli.add_command(drop_namespace)

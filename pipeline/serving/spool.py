@@ -23,6 +23,7 @@ frame after it is a torn tail from a crash and is cut off at start-up, as before
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -39,6 +40,9 @@ from pipeline.durable import fsync_path
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">II")
 _POS_FILE = "acked.json"
+# Held shared by every open Spool; `liverl forget` takes it exclusively (non-blocking) so it
+# rewrites segments only when no gateway has them open (pipeline/forget.py).
+LOCK_FILE = ".lock"
 QUARANTINE_DIR = "quarantine"
 # A resync scan checks candidate frames' crcs over at most this many bytes; past it, the rest
 # of the segment is quarantined whole (random garbage would otherwise cost minutes).
@@ -70,6 +74,7 @@ class Spool:
     def __init__(self, directory: Path, segment_bytes: int = 64 * 1024 * 1024) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = _shared_lock(self.dir / LOCK_FILE)
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._acked = self._load_cursor()
@@ -302,6 +307,9 @@ class Spool:
     def close(self) -> None:
         with self._lock, contextlib.suppress(OSError):
             os.close(self._tail)
+        if self._dir_lock is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._dir_lock)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -324,6 +332,17 @@ class Spool:
         except FileNotFoundError:
             segments = self._segments()
             return Cursor(segments[0] if segments else 0, segments[0] if segments else 0, 0)
+
+
+def _shared_lock(path: Path) -> int | None:
+    """Hold ``path`` locked shared (waiting while a forget holds it exclusively); None when it
+    cannot be opened (a read-only spool still reports its own errors as before)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 def _scan(path: Path) -> tuple[int, int]:
