@@ -169,6 +169,31 @@ def test_delete_matches_quoted_ids_and_dead_letters_by_key_then_vacuum_drops_old
         DeltaTable(str(path), version=old).to_pyarrow_table()
 
 
+def test_vacuum_only_follows_the_retention_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = tmp_path / "lake"
+    path = lake / "trajectories"
+    rows = [_traj(s, i) for s in ("v-1", "v-2") for i in range(2)]
+    append_once(str(path), T.to_table(T.TRAJECTORIES, rows), app_id="test", version=1,
+                partition_by=["day"])
+    old = DeltaTable(str(path)).version()
+    (hit,) = survey_delta(Settings(state_dir=tmp_path), lake, ["v-1"])
+    assert delete_rows(hit, ["v-1"]) == 2
+    settings = Settings(state_dir=tmp_path)
+    out = _ok(_forget(settings, "--vacuum-only"))
+    assert "0 file(s) removed at least 24 h ago deleted" in out
+    assert DeltaTable(str(path), version=old).to_pyarrow_table().num_rows == 4
+    monkeypatch.setenv("LIVERL_FORGET_VACUUM_RETENTION_HOURS", "0")
+    out = _ok(_forget(settings, "--vacuum-only"))
+    assert "removed at least 0 h ago deleted" in out and " 0 file(s)" not in out
+    with pytest.raises(Exception, match="(?i)not found|no such file"):
+        DeltaTable(str(path), version=old).to_pyarrow_table()
+    assert DeltaTable(str(path)).version() > old  # the table itself reads on
+    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("session_id").to_pylist()) \
+        == ["v-2", "v-2"]
+
+
 # ---- the whole flow on the real broker --------------------------------------------------------
 
 
