@@ -97,8 +97,14 @@ def invoke(args: list[str], env: dict[str, str]) -> Any:
 
 
 def drop(env: dict[str, str], ns: str) -> None:
+    """``liverl drop-namespace``; afterwards no topic or group of the namespace is left."""
     res = invoke(["drop-namespace", ns, "--yes"], env)
     assert res.exit_code == 0, res.output
+    settings = Settings()
+    deadline = time.monotonic() + 30
+    while nsmod.namespace_topics(settings, ns) or nsmod.namespace_groups(settings, ns):
+        assert time.monotonic() < deadline, (ns, res.output)
+        time.sleep(0.5)
 
 
 def read_topic(
@@ -552,7 +558,22 @@ def committed(admin, group: str, topics: list[str]) -> dict[tuple[str, int], int
 
     tps = [TopicPartition(t, p) for t in topics for p in range(PARTS)]
     (fut,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)]).values()
-    return {(tp.topic, tp.partition): tp.offset for tp in fut.result(30).topic_partitions}
+    return {(tp.topic, tp.partition): tp.offset for tp in fut.result(60).topic_partitions}
+
+
+def drop_worker_state(settings: Settings, app_id: str) -> None:
+    """The live test worker's Faust topics and its consumer group."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    mine = [t for t in nsmod.existing_topics(settings) if t.startswith(f"{app_id}-")]
+    if mine:
+        for fut in admin.delete_topics(mine, operation_timeout=60).values():
+            fut.result(60)
+    groups = {g.group_id for g in admin.list_consumer_groups().result(60).valid}
+    if app_id in groups:
+        for fut in admin.delete_consumer_groups([app_id], request_timeout=60).values():
+            fut.result(60)
 
 
 @pytest.mark.integration
@@ -560,7 +581,8 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
     kafka_settings,
     admin,
     unique,
-    tmp_path,  # type: ignore[no-untyped-def]
+    tmp_path,
+    request,  # type: ignore[no-untyped-def]
 ) -> None:
     """Live: the default rules (beta 0.5). Namespace: half beta. The rewards differ by exactly
     half of each turn's penalty part; the namespace's trainer publishes only in the namespace;
@@ -579,6 +601,10 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
         "LIVERL_PROCESSORS_GRACE_S": "2",
         "LIVERL_PROCESSORS_SWEEP_INTERVAL_S": "1",
     }
+    ns_env = {**env, "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
+    # Finalizers all run, whatever fails (last added, first run).
+    request.addfinalizer(lambda: drop_worker_state(kafka_settings, app_id))
+    request.addfinalizer(lambda: drop(ns_env, ns))
     since = iso(int(time.time() * 1000) - 5000)
     rewards_start = end_offsets(kafka_settings, names.REWARDS)
     from pipeline.kafka import EventProducer
@@ -609,115 +635,105 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
     ends_before = {t: end_offsets(kafka_settings, t) for t in live_topics}
     live_group = committed(admin, app_id, [names.INTERACTIONS, names.NEXT_STATES])
     assert all(live_group[(names.INTERACTIONS, p)] >= o for p, o in produced.items())
-    groups_before = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+    groups_before = {g.group_id for g in admin.list_consumer_groups().result(60).valid}
 
-    ns_env = {**env, "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
+    res = invoke(
+        ["replay", "--topics", "interactions,next_states", "--since", since,
+         "--sessions", ",".join(sids), "--into", ns],
+        ns_env,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rules = half_beta_rules(tmp_path / "half-beta.yaml")
+    ns_log = tmp_path / "ns-workers.log"
+    proc = start(
+        ["workers", "--namespace", ns, "--app-id", app_id, "--rules", str(rules), "--no-web"],
+        env,
+        ns_log,
+    )
     try:
-        res = invoke(
-            ["replay", "--topics", "interactions,next_states", "--since", since,
-             "--sessions", ",".join(sids), "--into", ns],
-            ns_env,
-        )  # fmt: skip
-        assert res.exit_code == 0, res.output
-        rules = half_beta_rules(tmp_path / "half-beta.yaml")
-        ns_log = tmp_path / "ns-workers.log"
-        proc = start(
-            ["workers", "--namespace", ns, "--app-id", app_id, "--rules", str(rules), "--no-web"],
-            env,
-            ns_log,
-        )
-        try:
-            new = wait_rewards(
-                kafka_settings, names.resolve(names.REWARDS, ns), keys, 4, proc, ns_log
-            )
-            samples = names.resolve(names.SAMPLES, ns)
-            deadline = time.monotonic() + 60
-            while sum(end_offsets(kafka_settings, samples).values()) < 4:
-                assert time.monotonic() < deadline, ns_log.read_text()[-3000:]
-                time.sleep(0.5)
-        finally:
-            stop(proc)
-
-        # The rules say: penalty part = beta * Phi, Phi(turn 0) = -0.3 (force push),
-        # Phi(turn 1) = -0.2 (commit without tests); the judge is the same on both sides.
-        phi = {0: -0.3, 1: -0.2}
-        for (sid, turn), old in live.items():
-            assert old.penalty == pytest.approx(0.5 * phi[turn])
-            assert new[(sid, turn)].penalty == pytest.approx(0.25 * phi[turn])
-            assert new[(sid, turn)].prm == old.prm and new[(sid, turn)].outcome == old.outcome
-            assert new[(sid, turn)].total == pytest.approx(old.total - 0.25 * phi[turn])
-
-        res = invoke(["diff-rewards", ns, "--format", "json"], ns_env)
-        assert res.exit_code == 0, res.output
-        doc = orjson.loads(res.output)
-        rows = {(r["session_id"], r["turn"]): r for r in doc["rows"]}
-        assert set(rows) == set(live)
-        for key, row in rows.items():
-            assert row["live"] == pytest.approx(live[key].total)
-            assert row["new"] == pytest.approx(new[key].total)
-            assert row["delta"] == pytest.approx(-0.25 * phi[key[1]])
-        summary = doc["summary"]
-        assert (summary["turns_compared"], summary["changed"]) == (4, 4)
-        assert summary["mean_abs_delta"] == pytest.approx(0.0625)  # (0.075 + 0.05) / 2
-        res = invoke(["diff-rewards", ns], ns_env)
-        assert res.exit_code == 0 and "4 turn(s) compared" in res.output, res.output
-        assert "4 changed" in res.output and "mean |Δ| 0.0625" in res.output
-
-        res = invoke(["tap", "rewards", "--namespace", ns, "--session", sids[0], "--format",
-                      "json"], ns_env)  # fmt: skip
-        assert res.exit_code == 0, res.output
-        tapped = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
-        assert {d["_kafka"]["topic"] for d in tapped} == {names.resolve(names.REWARDS, ns)}
-        penalties = {d["turn"]: d["penalty"] for d in tapped}
-        assert penalties == {t: pytest.approx(0.25 * p) for t, p in phi.items()}
-
-        # The namespace's trainer: its samples, its weights, its events.
-        train_log = tmp_path / "ns-train.log"
-        trainer = start(
-            ["train", "--namespace", ns, "--policy", policy, "--model", "tiny", "--device",
-             "cpu", "--batch-samples", "4", "--batch-wait", "0.05", "--publish-max-overhead",
-             "1", "--exit-when-idle", "2"],
-            env,
-            train_log,
-        )  # fmt: skip
-        try:
-            assert trainer.wait(300) == 0, train_log.read_text()[-3000:]
-        finally:
-            if trainer.poll() is None:
-                trainer.kill()
-        ns_weights = tmp_path / "state" / "replay" / ns / "weights" / policy
-        assert (ns_weights / "v1" / "manifest.json").is_file(), train_log.read_text()[-3000:]
-        manifest = orjson.loads((ns_weights / "v1" / "manifest.json").read_bytes())
-        assert manifest["input_topic"] == samples
-        ns_weight_events = [
-            m for ms in read_topic(kafka_settings, names.resolve(names.WEIGHTS, ns)).values()
-            for m in ms if m.key() == policy.encode()
-        ]  # fmt: skip
-        assert ns_weight_events, "the namespaced trainer announced no version"
-
-        # Live: no weights for the policy, groups as they were, no new live group of ours.
-        assert not (tmp_path / "state" / "weights" / policy).exists()
-        assert committed(admin, app_id, [names.INTERACTIONS, names.NEXT_STATES]) == live_group
-        groups = {g.group_id for g in admin.list_consumer_groups().result(30).valid}
-        ours = {g for g in groups - groups_before if unique in g}
-        assert ours and all(g.startswith(names.prefix(ns)) for g in ours), ours
-        assert names.resolve(app_id, ns) in ours
-        assert names.resolve(f"liverl-trainer-{policy}", ns) in ours
-        # Live topics: nothing replayed, nothing of the namespace's. A live pipeline running
-        # next to this test may append its own (identical) events for our sessions, so every
-        # record appended since is checked rather than the end offsets alone.
-        for topic in live_topics:
-            for p, msgs in read_topic(kafka_settings, topic, ends_before[topic]).items():
-                for m in msgs:
-                    assert not replayed([m]), (topic, p, m.offset())
-                    if m.key() == policy.encode():
-                        raise AssertionError(f"live {topic} got an event of policy {policy}")
-                    if topic == names.REWARDS and m.key() in keys:
-                        ev = events.decode(m.value())
-                        assert ev.penalty == pytest.approx(0.5 * phi[ev.turn])  # type: ignore[attr-defined]
+        new = wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), keys, 4, proc, ns_log)
+        samples = names.resolve(names.SAMPLES, ns)
+        deadline = time.monotonic() + 60
+        while sum(end_offsets(kafka_settings, samples).values()) < 4:
+            assert time.monotonic() < deadline, ns_log.read_text()[-3000:]
+            time.sleep(0.5)
     finally:
-        drop(ns_env, ns)
-        internal = [t for t in nsmod.existing_topics(kafka_settings) if t.startswith(f"{app_id}-")]
-        if internal:
-            for fut in admin.delete_topics(internal).values():
-                fut.result(timeout=30)
+        stop(proc)
+
+    # The rules say: penalty part = beta * Phi, Phi(turn 0) = -0.3 (force push),
+    # Phi(turn 1) = -0.2 (commit without tests); the judge is the same on both sides.
+    phi = {0: -0.3, 1: -0.2}
+    for (sid, turn), old in live.items():
+        assert old.penalty == pytest.approx(0.5 * phi[turn])
+        assert new[(sid, turn)].penalty == pytest.approx(0.25 * phi[turn])
+        assert new[(sid, turn)].prm == old.prm and new[(sid, turn)].outcome == old.outcome
+        assert new[(sid, turn)].total == pytest.approx(old.total - 0.25 * phi[turn])
+
+    res = invoke(["diff-rewards", ns, "--format", "json"], ns_env)
+    assert res.exit_code == 0, res.output
+    doc = orjson.loads(res.output)
+    rows = {(r["session_id"], r["turn"]): r for r in doc["rows"]}
+    assert set(rows) == set(live)
+    for key, row in rows.items():
+        assert row["live"] == pytest.approx(live[key].total)
+        assert row["new"] == pytest.approx(new[key].total)
+        assert row["delta"] == pytest.approx(-0.25 * phi[key[1]])
+    summary = doc["summary"]
+    assert (summary["turns_compared"], summary["changed"]) == (4, 4)
+    assert summary["mean_abs_delta"] == pytest.approx(0.0625)  # (0.075 + 0.05) / 2
+    res = invoke(["diff-rewards", ns], ns_env)
+    assert res.exit_code == 0 and "4 turn(s) compared" in res.output, res.output
+    assert "4 changed" in res.output and "mean |Δ| 0.0625" in res.output
+
+    res = invoke(["tap", "rewards", "--namespace", ns, "--session", sids[0], "--format",
+                  "json"], ns_env)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    tapped = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    assert {d["_kafka"]["topic"] for d in tapped} == {names.resolve(names.REWARDS, ns)}
+    penalties = {d["turn"]: d["penalty"] for d in tapped}
+    assert penalties == {t: pytest.approx(0.25 * p) for t, p in phi.items()}
+
+    # The namespace's trainer: its samples, its weights, its events.
+    train_log = tmp_path / "ns-train.log"
+    trainer = start(
+        ["train", "--namespace", ns, "--policy", policy, "--model", "tiny", "--device",
+         "cpu", "--batch-samples", "4", "--batch-wait", "0.05", "--publish-max-overhead",
+         "1", "--exit-when-idle", "2"],
+        env,
+        train_log,
+    )  # fmt: skip
+    try:
+        assert trainer.wait(300) == 0, train_log.read_text()[-3000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    ns_weights = tmp_path / "state" / "replay" / ns / "weights" / policy
+    assert (ns_weights / "v1" / "manifest.json").is_file(), train_log.read_text()[-3000:]
+    manifest = orjson.loads((ns_weights / "v1" / "manifest.json").read_bytes())
+    assert manifest["input_topic"] == samples
+    ns_weight_events = [
+        m for ms in read_topic(kafka_settings, names.resolve(names.WEIGHTS, ns)).values()
+        for m in ms if m.key() == policy.encode()
+    ]  # fmt: skip
+    assert ns_weight_events, "the namespaced trainer announced no version"
+
+    # Live: no weights for the policy, groups as they were, no new live group of ours.
+    assert not (tmp_path / "state" / "weights" / policy).exists()
+    assert committed(admin, app_id, [names.INTERACTIONS, names.NEXT_STATES]) == live_group
+    groups = {g.group_id for g in admin.list_consumer_groups().result(60).valid}
+    ours = {g for g in groups - groups_before if unique in g}
+    assert ours and all(g.startswith(names.prefix(ns)) for g in ours), ours
+    assert names.resolve(app_id, ns) in ours
+    assert names.resolve(f"liverl-trainer-{policy}", ns) in ours
+    # Live topics: nothing replayed, nothing of the namespace's. A live pipeline running
+    # next to this test may append its own (identical) events for our sessions, so every
+    # record appended since is checked rather than the end offsets alone.
+    for topic in live_topics:
+        for p, msgs in read_topic(kafka_settings, topic, ends_before[topic]).items():
+            for m in msgs:
+                assert not replayed([m]), (topic, p, m.offset())
+                if m.key() == policy.encode():
+                    raise AssertionError(f"live {topic} got an event of policy {policy}")
+                if topic == names.REWARDS and m.key() in keys:
+                    ev = events.decode(m.value())
+                    assert ev.penalty == pytest.approx(0.5 * phi[ev.turn])  # type: ignore[attr-defined]

@@ -146,7 +146,8 @@ def namespace_topics(settings: Settings, name: str) -> list[str]:
 
 def namespace_groups(settings: Settings, name: str, timeout: float = 30.0) -> list[str]:
     p = names.prefix(name)
-    result = _admin(settings).list_consumer_groups().result(timeout=timeout)
+    admin = _admin(settings)  # held until the answer: a collected client answers "no groups"
+    result = admin.list_consumer_groups(request_timeout=timeout).result(timeout=timeout)
     return sorted(g.group_id for g in result.valid if g.group_id.startswith(p))
 
 
