@@ -455,21 +455,18 @@ class KafkaSource:
                 if first is None:
                     continue
                 msgs = [first, *c.consume(num_messages=2000, timeout=0)]
-                examined = 0
                 for msg in msgs:
                     err = msg.error()
                     if err is not None:
                         if err.code() == eof and msg.offset() >= end:
-                            self.examined += examined
                             return
                         if err.fatal():
                             raise KafkaException(err)
                         continue
                     off = msg.offset()
                     if off >= end:
-                        self.examined += examined
                         return
-                    examined += 1
+                    self.examined += 1
                     key = msg.key()
                     if keys is None or key in keys:
                         yield (
@@ -477,9 +474,7 @@ class KafkaSource:
                             msg.headers(),
                         )  # fmt: skip
                     if off + 1 >= end:
-                        self.examined += examined
                         return
-                self.examined += examined
         finally:
             c.close()
 
