@@ -202,7 +202,10 @@ def train(ctx: click.Context, **options: object) -> None:
         on_stage=_crash_hook(),  # type: ignore[arg-type]
         echo=lambda line: click.echo(line, err=False),
     )
-    install_signal_handlers(loop)
+    try:
+        install_signal_handlers(loop)
+    except ValueError as exc:  # a bad LIVERL_TRAINER_SHUTDOWN_S
+        raise click.UsageError(str(exc)) from None
     from pipeline.trainer.offline import OfflineInputError
 
     try:
