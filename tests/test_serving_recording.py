@@ -199,3 +199,20 @@ def test_events_after_a_damaged_spool_frame_reach_kafka(
     assert by_topic[UNKNOWN_TOPIC].original() == b"crc fine, not a frame"
     kept = sorted(p.read_bytes() for p in (directory / "quarantine").glob("*.bad"))
     assert kept == sorted([damaged, b"crc fine, not a frame"])
+
+
+def test_a_drainer_that_keeps_failing_on_the_spool_is_reported(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    _spool_with_damage(directory, names.INTERACTIONS, 3)
+    (directory / "quarantine").write_text("")  # a file where the folder should be
+    rec = Recorder(_dead_kafka(), Spool(directory), delivery_timeout_s=1.0)
+    rec.start()
+    try:
+        assert _wait(lambda: rec.quarantine_problem() is not None, 15)
+        problem = rec.quarantine_problem()
+        assert problem and "not being sent" in problem and "quarantine" in problem
+        (directory / "quarantine").unlink()  # fixed: the damaged frame can be set aside now
+        assert _wait(lambda: "quarantined in" in (rec.quarantine_problem() or ""), 15)
+        assert rec.quarantined == 1
+    finally:
+        rec.close(timeout=1.0)

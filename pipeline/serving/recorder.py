@@ -92,6 +92,8 @@ class Recorder:
         self.on_dead_letter: Callable[[int], None] = lambda _n: None
         self.on_quarantine: Callable[[int], None] = lambda _n: None
         self._counted: set[str] = set()  # quarantine files already counted
+        self._drain_failures = 0  # consecutive failures to read the spool
+        self._drain_error = ""
         self._queue: queue.Queue[tuple[str, events.Event] | None] = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -117,7 +119,10 @@ class Recorder:
         return self._queue.qsize() + self.spool.pending
 
     def quarantine_problem(self) -> str | None:
-        """Spooled records that were set aside undelivered (None: none are waiting)."""
+        """Spooled records that were set aside undelivered, or a drainer that keeps failing
+        on the spool itself (None: neither)."""
+        if self._drain_failures >= 3:
+            return f"spooled events are not being sent: {self._drain_error}"
         return self.spool.quarantine_problem()
 
     @property
@@ -235,6 +240,7 @@ class Recorder:
             try:
                 records, cursor = self.spool.peek(self.batch)
                 records = self._checked(records, self.spool.quarantined_now)
+                self._drain_failures = 0  # the spool could be read (Kafka retries come next)
                 if not records:
                     if time.monotonic() >= next_probe:
                         self._probe()
@@ -244,8 +250,10 @@ class Recorder:
                     continue
                 if self._deliver(records):
                     self.spool.ack(cursor)
-            except Exception:  # noqa: BLE001 - the drainer must never die
+            except Exception as exc:  # noqa: BLE001 - the drainer must never die
                 log.exception("spool drain failed; retrying")
+                self._drain_failures += 1
+                self._drain_error = f"{type(exc).__name__}: {exc}"[:500]
                 self._stop.wait(1.0)
 
     def _checked(self, records: list[bytes], damaged: list[Quarantined]) -> list[bytes]:
