@@ -51,6 +51,7 @@ def _wait(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 def test_outage_spools_and_drains_exactly_once(tmp_path: Path) -> None:
     broker_cfg = BrokerSettings(port=free_port(), controller_port=free_port())
     settings = Settings(state_dir=tmp_path / "state", broker=broker_cfg)
+    settings.kafka.bootstrap = None  # its own broker, even when LIVERL_KAFKA_BOOTSTRAP is set
     local = LocalBroker(settings)
     try:
         local.up(quiet=True)

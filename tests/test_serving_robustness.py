@@ -264,6 +264,7 @@ def test_health_reports_kafka_down_within_the_delivery_timeout(tmp_path: Path) -
 
     settings = Settings(state_dir=tmp_path / "state",
                         broker=BrokerSettings(port=free_port(), controller_port=free_port()))
+    settings.kafka.bootstrap = None  # its own broker, even when LIVERL_KAFKA_BOOTSTRAP is set
     local = LocalBroker(settings)
     try:
         local.up(quiet=True)
