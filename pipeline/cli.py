@@ -230,46 +230,31 @@ def topics_list(ctx: click.Context) -> None:
     settings = _settings(ctx)
     specs = _specs(settings)
     admin = _admin(settings)
-    states = t.describe(admin, [s.name for s in specs])
+    the_plan = t.plan(admin, specs)  # the differences apply would act on, stated once
     table = Table(title=f"topics ({settings.bootstrap})")
     for col in ("topic", "partitions", "replication", "retention", "key", "schema", "status"):
         table.add_column(col)
     drifted = 0
     for spec in specs:
-        state = states.get(spec.name)
-        retention = _human_ms(spec.config.get("retention.ms", "-"))
-        if state is None:
-            drifted += 1
-            table.add_row(
-                spec.name,
-                str(spec.partitions),
-                str(spec.replication),
-                retention,
-                spec.key,
-                spec.value_schema,
-                "[red]missing[/]",
-            )
-            continue
-        diffs = []
-        parts = str(spec.partitions)
-        if state.partitions != spec.partitions:
-            parts = f"[yellow]{spec.partitions} (broker {state.partitions})[/]"
-            diffs.append("partitions")
-        repl = str(spec.replication)
-        if state.replication != spec.replication:
-            repl = f"[yellow]{spec.replication} (broker {state.replication})[/]"
-            diffs.append("replication")
-        for key, value in spec.config.items():
-            if state.config.get(key) != value:
-                diffs.append(f"{key}={state.config.get(key)}")
-        if (
-            "retention.ms" in spec.config
-            and state.config.get("retention.ms") != spec.config["retention.ms"]
-        ):
-            broker_ret = _human_ms(state.config.get("retention.ms", "-"))
-            retention = f"[yellow]{retention} (broker {broker_ret})[/]"
+        state = the_plan.states.get(spec.name)
+        diffs = the_plan.differences(spec.name)
         drifted += bool(diffs)
-        status = "[green]ok[/]" if not diffs else "[yellow]differs: " + ", ".join(diffs) + "[/]"
+        parts, repl = str(spec.partitions), str(spec.replication)
+        retention = _human_ms(spec.config.get("retention.ms", "-"))
+        if state is not None:
+            if state.partitions != spec.partitions:
+                parts = f"[yellow]{spec.partitions} (broker {state.partitions})[/]"
+            if state.replication != spec.replication:
+                repl = f"[yellow]{spec.replication} (broker {state.replication})[/]"
+            broker_ret = state.config.get("retention.ms")
+            if "retention.ms" in spec.config and broker_ret != spec.config["retention.ms"]:
+                retention = f"[yellow]{retention} (broker {_human_ms(broker_ret or '-')})[/]"
+        if state is None:
+            status = "[red]missing[/]"
+        elif diffs:
+            status = "[yellow]differs: " + "; ".join(diffs) + "[/]"
+        else:
+            status = "[green]ok[/]"
         table.add_row(spec.name, parts, repl, retention, spec.key, spec.value_schema, status)
     console.print(table)
     if drifted:

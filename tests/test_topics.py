@@ -140,3 +140,34 @@ def test_cli_list_marks_missing_topic(
     out = CliRunner().invoke(cli, ["topics", "list"], env=env)
     assert out.exit_code == 2
     assert "missing" in out.output
+
+
+def test_contracts_come_from_the_specs(tmp_path: Path) -> None:
+    """Partitions and event types are stated once, in topics/; code derives them."""
+    import shutil
+
+    from pipeline.kafka.consumer import expected_types_from_specs
+    from pipeline.processors.app import INPUTS, create_app
+    from pipeline.processors.config import ProcessorSettings
+
+    specs = topics.load_specs(Settings().topics.specs_dir)
+    types = topics.event_types(specs)
+    assert types[names.INTERACTIONS] == "interaction" and types[names.DLQ] == "dlq"
+    assert topics.session_partitions(specs) == 6
+
+    # A copy of the specs with 4 partitions per session topic: the Faust app follows it.
+    for path in Settings().topics.specs_dir.glob("*.yaml"):
+        text = path.read_text().replace("partitions: 6", "partitions: 4")
+        (tmp_path / path.name).write_text(text)
+    settings = Settings(topics={"specs_dir": tmp_path}, state_dir=tmp_path / "state")
+    app = create_app(settings, ProcessorSettings(web_enabled=False))
+    assert app.conf.topic_partitions == 4
+    assert set(INPUTS) <= set(types)
+
+    # A broken spec is an error, not silently disabled type checks.
+    shutil.copy(tmp_path / "interactions.yaml", tmp_path / "typo.yaml")
+    (tmp_path / "typo.yaml").write_text("name: x\npartition: 3\n")
+    with pytest.raises(topics.TopicSpecError, match="typo.yaml"):
+        expected_types_from_specs(settings)
+    with pytest.raises(topics.TopicSpecError, match="typo.yaml"):
+        create_app(settings, ProcessorSettings(web_enabled=False))

@@ -79,6 +79,14 @@ class Plan:
     changes: list[Change]
     refusals: list[str]
     unchanged: list[str]
+    states: dict[str, TopicState] = field(default_factory=dict)  # the broker, as compared
+
+    def differences(self, topic: str) -> list[str]:
+        """What differs for ``topic``: its changes' and refusals' details (empty: in line)."""
+        out = [c.detail if c.action != "create" else "missing" for c in self.changes
+               if c.topic == topic]
+        out += [r.split(": ", 1)[1] for r in self.refusals if r.startswith(topic + ": ")]
+        return out
 
     @property
     def empty(self) -> bool:
@@ -86,6 +94,14 @@ class Plan:
 
 
 MAX_MESSAGE_BYTES = "max.message.bytes"
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+
+
+def min_insync_replicas(replication: int) -> int:
+    """In-sync replicas an acks=all write needs: 2 of 3 (or more), so one broker may be down
+    and an acknowledged record is still on two; below 3 replicas, 1 (any more would make a
+    single broker's loss stop every write)."""
+    return 2 if replication >= 3 else 1
 
 
 def default_max_record_bytes() -> int:
@@ -105,6 +121,8 @@ def load_specs(
     Every topic gets ``max.message.bytes`` from the size policy (``KafkaSettings
     .max_record_bytes``, default from the current settings), so no spec restates the number;
     a spec may raise it but not lower it (events the codec accepts would be refused).
+    A topic with 3 or more replicas (a spec's or ``replication_override``, e.g. a local
+    cluster's) gets ``min.insync.replicas`` 2 unless its spec states one.
     """
     record_bytes = max_record_bytes or default_max_record_bytes()
     files = sorted(Path(specs_dir).glob("*.yaml"))
@@ -126,6 +144,8 @@ def load_specs(
         partitions = file.partitions
         replication = replication_override or file.replication
         config = {str(k): str(v) for k, v in file.config.items()}
+        if replication >= 3:
+            config.setdefault(MIN_INSYNC_REPLICAS, str(min_insync_replicas(replication)))
         stated = config.setdefault(MAX_MESSAGE_BYTES, str(record_bytes))
         if not stated.isdigit() or int(stated) < record_bytes:
             raise TopicSpecError(
@@ -232,7 +252,7 @@ def plan(admin: AdminClient, specs: list[TopicSpec], timeout: float = 10.0) -> P
             touched = True
         if not touched and not any(r.startswith(spec.name + ":") for r in refusals):
             unchanged.append(spec.name)
-    return Plan(changes, refusals, unchanged)
+    return Plan(changes, refusals, unchanged, states)
 
 
 def apply(admin: AdminClient, the_plan: Plan, timeout: float = 30.0) -> None:
@@ -285,3 +305,20 @@ def _leading_comment(path: Path) -> str:
             break
         lines.append(line.lstrip("# ").rstrip())
     return " ".join(lines)
+
+
+def event_types(specs: list[TopicSpec]) -> dict[str, str]:
+    """topic -> the event type it carries (``value_schema`` ``interaction.v1`` ->
+    ``interaction``): the one place consumers learn what to expect on a topic."""
+    return {s.name: s.value_schema.rsplit(".v", 1)[0] for s in specs}
+
+
+def session_partitions(specs: list[TopicSpec]) -> int:
+    """The partition count shared by the session-keyed topics (``load_specs`` checks that
+    they agree): what the processors' tables and internal topics must use to stay
+    co-partitioned with them."""
+    counts = {s.partitions for s in specs if s.key == SESSION_KEY}
+    if len(counts) != 1:
+        raise TopicSpecError(f"expected one partition count for topics keyed by {SESSION_KEY}, "
+                             f"found {sorted(counts) or 'none'}")
+    return counts.pop()

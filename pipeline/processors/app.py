@@ -51,6 +51,7 @@ from aiokafka.partitioner import murmur2
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
 from pipeline.kafka import names
+from pipeline.kafka import topics as kafka_topics
 from pipeline.kafka.producer import bound_dead_letter
 from pipeline.settings import Settings
 
@@ -63,13 +64,9 @@ from .rewards import Assembler, token_payload
 
 log = logging.getLogger(__name__)
 
-EXPECTED = {
-    names.INTERACTIONS: "interaction",
-    names.NEXT_STATES: "next_state",
-    names.PRM_SCORES: "prm_score",
-    names.PATH_PENALTIES: "path_penalty",
-    names.HINTS: "hint",
-}
+# The topics the agents read; what each carries comes from topics/ (kafka.topics.event_types).
+INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.PRM_SCORES, names.PATH_PENALTIES,
+          names.HINTS)
 
 
 def now_ms() -> int:
@@ -134,6 +131,13 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     ns = settings.kafka.namespace  # a replay namespace: its topics, app id (= group) and tables
     if ns:
         cfg = cfg.model_copy(update={"app_id": names.resolve(cfg.app_id, ns)})
+    # Stated once, in topics/: the partitions the tables must share with the session topics
+    # and the event type of each input. A broken spec stops the worker here, loudly.
+    specs = kafka_topics.load_specs(settings.topics.specs_dir,
+                                    max_record_bytes=settings.kafka.max_record_bytes)
+    types = kafka_topics.event_types(specs)
+    expected = {t: types[t] for t in INPUTS}
+    partitions = cfg.partitions or kafka_topics.session_partitions(specs)
     datadir = settings.state_dir / "processors" / cfg.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -141,7 +145,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         broker=f"kafka://{settings.bootstrap}",
         value_serializer="raw",
         key_serializer="raw",
-        topic_partitions=cfg.partitions,
+        topic_partitions=partitions,
         topic_replication_factor=settings.topics.replication_factor or 1,
         store="memory://",
         datadir=str(datadir),
@@ -178,11 +182,11 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         resolved = [names.resolve(n, ns) for n in names_]
         return app.topic(*resolved, value_type=bytes, value_serializer="raw", key_type=bytes)
 
-    out = {n: topic(n) for n in (*EXPECTED, names.REWARDS, names.SAMPLES, names.DLQ)}
+    out = {n: topic(n) for n in (*INPUTS, names.REWARDS, names.SAMPLES, names.DLQ)}
     group_topic = app.topic(
         f"{cfg.app_id}-groups",
         internal=True,
-        partitions=cfg.partitions,
+        partitions=partitions,
         value_type=bytes,
         value_serializer="raw",
         key_type=bytes,
@@ -195,14 +199,14 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             default=None,
             key_type=bytes,
             value_type=bytes,
-            partitions=cfg.partitions,
+            partitions=partitions,
             use_partitioner=use_partitioner,
         )
 
     pair_t, judge_t, asm_t = table("pairing"), table("judging"), table("assembly")
     # key session\0turn -> token payload, on the partition of the session (not of the key).
     tok_t = table("tokens")
-    tok_t.partition_for_key = lambda k: key_partition(k.split(b"\0", 1)[0], cfg.partitions)  # type: ignore[method-assign]
+    tok_t.partition_for_key = lambda k: key_partition(k.split(b"\0", 1)[0], partitions)  # type: ignore[method-assign]
     # key session\0next-state id -> parked record (see park): next states waiting for their
     # interaction, on the session's partition. Process memory would lose them on SIGKILL,
     # their offsets being committed already.
@@ -300,7 +304,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         prefixes that dead-letter the same record write the same letter)."""
         msg = ev.message
         key = msg.key
-        source = names.live(msg.topic, ns)  # EXPECTED and dlq_topics hold live names
+        source = names.live(msg.topic, ns)  # expected and dlq_topics hold live names
         if not key:  # every input topic is keyed by session: all such records would share
             if source in dlq_topics:  # one empty-key session state
                 await dead_letter(msg, "no Kafka key: this topic is keyed by session id")
@@ -310,7 +314,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         try:
             return key, events.decode(
                 msg.value,
-                expected_type=EXPECTED.get(source),
+                expected_type=expected.get(source),
                 max_bytes=settings.kafka.max_event_bytes,
             )
         except Exception as exc:  # noqa: BLE001 - EventValidationError, or anything else:

@@ -22,7 +22,9 @@ class ProcessorSettings(BaseSettings):
     app_id: str = "liverl-rewards"
     web_port: int = 6066
     web_enabled: bool = True
-    partitions: int = 6
+    # None: the partition count of the session-keyed topics in topics/ (co-partitioning);
+    # set it only for a cluster whose topics were created with another count.
+    partitions: int | None = Field(default=None, ge=1)
     # Consumer-group session timeout: how long a restarted worker waits for its killed
     # predecessor's partitions (Faust's default is 60 s).
     session_timeout_s: float = Field(default=20.0, ge=2.0, le=90.0)
