@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -637,20 +636,12 @@ def render(data: LakeData, summary: Summary, out: Path) -> tuple[int, int]:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", dpi=DPI)
-    return png_size(out)
+    width, height = fig.canvas.get_width_height()
+    return width, height
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def png_size(path: Path) -> tuple[int, int]:
-    """Width and height from a PNG's IHDR chunk (raises ValueError if not a PNG)."""
-    head = path.read_bytes()[:24]
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise ValueError(f"{path} is not a PNG")
-    width, height = struct.unpack(">II", head[16:24])
-    return width, height
 
 
 def build_report(
