@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from pipeline import __version__
+from pipeline import __version__, events
 from pipeline.settings import Settings, load_settings
 
 # Wide when piped (CI logs, tests) so tables are never cut to 80 columns.
@@ -62,6 +62,8 @@ def cli(ctx: click.Context, config: Path | None) -> None:
         ctx.obj = {"settings": load_settings(config)}
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
+    # What every encode in this process writes when no settings are at hand (recorder, Faust).
+    events.set_codec_version(ctx.obj["settings"].kafka.codec_version)
 
 
 # ---- broker -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from pipeline.events.codec import DEFAULT_CODEC_VERSION
 from pipeline.processors.config import ProcessorSettings
 from pipeline.serving.settings import ServeSettings
 from pipeline.trainer.config import TrainerSettings
@@ -42,6 +43,14 @@ class KafkaSettings(BaseModel):
         description="librdkafka settings passed through to every client (SASL/SSL etc.).",
     )
     compression: str = "lz4"
+    codec_version: int = Field(
+        default=DEFAULT_CODEC_VERSION,
+        ge=1,
+        le=2,
+        description="Codec version written for interactions and samples: 2 carries token ids, "
+        "log-probs and masks as base64 binary arrays, 1 as JSON lists. Readers take both "
+        "(docs/architecture.md, Codec versions).",
+    )
     max_event_bytes: int = Field(
         default=8 * 1024 * 1024,
         ge=64 * 1024,

@@ -1,6 +1,20 @@
 """liverl events: typed envelopes, wire codec and validation against `schemas/`."""
 
-from .codec import TYPE_HEADER, VERSION_HEADER, decode, encode, from_dict, headers, key, to_dict
+from .codec import (
+    CODEC_VERSIONS,
+    DEFAULT_CODEC_VERSION,
+    TYPE_HEADER,
+    VERSION_HEADER,
+    codec_version,
+    decode,
+    encode,
+    from_dict,
+    headers,
+    key,
+    set_codec_version,
+    to_dict,
+    wire_version,
+)
 from .errors import EventValidationError
 from .ids import derive_event_id, new_event_id, now_ms
 from .types import (
@@ -25,6 +39,8 @@ from .types import (
 from .validation import SCHEMA_VERSION, load_schema, schema_files, schemas_dir, validate
 
 __all__ = [
+    "CODEC_VERSIONS",
+    "DEFAULT_CODEC_VERSION",
     "EVENT_TYPES",
     "SCHEMA_VERSION",
     "TYPE_HEADER",
@@ -46,6 +62,7 @@ __all__ = [
     "TurnEvent",
     "WeightFile",
     "WeightsPublished",
+    "codec_version",
     "decode",
     "derive_event_id",
     "encode",
@@ -57,6 +74,8 @@ __all__ = [
     "now_ms",
     "schema_files",
     "schemas_dir",
+    "set_codec_version",
     "to_dict",
     "validate",
+    "wire_version",
 ]

@@ -1,40 +1,104 @@
-"""Bytes <-> typed events. Values are UTF-8 JSON (orjson), validated against the schema files."""
+"""Bytes <-> typed events. Values are UTF-8 JSON (orjson), validated against the schema files.
+
+Codec versions: v1 writes every field as plain JSON. v2 writes the bulk numeric arrays of the
+types that have a ``<type>.v2.json`` (interaction, sample) as base64 of little-endian binary
+arrays (`binary.py`); every other type stays v1. Readers take both, whatever the writer chose,
+so a topic may hold both. The version written is ``kafka.codec_version`` (settings): given
+explicitly where settings are at hand (EventProducer), else the process default that the CLI
+sets from the settings (:func:`set_codec_version`). Typed events in memory are the same for
+both (lists; ``schema_version`` 1): the wire version is only a property of the bytes.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from functools import cache
 from typing import Any
 
 import orjson
 
+from . import binary
 from .errors import EventValidationError
 from .types import EVENT_TYPES, DeadLetter, Event, Producer, ServingStatus, TurnEvent
-from .validation import validate as _validate
+from .validation import binary_layout, check
+from .validation import wire_version as _wire_version
 
 TYPE_HEADER = "liverl-type"
 VERSION_HEADER = "liverl-schema-version"
 _ENCODE_OPTS = orjson.OPT_SERIALIZE_NUMPY  # token ids straight from numpy need no .tolist()
 _FIXED = ("type", "schema_version")
 
+CODEC_VERSIONS = (1, 2)
+DEFAULT_CODEC_VERSION = 1
+_codec_version = DEFAULT_CODEC_VERSION
 
-def encode(event: Event, validate: bool = False) -> bytes:
-    """Serialize an event to its wire value; with `validate`, check the bytes that will be sent
-    (catches what the type hints cannot, e.g. a NaN that JSON turns into null)."""
+
+def set_codec_version(version: int) -> None:
+    """Make ``version`` what this process writes when a caller names none (the CLI does this
+    once, from ``kafka.codec_version``)."""
+    global _codec_version
+    _codec_version = _checked(version)
+
+
+def codec_version() -> int:
+    """The codec version this process writes by default."""
+    return _codec_version
+
+
+def wire_version(event: Event, version: int | None = None) -> int:
+    """The schema version ``encode(event, version=version)`` writes: the codec version for
+    types whose layout it changes, 1 for the others."""
+    requested = _codec_version if version is None else _checked(version)
+    return 1 if requested == 1 else _wire_version(event.type, requested)
+
+
+def _checked(version: int) -> int:
+    if version not in CODEC_VERSIONS or isinstance(version, bool):
+        raise ValueError(f"codec version must be one of {CODEC_VERSIONS}, got {version!r}")
+    return version
+
+
+def encode(event: Event, validate: bool = False, *, version: int | None = None) -> bytes:
+    """Serialize an event to its wire value in codec ``version`` (default: the process's);
+    with `validate`, check the bytes that will be sent (catches what the type hints cannot,
+    e.g. a NaN that JSON turns into null, or a v2 mask whose length differs from the tokens)."""
+    wire = wire_version(event, version)
+    fields = binary_layout(event.type, wire) if wire != 1 else {}
     try:
-        raw = orjson.dumps(event, option=_ENCODE_OPTS)
+        if fields:
+            raw = orjson.dumps(_binary_document(event, wire, fields), option=_ENCODE_OPTS)
+        else:
+            raw = orjson.dumps(event, option=_ENCODE_OPTS)
     except orjson.JSONEncodeError as exc:
-        raise EventValidationError(
-            f"cannot encode: {exc}", schema=f"{event.type}.v{event.schema_version}"
-        ) from exc
+        raise EventValidationError(f"cannot encode: {exc}", schema=f"{event.type}.v{wire}") from exc
     if validate:
-        _validate(orjson.loads(raw))
+        check(orjson.loads(raw))
     return raw
 
 
-def headers(event: Event) -> list[tuple[str, bytes]]:
-    """Kafka headers that let consumers route or filter without parsing the value."""
+@cache
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _binary_document(
+    event: Event, wire: int, fields: dict[str, binary.ArrayField]
+) -> dict[str, Any]:
+    # Same keys in the same order as v1; the array fields become base64 text.
+    doc = {name: getattr(event, name) for name in _field_names(type(event))}
+    doc["schema_version"] = wire
+    schema = f"{event.type}.v{wire}"
+    for name, f in fields.items():
+        doc[name] = binary.pack(doc[name], f, schema)
+    return doc
+
+
+def headers(event: Event, *, version: int | None = None) -> list[tuple[str, bytes]]:
+    """Kafka headers that let consumers route or filter without parsing the value; pass the
+    same ``version`` as to :func:`encode`."""
     return [
         (TYPE_HEADER, event.type.encode()),
-        (VERSION_HEADER, str(event.schema_version).encode()),
+        (VERSION_HEADER, str(wire_version(event, version)).encode()),
     ]
 
 
@@ -51,8 +115,17 @@ def key(event: Event) -> bytes | None:
     return policy_id.encode() if isinstance(policy_id, str) else None
 
 
-def decode(raw: bytes, expected_type: str | None = None, *, max_bytes: int | None = None) -> Event:
-    """Parse, validate and type a wire value. Raises EventValidationError on any defect."""
+def decode(
+    raw: bytes,
+    expected_type: str | None = None,
+    *,
+    max_bytes: int | None = None,
+    version_header: bytes | None = None,
+) -> Event:
+    """Parse, validate and type a wire value of any codec version. Raises EventValidationError
+    on any defect, including a ``liverl-schema-version`` header (``version_header``) that
+    disagrees with the value's ``schema_version``: filters that trust the header would
+    misroute such a record."""
     if raw is None:
         raise EventValidationError("value is null (tombstone), not an event")
     if max_bytes is not None and len(raw) > max_bytes:
@@ -64,24 +137,35 @@ def decode(raw: bytes, expected_type: str | None = None, *, max_bytes: int | Non
     if expected_type is not None and isinstance(obj, dict) and obj.get("type") != expected_type:
         got = obj.get("type")
         raise EventValidationError(f"expected type {expected_type!r}, got {got!r}", field="type")
-    _validate(obj)
-    return _build(obj)
+    version, arrays = check(obj)
+    if version_header is not None and version_header != str(version).encode():
+        raise EventValidationError(
+            f"header {VERSION_HEADER} says {version_header.decode('utf-8', 'replace')!r} "
+            f"but the value is version {version}",
+            field="schema_version",
+            schema=f"{obj['type']}.v{version}",
+        )
+    return _build(obj, arrays)
 
 
 def from_dict(obj: dict[str, Any]) -> Event:
-    """Validate an already-parsed event document and return its typed event."""
-    _validate(obj)
-    return _build(obj)
+    """Validate an already-parsed event document (v1 or v2) and return its typed event; the
+    document is not modified."""
+    _, arrays = check(obj)
+    return _build(obj, arrays)
 
 
 def to_dict(event: Event) -> dict[str, Any]:
-    """The event as its JSON document (plain dicts and lists), e.g. for table writers."""
-    return orjson.loads(encode(event))
+    """The event as its v1 JSON document (plain dicts and lists, token ids as lists of ints),
+    e.g. for table writers and display, whatever the codec writes on the wire."""
+    return orjson.loads(encode(event, version=1))
 
 
-def _build(obj: dict[str, Any]) -> Event:
-    # Only called on schema-valid documents, whose keys are exactly the dataclass fields.
+def _build(obj: dict[str, Any], arrays: dict[str, list[Any]]) -> Event:
+    # Only called on valid documents, whose keys are exactly the dataclass fields; a v2
+    # document's base64 fields are replaced by their decoded lists.
     kwargs = {k: v for k, v in obj.items() if k not in _FIXED}
+    kwargs.update(arrays)
     kwargs["producer"] = Producer(**obj["producer"])
     return EVENT_TYPES[obj["type"]](**kwargs)
 

@@ -10,6 +10,9 @@ twice: in full, and "light" with the items of such bulk numeric arrays unchecked
 path runs the light validator plus a C-speed check of the bulk arrays (element types via
 ``map(type, ...)``, bounds via ``min``/``max``); only when that check is not conclusively
 valid does the full validator run, so verdicts and error messages are the full schema's.
+
+Version 2 schemas (codec v2) carry those arrays as base64 text instead; what the decoded bytes
+must hold is checked in code (`binary.py`), and :func:`check` runs both.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from typing import Any
 import fastjsonschema
 import orjson
 
+from . import binary
 from .errors import EventValidationError
 
+# The layout of the typed events in memory (lists) and of the files every type has; the
+# version written on the wire is the codec's choice (`codec.wire_version`).
 SCHEMA_VERSION = 1
 _FILE_RE = re.compile(r"^(?P<type>[a-z_]+)\.v(?P<version>[0-9]+)\.json$")
 _lock = threading.Lock()
@@ -68,7 +74,19 @@ def load_schema(type: str, version: int = SCHEMA_VERSION) -> dict[str, Any]:
     return orjson.loads(path.read_bytes())
 
 
-_compiled: dict[tuple[Path, str, int], Callable[[Any], Any]] = {}
+def wire_version(type: str, requested: int) -> int:
+    """The version a writer asking for ``requested`` writes ``type`` in: the newest of the
+    type's schema files up to it (types whose layout did not change stay at 1)."""
+    files = schema_files()
+    for version in range(requested, 1, -1):
+        if (type, version) in files:
+            return version
+    return 1
+
+
+# (fast validator, full validator, binary array fields)
+_Compiled = tuple[Callable[[Any], Any], Callable[[Any], Any], dict[str, binary.ArrayField]]
+_compiled: dict[tuple[Path, str, int], _Compiled] = {}
 
 _BULK_ITEM_KEYS = {"type", "minimum", "maximum", "enum", "description"}
 _ITEM_TYPES: dict[str, frozenset[type]] = {
@@ -97,12 +115,29 @@ def _bulk_check(items: dict[str, Any]) -> Callable[[list[Any]], bool]:
     return check
 
 
-def _compile(schema: dict[str, Any]) -> Callable[[Any], Any]:
+# A base64 field with exactly this pattern skips it on the hot path: text that decodes in
+# binascii's strict mode (which `binary.unpack` does anyway) always matches it.
+B64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"
+_B64_KEYS = {"type", "contentEncoding", "contentMediaType", "pattern", binary.ANNOTATION}
+
+
+def _compile(schema: dict[str, Any]) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """(fast, full) validators. ``fast`` may leave the patterns of base64 array fields
+    unchecked: :func:`check` runs ``full`` whenever decoding one of them fails."""
     # use_default=False: validation must never mutate the caller's dict.
     full = fastjsonschema.compile(schema, use_default=False)
     bulk: dict[str, Callable[[list[Any]], bool]] = {}
     light = copy.deepcopy(schema)
+    lightened = False
     for name, prop in schema.get("properties", {}).items():
+        if (
+            binary.ANNOTATION in prop
+            and prop.get("pattern") == B64_PATTERN
+            and set(prop) - {"description"} <= _B64_KEYS
+        ):
+            light["properties"][name] = {"type": "string"}
+            lightened = True
+            continue
         items = prop.get("items") if prop.get("type") == "array" else None
         if (
             isinstance(items, dict)
@@ -113,9 +148,11 @@ def _compile(schema: dict[str, Any]) -> Callable[[Any], Any]:
         ):
             bulk[name] = _bulk_check(items)
             light["properties"][name] = {"type": "array"}
-    if not bulk:
-        return full
+    if not bulk and not lightened:
+        return full, full
     light_fn = fastjsonschema.compile(light, use_default=False)
+    if not bulk:
+        return light_fn, full
 
     def validate_fast(obj: Any) -> Any:
         light_fn(obj)
@@ -125,19 +162,25 @@ def _compile(schema: dict[str, Any]) -> Callable[[Any], Any]:
                 return full(obj)
         return obj
 
-    return validate_fast
+    return validate_fast, full
 
 
-def _validator(type: str, version: int) -> Callable[[Any], Any]:
+def _validator(type: str, version: int) -> _Compiled:
     key = (schemas_dir(), type, version)
-    fn = _compiled.get(key)
-    if fn is None:
+    entry = _compiled.get(key)
+    if entry is None:
         with _lock:
-            fn = _compiled.get(key)
-            if fn is None:
-                fn = _compile(load_schema(type, version))
-                _compiled[key] = fn
-    return fn
+            entry = _compiled.get(key)
+            if entry is None:
+                schema = load_schema(type, version)
+                entry = (*_compile(schema), binary.layout(schema))
+                _compiled[key] = entry
+    return entry
+
+
+def binary_layout(type: str, version: int) -> dict[str, binary.ArrayField]:
+    """The base64 array fields of a schema version ({} for a JSON-only layout such as v1)."""
+    return _validator(type, version)[2]
 
 
 def _path(name: str) -> str | None:
@@ -172,7 +215,14 @@ def _translate(exc: fastjsonschema.JsonSchemaValueException, schema: str) -> Eve
 
 
 def validate(obj: Any) -> None:
-    """Check a decoded event (a dict) against the schema file named by its type and version."""
+    """Check a decoded event (a dict) against the schema file named by its type and version,
+    and (v2) the binary arrays against the rules checked in code."""
+    check(obj)
+
+
+def check(obj: Any) -> tuple[int, dict[str, list[Any]]]:
+    """:func:`validate`, returning the document's schema version and the decoded items of its
+    binary array fields ({} for v1), so a decoder does not decode them twice."""
     if not isinstance(obj, dict):
         raise EventValidationError(f"event must be a JSON object, got {_json_kind(obj)}")
     type_ = obj.get("type")
@@ -193,10 +243,19 @@ def validate(obj: Any) -> None:
             else f"unsupported version {version!r}"
         )
         raise EventValidationError(reason, field="schema_version", schema=type_)
+    fast, full, fields = _validator(type_, version)
+    schema = f"{type_}.v{version}"
     try:
-        _validator(type_, version)(obj)
+        fast(obj)
+        if not fields:
+            return version, {}
+        try:
+            return version, binary.unpack(obj, fields, schema)
+        except EventValidationError:
+            full(obj)  # the schema's verdict comes first (e.g. a character outside base64)
+            raise
     except fastjsonschema.JsonSchemaValueException as exc:
-        raise _translate(exc, f"{type_}.v{version}") from None
+        raise _translate(exc, schema) from None
 
 
 def _json_kind(value: Any) -> str:

@@ -164,6 +164,9 @@ class EventConsumer:
                     msg.value() or b"",
                     expected_type=self._expected.get(topic),
                     max_bytes=self._max_bytes,
+                    version_header=next(
+                        (v for k, v in msg.headers() or () if k == events.VERSION_HEADER), None
+                    ),
                 )
             except events.EventValidationError as exc:
                 self._dead_letter(msg, str(exc))

@@ -78,6 +78,7 @@ class EventProducer:
         conf.update(extra)
         self._producer = Producer(conf)
         self._max_event_bytes = settings.kafka.max_event_bytes
+        self.codec_version = settings.kafka.codec_version
         self.namespace = settings.kafka.namespace
         self._failures: list[DeliveryFailure] = []
         self._lock = threading.Lock()
@@ -107,9 +108,9 @@ class EventProducer:
                 key = (key.encode() if isinstance(key, str) else key)[:DLQ_KEY_BYTES]
         self.send_raw(
             topic,
-            events.encode(event, validate=validate),
+            events.encode(event, validate=validate, version=self.codec_version),
             key=key,
-            headers=events.headers(event),
+            headers=events.headers(event, version=self.codec_version),
             on_delivery=on_delivery,
         )
 

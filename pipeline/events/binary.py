@@ -1,0 +1,166 @@
+"""Bulk numeric arrays as base64 of little-endian binary arrays (codec v2).
+
+Token ids and log-probs are most of an interaction's bytes, and as JSON numbers they cost a
+parse and a per-item schema check each. A v2 schema declares such a field as a base64 string
+(``contentEncoding: base64``) whose ``x-liverl-array`` annotation gives the item type:
+
+    {"dtype": "uint32" | "uint8" | "float64", "enum": [0, 1], "same_length_as": "other",
+     "empty_allowed": true}
+
+JSON Schema can say "base64 text" but not what the decoded bytes must hold, so those rules
+are checked here, in code, with the same error type as the schema's: valid base64 (strict,
+padded), a byte length that is a multiple of the item size, finite floats (v1 could not carry
+NaN or infinity either: JSON has neither), items in ``enum``, and lengths tied to another
+field. Decoding copies into plain Python lists: consumers index them, take ``len()``, build
+tensors and Delta list columns from them, as they did with v1.
+"""
+
+from __future__ import annotations
+
+import binascii
+import math
+import sys
+from array import array
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EventValidationError
+
+ANNOTATION = "x-liverl-array"
+
+# array typecodes of the wire item types; 'I' or 'L', whichever is 4 bytes on this platform.
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)
+_TYPECODES = {"uint8": "B", "uint32": _U32, "float64": "d"}
+_SWAP = sys.byteorder != "little"  # array() is native-endian; the wire is little-endian
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayField:
+    """How one v2 field is laid out and what its items must satisfy."""
+
+    name: str
+    dtype: str
+    enum: bytes | None = None  # allowed byte values (uint8 only)
+    same_length_as: str | None = None
+    empty_allowed: bool = False
+
+    @property
+    def typecode(self) -> str:
+        return _TYPECODES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return array(self.typecode).itemsize
+
+
+def layout(schema: Mapping[str, Any]) -> dict[str, ArrayField]:
+    """The binary array fields a schema declares, in property order; {} for a v1 schema.
+    A malformed annotation is an error in the schema file, raised as ValueError."""
+    out: dict[str, ArrayField] = {}
+    for name, prop in schema.get("properties", {}).items():
+        spec = prop.get(ANNOTATION)
+        if spec is None:
+            continue
+        where = f"{schema.get('$id', '?')}: {name}"
+        if prop.get("type") != "string" or prop.get("contentEncoding") != "base64":
+            raise ValueError(f"{where}: {ANNOTATION} needs type string and base64 encoding")
+        unknown = set(spec) - {"dtype", "enum", "same_length_as", "empty_allowed"}
+        if unknown or spec.get("dtype") not in _TYPECODES:
+            raise ValueError(f"{where}: bad {ANNOTATION} {spec!r}")
+        enum = spec.get("enum")
+        if enum is not None and (spec["dtype"] != "uint8" or not set(enum) <= set(range(256))):
+            raise ValueError(f"{where}: enum is supported for uint8 items only")
+        tied = spec.get("same_length_as")
+        if tied is not None and tied not in schema["properties"]:
+            raise ValueError(f"{where}: same_length_as names no property: {tied!r}")
+        out[name] = ArrayField(
+            name=name,
+            dtype=spec["dtype"],
+            enum=None if enum is None else bytes(sorted(enum)),
+            same_length_as=tied,
+            empty_allowed=bool(spec.get("empty_allowed", False)),
+        )
+    return out
+
+
+def pack(values: Iterable[Any], f: ArrayField, schema: str) -> str:
+    """Items (a list, tuple, array, or anything with ``tolist()`` such as a numpy array) as the
+    field's base64 text. Items the item type cannot hold (a negative or >= 2**32 token id, a
+    str) raise EventValidationError; range and enum rules are the reader's to check."""
+    if not isinstance(values, (list, tuple, array)):
+        tolist = getattr(values, "tolist", None)
+        values = tolist() if callable(tolist) else list(values)
+    try:
+        arr = array(f.typecode, values)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise EventValidationError(f"cannot encode as {f.dtype}: {exc}", f.name, schema) from None
+    if _SWAP:
+        arr.byteswap()
+    return binascii.b2a_base64(arr, newline=False).decode("ascii")
+
+
+def unpack(
+    obj: Mapping[str, Any], fields: Mapping[str, ArrayField], schema: str
+) -> dict[str, list[Any]]:
+    """The decoded items of every array field present in a schema-valid document; raises
+    EventValidationError naming the field for any rule the schema cannot express."""
+    out: dict[str, list[Any]] = {}
+    for name, f in fields.items():
+        text = obj.get(name)
+        if text is None:  # an optional field left out (the schema checked required ones)
+            continue
+        try:
+            raw = binascii.a2b_base64(text, strict_mode=True)
+        except (binascii.Error, ValueError) as exc:
+            raise EventValidationError(f"not valid base64: {exc}", name, schema) from None
+        # Strict mode still takes '=' after a complete group ("AAAA=="); RFC 4648 does not.
+        pad = 2 if text.endswith("==") else 1 if text.endswith("=") else 0
+        if len(text) % 4 or len(raw) != len(text) // 4 * 3 - pad:
+            raise EventValidationError(
+                "not valid base64: padding must complete the last group of 4", name, schema
+            )
+        size = f.itemsize
+        if len(raw) % size:
+            raise EventValidationError(
+                f"decodes to {len(raw)} bytes, not a whole number of {f.dtype} items "
+                f"({size} bytes each)",
+                name,
+                schema,
+            )
+        if f.enum is not None:
+            if raw.translate(None, f.enum):  # some byte is not an allowed value
+                index = next(i for i, b in enumerate(raw) if b not in f.enum)
+                allowed = ", ".join(map(str, f.enum))
+                raise EventValidationError(
+                    f"item {index} is {raw[index]}, must be one of {allowed}", name, schema
+                )
+            out[name] = list(raw)
+            continue
+        arr = array(f.typecode)
+        arr.frombytes(raw)
+        if _SWAP:
+            arr.byteswap()
+        # A finite sum proves every item finite (a NaN or infinity always spoils it); only an
+        # overflowing sum of finite items needs the item-by-item look.
+        if f.dtype == "float64" and not math.isfinite(sum(arr)):
+            bad = next((i for i, x in enumerate(arr) if not math.isfinite(x)), None)
+            if bad is not None:
+                raise EventValidationError(
+                    f"item {bad} is {arr[bad]}, must be a finite number", name, schema
+                )
+        out[name] = arr.tolist()
+    for name, values in out.items():
+        f = fields[name]
+        if f.same_length_as is None or (f.empty_allowed and not values):
+            continue
+        other = out.get(f.same_length_as, obj.get(f.same_length_as))
+        if isinstance(other, list) and len(values) != len(other):
+            also = " (or none)" if f.empty_allowed else ""
+            raise EventValidationError(
+                f"has {len(values)} items, must have as many as {f.same_length_as} "
+                f"({len(other)}){also}",
+                name,
+                schema,
+            )
+    return out
