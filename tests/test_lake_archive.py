@@ -528,3 +528,32 @@ def test_a_replay_namespace_archives_its_own_copies(
     finally:
         for fut in admin.delete_topics([topic]).values():
             fut.result(timeout=30)
+
+
+def test_a_partition_without_a_leader_yet_is_retried(tmp_path: Path) -> None:
+    """`liverl up` on a fresh broker: topics just created, leaders not elected yet (seen in
+    CI: the archive child died on NOT_LEADER_FOR_PARTITION and took the loop down)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from pipeline.lake.archive import Archiver
+    from pipeline.settings import Settings
+
+    class Flaky:
+        calls = 0
+
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+            Flaky.calls += 1
+            if Flaky.calls < 3:
+                raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+            return 0, 7
+
+    archiver = Archiver(Settings(), ["t"], tmp_path, timeout_s=0.1)
+    assert archiver._watermarks(Flaky(), TopicPartition("t", 0)) == (0, 7)
+    assert Flaky.calls == 3
+
+    class Broken:
+        def get_watermark_offsets(self, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    with pytest.raises(KafkaException):  # not transient: no retry
+        archiver._watermarks(Broken(), TopicPartition("t", 0))
