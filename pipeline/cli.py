@@ -71,16 +71,30 @@ def cli(ctx: click.Context, config: Path | None) -> None:
 
 @cli.group()
 def broker() -> None:
-    """Run the embedded single-node Apache Kafka (KRaft) for local use and tests.
+    """Run the embedded Apache Kafka (KRaft) for local use and tests: one node, or a local
+    cluster with --nodes 3 (or broker.nodes / LIVERL_BROKER_NODES).
 
     Jars come from Maven Central (resolved once with Maven into ~/.cache/liverl);
-    data lives under the state dir (.liverl/kafka/data) and survives down/up.
+    data lives under the state dir (.liverl/kafka/data, a cluster's in
+    .liverl/kafka/nodes-N/) and survives down/up.
     With LIVERL_KAFKA_BOOTSTRAP set, nothing local is started.
     """
 
 
-def _local_broker(ctx: click.Context):  # type: ignore[no-untyped-def]
+_nodes_option = click.option(
+    "--nodes",
+    type=click.IntRange(1, 5),
+    default=None,
+    help="Nodes of the local cluster (default broker.nodes, 1); 3 nodes listen on "
+    "port, port+2, port+4 (9092, 9094, 9096).",
+)
+
+
+def _local_broker(ctx: click.Context, nodes: int | None = None):  # type: ignore[no-untyped-def]
+    from pydantic import ValidationError
+
     from pipeline.kafka.broker import LocalBroker
+    from pipeline.settings import BrokerSettings
 
     settings = _settings(ctx)
     if not settings.uses_local_broker:
@@ -88,40 +102,66 @@ def _local_broker(ctx: click.Context):  # type: ignore[no-untyped-def]
             f"an external cluster is configured ({settings.bootstrap}); nothing local to manage"
         )
         sys.exit(0)
+    if nodes is not None and nodes != settings.broker.nodes:
+        try:
+            cfg = BrokerSettings.model_validate({**settings.broker.model_dump(), "nodes": nodes})
+        except ValidationError as exc:
+            raise click.UsageError(exc.errors()[0]["msg"]) from None
+        settings = settings.model_copy(update={"broker": cfg})
     return LocalBroker(settings)
 
 
 @broker.command("up")
+@_nodes_option
 @click.pass_context
-def broker_up(ctx: click.Context) -> None:
-    """Start Kafka (idempotent) and wait until it answers metadata requests."""
+def broker_up(ctx: click.Context, nodes: int | None) -> None:
+    """Start Kafka (idempotent) and wait until every node answers metadata requests."""
     from pipeline.kafka.broker import BrokerError
 
     try:
-        _local_broker(ctx).up()
+        _local_broker(ctx, nodes).up()
     except BrokerError as exc:
         _fail(str(exc))
+    if nodes is not None and nodes != _settings(ctx).broker.nodes:
+        console.print(
+            f"note: the settings say broker.nodes={_settings(ctx).broker.nodes}; set "
+            f"LIVERL_BROKER_NODES={nodes} (or [broker] nodes) so topics, workers and the gateway "
+            "use every node and its replication",
+            markup=False,
+        )
 
 
 @broker.command("down")
+@_nodes_option
 @click.pass_context
-def broker_down(ctx: click.Context) -> None:
-    """Stop Kafka gracefully (SIGTERM, then SIGKILL after broker.stop_timeout_s)."""
-    _local_broker(ctx).down()
+def broker_down(ctx: click.Context, nodes: int | None) -> None:
+    """Stop every node gracefully (SIGTERM, then SIGKILL after broker.stop_timeout_s)."""
+    _local_broker(ctx, nodes).down()
 
 
 @broker.command("status")
+@_nodes_option
 @click.pass_context
-def broker_status(ctx: click.Context) -> None:
-    """Show whether Kafka runs, where, and whether it answers."""
-    status = _local_broker(ctx).status()
+def broker_status(ctx: click.Context, nodes: int | None) -> None:
+    """Show whether Kafka runs, where, and whether it answers (each node of a cluster)."""
+    local = _local_broker(ctx, nodes)
+    status = local.status()
     if not status.running:
         console.print(f"Kafka: [red]stopped[/] (would listen on {status.bootstrap})")
+        if other := local.running_elsewhere():
+            console.print(f"a local Kafka started with --nodes {other[0]} runs", highlight=False)
         sys.exit(3)
     state = "[green]answering[/]" if status.answering else "[yellow]not answering[/]"
     console.print(
         f"Kafka: running, pid {status.pid}, {status.bootstrap}, {state}, data {status.data_dir}"
     )
+    if len(status.nodes) > 1:
+        for node in status.nodes:
+            how = (
+                "[green]in the cluster[/]" if node.registered
+                else "[yellow]not registered[/]" if node.pid else "[red]stopped[/]"
+            )
+            console.print(f"  node {node.node_id}: {node.address}, pid {node.pid or '-'}, {how}")
 
 
 @broker.command("logs")

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -88,11 +88,20 @@ class KafkaSettings(BaseModel):
 
 
 class BrokerSettings(BaseModel):
-    """The embedded single-node Apache Kafka (KRaft) started by ``liverl broker up``."""
+    """The embedded Apache Kafka (KRaft) started by ``liverl broker up``: one node, or a local
+    cluster of ``nodes`` combined broker+controller nodes (docs/architecture.md, Cluster)."""
 
     host: str = "127.0.0.1"
     port: int = 9092
     controller_port: int = 9093
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Nodes of the local cluster; node i listens on port + 2(i-1) and "
+        "controller_port + 2(i-1) (3 nodes: 9092/9094/9096). With more than one, topics get "
+        "replication min(3, nodes) and min.insync.replicas 2 once that is 3.",
+    )
     kafka_version: str = "4.4.0"
     scala_version: str = "2.13"
     log4j_version: str = "2.26.1"
@@ -104,6 +113,31 @@ class BrokerSettings(BaseModel):
         default=None,
         description="Where resolved Kafka jars live (default ~/.cache/liverl/kafka).",
     )
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> BrokerSettings:
+        ports = [p for _, port, ctl in self.node_ports() for p in (port, ctl)]
+        if len(set(ports)) != len(ports) or max(ports) > 65535:
+            raise ValueError(
+                f"broker ports {ports} of {self.nodes} node(s) collide or exceed 65535: node i "
+                "uses port + 2(i-1) and controller_port + 2(i-1); choose port and "
+                "controller_port apart (e.g. 9092 and 9093)"
+            )
+        return self
+
+    def node_ports(self) -> list[tuple[int, int, int]]:
+        """(node id, listener port, controller port) of every node."""
+        return [(i + 1, self.port + 2 * i, self.controller_port + 2 * i) for i in range(self.nodes)]
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's listener, so a client starts even with one node down."""
+        return ",".join(f"{self.host}:{port}" for _, port, _ in self.node_ports())
+
+    @property
+    def replication(self) -> int:
+        """Replicas a topic can have here: one per node, three at most."""
+        return min(3, self.nodes)
 
 
 class TopicSettings(BaseModel):
@@ -151,10 +185,21 @@ class Settings(BaseSettings):
             TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
         )
 
+    @model_validator(mode="after")
+    def _cluster_replication(self) -> Settings:
+        """A local cluster replicates every topic (specs, Faust's own) to min(3, nodes) unless
+        topics.replication_factor says otherwise; one node changes nothing."""
+        local_cluster = self.uses_local_broker and self.broker.nodes > 1
+        if local_cluster and self.topics.replication_factor is None:
+            self.topics = self.topics.model_copy(
+                update={"replication_factor": self.broker.replication}
+            )
+        return self
+
     @property
     def bootstrap(self) -> str:
         """Bootstrap servers every component uses."""
-        return self.kafka.bootstrap or f"{self.broker.host}:{self.broker.port}"
+        return self.kafka.bootstrap or self.broker.bootstrap
 
     @property
     def uses_local_broker(self) -> bool:

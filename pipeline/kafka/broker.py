@@ -1,7 +1,10 @@
-"""A real single-node Apache Kafka (KRaft, combined broker+controller) for laptops and CI.
+"""A real Apache Kafka (KRaft) for laptops and CI: one node, or a local cluster of
+``broker.nodes`` combined broker+controller nodes sharing one cluster id and a static quorum.
 
 The jars come from Maven Central, resolved once by Maven into a cache folder; the data
-folder lives under the project state dir so records survive ``down``/``up``.
+folders live under the project state dir so records survive ``down``/``up``. One node keeps
+``<state_dir>/kafka``; a cluster of N lives in ``<state_dir>/kafka/nodes-N/node-<id>``, so the
+two layouts never share a metadata log (a KRaft quorum cannot change its static voters).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.kafka.topics import min_insync_replicas
 from pipeline.settings import Settings
 
 
@@ -27,12 +31,47 @@ class BrokerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class BrokerStatus:
-    running: bool
+class NodeStatus:
+    node_id: int
+    address: str
     pid: int | None
+    registered: bool  # in the cluster's metadata: answering and unfenced
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool  # any node
+    pid: int | None  # the first running node's
     bootstrap: str
     data_dir: Path
     answering: bool
+    nodes: tuple[NodeStatus, ...] = ()
+
+
+@dataclass(frozen=True)
+class Node:
+    """One Kafka process of the local layout: its id, ports and folder."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    home: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "server.log"
+
+    @property
+    def stdout_file(self) -> Path:
+        return self.home / "stdout.log"
 
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -77,11 +116,21 @@ class LocalBroker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.cfg = settings.broker
-        self.home = Path(settings.state_dir).resolve() / "kafka"
-        self.data_dir = self.home / "data"
-        self.pid_file = self.home / "broker.pid"
-        self.log_file = self.home / "server.log"
-        self.stdout_file = self.home / "stdout.log"
+        self.root = Path(settings.state_dir).resolve() / "kafka"
+        if self.cfg.nodes == 1:
+            self.home = self.root
+            self.nodes = [Node(1, self.cfg.port, self.cfg.controller_port, self.home)]
+        else:
+            self.home = self.root / f"nodes-{self.cfg.nodes}"
+            self.nodes = [
+                Node(i, port, ctl, self.home / f"node-{i}")
+                for i, port, ctl in self.cfg.node_ports()
+            ]
+        first = self.nodes[0]  # one node's paths, as before the cluster (and `broker logs -f`)
+        self.data_dir = first.data_dir
+        self.pid_file = first.pid_file
+        self.log_file = first.log_file
+        self.stdout_file = first.stdout_file
         cache = (
             self.cfg.cache_dir
             or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "liverl" / "kafka"
@@ -90,7 +139,12 @@ class LocalBroker:
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.cfg.host}:{self.cfg.port}"
+        return self.cfg.bootstrap
+
+    @property
+    def quorum_voters(self) -> str:
+        """``controller.quorum.voters``: every node is a voter (3 nodes survive losing one)."""
+        return ",".join(f"{n.node_id}@{self.cfg.host}:{n.controller_port}" for n in self.nodes)
 
     # ---- prerequisites -------------------------------------------------------------------
 
@@ -160,176 +214,262 @@ class LocalBroker:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def pid(self) -> int | None:
-        """PID of our broker if it is alive (stale pid files are ignored)."""
+    def node_pid(self, node: Node) -> int | None:
+        """PID of one node if it is alive (stale pid files are ignored)."""
         try:
-            pid = int(self.pid_file.read_text().strip())
+            pid = int(node.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return pid
-        cmdline = Path(f"/proc/{pid}/cmdline")
-        if cmdline.exists() and b"kafka.Kafka" not in cmdline.read_bytes():
-            return None
-        return pid
+        return pid if _is_kafka(pid) else None
+
+    def pids(self) -> dict[int, int | None]:
+        """Node id -> PID, None for a node that is not running."""
+        return {n.node_id: self.node_pid(n) for n in self.nodes}
+
+    def pid(self) -> int | None:
+        """PID of the first running node; None when no node runs."""
+        return next((p for p in self.pids().values() if p is not None), None)
 
     def up(self, *, quiet: bool = False) -> float:
-        """Start the broker (idempotent) and wait until it answers; returns start-up seconds."""
+        """Start every node not running (idempotent) and wait until all of them are in the
+        cluster's metadata; returns start-up seconds (0.0 when all already ran)."""
         started = time.monotonic()
-        if self.pid() is not None:
-            self.wait_ready(started, proc=None)
+        missing = [n for n in self.nodes if self.node_pid(n) is None]
+        if not missing:
+            self.wait_ready(started, procs={})
             if not quiet:
-                print(f"Kafka already running at {self.bootstrap} (pid {self.pid()})")
+                print(f"Kafka already running at {self.bootstrap} (pid {self._pid_list()})")
             return 0.0
         java = self.check_java()
         lib = self.ensure_jars(quiet=quiet)
-        for port in (self.cfg.port, self.cfg.controller_port):
-            if not _port_free(self.cfg.host, port):
-                raise BrokerError(
-                    f"port {self.cfg.host}:{port} is taken by another process. Stop it, or "
-                    "choose other ports with LIVERL_BROKER_PORT / LIVERL_BROKER_CONTROLLER_PORT "
-                    "(or [broker] port / controller_port in liverl.toml)."
-                )
+        for node in missing:
+            for port in (node.port, node.controller_port):
+                if not _port_free(self.cfg.host, port):
+                    raise BrokerError(
+                        f"port {self.cfg.host}:{port} is taken by another process. Stop it, or "
+                        "choose other ports with LIVERL_BROKER_PORT / "
+                        "LIVERL_BROKER_CONTROLLER_PORT (or [broker] port / controller_port in "
+                        "liverl.toml)." + self._other_layout_hint()
+                    )
         self.home.mkdir(parents=True, exist_ok=True)
-        props = self._write_config()
-        classpath = f"{lib}/*"
-        log4j = f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}"
         jvm = [
             java,
             f"-Xmx{self.cfg.heap_mb}m",
             f"-Xms{min(256, self.cfg.heap_mb)}m",
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
-            log4j,
-            "-cp",
-            classpath,
         ]
-        if not (self.data_dir / "meta.properties").exists():
-            self._format(jvm, props)
-        with open(self.stdout_file, "ab") as out:
-            proc = subprocess.Popen(
-                [*jvm, "kafka.Kafka", str(props)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.pid_file.write_text(str(proc.pid))
-        self.wait_ready(started, proc=proc)
+        if self.cfg.nodes > 1:
+            # Several JVMs start on one machine: C1 only halves their start-up (measured 12-23 s
+            # instead of 27-60 s for 3 nodes on 2 busy cores); peak throughput is not the point.
+            jvm.append("-XX:TieredStopAtLevel=1")
+        props = {n.node_id: self._write_config(n) for n in missing}
+        unformatted = [n for n in missing if not (n.data_dir / "meta.properties").exists()]
+        self._format(jvm, lib, unformatted)
+        procs: dict[Node, subprocess.Popen[bytes]] = {}
+        for node in missing:
+            with open(node.stdout_file, "ab") as out:
+                procs[node] = subprocess.Popen(
+                    [*self._node_jvm(jvm, node, lib), "kafka.Kafka", str(props[node.node_id])],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            node.pid_file.write_text(str(procs[node].pid))
+        try:
+            self.wait_ready(started, procs=procs)
+        except BrokerError:
+            _stop_started(procs)  # no orphan JVM left waiting for a quorum
+            raise
         elapsed = time.monotonic() - started
         if not quiet:
+            where = (
+                f"data {self.data_dir}"
+                if self.cfg.nodes == 1
+                else f"{self.cfg.nodes} nodes, data {self.home}/node-*"
+            )
             print(
                 f"Kafka {self.cfg.kafka_version} (KRaft) listening on {self.bootstrap} "
-                f"(pid {proc.pid}, data {self.data_dir}); started in {elapsed:.1f}s"
+                f"(pid {', '.join(str(p.pid) for p in procs.values())}, {where}); "
+                f"started in {elapsed:.1f}s"
             )
         return elapsed
 
-    def wait_ready(self, started: float, proc: subprocess.Popen[bytes] | None) -> None:
-        """Block until a metadata request succeeds; fail with the log tail if the JVM dies."""
+    def wait_ready(
+        self, started: float, procs: dict[Node, subprocess.Popen[bytes]] | None = None
+    ) -> None:
+        """Block until every node is registered (a metadata answer lists it); fail with the
+        node's log if a JVM we started dies."""
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
         deadline = started + self.cfg.start_timeout_s
+        wanted = {n.node_id for n in self.nodes}
+        registered: set[int] = set()
         while True:
-            if proc is not None and proc.poll() is not None:
-                self.pid_file.unlink(missing_ok=True)
-                raise BrokerError(
-                    f"Kafka exited during start-up (code {proc.returncode}).\n"
-                    f"{self.log_errors()}\nLog tail:\n{self.log_tail(25)}"
-                )
-            try:
-                admin.list_topics(timeout=1.0)
-                return
-            except Exception:  # noqa: BLE001 - any failure means "not ready yet"
-                if time.monotonic() > deadline:
+            for node, proc in (procs or {}).items():
+                if proc.poll() is not None:
+                    node.pid_file.unlink(missing_ok=True)
+                    name = "Kafka" if self.cfg.nodes == 1 else f"Kafka node {node.node_id}"
                     raise BrokerError(
-                        f"Kafka did not answer on {self.bootstrap} within "
-                        f"{self.cfg.start_timeout_s:.0f}s. Log tail:\n" + self.log_tail(40)
-                    ) from None
-                time.sleep(0.3)
+                        f"{name} exited during start-up (code {proc.returncode}).\n"
+                        f"{self.log_errors(node=node)}\nLog tail:\n{self.log_tail(25, node=node)}"
+                    )
+            try:
+                registered = set(admin.list_topics(timeout=1.0).brokers)
+                if wanted <= registered:
+                    return
+            except Exception:  # noqa: BLE001 - any failure means "not ready yet"
+                pass
+            if time.monotonic() > deadline:
+                absent = sorted(wanted - registered)
+                raise BrokerError(
+                    f"Kafka did not answer on {self.bootstrap} within "
+                    f"{self.cfg.start_timeout_s:.0f}s"
+                    + (f" (node(s) {absent} not registered)" if self.cfg.nodes > 1 else "")
+                    + ". Log tail:\n"
+                    + self.log_tail(40)
+                ) from None
+            time.sleep(0.3)
 
     def down(self, *, quiet: bool = False) -> bool:
-        """Stop gracefully: SIGTERM, wait, then SIGKILL. Returns whether it was running."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
+        """Stop every node gracefully, all at once (one by one, the last ones would wait for a
+        quorum that is leaving): SIGTERM, wait, then SIGKILL. Returns whether any ran."""
+        running = {n: pid for n in self.nodes if (pid := self.node_pid(n)) is not None}
+        if not running:
+            for node in self.nodes:
+                node.pid_file.unlink(missing_ok=True)
             if not quiet:
-                print("Kafka is not running")
+                print("Kafka is not running" + self._other_layout_hint())
             return False
-        os.kill(pid, signal.SIGTERM)
+        for pid in running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.cfg.stop_timeout_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and any(_alive(p) for p in running.values()):
             time.sleep(0.2)
-        killed = False
-        if _alive(pid):
+        killed = [p for p in running.values() if _alive(p)]
+        for pid in killed:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            killed = True
+        for pid in killed:
             while _alive(pid):
                 time.sleep(0.1)
-        self.pid_file.unlink(missing_ok=True)
+        for node in running:
+            node.pid_file.unlink(missing_ok=True)
         if not quiet:
             how = "killed after timeout" if killed else "stopped"
-            print(f"Kafka {how} (pid {pid})")
+            pids = ", ".join(str(p) for p in running.values())
+            print(f"Kafka {how} (pid {pids})")
         return True
 
     def status(self) -> BrokerStatus:
-        pid = self.pid()
+        pids = self.pids()
+        registered: set[int] = set()
         answering = False
-        if pid is not None:
+        if any(p is not None for p in pids.values()):
             from confluent_kafka.admin import AdminClient
 
             try:
-                AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2.0)
+                md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2.0)
+                registered = set(md.brokers)
                 answering = True
             except Exception:  # noqa: BLE001
                 answering = False
-        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir, answering)
+        nodes = tuple(
+            NodeStatus(
+                n.node_id,
+                f"{self.cfg.host}:{n.port}",
+                pids[n.node_id],
+                n.node_id in registered and pids[n.node_id] is not None,
+            )
+            for n in self.nodes
+        )
+        pid = self.pid()
+        return BrokerStatus(pid is not None, pid, self.bootstrap, self.data_dir, answering, nodes)
 
-    def log_errors(self, limit: int = 6) -> str:
+    def running_elsewhere(self) -> list[int]:
+        """Node counts of other local layouts under the same state dir with a live node (a
+        cluster started with ``--nodes 3`` while the settings say 1, or the reverse)."""
+        layouts = {1: [self.root / "broker.pid"]}
+        for folder in self.root.glob("nodes-*"):
+            if folder.name[6:].isdigit():
+                layouts[int(folder.name[6:])] = list(folder.glob("node-*/broker.pid"))
+        found = []
+        for count, pid_files in sorted(layouts.items()):
+            if count == self.cfg.nodes:
+                continue
+            for pid_file in pid_files:
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    if _is_kafka(int(pid_file.read_text().strip())):
+                        found.append(count)
+                        break
+        return found
+
+    def _other_layout_hint(self) -> str:
+        other = self.running_elsewhere()
+        if not other:
+            return ""
+        runs = " and ".join(f"--nodes {n}" for n in other)
+        return (
+            f" A local Kafka started with {runs} runs under this state dir: "
+            f"`liverl broker down {runs.split(' and ')[0]}` stops it."
+        )
+
+    def _pid_list(self) -> str:
+        return ", ".join(str(p) for p in self.pids().values() if p is not None)
+
+    def log_errors(self, limit: int = 6, node: Node | None = None) -> str:
         """The log's last ERROR lines and exception messages: the cause, without stack frames."""
         hits: list[str] = []
-        for path in (self.stdout_file, self.log_file):
-            if path.exists():
-                for line in path.read_text(errors="replace").splitlines():
-                    if " ERROR " in line or re.match(r"^[\w.$]+(Exception|Error): ", line):
-                        hits.append(line.strip())
+        for n in [node] if node else self.nodes:
+            for path in (n.stdout_file, n.log_file):
+                if path.exists():
+                    for line in path.read_text(errors="replace").splitlines():
+                        if " ERROR " in line or re.match(r"^[\w.$]+(Exception|Error): ", line):
+                            hits.append(line.strip())
         return "Errors:\n  " + "\n  ".join(hits[-limit:]) if hits else "No ERROR lines logged."
 
-    def log_tail(self, lines: int = 40) -> str:
+    def log_tail(self, lines: int = 40, node: Node | None = None) -> str:
+        """Each node's stdout and server log tail (one node: just its own)."""
         parts = []
-        for path in (self.stdout_file, self.log_file):
-            if path.exists():
-                text = _tail(path.read_text(errors="replace"), lines)
-                if text.strip():
-                    parts.append(f"--- {path} ---\n{text}")
+        for n in [node] if node else self.nodes:
+            for path in (n.stdout_file, n.log_file):
+                if path.exists():
+                    text = _tail(path.read_text(errors="replace"), lines)
+                    if text.strip():
+                        parts.append(f"--- {path} ---\n{text}")
         return "\n".join(parts) or "(no log yet)"
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _write_config(self) -> Path:
+    def node_config(self, node: Node) -> dict[str, str]:
+        """``server.properties`` of one node. One node: replication 1 everywhere, as ever; a
+        cluster: internal topics replicate to min(3, nodes) with min.insync 2 at 3 replicas,
+        and that is also the default of topics created without a spec (Faust's own)."""
         c = self.cfg
+        replication = str(c.replication)
+        min_isr = str(min_insync_replicas(c.replication))
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{c.host}:{c.controller_port}",
-            "listeners": f"PLAINTEXT://{c.host}:{c.port},CONTROLLER://{c.host}:{c.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{c.host}:{c.port}",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": self.quorum_voters,
+            "listeners": (
+                f"PLAINTEXT://{c.host}:{node.port},CONTROLLER://{c.host}:{node.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://{c.host}:{node.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self.data_dir),
-            # Single node: internal topics must not ask for replicas that cannot exist, or
+            "log.dirs": str(node.data_dir),
+            # Internal topics must not ask for replicas that cannot exist (one node: 1), or
             # idempotent/transactional producers and consumer groups never get coordinators.
-            "offsets.topic.replication.factor": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "offsets.topic.replication.factor": replication,
+            "transaction.state.log.replication.factor": replication,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": replication,
+            "share.coordinator.state.topic.min.isr": min_isr,
             "group.initial.rebalance.delay.ms": "0",
             # Topics come from topics/ specs (or Faust's own admin calls), never from typos.
             "auto.create.topics.enable": "false",
@@ -338,36 +478,63 @@ class LocalBroker:
             # limit, equal to every topic's max.message.bytes and every producer's limit.
             "message.max.bytes": str(self.settings.kafka.max_record_bytes),
         }
-        path = self.home / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        (self.home / "log4j2.properties").write_text(_LOG4J.format(log=self.log_file))
+        if c.nodes > 1:
+            props["default.replication.factor"] = replication
+            props["min.insync.replicas"] = min_isr
+        return props
+
+    def _write_config(self, node: Node | None = None) -> Path:
+        node = node or self.nodes[0]
+        node.home.mkdir(parents=True, exist_ok=True)
+        path = node.home / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.node_config(node).items()))
+        (node.home / "log4j2.properties").write_text(_LOG4J.format(log=node.log_file))
         return path
 
-    def _format(self, jvm: list[str], props: Path) -> None:
+    def _node_jvm(self, jvm: list[str], node: Node, lib: Path) -> list[str]:
+        log4j = f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}"
+        return [*jvm, log4j, "-cp", f"{lib}/*"]
+
+    def cluster_id(self) -> str:
+        """The layout's one cluster id (every node is formatted with it), made once."""
         cluster_file = self.home / "cluster.id"
         if not cluster_file.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
             raw = uuid.uuid4().bytes
             cluster_file.write_text(base64.urlsafe_b64encode(raw).decode().rstrip("="))
-        cluster_id = cluster_file.read_text().strip()
-        proc = subprocess.run(
-            [
-                *jvm,
-                "kafka.tools.StorageTool",
-                "format",
-                # one token: an id starting with "-" (1 in 64 random ids) would otherwise be
-                # read as an option and the format would fail
-                f"--cluster-id={cluster_id}",
-                "-c",
-                str(props),
-                "--ignore-formatted",
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise BrokerError(
-                "formatting the Kafka data folder failed:\n" + _tail(proc.stdout + proc.stderr, 30)
+        return cluster_file.read_text().strip()
+
+    def _format(self, jvm: list[str], lib: Path, nodes: list[Node]) -> None:
+        """Format the nodes' data folders, in parallel (one JVM start each)."""
+        if not nodes:
+            return
+        cluster_id = self.cluster_id()
+        runs = {
+            node: subprocess.Popen(
+                [
+                    *self._node_jvm(jvm, node, lib),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    # one token: an id starting with "-" (1 in 64 random ids) would otherwise be
+                    # read as an option and the format would fail
+                    f"--cluster-id={cluster_id}",
+                    "-c",
+                    str(node.home / "server.properties"),
+                    "--ignore-formatted",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
+            for node in nodes
+        }
+        failures = []
+        for node, proc in runs.items():
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                failures.append(f"node {node.node_id}:\n{_tail(out, 30)}")
+        if failures:
+            raise BrokerError("formatting the Kafka data folder failed:\n" + "\n".join(failures))
 
 
 def _java_major(java: str) -> int | None:
@@ -398,6 +565,27 @@ def _java_binary() -> str | None:
         if major is not None and major >= 17:
             return java
     return None
+
+
+def _is_kafka(pid: int) -> bool:
+    """A live process that is a Kafka JVM (a recycled pid of something else is not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    return not (cmdline.exists() and b"kafka.Kafka" not in cmdline.read_bytes())
+
+
+def _stop_started(procs: dict[Node, subprocess.Popen[bytes]]) -> None:
+    for node, proc in procs.items():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        node.pid_file.unlink(missing_ok=True)
 
 
 def _port_free(host: str, port: int) -> bool:
