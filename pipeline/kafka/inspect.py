@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from pipeline.settings import Settings
+
+TRANSIENT = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+}
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float,
+               patience_s: float = 30.0) -> tuple[int, int]:
+    """A partition's low and high offsets. Right after topics are created (``liverl up`` on
+    a fresh broker) a partition may have no leader yet: that is retried for ``patience_s``
+    instead of failing a component's start."""
+    deadline = time.monotonic() + max(timeout, patience_s)
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            return int(low), int(high)
+        except KafkaException as exc:
+            code = exc.args[0].code() if exc.args else None
+            if code not in TRANSIENT or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @dataclass(frozen=True)

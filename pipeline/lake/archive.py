@@ -474,23 +474,9 @@ class Archiver:
         return found
 
     def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int]:
-        """A partition's low and high offsets. Right after topics are created (``liverl up``
-        on a fresh broker) a partition may have no leader yet: retry that, briefly."""
-        from confluent_kafka import KafkaError, KafkaException
+        from pipeline.kafka.inspect import watermarks
 
-        transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT,
-                     KafkaError._TRANSPORT}
-        deadline = time.monotonic() + max(self.timeout_s, 30.0)
-        while True:
-            try:
-                low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
-                return int(low), int(high)
-            except KafkaException as exc:
-                code = exc.args[0].code() if exc.args else None
-                if code not in transient or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        return watermarks(consumer, tp, self.timeout_s)
 
     def open(self) -> dict[tuple[str, int], Span]:
         """Check topics, read each partition's archived offset and assign from the next one."""

@@ -41,6 +41,7 @@ from confluent_kafka import TopicPartition
 from pipeline import events
 from pipeline.events import DeadLetter, Producer, Sample
 from pipeline.kafka import EventConsumer, EventProducer, Record, names
+from pipeline.kafka.inspect import watermarks
 from pipeline.settings import Settings
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.batching import Batcher, check_sample
@@ -140,7 +141,7 @@ class TrainerLoop:
         start = dict(offsets)
         for p in meta.partitions:
             if p not in start:
-                low, high = consumer.raw.get_watermark_offsets(TopicPartition(topic, p), 30)
+                low, high = watermarks(consumer.raw, TopicPartition(topic, p), 30)
                 start[p] = low if self.cfg.start == "earliest" else high
         consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(start.items())])
         return start
