@@ -4,7 +4,8 @@
 protocol reaches that stage (``before_rename``, ``after_folder``, ``after_delta_trajectories``,
 ``after_delta_gradient_steps``, ``after_delta_weights``, ``after_events``, with the gate
 ``after_verdict_file``, ``after_delta_verdict``, ``after_verdict_event``, then
-``after_offsets``): a test hook for exactly-once, inert unless set.
+``after_offsets``): a test hook for exactly-once, inert unless set. With ``--nproc``,
+``rank<R>_step<K>`` kills rank R in its K-th step (``pipeline/trainer/distributed.py``).
 """
 
 from __future__ import annotations
@@ -147,6 +148,11 @@ def _crash_hook() -> object:
     "--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True
 )
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False)
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes training the policy data-parallel (spawned by this command; rank "
+              "r on cuda:r, or all on the CPU); rank 0 alone reads Kafka and publishes.")
+@click.option("--dist-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
+              show_default=True, help="With --nproc > 1: auto is nccl on CUDA, gloo on the CPU.")
 @click.option(
     "--exit-when-idle",
     "exit_when_idle_s",

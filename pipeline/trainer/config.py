@@ -163,6 +163,21 @@ class TrainerSettings(BaseModel):
     gradient_checkpointing: bool = False
     seed: int = 0
 
+    # data parallelism (docs/architecture.md#distributed-training; pipeline/trainer/distributed.py)
+    nproc: int = Field(
+        default=1, ge=1,
+        description="Processes training the policy together (rank r on cuda:r, or all on the "
+        "CPU); rank 0 alone reads Kafka and publishes. 1: a single process.",
+    )
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="auto: nccl on CUDA, gloo on the CPU."
+    )
+    dist_timeout_s: float = Field(
+        default=300.0, gt=0.0,
+        description="Longest a rank waits for the others in a gradient all-reduce (a hung "
+        "rank) before the step fails.",
+    )
+
     # process
     exit_when_idle_s: float | None = Field(
         default=None, description="Exit after this long with no input and nothing pending."
@@ -178,6 +193,27 @@ class TrainerSettings(BaseModel):
 
         methods.load_plugins(self.plugins)
         methods.get(self.method)
+        return self
+
+    @model_validator(mode="after")
+    def _ranks_fit_devices(self) -> TrainerSettings:
+        """Rank r trains on cuda:r, so several ranks need every GPU, not one named GPU."""
+        if self.nproc == 1:
+            return self
+        if self.device.startswith("cuda:"):
+            raise ValueError(f"nproc {self.nproc} puts rank r on cuda:r: give device 'cuda' or "
+                             f"'auto', not {self.device!r}")
+        if not self.device.startswith(("cuda", "auto")):  # cpu (or mps): gloo
+            if self.dist_backend == "nccl":
+                raise ValueError("the nccl backend needs CUDA devices: use gloo on the CPU")
+            return self
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus == 0 and (self.device == "cuda" or self.dist_backend == "nccl"):
+            raise ValueError(f"nproc {self.nproc} on {self.device}: no GPU is visible")
+        if 0 < gpus < self.nproc:
+            raise ValueError(f"nproc {self.nproc} needs {self.nproc} GPUs, {gpus} visible")
         return self
 
     @property

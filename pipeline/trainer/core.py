@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from pipeline.trainer import methods, scoring
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.prompts import ChatMarkers, teacher_prompt
 from pipeline.trainer.scoring import HELD_OUT, is_held_out
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.trainer.distributed import RankGroup
 
 MAX_HINTS = 3
 OPTIMIZER_FILE = "optimizer.pt"
@@ -159,6 +162,8 @@ class TrainerCore:
         return core
 
     base_path: Path | None = None
+    # Set by ``distributed.RankGroup.attach``: this process trains its shard of each batch.
+    dist: RankGroup | None = None
 
     def base_model_info(self) -> dict[str, str] | None:
         """What a LoRA version's manifest records of its base, checked before serving it."""
@@ -318,6 +323,16 @@ class TrainerCore:
         keep = usable & fresh_enough
         mask_rl = loss_mask * (rl_ok & fresh_enough)[:, None].float()
         mask_opd = opd_mask * (opd_ok & fresh_enough)[:, None].float()
+        rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd, uses_rl, uses_opd)
+        mine = torch.ones(bsz, dtype=torch.bool, device=dev)
+        if self.dist is not None:
+            # Data parallel: this rank's rows keep their tokens in the numerators; `rows` and
+            # `norm` stay the whole batch's, so the ranks' losses add up to the batch's loss
+            # and their summed gradients to its gradient, whatever the aggregate.
+            active = (mask_rl.sum(dim=-1) > 0) | (mask_opd.sum(dim=-1) > 0)
+            mine = self.dist.shard(samples, active, uses_opd)
+            mask_rl = mask_rl * mine[:, None]
+            mask_opd = mask_opd * mine[:, None]
 
         # Rows with nothing to train (a closing turn, a stale or held-out sample) still count
         # in the loss's denominator but need no forward pass: their masks zero them anyway.
@@ -348,7 +363,6 @@ class TrainerCore:
             )
             for b in range(bsz)
         ]
-        rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd, uses_rl, uses_opd)
         parts: dict[str, L.LossOutput] = {}
         t_teacher = 0.0
         for name in method.parts:
@@ -367,7 +381,7 @@ class TrainerCore:
 
         if cfg.kl_coef > 0:
             ref = self._reference_logprobs(samples, active, rmax, tokens)
-            kl = L.kl_to_reference(logp_cur[rows], ref[rows], norm[rows],
+            kl = L.kl_to_reference(logp_cur[rows], ref[rows], (norm * mine[:, None])[rows],
                                    aggregate=cfg.aggregate, norm_mask=norm[rows])
             parts["kl"] = kl
             total = out.loss + cfg.kl_coef * kl.loss
@@ -377,6 +391,9 @@ class TrainerCore:
         if out.loss.requires_grad:  # no active row: nothing to differentiate
             out.loss.backward()
         t2 = time.perf_counter()
+        if self.dist is not None:  # every rank then clips and steps on the batch's gradient
+            self.dist.all_reduce_grads(self.model)
+        t_sync = time.perf_counter()
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm: float | None = 0.0
         if params:
@@ -390,6 +407,13 @@ class TrainerCore:
         t3 = time.perf_counter()
         self.step += 1
 
+        timings = {"compute_s": t2 - t0, "optimizer_s": t3 - t_sync, "teacher_s": t_teacher}
+        if self.dist is not None:
+            numerators = {"rl": mask_rl[rows], "opd": mask_opd[rows],
+                          "kl": (norm * mine[:, None])[rows]}
+            out, drift = self._combine_ranks(method, parts, out, drift, outcomes, mine,
+                                             numerators)
+            timings["sync_s"] = t_sync - t2 + time.perf_counter() - t3
         losses = {name: part.metrics["loss"] for name, part in parts.items()}
         losses["total"] = out.metrics["loss"]
         return StepResult(
@@ -406,8 +430,48 @@ class TrainerCore:
             reward_mean=float(rewards.mean()),
             metrics={**out.metrics, **drift},
             outcomes=outcomes,
-            timings={"compute_s": t2 - t0, "optimizer_s": t3 - t2, "teacher_s": t_teacher},
+            timings=timings,
         )
+
+    def _combine_ranks(
+        self,
+        method: methods.Method,
+        parts: dict[str, L.LossOutput],
+        out: L.LossOutput,
+        drift: dict[str, float],
+        outcomes: list[SampleOutcome],
+        mine: torch.Tensor,
+        numerators: dict[str, torch.Tensor],
+    ) -> tuple[L.LossOutput, dict[str, float]]:
+        """Data parallel: the whole batch's metrics and chosen hints, from every rank's (see
+        ``RankGroup.combine``); a part's metrics are weighted by the tokens this rank trained
+        in it (``numerators``: this rank's token masks by mask kind, and the KL term's)."""
+        assert self.dist is not None
+        tokens = {name: float(numerators[methods.PARTS[name].mask].sum()) for name in method.parts}
+        tokens["kl"] = float(numerators["kl"].sum())
+
+        def weight(key: str) -> float:
+            prefix = key.split("/", 1)[0] if "/" in key else None
+            return tokens["kl" if key == "kl_ref" else prefix if prefix in tokens else method.main]
+
+        local = {f"part/{name}/{k}": (v, tokens.get(name, tokens["kl"]))
+                 for name, part in parts.items() for k, v in part.metrics.items()}
+        local.update({f"out/{k}": (v, weight(k)) for k, v in out.metrics.items()})
+        count = drift.get("logprob_drift_tokens", 0.0)
+        local.update({f"drift/{k}": (v, count) for k, v in drift.items()})
+        hints = {b: o.selected_hint for b, o in enumerate(outcomes)
+                 if bool(mine[b]) and o.selected_hint is not None}
+        merged, chosen = self.dist.combine(local, hints)
+        for b, text in chosen.items():
+            outcomes[b].selected_hint = text
+
+        def section(name: str) -> dict[str, float]:
+            head = f"{name}/"
+            return {k[len(head):]: v for k, v in merged.items() if k.startswith(head)}
+
+        for name, part in parts.items():
+            part.metrics = section(f"part/{name}")
+        return L.LossOutput(out.loss, section("out")), section("drift")
 
     def _active_logits(
         self, samples: Sequence[Sample], active: torch.Tensor, rmax: int,

@@ -34,7 +34,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition
 
@@ -51,6 +52,9 @@ from pipeline.trainer.dedup import SeenIds
 from pipeline.trainer.gate import Gate
 from pipeline.trainer.offline import DeltaSource
 from pipeline.trainer.publish import Publisher, Stage, step_row, trajectory_rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.trainer.distributed import RankGroup
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ class TrainerLoop:
         *,
         on_stage: Stage | None = None,
         echo: Callable[[str], None] = print,
+        dist: RankGroup | None = None,
     ) -> None:
         self.settings = settings
         self.cfg = cfg
@@ -91,6 +96,7 @@ class TrainerLoop:
         self._stop = False
         self._newest = 0  # highest version number on disk, usable or not
         self.seen = SeenIds()
+        self.dist = dist  # rank 0 of cfg.nproc ranks (set by run when nproc > 1)
 
     def stop(self, *_: Any) -> None:
         self._stop = True
@@ -109,7 +115,7 @@ class TrainerLoop:
         if manifest is None:
             if found:
                 self.echo(f"no version of {cfg.policy} verifies: starting from the base model")
-            core = TrainerCore.load(cfg)
+            core = self._load_core(None, 0)
             if publisher.gate is not None:
                 publisher.gate.seed(core, 0)
             return core, 0, {}
@@ -119,13 +125,19 @@ class TrainerLoop:
                 f"{cfg.input_topic!r}: its offsets do not apply; use another policy or root"
             )
         directory = ck.version_dir(cfg.weights_root, cfg.policy, manifest.version)
-        core = TrainerCore.load(cfg, directory, step=manifest.step)
+        core = self._load_core(directory, manifest.step)
         self.seen.seed(cfg.weights_root, cfg.policy, manifest.version)
         if publisher.gate is not None:  # held-out turns and live model as of v(N-1)
             publisher.gate.seed(core, manifest.version - 1)
         publisher.complete(directory, core)
         self.echo(f"resumed from v{manifest.version} (step {manifest.step})")
         return core, manifest.version, manifest.offsets()
+
+    def _load_core(self, directory: Path | None, step: int) -> TrainerCore:
+        """The policy at ``directory`` (None: the base), loaded by every rank."""
+        if self.dist is not None:
+            return self.dist.load_core(self.cfg, directory, step)
+        return TrainerCore.load(self.cfg, directory, step=step)
 
     def _report_invalid(self, version: int, reason: str) -> None:
         self.echo(f"v{version} does not verify ({reason}): falling back to an older version")
@@ -149,6 +161,11 @@ class TrainerLoop:
     # ---- main loop ------------------------------------------------------------------------
 
     def run(self) -> LoopStats:
+        if self.cfg.nproc > 1 and self.dist is None:  # this process becomes rank 0
+            from pipeline.trainer.distributed import spawn_ranks
+
+            with spawn_ranks(self.cfg, self.echo) as self.dist:
+                return self.run()
         if self.cfg.from_delta:
             return self._run_offline()
         cfg = self.cfg
@@ -245,6 +262,8 @@ class TrainerLoop:
             drained = offline and consumer.exhausted  # type: ignore[union-attr]
             if batcher.ready() or (drained and batcher):
                 records = batcher.take()
+                if self.dist is not None:
+                    self.dist.send_step([r.event for r in records], version)
                 result = core.train_step([r.event for r in records], version)  # type: ignore[misc]
                 self._account(result)
                 now_ms = events.now_ms()
