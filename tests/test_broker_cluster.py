@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +83,10 @@ def test_three_nodes_get_their_own_ports_folders_and_one_quorum(tmp_path: Path) 
         for key in ("transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr",
                     "min.insync.replicas"):
             assert props[key] == "2", key
+        # a dead node is fenced after 6 s without a heartbeat (Kafka's default: 9 s)
+        assert (props["broker.session.timeout.ms"], props["broker.heartbeat.interval.ms"]) == (
+            "6000", "1000"
+        )
         dirs.add(props["log.dirs"])
         home = tmp_path.resolve() / f"kafka/nodes-3/node-{node.node_id}"
         assert Path(props["log.dirs"]) == home / "data"
@@ -210,28 +216,43 @@ def _partitions(admin: AdminClient, prefix: str = "liverl.") -> list[Any]:
             for p in t.partitions.values()]
 
 
-def _interactions(settings: Settings) -> list[events.Interaction]:
-    """Every record of the interactions topic, up to the high watermarks read first."""
+def _read_all(settings: Settings, topic: str, event_type: str) -> list[Any]:
+    """Every record of ``topic``, up to the high watermarks read first."""
     c = Consumer(settings.kafka_client_config(**{"group.id": "cluster-verify",
                                                  "enable.auto.commit": False}))
-    md = c.list_topics(names.INTERACTIONS, timeout=10).topics[names.INTERACTIONS]
-    ends = {p: c.get_watermark_offsets(TopicPartition(names.INTERACTIONS, p), timeout=10)[1]
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             for p in md.partitions}
-    c.assign([TopicPartition(names.INTERACTIONS, p, 0) for p in ends])
-    got: list[events.Interaction] = []
+    c.assign([TopicPartition(topic, p, 0) for p in ends])
+    got: list[Any] = []
     done = {p for p, end in ends.items() if end == 0}
     deadline = time.monotonic() + 60
     while len(done) < len(ends) and time.monotonic() < deadline:
         for msg in c.consume(500, timeout=0.5):
             if msg.error() is None:
-                ev = events.decode(msg.value(), expected_type="interaction")
-                assert isinstance(ev, events.Interaction)
-                got.append(ev)
+                got.append(events.decode(msg.value(), expected_type=event_type))
                 if msg.offset() + 1 >= ends[msg.partition()]:
                     done.add(msg.partition())
     c.close()
-    assert len(done) == len(ends), "could not read the interactions topic to its end"
+    assert len(done) == len(ends), f"could not read {topic} to its end"
     return got
+
+
+def _start_workers(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    """``liverl workers`` on the cluster, configured the way a user would: broker.nodes."""
+    b = settings.broker
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LIVERL_")},
+        "LIVERL_STATE_DIR": str(settings.state_dir),
+        "LIVERL_BROKER_NODES": str(b.nodes),
+        "LIVERL_BROKER_PORT": str(b.port),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(b.controller_port),
+    }
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "workers", "--no-web", "-l", "info"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
 
 
 @pytest.mark.integration
@@ -267,9 +288,39 @@ def test_a_killed_broker_loses_no_request_and_no_record(
     assert entries["transaction.state.log.replication.factor"].value == "3"
     assert entries["transaction.state.log.min.isr"].value == "2"
 
+    # the processors run on the cluster too: their derived events must survive the kill
+    log = tmp_path / "workers.log"
+    workers = _start_workers(settings, log)
+    try:
+        # consuming when the node dies, not still joining its group
+        assert _wait(lambda: workers.poll() is None and b"Ready" in log.read_bytes(), 240), (
+            log.read_text()[-3000:]
+        )
+        _traffic_kill_and_rejoin(settings, local, admin, tmp_path, pids, start_s, workers, log)
+    finally:
+        if workers.poll() is None:
+            workers.send_signal(signal.SIGTERM)
+            try:
+                workers.wait(30)
+            except subprocess.TimeoutExpired:
+                workers.kill()
+                workers.wait()
+
+
+def _traffic_kill_and_rejoin(
+    settings: Settings,
+    local: LocalBroker,
+    admin: AdminClient,
+    tmp_path: Path,
+    pids: dict[int, int | None],
+    start_s: float,
+    workers: subprocess.Popen[bytes],
+    log: Path,
+) -> None:
     # the node leading most interactions partitions: its death forces leader elections
     leaders = [p.leader for p in _partitions(admin, names.INTERACTIONS)]
     victim = max(set(leaders), key=leaders.count)
+    controller = admin.describe_cluster().result(timeout=10).controller.id
     cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
                         turn_recovery_s=0)
     app = build_app(cfg, settings)
@@ -300,7 +351,7 @@ def test_a_killed_broker_loses_no_request_and_no_record(
         for t in threads:
             t.start()
         assert _wait(lambda: len(results) >= 40, 300, every=0.05)
-        os.kill(pids[victim], signal.SIGKILL)
+        os.kill(pids[victim], signal.SIGKILL)  # type: ignore[arg-type]
         killed_at, at_kill = time.monotonic(), len(results)
 
         def failed_over() -> bool:  # no leader and no in-sync replica on the dead node
@@ -325,12 +376,34 @@ def test_a_killed_broker_loses_no_request_and_no_record(
         recorder = app.state.recorder
         assert recorder.lost == 0 and recorder.dead_lettered == 0
 
-    got = _interactions(settings)
+    got = _read_all(settings, names.INTERACTIONS, "interaction")
     assert len({e.event_id for e in got}) == CLIENTS * TURNS, "every interaction recorded"
     assert len(got) == CLIENTS * TURNS, "and once only"
     for session, turns in answered.items():
         recorded = [e.turn for e in got if e.session_id == session]
         assert recorded == sorted(turns) == list(range(TURNS)), session
+
+    # every turn gets its reward from the workers, who lived through the kill
+    want = {(session, turn) for session in answered for turn in range(TURNS)}
+    rewards: list[Any] = []
+
+    def rewarded() -> bool:
+        nonlocal rewards
+        assert workers.poll() is None, log.read_text()[-3000:]
+        rewards = _read_all(settings, names.REWARDS, "reward")
+        return want <= {(r.session_id, r.turn) for r in rewards}
+
+    assert _wait(rewarded, 300, every=2.0), (
+        f"{len({(r.session_id, r.turn) for r in rewards} & want)} of {len(want)} turns "
+        f"rewarded:\n{log.read_text()[-3000:]}"
+    )
+    rewards_s = time.monotonic() - killed_at
+    assert len({r.event_id for r in rewards}) == len(want), "one reward id per turn"
+    faust = [t for name, t in admin.list_topics(timeout=10).topics.items()
+             if name.endswith(("-changelog", "__assignor-__leader"))]
+    assert faust and all(len(p.replicas) == 3 for t in faust for p in t.partitions.values()), (
+        "Faust's own topics replicate like the specs' (topics.replication_factor from nodes)"
+    )
 
     # the killed node comes back: only it is started, and it is in sync again
     local.up(quiet=True)
@@ -342,8 +415,11 @@ def test_a_killed_broker_loses_no_request_and_no_record(
         "the restarted node's replicas did not rejoin the ISR"
     )
     rejoin_s = time.monotonic() - restarted_at
-    print(f"\ncluster start {start_s:.1f}s; node {victim} killed after {at_kill} answered "
+    role = "leader of most interactions partitions" + (
+        " and active controller" if victim == controller else "")
+    print(f"\ncluster start {start_s:.1f}s; node {victim} ({role}) killed after {at_kill} answered "
           f"turns, {at_failover - at_kill} more answered until the failover ({failover_s:.1f}s); "
           f"recording drained {drained_s:.1f}s after the kill "
-          f"(redelivered {recorder.redelivered}); restarted node in every ISR after "
-          f"{rejoin_s:.1f}s")
+          f"(redelivered {recorder.redelivered}); all {len(want)} turns rewarded "
+          f"{rewards_s:.1f}s after the kill ({len(rewards)} reward records, at-least-once); "
+          f"restarted node in every ISR after {rejoin_s:.1f}s")

@@ -121,6 +121,8 @@ def test_cluster_profile_is_the_three_node_layout_of_the_local_cluster(tmp_path:
             "share.coordinator.state.topic.min.isr",
             "default.replication.factor",
             "min.insync.replicas",
+            "broker.heartbeat.interval.ms",
+            "broker.session.timeout.ms",
             "auto.create.topics.enable",
             "message.max.bytes",
             "group.initial.rebalance.delay.ms",

@@ -481,6 +481,12 @@ class LocalBroker:
         if c.nodes > 1:
             props["default.replication.factor"] = replication
             props["min.insync.replicas"] = min_isr
+            # A dead node is fenced (its replicas leave every ISR, its partitions get new
+            # leaders) this long after its last heartbeat. Kafka's 9 s plus a controller
+            # election made acks=all writes wait 12-14 s on 2 busy cores, near the gateway's
+            # 15 s delivery timeout, past which a record is re-sent and may be doubled.
+            props["broker.heartbeat.interval.ms"] = "1000"
+            props["broker.session.timeout.ms"] = "6000"
         return props
 
     def _write_config(self, node: Node | None = None) -> Path:
