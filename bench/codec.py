@@ -1,14 +1,18 @@
-"""Event codec throughput on a realistic interaction (2,048 prompt tokens, 512 response tokens
-with log-probs, tool-use messages: ~31 KB of JSON). Prints figures; asserts nothing.
+"""Event codec cost on a realistic interaction (2,048 prompt tokens, 512 response tokens with
+log-probs, tool-use messages: ~31 KB of JSON in v1), codec v1 and v2 side by side. Prints
+figures; asserts nothing.
 
-    python bench/codec.py [-n ITERATIONS]
+The two versions are measured in alternating rounds of the same run and each case reports the
+median round, so a machine shared with other work slows both alike and the ratio holds.
+
+    python bench/codec.py [-n ITERATIONS] [--rounds R]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import statistics
 import time
 from collections.abc import Callable
 
@@ -18,9 +22,8 @@ from pipeline.events import decode, encode, load_schema
 from pipeline.events.examples import interaction
 
 
-def measure(fn: Callable[[], object], n: int) -> float:
-    """Seconds per call over n calls, after one warm-up call."""
-    fn()
+def per_call(fn: Callable[[], object], n: int) -> float:
+    """Seconds per call over n calls."""
     start = time.perf_counter()
     for _ in range(n):
         fn()
@@ -29,61 +32,72 @@ def measure(fn: Callable[[], object], n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", "--iterations", type=int, default=2000)
+    parser.add_argument("-n", "--iterations", type=int, default=200, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument(
         "--reference-iterations",
         type=int,
-        default=100,
-        help="iterations for the (slow) jsonschema reference validator",
+        default=20,
+        help="calls per round of the (slow) jsonschema reference validator",
     )
     args = parser.parse_args()
     n = args.iterations
 
     event = interaction(prompt_tokens=2048, response_tokens=512, text_repeat=5)
-    raw = encode(event, validate=True)
-    size = len(raw)
-    assert decode(raw) == event
+    raws = {v: encode(event, validate=True, version=v) for v in (1, 2)}
+    docs = {v: orjson.loads(raw) for v, raw in raws.items()}
+    for raw in raws.values():
+        assert decode(raw) == event
 
-    doc = orjson.loads(raw)
+    def cases(v: int) -> list[tuple[str, Callable[[], object], int]]:
+        raw, doc = raws[v], docs[v]
+        out: list[tuple[str, Callable[[], object], int]] = [
+            ("encode", lambda: encode(event, version=v), n),
+            ("decode (parse + validate + typed event)", lambda: decode(raw), n),
+            ("encode + decode", lambda: decode(encode(event, version=v)), n),
+            ("encode(validate=True)", lambda: encode(event, validate=True, version=v), n),
+            ("orjson loads only, no validation", lambda: orjson.loads(raw), n),
+            ("stdlib json round trip, no checks", lambda: json.loads(json.dumps(doc)), n),
+        ]
+        try:
+            from jsonschema import Draft7Validator
 
-    cases: list[tuple[str, Callable[[], object], int]] = [
-        ("orjson encode only", lambda: encode(event), n),
-        ("decode (orjson + fastjsonschema + dataclass)", lambda: decode(raw), n),
-        ("encode + validate + decode", lambda: decode(encode(event)), n),
-        ("orjson round trip, no validation", lambda: orjson.loads(orjson.dumps(event)), n),
-        ("stdlib json round trip (dict), no validation", lambda: json.loads(json.dumps(doc)), n),
-        (
-            "stdlib json round trip incl. dataclasses.asdict",
-            lambda: json.loads(json.dumps(dataclasses.asdict(event))),
-            n,
-        ),
-    ]
-    try:
-        from jsonschema import Draft7Validator
+            reference = Draft7Validator(load_schema("interaction", v))
+            out.append(
+                ("jsonschema Draft7Validator, validate only", lambda: reference.validate(doc),
+                 args.reference_iterations)
+            )  # fmt: skip
+        except ImportError:
+            pass
+        return out
 
-        reference = Draft7Validator(load_schema("interaction"))
-        cases.append(
-            (
-                "jsonschema Draft7Validator, validate only",
-                lambda: reference.validate(doc),
-                args.reference_iterations,
-            )
-        )
-    except ImportError:
-        pass
-
-    print(f"interaction event: {size:,} bytes of JSON; {n:,} iterations per case")
-    print(f"{'case':<46} {'us/event':>10} {'events/s':>11} {'MB/s':>8}")
+    table = {v: cases(v) for v in (1, 2)}
+    rounds: dict[tuple[int, str], list[float]] = {}
     started = time.perf_counter()
-    results: dict[str, float] = {}
-    for name, fn, iterations in cases:
-        per = measure(fn, iterations)
-        results[name] = per
-        print(f"{name:<46} {per * 1e6:>10.1f} {1 / per:>11,.0f} {size / per / 1e6:>8.1f}")
-    ours = results["encode + validate + decode"]
-    stdlib = results["stdlib json round trip (dict), no validation"]
+    for v in (1, 2):  # warm-up: compile validators, fill caches
+        for _, fn, _ in table[v]:
+            fn()
+    for _ in range(args.rounds):
+        for i in range(len(table[1])):
+            for v in (1, 2):
+                name, fn, iterations = table[v][i]
+                rounds.setdefault((v, name), []).append(per_call(fn, iterations))
+    median = {k: statistics.median(v) for k, v in rounds.items()}
+
+    size1, size2 = len(raws[1]), len(raws[2])
     print(
-        f"stdlib json round trip (no validation) / encode + validate + decode: {stdlib / ours:.2f}x"
+        f"interaction event: v1 {size1:,} bytes, v2 {size2:,} bytes ({size2 / size1:.2f}x); "
+        f"median of {args.rounds} alternating rounds of {n:,} calls"
+    )
+    print(f"{'case':<46} {'v1 us':>9} {'v2 us':>9} {'v2/v1':>7} {'v2 events/s':>12}")
+    for name, _, _ in table[1]:
+        a, b = median[(1, name)], median[(2, name)]
+        print(f"{name:<46} {a * 1e6:>9.1f} {b * 1e6:>9.1f} {b / a:>7.2f} {1 / b:>12,.0f}")
+    ours = {v: median[(v, "encode + decode")] for v in (1, 2)}
+    stdlib = median[(1, "stdlib json round trip, no checks")]
+    print(
+        "stdlib json round trip of the v1 dict (no validation) / encode + decode: "
+        f"v1 {stdlib / ours[1]:.2f}x, v2 {stdlib / ours[2]:.2f}x"
     )
     print(f"time spent: {time.perf_counter() - started:.1f} s")
 

@@ -1,8 +1,10 @@
-"""Produce→consume throughput and latency on the local broker: liverl codec vs raw bytes.
+"""Produce→consume throughput and latency on the local broker: liverl codec v1 and v2 vs raw bytes.
 
 The baseline (raw pre-encoded bytes through confluent-kafka) and the codec path
 (EventProducer.send → EventConsumer.poll_batch: encode, decode, schema validation) run
 back to back on the same broker with the same event, so the ratio is what the codec costs.
+Each repeat runs raw v1 bytes, codec v1, raw v2 bytes and codec v2 in turn (the codec version
+is ``kafka.codec_version``), so all ratios come from the same run.
 
     .venv/bin/python bench/produce_consume.py [--events 2000]
 """
@@ -136,37 +138,48 @@ def main() -> None:
     parser.add_argument("--pings", type=int, default=200, help="latency samples per run")
     args = parser.parse_args()
 
-    settings = Settings()
-    admin = AdminClient(settings.kafka_client_config())
+    base = Settings()
+    admin = AdminClient(base.kafka_client_config())
     admin.list_topics(timeout=10)
     event = examples.interaction(prompt_tokens=2048, response_tokens=512, text_repeat=10)
-    payload = events.encode(event)
+    payloads = {v: events.encode(event, version=v) for v in (1, 2)}
+    settings = {}
+    for v in (1, 2):
+        settings[v] = base.model_copy(deep=True)
+        settings[v].kafka.codec_version = v
     print(
-        f"event: interaction, {len(payload) / 1024:.1f} KiB JSON, 2,048 prompt + 512 "
-        f"response tokens; {args.events} events x {args.repeats} runs on {settings.bootstrap}"
+        f"event: interaction, v1 {len(payloads[1]) / 1024:.1f} KiB, v2 "
+        f"{len(payloads[2]) / 1024:.1f} KiB of JSON, 2,048 prompt + 512 response tokens; "
+        f"{args.events} events x {args.repeats} runs on {base.bootstrap}"
     )
-    raws, codecs = [], []
+    runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(args.repeats):
-        raws.append(
-            measure(RawPath(settings, _topic(admin, "raw"), payload), args.events, args.pings)
-        )
-        codecs.append(
-            measure(CodecPath(settings, _topic(admin, "codec"), event), args.events, args.pings)
-        )
-    raw = {k: statistics.median(r[k] for r in raws) for k in raws[0]}
-    codec = {k: statistics.median(r[k] for r in codecs) for k in codecs[0]}
-    mb = len(payload) / 1e6
-    print(f"{'path':<8}{'events/s':>10}{'MB/s':>8}{'p50 ms':>9}{'p99 ms':>9}")
-    for name, r in (("raw", raw), ("codec", codec)):
+        for v in (1, 2):
+            raw_path = RawPath(base, _topic(admin, f"raw{v}"), payloads[v])
+            runs.setdefault(f"raw v{v}", []).append(measure(raw_path, args.events, args.pings))
+            codec_path = CodecPath(settings[v], _topic(admin, f"codec{v}"), event)
+            runs.setdefault(f"codec v{v}", []).append(measure(codec_path, args.events, args.pings))
+    med = {
+        name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()
+    }
+    print(f"{'path':<10}{'events/s':>10}{'MB/s':>8}{'p50 ms':>9}{'p99 ms':>9}")
+    for name, r in med.items():
+        mb = len(payloads[int(name[-1])]) / 1e6
         print(
-            f"{name:<8}{r['events_s']:>10.0f}{r['events_s'] * mb:>8.1f}"
+            f"{name:<10}{r['events_s']:>10.0f}{r['events_s'] * mb:>8.1f}"
             f"{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}"
         )
-    overhead = raw["events_s"] / codec["events_s"] - 1
-    print(
-        f"codec cost: {overhead * 100:+.0f}% wall time per event vs raw (target <= +25%); "
-        f"p50 {codec['p50_ms'] / raw['p50_ms']:.2f}x raw"
-    )
+
+    def cost(codec: str, raw: str) -> str:
+        over = med[raw]["events_s"] / med[codec]["events_s"] - 1
+        p50 = med[codec]["p50_ms"] / med[raw]["p50_ms"]
+        return f"{over * 100:+.0f}% wall time per event, p50 {p50:.2f}x"
+
+    print(f"codec v1 vs raw v1 bytes: {cost('codec v1', 'raw v1')} (target <= +25%)")
+    print(f"codec v2 vs raw v2 bytes: {cost('codec v2', 'raw v2')} (target <= +25%)")
+    print(f"codec v2 vs raw v1 bytes: {cost('codec v2', 'raw v1')} (the v1 baseline)")
+    speed = med["codec v2"]["events_s"] / med["codec v1"]["events_s"]
+    print(f"codec v2 / codec v1 throughput: {speed:.2f}x")
 
 
 if __name__ == "__main__":

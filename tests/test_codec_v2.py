@@ -186,6 +186,25 @@ def test_setting_and_process_default(
             events.encode(EXAMPLES["sample"], version=bad_version)
 
 
+def test_gateway_recorder_frames_interactions_in_the_settings_version(
+    restore_codec_version: None, tmp_path: Path
+) -> None:
+    from pipeline.serving.recorder import Recorder, unframe
+    from pipeline.serving.spool import Spool
+
+    event = EXAMPLES["interaction"]
+    for version in (1, 2):
+        events.set_codec_version(3 - version)  # the settings win over the process default
+        settings = Settings()
+        settings.kafka.codec_version = version
+        recorder = Recorder(settings, Spool(tmp_path / f"spool{version}"))
+        topic, key, value, hdrs = unframe(recorder._frame_or_letter("t", event))
+        assert (topic, key) == ("t", b"sess-7f3a9c")
+        assert orjson.loads(value)["schema_version"] == version
+        assert dict(hdrs)[events.VERSION_HEADER] == str(version).encode()
+        assert events.decode(value) == event
+
+
 def test_cli_sets_the_process_default_from_settings(
     restore_codec_version: None, tmp_path: Path
 ) -> None:

@@ -314,9 +314,10 @@ def test_validate_does_not_mutate() -> None:
 
 def test_large_interaction_round_trips() -> None:
     event = interaction(prompt_tokens=2048, response_tokens=512, text_repeat=5)
-    raw = encode(event, validate=True)
+    raw = encode(event, validate=True, version=1)  # the bench's ~31 KB of JSON (v1 layout)
     assert 25_000 < len(raw) < 40_000
     assert decode(raw, "interaction") == event
+    assert decode(encode(event, validate=True, version=2), "interaction") == event
 
 
 # --- event ids --------------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 Codec versions: v1 writes every field as plain JSON. v2 writes the bulk numeric arrays of the
 types that have a ``<type>.v2.json`` (interaction, sample) as base64 of little-endian binary
 arrays (`binary.py`); every other type stays v1. Readers take both, whatever the writer chose,
-so a topic may hold both. The version written is ``kafka.codec_version`` (settings): given
-explicitly where settings are at hand (EventProducer), else the process default that the CLI
-sets from the settings (:func:`set_codec_version`). Typed events in memory are the same for
-both (lists; ``schema_version`` 1): the wire version is only a property of the bytes.
+so a topic may hold both. The version written is ``kafka.codec_version`` (settings): passed
+explicitly by the writers that hold settings (EventProducer, the gateway's recorder, the Faust
+agents), else the process default that the CLI sets from the settings
+(:func:`set_codec_version`). Typed events in memory are the same for both (lists;
+``schema_version`` 1): the wire version is only a property of the bytes.
 """
 
 from __future__ import annotations

@@ -272,8 +272,11 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                 del parked_t[key]
 
     async def send(topic_name: str, ev: Event) -> None:
+        v = settings.kafka.codec_version
         await out[topic_name].send(
-            key=events.key(ev), value=events.encode(ev), headers=events.headers(ev)
+            key=events.key(ev),
+            value=events.encode(ev, version=v),
+            headers=events.headers(ev, version=v),
         )
 
     async def dead_letter(msg: Any, error: str) -> None:

@@ -176,9 +176,11 @@ class Recorder:
     def _frame_or_letter(self, topic: str, event: events.Event) -> bytes:
         """The event's spool frame, or a dead letter's when it cannot go to ``topic``."""
         try:
-            value = events.encode(event)
+            v = self.kafka.kafka.codec_version
+            value = events.encode(event, version=v)
             if len(value) <= self.max_event_bytes:
-                return _frame_value(topic, value, events.key(event), events.headers(event))
+                hdrs = events.headers(event, version=v)
+                return _frame_value(topic, value, events.key(event), hdrs)
             reason = f"value of {len(value)} bytes exceeds the codec limit {self.max_event_bytes}"
         except Exception as exc:  # noqa: BLE001 - any defect of one event
             reason = f"cannot encode: {type(exc).__name__}: {exc}"
