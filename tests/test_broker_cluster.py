@@ -321,8 +321,12 @@ def _traffic_kill_and_rejoin(
     leaders = [p.leader for p in _partitions(admin, names.INTERACTIONS)]
     victim = max(set(leaders), key=leaders.count)
     controller = admin.describe_cluster().result(timeout=10).controller.id
+    # Exactly once through a failover needs the failover inside the recorder's delivery
+    # timeout: past it, a record Kafka may already hold is re-sent by a fresh producer. On 2
+    # busy cores, leaderships moved up to ~15 s after the kill and the default 15 s doubled a
+    # record in one run of three (docs/architecture.md, Cluster).
     cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
-                        turn_recovery_s=0)
+                        turn_recovery_s=0, delivery_timeout_s=60.0)
     app = build_app(cfg, settings)
     results: list[tuple[int, str]] = []
     answered: dict[str, list[int]] = {}
