@@ -4,6 +4,11 @@ forward/backward/optimizer (Kafka, checks, publishing, Delta). Prints figures; a
     python bench/trainer.py [--samples 2048] [--batch 16] [--publish-every default 1] [--no-kafka]
     python bench/trainer.py --model smollm2-135m-instruct --samples 64 --batch 8 \
         --prompt 128 --response 64 --methods rl --publish-every 1
+    python bench/trainer.py --nproc 1 2    # data-parallel ranks (liverl train --nproc)
+
+With ``--nproc 2`` the ranks share the machine's cores (each takes cores/N threads), so on a
+small CPU box the figures show the cost of the protocol (batch broadcast, gradient all-reduce,
+waiting for the slower shard: "sync"), not a speed-up; N GPUs are where N ranks pay.
 
 ``--model tiny`` (default here, full fine-tuning) or a store model (LoRA adapter: what a
 version publishes is the adapter).
@@ -15,17 +20,22 @@ it writes to a throwaway topic and a temporary folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import torch
+
 from pipeline.events import Producer, Sample
 from pipeline.models import store
 from pipeline.models.tiny import ensure_tiny_model
 from pipeline.trainer.config import TrainerSettings
-from pipeline.trainer.core import TrainerCore
+from pipeline.trainer.core import StepResult, TrainerCore
+from pipeline.trainer.distributed import spawn_ranks
 
 
 def samples(n: int, policy: str, prompt: int, response: int) -> list[Sample]:
@@ -51,22 +61,45 @@ def report(label: str, n: int, tokens: int, wall: float, compute: float) -> None
     )
 
 
-def bench_core(model: Path, data: list[Sample], batch: int, method: str) -> None:
-    core = TrainerCore.load(TrainerSettings(model=str(model), device="cpu", method=method,
-                                            teacher="policy"))
-    core.train_step(data[:batch], 0)  # warm-up
-    compute, start = 0.0, time.perf_counter()
-    for i in range(0, len(data), batch):
-        r = core.train_step(data[i : i + batch], 0)
-        compute += r.timings["compute_s"] + r.timings["optimizer_s"]
-    wall = time.perf_counter() - start
+def bench_core(model: Path, data: list[Sample], batch: int, method: str, nproc: int = 1) -> None:
+    """One process, or rank 0 of ``nproc`` (the others spawned, as ``liverl train`` does):
+    each batch is broadcast, trained in shards and its gradients summed."""
+    cfg = TrainerSettings(model=str(model), device="cpu", method=method, teacher="policy",
+                          nproc=nproc)
+    with contextlib.ExitStack() as stack:
+        group = None
+        if nproc > 1:
+            threads = torch.get_num_threads()
+            stack.callback(torch.set_num_threads, threads)
+            group = stack.enter_context(spawn_ranks(cfg, lambda _line: None))
+            core = group.load_core(cfg, None, 0)
+        else:
+            core = TrainerCore.load(cfg)
+
+        def step(rows: list[Sample]) -> StepResult:
+            if group is not None:
+                group.send_step(rows, 0)
+            return core.train_step(rows, 0)
+
+        step(data[:batch])  # warm-up
+        compute = sync = 0.0
+        start = time.perf_counter()
+        for i in range(0, len(data), batch):
+            r = step(data[i : i + batch])
+            compute += r.timings["compute_s"] + r.timings["optimizer_s"]
+            sync += r.timings.get("sync_s", 0.0)
+        wall = time.perf_counter() - start
     tokens = sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in data)
-    report(f"core only ({method})", len(data), tokens, wall, compute)
+    report(f"core only ({method}), nproc {nproc}", len(data), tokens, wall, compute)
+    if nproc > 1:
+        print(f"{'':<28} gradient all-reduce and metrics {100 * sync / wall:.1f}% of wall")
 
 
-def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: str) -> None:
+def bench_kafka(
+    model: Path, data: list[Sample], batch: int, publish_every: str, nproc: int = 1
+) -> None:
     """``publish_every``: ``default`` (the settings' cadence) or N (every N steps, no
-    overhead budget: the pre-budget behaviour)."""
+    overhead budget: the pre-budget behaviour); ``nproc``: ranks, as ``liverl train``."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from pipeline.kafka import EventProducer
@@ -89,7 +122,7 @@ def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: str)
                 policy="bench", model=str(model), input_topic=topic, device="cpu",
                 weights_root=Path(tmp) / "w", lake_root=Path(tmp) / "lake",
                 batch_max_samples=batch, batch_max_wait_s=0.2,
-                exit_when_idle_s=idle,
+                exit_when_idle_s=idle, nproc=nproc,
             )
             if publish_every != "default":
                 cfg.publish_every_steps, cfg.publish_max_overhead = int(publish_every), 1.0
@@ -100,7 +133,9 @@ def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: str)
                     if word in line:
                         marks[word] = time.perf_counter()
 
+            threads = torch.get_num_threads()  # ranks share the cores; restored after
             stats = TrainerLoop(settings, cfg, echo=echo).run()
+            torch.set_num_threads(threads)
             # from ready to the final publish, less the idle wait before exiting
             wall = marks["stopped"] - marks["ready"] - idle
         tokens = sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in data)
@@ -109,7 +144,7 @@ def bench_kafka(model: Path, data: list[Sample], batch: int, publish_every: str)
         label = (
             "default cadence" if publish_every == "default" else f"publish/{publish_every} steps"
         )
-        report(f"kafka loop, {label}", stats.samples, tokens, wall, compute)
+        report(f"kafka loop, {label}, nproc {nproc}", stats.samples, tokens, wall, compute)
         print(
             f"{'':<28} {stats.published} versions, {stats.steps} steps; publishing "
             f"{100 * t['publish_s'] / wall:.1f}% ({1000 * t['publish_s'] / stats.published:.0f} "
@@ -131,6 +166,8 @@ def main() -> None:
     ap.add_argument("--no-kafka", action="store_true")
     ap.add_argument("--model", default="tiny", help="tiny or a store model (LoRA)")
     ap.add_argument("--methods", nargs="+", default=["rl", "hybrid"])
+    ap.add_argument("--nproc", nargs="+", type=int, default=[1],
+                    help="rank counts to compare, e.g. 1 2 (CPU: the ranks share the cores)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.model == "tiny":
@@ -140,12 +177,14 @@ def main() -> None:
         data = samples(args.samples, "bench", args.prompt, args.response)
         kind = "full fine-tuning" if args.model == "tiny" else "LoRA r=16"
         print(f"{args.model} ({kind}), {args.samples} samples of {args.prompt}+{args.response} "
-              f"tokens, batch {args.batch}, CPU")
+              f"tokens, batch {args.batch}, CPU ({os.cpu_count()} cores)")
         for method in args.methods:
-            bench_core(model, data, args.batch, method)
+            for nproc in args.nproc:
+                bench_core(model, data, args.batch, method, nproc)
         if not args.no_kafka:
             for every in args.publish_every:
-                bench_kafka(model, data, args.batch, every)
+                for nproc in args.nproc:
+                    bench_kafka(model, data, args.batch, every, nproc)
 
 
 if __name__ == "__main__":
