@@ -4,11 +4,13 @@ forward/backward/optimizer (Kafka, checks, publishing, Delta). Prints figures; a
     python bench/trainer.py [--samples 2048] [--batch 16] [--publish-every default 1] [--no-kafka]
     python bench/trainer.py --model smollm2-135m-instruct --samples 64 --batch 8 \
         --prompt 128 --response 64 --methods rl --publish-every 1
-    python bench/trainer.py --nproc 1 2    # data-parallel ranks (liverl train --nproc)
+    python bench/trainer.py --nproc 1 2 --threads 1   # data-parallel ranks (train --nproc)
 
 With ``--nproc 2`` the ranks share the machine's cores (each takes cores/N threads), so on a
 small CPU box the figures show the cost of the protocol (batch broadcast, gradient all-reduce,
-waiting for the slower shard: "sync"), not a speed-up; N GPUs are where N ranks pay.
+waiting for the slower shard: "sync"), not a speed-up; N GPUs are where N ranks pay. Compare
+with a single process on as many threads as one rank (``--threads``): on a busy machine,
+torch's default (every core) can be several times slower than one thread.
 
 ``--model tiny`` (default here, full fine-tuning) or a store model (LoRA adapter: what a
 version publishes is the adapter).
@@ -168,7 +170,12 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["rl", "hybrid"])
     ap.add_argument("--nproc", nargs="+", type=int, default=[1],
                     help="rank counts to compare, e.g. 1 2 (CPU: the ranks share the cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of a single process (default: torch's, all cores); "
+                    "ranks always take cores/N each")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.model == "tiny":
             model = ensure_tiny_model(Path(tmp) / "tiny")
@@ -177,7 +184,8 @@ def main() -> None:
         data = samples(args.samples, "bench", args.prompt, args.response)
         kind = "full fine-tuning" if args.model == "tiny" else "LoRA r=16"
         print(f"{args.model} ({kind}), {args.samples} samples of {args.prompt}+{args.response} "
-              f"tokens, batch {args.batch}, CPU ({os.cpu_count()} cores)")
+              f"tokens, batch {args.batch}, CPU ({os.cpu_count()} cores, "
+              f"{torch.get_num_threads()} torch threads for nproc 1)")
         for method in args.methods:
             for nproc in args.nproc:
                 bench_core(model, data, args.batch, method, nproc)
