@@ -249,7 +249,7 @@ def _check_published(root: Path, policy: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.integration
-def test_nproc_2_consumes_a_topic_exactly_once(
+def test_nproc_2_stops_on_sigterm_resumes_and_consumes_exactly_once(
     kafka_settings: Settings, admin: Any, unique: str, tiny: Path, tmp_path: Path  # noqa: F811
 ) -> None:
     topic, policy = f"test.trainer.dist.{unique}", f"p-{unique}"
@@ -259,8 +259,20 @@ def test_nproc_2_consumes_a_topic_exactly_once(
     produce(kafka_settings, topic, samples)
     log = tmp_path / "trainer.log"
     cmd = [*trainer_cmd(tiny, topic, policy, tmp_path, idle_s=2.0), "--nproc", "2"]
+    # SIGTERM reaches rank 0 only: it finishes the step with rank 1, publishes, stops it.
     proc, lines = start(cmd, kafka_settings, log)
     pids = _ranks(lines, proc, log)
+    assert wait_for(lines, "published v2", proc, timeout=120), log.read_text()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert _gone(pids)
+    stopped = ck.versions(tmp_path / "weights", policy)
+    assert len(stopped) >= 2
+    _check_published(tmp_path, policy)
+
+    proc, lines = start(cmd, kafka_settings, log)
+    pids = _ranks(lines, proc, log)
+    assert wait_for(lines, f"resumed from v{stopped[-1]}", proc, timeout=120)
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert _gone(pids)  # the worker was told to stop and did
 
