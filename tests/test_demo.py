@@ -78,6 +78,7 @@ def test_summary_reports_before_after_and_freshness() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1800)  # ~10 min on a quiet 2-core machine; the global 600 s cut it under load
 def test_quick_demo_improves_the_live_policy_on_held_out_users(tmp_path: Path) -> None:
     """The real model, the real loop: after the training sessions, held-out users (questions
     the policy never trained on, nothing recorded) are satisfied more often than before,
