@@ -30,7 +30,7 @@ _ENCODE_OPTS = orjson.OPT_SERIALIZE_NUMPY  # token ids straight from numpy need 
 _FIXED = ("type", "schema_version")
 
 CODEC_VERSIONS = (1, 2)
-DEFAULT_CODEC_VERSION = 1
+DEFAULT_CODEC_VERSION = 2
 _codec_version = DEFAULT_CODEC_VERSION
 
 
