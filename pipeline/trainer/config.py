@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.kafka import names
 
@@ -29,12 +29,13 @@ class TrainerSettings(BaseModel):
         description="A store model name (pulled on first use), 'tiny' (built in code) or a "
         "local HF model dir.",
     )
-    method: Method = Field(
-        default="rl", description="Training method: rl, opd, hybrid or one a plugin registers."
-    )
     plugins: list[str] = Field(
         default_factory=list,
         description="Python modules imported first; they may register methods and loss parts.",
+    )
+    method: Method = Field(
+        default="rl", validate_default=True,  # so plugins load even for the default method
+        description="Training method: rl, opd, hybrid or one a plugin registers.",
     )
     input_topic: str = names.SAMPLES
     group_id: str | None = Field(
@@ -186,14 +187,16 @@ class TrainerSettings(BaseModel):
         default="trainer-1", description="Goes into derived event ids; bump on semantic change."
     )
 
-    @model_validator(mode="after")
-    def _known_method(self) -> TrainerSettings:
-        """Plugins load first, so a method they register is known when the name is checked."""
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str, info: ValidationInfo) -> str:
+        """Plugins (declared, hence validated, first) load before the name is checked, so a
+        method they register is known; the error names ``trainer.method``."""
         from pipeline.trainer import methods
 
-        methods.load_plugins(self.plugins)
-        methods.get(self.method)
-        return self
+        methods.load_plugins(info.data.get("plugins") or [])
+        methods.get(method)
+        return method
 
     @model_validator(mode="after")
     def _ranks_fit_devices(self) -> TrainerSettings:
