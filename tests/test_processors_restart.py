@@ -39,9 +39,6 @@ from .test_processors_integration import (
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = 10
-
-
 def changelog_size(settings: Settings, app_id: str, table: str) -> int:
     """Records ever written to a table's changelog (0 before it exists)."""
     topic = f"{app_id}-{table}-changelog"
@@ -71,9 +68,15 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
     base = examples.interaction(prompt_tokens=4, response_tokens=2)
     expected: dict[str, list[str]] = {}  # session -> prm_score parents
     parked_at_kill = 0
+    # Kill points: some rounds wait until the outcome is provably parked (read, committed,
+    # in the changelog) and kill soon after, so every run covers that case however slowly the
+    # worker starts on a loaded machine; the others kill at a random moment, some with the
+    # interaction sent before the kill.
+    modes = ["parked"] * 4 + ["random"] * 3 + ["early"] * 3
+    rng.shuffle(modes)
     proc = start_worker(app_id, prefix, rules, tmp_path, **env)
     try:
-        for i in range(ROUNDS):
+        for i, mode in enumerate(modes):
             sid = f"{prefix}-{i}"
             outcome = outcome_event(sid, True, turn=0)  # liverl record-outcome --turn 0 --passed
             inter = dataclasses.replace(base, event_id=f"{sid}-i0", session_id=sid, turn=0)
@@ -81,12 +84,20 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
             before = changelog_size(kafka_settings, app_id, "judging")
             producer.send(names.NEXT_STATES, outcome)
             producer.flush()
-            early = rng.random() < 0.3  # sometimes the interaction, too, comes before the kill
+            early = mode == "early"
             if early:
                 time.sleep(rng.uniform(0.0, 2.0))
                 producer.send(names.INTERACTIONS, inter)
                 producer.flush()
-            time.sleep(rng.uniform(0.5, 10.0))
+            if mode == "parked":
+                parked_by = time.monotonic() + 120
+                while changelog_size(kafka_settings, app_id, "judging") <= before:
+                    assert proc.poll() is None, f"seed {seed}: worker exited before parking"
+                    assert time.monotonic() < parked_by, f"seed {seed}: outcome never parked"
+                    time.sleep(0.2)
+                time.sleep(rng.uniform(0.0, 1.0))
+            else:
+                time.sleep(rng.uniform(0.5, 10.0))
             if not early and changelog_size(kafka_settings, app_id, "judging") > before:
                 parked_at_kill += 1  # the outcome was read (and committed) and now waits
             proc.send_signal(signal.SIGKILL)
@@ -120,7 +131,7 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
         drop_internal_topics(kafka_settings, app_id)
     log = (tmp_path / f"{app_id}.log").read_text()[-4000:]
     assert alive, f"seed {seed}: worker exited\n{log}"
-    assert parked_at_kill >= 3, f"seed {seed}: only {parked_at_kill} kills with a parked outcome"
+    assert parked_at_kill >= 4, f"seed {seed}: only {parked_at_kill} kills with a parked outcome"
     assert not dead, [d.error for d in dead]
 
     # Deduplicate by id, as every downstream consumer must: then exactly one verdict per turn.
