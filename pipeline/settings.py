@@ -3,6 +3,11 @@
 Nested sections map to ``LIVERL_<SECTION>_<FIELD>`` (``LIVERL_KAFKA_BOOTSTRAP``,
 ``LIVERL_BROKER_PORT``); dict fields take JSON (``LIVERL_KAFKA_CLIENT='{"security.protocol":
 "SASL_SSL"}'``). The file is ``$LIVERL_CONFIG`` or ``./liverl.toml`` when present.
+
+The top of the settings layers (docs/architecture.md, Settings): ``Settings`` composes the
+Kafka layer's sections (``pipeline.kafka.connection``) with each component's own
+(``[serve]``, ``[processors]``, ``[trainer]``), so it is imported by the command line and the
+components that run under it, never by the Kafka layer or a component's settings module.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,133 +25,29 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from pipeline.events.codec import DEFAULT_CODEC_VERSION
+from pipeline.kafka.connection import (
+    PROJECT_ROOT,
+    BrokerSettings,
+    ConnectionSettings,
+    KafkaSettings,
+    TopicSettings,
+)
 from pipeline.processors.config import ProcessorSettings
 from pipeline.serving.settings import ServeSettings
 from pipeline.trainer.config import TrainerSettings
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+__all__ = [
+    "PROJECT_ROOT",
+    "BrokerSettings",
+    "ConnectionSettings",
+    "KafkaSettings",
+    "Settings",
+    "TopicSettings",
+    "load_settings",
+]
 
 # Set by load_settings(config=...) for the duration of one construction; no global side effect.
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("liverl_config_file", default=None)
-
-
-class KafkaSettings(BaseModel):
-    """Where the cluster is. ``bootstrap`` unset means the embedded local broker."""
-
-    bootstrap: str | None = Field(
-        default=None,
-        description="External cluster bootstrap servers; when set nothing local is started.",
-    )
-    client: dict[str, str] = Field(
-        default_factory=dict,
-        description="librdkafka settings passed through to every client (SASL/SSL etc.).",
-    )
-    compression: str = "lz4"
-    codec_version: int = Field(
-        default=DEFAULT_CODEC_VERSION,
-        ge=1,
-        le=2,
-        description="Codec version written for interactions and samples: 2 carries token ids, "
-        "log-probs and masks as base64 binary arrays, 1 as JSON lists. Readers take both "
-        "(docs/architecture.md, Codec versions).",
-    )
-    max_event_bytes: int = Field(
-        default=8 * 1024 * 1024,
-        ge=64 * 1024,
-        description="Largest event value accepted; larger ones are dead-lettered.",
-    )
-    namespace: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
-        description="Replay namespace: every topic and group id gets the prefix replay.NAME. "
-        "(pipeline/kafka/names.py: resolve); unset is the live pipeline.",
-    )
-
-    # One size policy, derived from ``max_event_bytes`` (E) so that it is stated once:
-    #   event (codec, dead letters)  E                    8 MiB by default
-    #   record (broker message.max.bytes, every topic's max.message.bytes, every producer's
-    #           message.max.bytes / Faust producer_max_request_size)   E + 1 MiB = 9 MiB
-    #   fetch (max.partition.fetch.bytes, Faust consumer_max_fetch_size) E + 2 MiB = 10 MiB
-    # An event of E bytes plus its key and headers always fits a record; a record the broker
-    # accepted always fits a fetch; a dead letter is truncated to E (it must be readable by
-    # the same codec), so no single record can stop a producer or a consumer.
-    @property
-    def record_headroom_bytes(self) -> int:
-        """Room above an event for its key, headers and batch framing."""
-        return 1024 * 1024
-
-    @property
-    def max_record_bytes(self) -> int:
-        """Broker/topic/producer limit on one record batch; strictly above the codec limit."""
-        return self.max_event_bytes + self.record_headroom_bytes
-
-    @property
-    def max_fetch_bytes(self) -> int:
-        """Per-partition fetch size of every consumer; strictly above the record limit."""
-        return self.max_record_bytes + self.record_headroom_bytes
-
-
-class BrokerSettings(BaseModel):
-    """The embedded Apache Kafka (KRaft) started by ``liverl broker up``: one node, or a local
-    cluster of ``nodes`` combined broker+controller nodes (docs/architecture.md, Cluster)."""
-
-    host: str = "127.0.0.1"
-    port: int = 9092
-    controller_port: int = 9093
-    nodes: int = Field(
-        default=1,
-        ge=1,
-        le=5,
-        description="Nodes of the local cluster; node i listens on port + 2(i-1) and "
-        "controller_port + 2(i-1) (3 nodes: 9092/9094/9096). With more than one, topics get "
-        "replication min(3, nodes) and min.insync.replicas 2 once that is 3.",
-    )
-    kafka_version: str = "4.4.0"
-    scala_version: str = "2.13"
-    log4j_version: str = "2.26.1"
-    slf4j_version: str = "2.0.17"
-    heap_mb: int = Field(default=512, le=1024, description="JVM heap (-Xmx), at most 1 GiB.")
-    start_timeout_s: float = 90.0
-    stop_timeout_s: float = 30.0
-    cache_dir: Path | None = Field(
-        default=None,
-        description="Where resolved Kafka jars live (default ~/.cache/liverl/kafka).",
-    )
-
-    @model_validator(mode="after")
-    def _ports_distinct(self) -> BrokerSettings:
-        ports = [p for _, port, ctl in self.node_ports() for p in (port, ctl)]
-        if len(set(ports)) != len(ports) or max(ports) > 65535:
-            raise ValueError(
-                f"broker ports {ports} of {self.nodes} node(s) collide or exceed 65535: node i "
-                "uses port + 2(i-1) and controller_port + 2(i-1); choose port and "
-                "controller_port apart (e.g. 9092 and 9093)"
-            )
-        return self
-
-    def node_ports(self) -> list[tuple[int, int, int]]:
-        """(node id, listener port, controller port) of every node."""
-        return [(i + 1, self.port + 2 * i, self.controller_port + 2 * i) for i in range(self.nodes)]
-
-    @property
-    def bootstrap(self) -> str:
-        """Every node's listener, so a client starts even with one node down."""
-        return ",".join(f"{self.host}:{port}" for _, port, _ in self.node_ports())
-
-    @property
-    def replication(self) -> int:
-        """Replicas a topic can have here: one per node, three at most."""
-        return min(3, self.nodes)
-
-
-class TopicSettings(BaseModel):
-    """Topic specs are data in ``topics/``; these knobs adapt them to a cluster."""
-
-    specs_dir: Path = PROJECT_ROOT / "topics"
-    replication_factor: int | None = Field(
-        default=None, description="Override every spec's replication (e.g. 3 in production)."
-    )
 
 
 class Settings(BaseSettings):
@@ -205,12 +106,21 @@ class Settings(BaseSettings):
     def uses_local_broker(self) -> bool:
         return self.kafka.bootstrap is None
 
+    @property
+    def connection(self) -> ConnectionSettings:
+        """What the Kafka layer's clients are built from: ``[kafka]`` with the bootstrap
+        resolved, and where the topic specs are."""
+        return ConnectionSettings.model_validate(
+            {
+                **self.kafka.model_dump(),
+                "bootstrap": self.bootstrap,
+                "specs_dir": self.topics.specs_dir,
+            }
+        )
+
     def kafka_client_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka config for any client: bootstrap + pass-through settings + ``extra``."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
-        conf.update(self.kafka.client)
-        conf.update(extra)
-        return conf
+        return self.connection.client_config(**extra)
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -21,9 +21,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from pipeline.kafka.connection import BrokerSettings, ConnectionSettings
 from pipeline.kafka.topics import min_insync_replicas
-from pipeline.settings import Settings
 
 
 class BrokerError(RuntimeError):
@@ -110,12 +111,27 @@ logger.state.level = WARN
 """
 
 
+class BrokerHost(Protocol):
+    """What a local broker is built from: its ``[broker]`` section, the state dir its data
+    lives under and the connection whose size policy it enforces (the composed ``Settings``
+    has all three)."""
+
+    @property
+    def broker(self) -> BrokerSettings: ...
+
+    @property
+    def state_dir(self) -> Path: ...
+
+    @property
+    def connection(self) -> ConnectionSettings: ...
+
+
 class LocalBroker:
     """Start, stop and inspect the embedded Kafka described by ``settings.broker``."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: BrokerHost) -> None:
         self.cfg = settings.broker
+        self.max_record_bytes = settings.connection.max_record_bytes
         self.root = Path(settings.state_dir).resolve() / "kafka"
         if self.cfg.nodes == 1:
             self.home = self.root
@@ -476,7 +492,7 @@ class LocalBroker:
             "num.partitions": "1",
             # The size policy's record limit (KafkaSettings.max_record_bytes): above the codec
             # limit, equal to every topic's max.message.bytes and every producer's limit.
-            "message.max.bytes": str(self.settings.kafka.max_record_bytes),
+            "message.max.bytes": str(self.max_record_bytes),
         }
         if c.nodes > 1:
             props["default.replication.factor"] = replication

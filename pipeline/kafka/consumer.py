@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from pipeline import __version__, events
 from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.producer import EventProducer
 from pipeline.kafka.topics import event_types, load_specs
-from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,10 @@ class Batch:
         return iter(self.records)
 
 
-def expected_types_from_specs(settings: Settings) -> dict[str, str]:
+def expected_types_from_specs(connection: Connectable) -> dict[str, str]:
     """topic -> event type, read from ``topics/``. A broken spec raises ``TopicSpecError``:
     it used to turn every type check off without a word."""
-    return event_types(load_specs(settings.topics.specs_dir))
+    return event_types(load_specs(connection_of(connection).specs_dir))
 
 
 class EventConsumer:
@@ -73,7 +73,7 @@ class EventConsumer:
 
     def __init__(
         self,
-        settings: Settings,
+        connection: Connectable,
         *,
         group_id: str,
         topics: Iterable[str] | None = None,
@@ -85,10 +85,11 @@ class EventConsumer:
         on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
         **extra: Any,
     ) -> None:
-        ns = self.namespace = settings.kafka.namespace
+        kafka = connection_of(connection)
+        ns = self.namespace = kafka.namespace
         group_id = names.resolve(group_id, ns)
-        fetch_total = max(52428800, settings.kafka.max_fetch_bytes * 2)
-        conf = settings.kafka_client_config(
+        fetch_total = max(52428800, kafka.max_fetch_bytes * 2)
+        conf = kafka.client_config(
             **{
                 "group.id": group_id,
                 "enable.auto.offset.store": False,
@@ -98,18 +99,18 @@ class EventConsumer:
                 "isolation.level": "read_committed",
                 # The size policy (KafkaSettings): any record the broker accepted fits a fetch.
                 "fetch.max.bytes": fetch_total,
-                "max.partition.fetch.bytes": settings.kafka.max_fetch_bytes,
+                "max.partition.fetch.bytes": kafka.max_fetch_bytes,
                 "receive.message.max.bytes": fetch_total + 1024 * 1024,
             }
         )
         conf.update(extra)
         self._consumer = Consumer(conf)
-        self._dlq = dlq if dlq is not None else EventProducer(settings, client_id=f"{group_id}-dlq")
+        self._dlq = dlq if dlq is not None else EventProducer(kafka, client_id=f"{group_id}-dlq")
         self._dlq_topic = names.resolve(dlq_topic, ns)
         self._component = component
-        self._max_bytes = settings.kafka.max_event_bytes
+        self._max_bytes = kafka.max_event_bytes
         expected = (
-            expected_types if expected_types is not None else expected_types_from_specs(settings)
+            expected_types if expected_types is not None else expected_types_from_specs(kafka)
         )
         self._expected = {names.resolve(t, ns): kind for t, kind in expected.items()}
         self.dead_lettered = 0

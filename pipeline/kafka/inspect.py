@@ -14,7 +14,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -51,13 +51,16 @@ class GroupLag:
     by_topic: dict[str, int]
 
 
-def consumer_lag(settings: Settings, prefix: str = "", timeout: float = 10.0) -> list[GroupLag]:
-    admin = AdminClient(settings.kafka_client_config())
+def consumer_lag(
+    connection: Connectable, prefix: str = "", timeout: float = 10.0
+) -> list[GroupLag]:
+    kafka = connection_of(connection)
+    admin = AdminClient(kafka.client_config())
     listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
     groups = sorted(
         (g for g in listed.valid if g.group_id.startswith(prefix)), key=lambda g: g.group_id
     )
-    probe = Consumer(settings.kafka_client_config(**{"group.id": "liverl-lag-probe"}))
+    probe = Consumer(kafka.client_config(**{"group.id": "liverl-lag-probe"}))
     out: list[GroupLag] = []
     try:
         for group in groups:
@@ -78,13 +81,17 @@ def consumer_lag(settings: Settings, prefix: str = "", timeout: float = 10.0) ->
     return out
 
 
-def latest_weights(settings: Settings, tail: int = 200, timeout: float = 10.0) -> dict[str, dict]:
+def latest_weights(
+    connection: Connectable, tail: int = 200, timeout: float = 10.0
+) -> dict[str, dict]:
     """policy_id -> the newest ``weights`` event (as a dict) among the topic's last records."""
     from pipeline import events
     from pipeline.kafka import names
 
     consumer = Consumer(
-        settings.kafka_client_config(**{"group.id": "liverl-status", "enable.auto.commit": False})
+        connection_of(connection).client_config(
+            **{"group.id": "liverl-status", "enable.auto.commit": False}
+        )
     )
     newest: dict[str, dict] = {}
     try:

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from pipeline import events
 from pipeline.kafka import names
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +50,19 @@ class EventProducer:
 
     def __init__(
         self,
-        settings: Settings,
+        connection: Connectable,
         *,
         client_id: str = "liverl",
         transactional_id: str | None = None,
         **extra: Any,
     ) -> None:
-        conf = settings.kafka_client_config(
+        kafka = connection_of(connection)
+        conf = kafka.client_config(
             **{
                 "client.id": client_id,
                 "enable.idempotence": True,
                 "acks": "all",
-                "compression.type": settings.kafka.compression,
+                "compression.type": kafka.compression,
                 "linger.ms": 5,
                 # Java clients and Faust/aiokafka hash keys with murmur2; librdkafka's default
                 # (CRC32) would put one session on different partitions in different topics
@@ -69,7 +70,7 @@ class EventProducer:
                 "partitioner": "murmur2_random",
                 # The size policy (KafkaSettings): an event of max_event_bytes plus key and
                 # headers always fits; the broker and every topic accept the same size.
-                "message.max.bytes": settings.kafka.max_record_bytes,
+                "message.max.bytes": kafka.max_record_bytes,
                 "error_cb": self._on_client_error,
             }
         )
@@ -77,9 +78,9 @@ class EventProducer:
             conf["transactional.id"] = transactional_id
         conf.update(extra)
         self._producer = Producer(conf)
-        self._max_event_bytes = settings.kafka.max_event_bytes
-        self.codec_version = settings.kafka.codec_version
-        self.namespace = settings.kafka.namespace
+        self._max_event_bytes = kafka.max_event_bytes
+        self.codec_version = kafka.codec_version
+        self.namespace = kafka.namespace
         self._failures: list[DeliveryFailure] = []
         self._lock = threading.Lock()
         self.delivered = 0

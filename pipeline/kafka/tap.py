@@ -21,7 +21,7 @@ from typing import Any
 import click
 import orjson
 
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 TAP_GROUP_PREFIX = "liverl-tap-"
 _SUMMARY_CHARS = 60
@@ -59,10 +59,10 @@ def parse_since(value: str, now_ms: int | None = None) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def _spec_types(settings: Settings) -> dict[str, str]:
+def _spec_types(connection: Connectable) -> dict[str, str]:
     from pipeline.kafka.consumer import expected_types_from_specs
 
-    return expected_types_from_specs(settings)
+    return expected_types_from_specs(connection)
 
 
 def short_name(topic: str) -> str:
@@ -210,7 +210,7 @@ def _fmt_ts(ms: int) -> str:
 
 
 def tap_records(
-    settings: Settings,
+    connection: Connectable,
     topic: str,
     *,
     since_ms: int | None = None,
@@ -226,8 +226,9 @@ def tap_records(
 
     from pipeline import events
 
-    fetch_total = max(52428800, settings.kafka.max_fetch_bytes * 2)
-    conf = settings.kafka_client_config(
+    kafka = connection_of(connection)
+    fetch_total = max(52428800, kafka.max_fetch_bytes * 2)
+    conf = kafka.client_config(
         **{
             # Never joins (assign, no subscribe) and never commits: no group state at all.
             "group.id": f"{TAP_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
@@ -237,7 +238,7 @@ def tap_records(
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "fetch.max.bytes": fetch_total,
-            "max.partition.fetch.bytes": settings.kafka.max_fetch_bytes,
+            "max.partition.fetch.bytes": kafka.max_fetch_bytes,
             "receive.message.max.bytes": fetch_total + 1024 * 1024,
         }
     )
@@ -246,7 +247,7 @@ def tap_records(
         meta = consumer.list_topics(topic, timeout=timeout)
         tmeta = meta.topics.get(topic)
         if tmeta is None or tmeta.error is not None or not tmeta.partitions:
-            raise TopicMissing(f"no such topic on the broker ({settings.bootstrap})")
+            raise TopicMissing(f"no such topic on the broker ({kafka.bootstrap})")
         partitions = sorted(tmeta.partitions)
         ends: dict[int, int] = {}
         for p in partitions:
@@ -365,6 +366,8 @@ def tap(
     unless --follow. Never commits offsets for any consumer group.
     """
     from rich.console import Console
+
+    from pipeline.settings import Settings  # the command is the CLI's layer, not the reader's
 
     obj: dict[str, Any] = ctx.find_root().obj or {}
     settings: Settings = obj.get("settings") or Settings()

@@ -105,10 +105,11 @@ def min_insync_replicas(replication: int) -> int:
 
 
 def default_max_record_bytes() -> int:
-    """The record limit of the size policy in the current settings (env, ``liverl.toml``)."""
-    from pipeline.settings import Settings
+    """The record limit of the default size policy; callers holding settings pass theirs
+    (``connection.max_record_bytes``)."""
+    from pipeline.kafka.connection import KafkaSettings
 
-    return Settings().kafka.max_record_bytes
+    return KafkaSettings().max_record_bytes
 
 
 def load_specs(
@@ -119,7 +120,7 @@ def load_specs(
     """Read every ``*.yaml`` spec; session-keyed topics must share a partition count.
 
     Every topic gets ``max.message.bytes`` from the size policy (``KafkaSettings
-    .max_record_bytes``, default from the current settings), so no spec restates the number;
+    .max_record_bytes``, the default policy's unless given), so no spec restates the number;
     a spec may raise it but not lower it (events the codec accepts would be refused).
     A topic with 3 or more replicas (a spec's or ``replication_override``, e.g. a local
     cluster's) gets ``min.insync.replicas`` 2 unless its spec states one.
