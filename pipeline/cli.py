@@ -11,7 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import __version__, events
+from pipeline.kafka.connection import BrokerSettings
+from pipeline.options import field_option
+from pipeline.serving.settings import ServeSettings
 from pipeline.settings import Settings, load_settings
+from pipeline.trainer.config import TrainerSettings
 
 # Wide when piped (CI logs, tests) so tables are never cut to 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -81,11 +85,14 @@ def broker() -> None:
     """
 
 
-_nodes_option = click.option(
+_nodes_option = field_option(
+    BrokerSettings,
+    "nodes",
     "--nodes",
     type=click.IntRange(1, 5),
-    default=None,
-    help="Nodes of the local cluster (default broker.nodes, 1); 3 nodes listen on "
+    default=None,  # None: the settings' broker.nodes
+    help=f"Nodes of the local cluster (default broker.nodes, "
+    f"{BrokerSettings.model_fields['nodes'].default}); 3 nodes listen on "
     "port, port+2, port+4 (9092, 9094, 9096).",
 )
 
@@ -94,7 +101,6 @@ def _local_broker(ctx: click.Context, nodes: int | None = None):  # type: ignore
     from pydantic import ValidationError
 
     from pipeline.kafka.broker import LocalBroker
-    from pipeline.settings import BrokerSettings
 
     settings = _settings(ctx)
     if not settings.uses_local_broker:
@@ -308,21 +314,17 @@ def topics_list(ctx: click.Context) -> None:
 
 
 @cli.command("up")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Gateway address.")
-@click.option("--port", default=8000, show_default=True, type=int, help="Gateway port.")
-@click.option(
-    "--policy", default="default", show_default=True, help="Policy id served, recorded and trained."
-)
+@field_option(ServeSettings, "host", "--host", help="Gateway address.")
+@field_option(ServeSettings, "port", "--port", help="Gateway port.")
+@field_option(TrainerSettings, "policy", "--policy", help="Policy id served, recorded and trained.")
 @click.option(
     "--model",
     default=None,
     help="smollm2-135m-instruct (default, pulled on first use), 'tiny' (built in code) or a "
     "local HF model dir.",
 )
-@click.option(
-    "--method",
-    default="rl",
-    show_default=True,
+@field_option(
+    TrainerSettings, "method", "--method",
     help="Training method: rl, opd, hybrid, or one a [trainer] plugins module registers.",
 )
 @click.option(

@@ -21,8 +21,10 @@ from typing import IO
 import click
 
 from pipeline.events import NextState, Producer, new_event_id, now_ms
+from pipeline.options import field_option, merged
 from pipeline.settings import Settings, load_settings
 
+from .config import ProcessorSettings
 from .terminal import TAIL_CHARS, tail
 
 
@@ -32,13 +34,15 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 @click.command("workers")
-@click.option("--app-id", default=None, help="Faust app id = consumer group (default from config).")
-@click.option("--web-port", type=int, default=None, help="Faust web/metrics port (default 6066).")
-@click.option("--no-web", is_flag=True, help="Disable the web/metrics server.")
-@click.option("--judge", default=None,
-              help="Judge name: replies (default: reply patterns + sentiment, with hints), "
+@field_option(ProcessorSettings, "app_id", "--app-id", help="Faust app id = consumer group.")
+@field_option(ProcessorSettings, "web_port", "--web-port", help="Faust web/metrics port.")
+@field_option(ProcessorSettings, "web_enabled", "--no-web", is_flag=True, flag_value=False,
+              help="Disable the web/metrics server.")
+@field_option(ProcessorSettings, "judge", "--judge",
+              help="Judge name: replies (reply patterns + sentiment, with hints), "
               "rules (phrase lists) or llm (PRM behind an OpenAI-compatible API).")
-@click.option("--rules", "rules_path", default=None, help="Path-penalty rules YAML.")
+@field_option(ProcessorSettings, "rules_path", "--rules", show_default=False,
+              help="Path-penalty rules YAML (default: the built-in rules/default.yaml).")
 @click.option("--namespace", default=None, help="Run in replay namespace NAME: its topics, app "
               "id and state (<state_dir>/replay/NAME/); never the live ones.")
 @click.option(
@@ -50,13 +54,9 @@ def _settings(ctx: click.Context) -> Settings:
 @click.pass_context
 def workers(
     ctx: click.Context,
-    app_id: str | None,
-    web_port: int | None,
-    no_web: bool,
-    judge: str | None,
-    rules_path: str | None,
     namespace: str | None,
     loglevel: str,
+    **options: object,
 ) -> None:
     """Run the reward pipeline worker: pairing, judge + hints, path penalties, rewards, samples.
 
@@ -74,23 +74,11 @@ def workers(
     if (problem := writable_problem(Path(_settings(ctx).state_dir) / "processors")) is not None:
         raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     from .app import create_app, ensure_internal_topics
-    from .config import ProcessorSettings
     from .penalties import RuleConfigError
 
-    overrides: dict[str, object] = {}
-    if app_id:
-        overrides["app_id"] = app_id
-    if web_port is not None:
-        overrides["web_port"] = web_port
-    if no_web:
-        overrides["web_enabled"] = False
-    if judge:
-        overrides["judge"] = judge
-    if rules_path:
-        overrides["rules_path"] = rules_path
     try:
         settings = _settings(ctx)
-        cfg = ProcessorSettings(**{**settings.processors.model_dump(), **overrides})
+        cfg = merged(settings.processors, ctx, options)
         app = create_app(settings, cfg)
         ensure_internal_topics(app, settings)
     except (RuleConfigError, ValueError, RuntimeError) as exc:

@@ -5,12 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from pipeline.options import explicit, field_option, merged
+
 from .settings import ServeSettings, hash_key, is_loopback
+
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     import uvicorn
@@ -98,25 +103,30 @@ def check_writable(path: Path, what: str) -> None:
         )
 
 
+def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
+    return field_option(ServeSettings, field, *param_decls, **attrs)
+
+
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--backend", type=click.Choice(["hf", "sglang"]), default="hf", show_default=True)
-@click.option(
-    "--model",
+@_serve_option("host", "--host")
+@_serve_option("port", "--port")
+@_serve_option("backend", "--backend")
+@_serve_option(
     "model_path",
-    default=None,
+    "--model",
     help="smollm2-135m-instruct (default; pulled into ~/.cache/liverl/models on first use), "
     "'tiny' (built in code, for tests) or a local Hugging Face model dir.",
 )
-@click.option("--sglang-url", default="http://127.0.0.1:30000", show_default=True)
-@click.option("--policy-id", default=None, help="Default: the model dir's name.")
-@click.option("--served-model-name", default=None, help="Name clients send as `model`.")
-@click.option("--weight-version", default=0, show_default=True, type=int)
-@click.option("--device", default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32")
-@click.option("--context-length", default=None, type=int)
-@click.option("--workers", default=4, show_default=True, type=int)
+@_serve_option("sglang_url", "--sglang-url")
+@_serve_option("policy_id", "--policy-id", help="Default: the model dir's name.")
+@_serve_option("served_model_name", "--served-model-name", help="Name clients send as `model`.")
+@_serve_option("weight_version", "--weight-version")
+@_serve_option("device", "--device")
+@_serve_option(
+    "dtype", "--dtype", type=click.Choice(["float32", "bfloat16", "float16"])
+)
+@_serve_option("context_length", "--context-length", type=int)
+@_serve_option("workers", "--workers")
 @click.option(
     "--api-key",
     "api_keys",
@@ -124,35 +134,43 @@ def check_writable(path: Path, what: str) -> None:
     help="Accepted bearer key (repeatable); also LIVERL_SERVE_API_KEYS=k1,k2.",
 )
 @click.option("--api-keys-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option(
+@_serve_option(
+    "rate_limit_per_min",
     "--rate-limit",
-    default=0.0,
-    show_default=True,
+    type=float,
     help="Requests per minute per key (0: unlimited).",
 )
-@click.option("--max-body-bytes", default=4 * 1024 * 1024, show_default=True, type=int)
-@click.option("--no-record", is_flag=True, help="Serve without recording interactions.")
-@click.option(
+@_serve_option("max_body_bytes", "--max-body-bytes")
+@_serve_option(
+    "record", "--no-record", is_flag=True, flag_value=False,
+    help="Serve without recording interactions.",
+)
+@_serve_option(
+    "serve_without_training",
     "--serve-without-training",
     is_flag=True,
-    default=False,
+    show_default=False,
     help="While events cannot be recorded (spool unwritable and Kafka down), serve turns "
     "that would train anyway instead of answering 503 (the loss is counted).",
 )
-@click.option("--no-reload", is_flag=True, help="Do not follow liverl.weights.v1.")
-@click.option("--require-promoted", is_flag=True, help="Load only promoted weight versions.")
+@_serve_option(
+    "reload", "--no-reload", is_flag=True, flag_value=False,
+    help="Do not follow liverl.weights.v1.",
+)
+@_serve_option(
+    "require_promoted", "--require-promoted", is_flag=True, show_default=False,
+    help="Load only promoted weight versions.",
+)
 @click.option(
     "--spool-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Default: <state_dir>/spool/<replica-id>.",
 )
-@click.option("--replica-id", default="gateway-0", show_default=True)
-@click.option(
+@_serve_option("replica_id", "--replica-id")
+@_serve_option(
+    "session_prefix_messages",
     "--session-prefix-messages",
-    default=2,
-    show_default=True,
-    type=int,
     help="Messages hashed to name sessions clients did not name.",
 )
 @click.pass_context
@@ -160,9 +178,6 @@ def serve(
     ctx: click.Context,
     api_keys: tuple[str, ...],
     api_keys_file: Path | None,
-    rate_limit: float,
-    no_record: bool,
-    no_reload: bool,
     spool_dir: Path | None,
     **opts: object,
 ) -> None:
@@ -173,7 +188,6 @@ def serve(
     """
     import uvicorn
 
-    from pipeline.options import explicit
     from pipeline.settings import Settings
 
     from .build import build_app
@@ -181,20 +195,14 @@ def serve(
     kafka = (ctx.obj or {}).get("settings") if ctx.obj else None
     kafka = kafka or Settings()
     # [serve] in the settings file / LIVERL_SERVE_* first, then options typed on the command.
-    values = {**kafka.serve.model_dump(), **explicit(ctx, opts)}
-    if explicit(ctx, {"rate_limit": rate_limit}):
-        values["rate_limit_per_min"] = rate_limit
-    if no_record:
-        values["record"] = False
-    if no_reload:
-        values["reload"] = False
     hashes = list(kafka.serve.api_key_hashes) + _keys(api_keys, api_keys_file)
-    values["api_key_hashes"] = list(dict.fromkeys(hashes))
+    forced: dict[str, Any] = {"api_key_hashes": list(dict.fromkeys(hashes))}
     if spool_dir is not None:
-        values["spool_dir"] = spool_dir
+        forced["spool_dir"] = spool_dir
     elif kafka.serve.spool_dir == ServeSettings().spool_dir:
-        values["spool_dir"] = Path(kafka.state_dir) / "spool" / str(values["replica_id"])
-    cfg = ServeSettings(**values)
+        replica = explicit(ctx, opts).get("replica_id", kafka.serve.replica_id)
+        forced["spool_dir"] = Path(kafka.state_dir) / "spool" / str(replica)
+    cfg = merged(kafka.serve, ctx, opts, **forced)
     try:
         cfg.check()
     except ValueError as exc:

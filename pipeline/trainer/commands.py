@@ -11,13 +11,17 @@ protocol reaches that stage (``before_rename``, ``after_folder``, ``after_delta_
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
-from pipeline.kafka import names
+from pipeline.options import field_option
 from pipeline.settings import Settings
-from pipeline.trainer.config import TrainerSettings
+from pipeline.trainer.config import FULL_LR, LORA_LR, TrainerSettings
+
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def _crash_hook() -> object:
@@ -32,47 +36,51 @@ def _crash_hook() -> object:
     return on_stage
 
 
+def _sci(value: float) -> str:
+    """``2e-4``, not ``0.0002`` or ``2e-04``."""
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
+    return field_option(TrainerSettings, field, *param_decls, **attrs)
+
+
 @click.command("train")
-@click.option("--policy", default="default", show_default=True,
-              help="Policy id; samples of other policies are skipped.")
-@click.option(
+@_option("policy", "--policy", help="Policy id; samples of other policies are skipped.")
+@_option(
+    "model",
     "--model",
-    default="smollm2-135m-instruct",
-    show_default=True,
     help="Store model (pulled on first use), 'tiny' (built in code) or a local HF model dir.",
 )
-@click.option(
+@_option(
+    "adapter",
     "--adapter",
-    type=click.Choice(["auto", "lora", "full"]),
-    default="auto",
-    show_default=True,
     help="Train a LoRA adapter (peft; versions are the adapter only) or every weight; "
     "auto: lora for store models, full for 'tiny' and other model dirs.",
 )
-@click.option("--lora-r", type=int, default=16, show_default=True, help="LoRA rank.")
-@click.option("--lora-alpha", type=float, default=32.0, show_default=True)
-@click.option(
-    "--method", default="rl", show_default=True,
+@_option("lora_r", "--lora-r", help="LoRA rank.")
+@_option("lora_alpha", "--lora-alpha")
+@_option(
+    "method", "--method",
     help="Training method: rl, opd, hybrid, or one registered by a --plugin module.",
 )
-@click.option(
-    "--plugin", "plugins", multiple=True,
+@_option(
+    "plugins", "--plugin", multiple=True, show_default=False,
     help="Python module imported before training; it may register methods and loss parts "
     "(pipeline/trainer/methods.py). Repeatable.",
 )
-@click.option(
-    "--topic", "input_topic", default=names.SAMPLES, show_default=True, help="Input samples topic."
-)
-@click.option(
+@_option("input_topic", "--topic", help="Input samples topic.")
+@_option(
+    "from_delta",
     "--from-delta",
     type=click.Choice(["trajectories"]),
-    default=None,
     help="Offline retraining: train on rows of this lake table instead of --topic, then exit. "
     "Give the new policy its own --policy id.",
 )
-@click.option(
+@_option(
+    "where",
     "--where",
-    default=None,
     help="With --from-delta: SQL filter on its rows (DuckDB), e.g. \"policy_id = 'default' "
     "AND reward <> 0\".",
 )
@@ -80,84 +88,66 @@ def _crash_hook() -> object:
     "--namespace", default=None, help="Train in replay namespace NAME: its samples topic, "
     "groups and weights (<state_dir>/replay/NAME/); never the live ones.",
 )
-@click.option(
+@_option(  # the field's default is a placeholder that under_state_dir() relocates
+    "weights_root",
     "--weights-root",
     type=click.Path(path_type=Path),
     default=None,
     help="Default: <state_dir>/weights.",
 )
-@click.option(
-    "--lake-root", type=click.Path(path_type=Path), default=None, help="Default: <state_dir>/lake."
+@_option(
+    "lake_root", "--lake-root", type=click.Path(path_type=Path), default=None,
+    help="Default: <state_dir>/lake.",
 )
-@click.option("--batch-samples", "batch_max_samples", type=int, default=16, show_default=True)
-@click.option(
-    "--batch-tokens",
-    "batch_max_tokens",
-    type=int,
-    default=32_768,
-    show_default=True,
-    help="Bound on padded tokens per batch.",
-)
-@click.option("--batch-wait", "batch_max_wait_s", type=float, default=2.0, show_default=True,
-              help="Longest a buffered sample waits for its batch to fill.")
-@click.option("--batch-idle", "batch_idle_s", type=float, default=0.3, show_default=True,
-              help="Train what is buffered once no sample arrived for this long (0: off).")
-@click.option("--lr", type=float, default=None,
-              help="Learning rate [default: 2e-4 with LoRA, 1e-5 for full fine-tuning].")
-@click.option(
-    "--teacher", type=click.Choice(["reference", "policy"]), default="reference", show_default=True
-)
-@click.option(
-    "--hint-selection",
-    type=click.Choice(["sequence", "token", "shortest"]),
-    default="sequence",
-    show_default=True,
-)
-@click.option(
-    "--opd-loss", type=click.Choice(["token", "topk"]), default="token", show_default=True
-)
-@click.option("--kl-coef", type=float, default=0.0, show_default=True,
-              help="Weight of the KL to the frozen reference added to the loss (0: off).")
-@click.option("--w-rl", type=float, default=1.0, show_default=True)
-@click.option("--w-opd", type=float, default=1.0, show_default=True)
-@click.option("--staleness", type=click.Choice(["drop", "tis"]), default="drop", show_default=True)
-@click.option("--old-logprobs", type=click.Choice(["engine", "trainer"]), default="engine",
-              show_default=True,
-              help="PPO ratio reference: the engine's recorded log-probs, or the trainer's own "
-              "recomputation (slime's default).")
-@click.option("--max-staleness", type=int, default=2, show_default=True)
-@click.option("--publish-every-steps", type=int, default=1, show_default=True,
-              help="Steps that make a version due.")
-@click.option("--publish-every-s", type=float, default=60.0, show_default=True,
-              help="Age of pending steps that makes a version due.")
-@click.option("--publish-max-overhead", type=float, default=0.05, show_default=True,
-              help="Largest share of wall time spent publishing; 1 publishes every due version "
-              "at once.")
-@click.option("--gate/--no-gate", default=False, show_default=True,
-              help="Promote a version only without regression on held-out turns.")
-@click.option("--gate-holdout", type=float, default=0.1, show_default=True,
-              help="Fraction of samples held out from training for the gate.")
-@click.option("--gate-tolerance", type=float, default=0.01, show_default=True,
-              help="Allowed drop of the gate score (nats per token).")
-@click.option("--gate-eval-samples", type=int, default=256, show_default=True,
-              help="Newest held-out turns the verdict is computed on.")
-@click.option("--gate-min-samples", type=int, default=16, show_default=True,
-              help="Fewer held-out turns: no verdict yet (the version stays candidate).")
-@click.option("--device", default="auto", show_default=True)
-@click.option(
-    "--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True
-)
-@click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False)
-@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes training the policy data-parallel (spawned by this command; rank "
-              "r on cuda:r, or all on the CPU); rank 0 alone reads Kafka and publishes.")
-@click.option("--dist-backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto",
-              show_default=True, help="With --nproc > 1: auto is nccl on CUDA, gloo on the CPU.")
-@click.option(
-    "--exit-when-idle",
+@_option("batch_max_samples", "--batch-samples")
+@_option("batch_max_tokens", "--batch-tokens", help="Bound on padded tokens per batch.")
+@_option("batch_max_wait_s", "--batch-wait",
+         help="Longest a buffered sample waits for its batch to fill.")
+@_option("batch_idle_s", "--batch-idle",
+         help="Train what is buffered once no sample arrived for this long (0: off).")
+@_option("lr", "--lr", type=float,
+         help=f"Learning rate [default: {_sci(LORA_LR)} with LoRA, {_sci(FULL_LR)} for full "
+         "fine-tuning].")
+@_option("teacher", "--teacher")
+@_option("hint_selection", "--hint-selection")
+@_option("opd_loss", "--opd-loss")
+@_option("kl_coef", "--kl-coef",
+         help="Weight of the KL to the frozen reference added to the loss (0: off).")
+@_option("w_rl", "--w-rl")
+@_option("w_opd", "--w-opd")
+@_option("staleness", "--staleness")
+@_option("old_logprobs", "--old-logprobs",
+         help="PPO ratio reference: the engine's recorded log-probs, or the trainer's own "
+         "recomputation (slime's default).")
+@_option("max_staleness", "--max-staleness")
+@_option("publish_every_steps", "--publish-every-steps", help="Steps that make a version due.")
+@_option("publish_every_s", "--publish-every-s",
+         help="Age of pending steps that makes a version due.")
+@_option("publish_max_overhead", "--publish-max-overhead",
+         help="Largest share of wall time spent publishing; 1 publishes every due version "
+         "at once.")
+@_option("gate", "--gate/--no-gate",
+         help="Promote a version only without regression on held-out turns.")
+@_option("gate_holdout", "--gate-holdout",
+         help="Fraction of samples held out from training for the gate.")
+@_option("gate_tolerance", "--gate-tolerance",
+         help="Allowed drop of the gate score (nats per token).")
+@_option("gate_eval_samples", "--gate-eval-samples",
+         help="Newest held-out turns the verdict is computed on.")
+@_option("gate_min_samples", "--gate-min-samples",
+         help="Fewer held-out turns: no verdict yet (the version stays candidate).")
+@_option("device", "--device")
+@_option("precision", "--precision")
+@_option("gradient_checkpointing", "--gradient-checkpointing/--no-gradient-checkpointing")
+@_option("nproc", "--nproc", type=click.IntRange(min=1),
+         help="Processes training the policy data-parallel (spawned by this command; rank "
+         "r on cuda:r, or all on the CPU); rank 0 alone reads Kafka and publishes.")
+@_option("dist_backend", "--dist-backend",
+         help="With --nproc > 1: auto is nccl on CUDA, gloo on the CPU.")
+@_option(
     "exit_when_idle_s",
+    "--exit-when-idle",
     type=float,
-    default=None,
     help="Exit after this many seconds without input (batch jobs, tests).",
 )
 @click.pass_context

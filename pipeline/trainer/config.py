@@ -18,6 +18,13 @@ Method = str
 # is the usual LoRA rate and trained SmolLM2-135M in the pilot runs without degenerating.
 LORA_LR = 2e-4
 FULL_LR = 1e-5
+# Clip ranges, OPD advantage clip, TIS cap and top-k: the settings' defaults and the loss
+# functions' (pipeline/trainer/losses.py imports them, so each number is stated here only).
+EPS = 0.2
+EPS_HIGH = 0.28
+OPD_CLIP = 1.0
+TIS_CAP = 2.0
+TOPK = 4
 
 
 class TrainerSettings(BaseModel):
@@ -105,8 +112,8 @@ class TrainerSettings(BaseModel):
         description="Weight of the KL to the frozen reference (k3 estimator) added to the "
         "loss; 0 leaves it out (OpenClaw-RL's launchers train without it).",
     )
-    eps: float = 0.2
-    eps_high: float = 0.28
+    eps: float = EPS
+    eps_high: float = EPS_HIGH
 
     # OPD / hybrid
     teacher: Literal["reference", "policy"] = Field(
@@ -114,16 +121,16 @@ class TrainerSettings(BaseModel):
     )
     hint_selection: Literal["sequence", "token", "shortest"] = "sequence"
     opd_loss: Literal["token", "topk"] = "token"
-    topk: int = 4
+    topk: int = TOPK
     topk_subset: Literal["student", "teacher", "overlap"] = "student"
-    opd_clip: float = 1.0
+    opd_clip: float = OPD_CLIP
     w_rl: float = 1.0
     w_opd: float = 1.0
 
     # off-policy samples
     staleness: Literal["drop", "tis"] = "drop"
     max_staleness: int = Field(default=2, ge=0)
-    tis_cap: float = 2.0
+    tis_cap: float = TIS_CAP
 
     # publishing (docs/architecture.md#publish-cadence). A version is *due* after
     # ``publish_every_steps`` steps or ``publish_every_s`` after the last publish; a due

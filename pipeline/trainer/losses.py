@@ -62,12 +62,14 @@ from typing import Literal
 
 import torch
 
-Aggregate = Literal["sample_mean", "token_mean", "seq_mean"]
+# The loss functions' defaults are the trainer settings' (stated once, where no torch is needed).
+from pipeline.trainer.config import EPS as EPS
+from pipeline.trainer.config import EPS_HIGH as EPS_HIGH
+from pipeline.trainer.config import OPD_CLIP as OPD_CLIP
+from pipeline.trainer.config import TIS_CAP as TIS_CAP
+from pipeline.trainer.config import TOPK as TOPK
 
-EPS: float = 0.2
-EPS_HIGH: float = 0.28
-OPD_CLIP: float = 1.0
-TIS_CAP: float = 2.0
+Aggregate = Literal["sample_mean", "token_mean", "seq_mean"]
 
 
 @dataclass
@@ -94,7 +96,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
     return logp.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
 
 
-def topk_logprobs(logits: torch.Tensor, k: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_logprobs(logits: torch.Tensor, k: int = TOPK) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k log-probs and their vocabulary indices, ``[..., V] → ([..., k], [..., k])``.
 
     ``values = topk(log_softmax(logits), k)`` (normalised over the full
