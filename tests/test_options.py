@@ -61,3 +61,121 @@ def test_invalid_section_value_names_the_field(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("LIVERL_TRAINER_METHOD", "sgd")
     with pytest.raises(ValueError, match="trainer.method"):
         Settings()
+
+
+# ---- one way from an option to a setting ---------------------------------------------------
+
+
+class _Stop(Exception):
+    """Raised by the stand-ins below once a command has built its section."""
+
+
+def test_field_option_takes_default_and_choices_from_the_field() -> None:
+    from pipeline.options import field_option
+    from pipeline.trainer.config import TrainerSettings
+
+    @click.command()
+    @field_option(TrainerSettings, "batch_max_samples", "--batch-samples")
+    @field_option(TrainerSettings, "staleness", "--staleness")
+    def cmd(batch_max_samples: int, staleness: str) -> None:
+        click.echo(f"{batch_max_samples} {staleness}")
+
+    runner = CliRunner()
+    assert runner.invoke(cmd, []).output.split() == ["16", "drop"]
+    assert "[default: 16]" in runner.invoke(cmd, ["--help"]).output
+    bad = runner.invoke(cmd, ["--staleness", "keep"])
+    assert bad.exit_code == 2 and "'drop', 'tis'" in bad.output, bad.output
+
+
+def _settings_from(tmp_path: Path, text: str) -> Settings:
+    cfg = tmp_path / "liverl.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "state"}"\n' + text)
+    return load_settings(cfg)
+
+
+def test_serve_maps_options_like_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
+    from pipeline.serving import build
+    from pipeline.serving.commands import serve
+    from pipeline.serving.settings import ServeSettings
+
+    built: list[ServeSettings] = []
+
+    def fake_build_app(cfg: ServeSettings, settings: Settings) -> None:
+        built.append(cfg)
+        raise _Stop
+
+    monkeypatch.setattr(build, "build_app", fake_build_app)
+    settings = _settings_from(tmp_path, "[serve]\nport = 8100\nworkers = 2\nreplica_id = 'g7'\n")
+    runner = CliRunner()
+    result = runner.invoke(serve, ["--rate-limit", "30", "--no-record", "--workers", "3"],
+                           obj={"settings": settings})
+    assert isinstance(result.exception, _Stop), result.output
+    cfg = built[-1]
+    assert cfg.port == 8100, "the file's port, not the option's default"
+    assert (cfg.workers, cfg.rate_limit_per_min, cfg.record, cfg.reload) == (3, 30.0, False, True)
+    assert cfg.spool_dir == tmp_path / "state" / "spool" / "g7"
+
+    result = runner.invoke(serve, ["--no-reload", "--replica-id", "g9"],
+                           obj={"settings": settings})
+    assert isinstance(result.exception, _Stop), result.output
+    cfg = built[-1]
+    assert (cfg.port, cfg.workers, cfg.record, cfg.reload) == (8100, 2, True, False)
+    assert cfg.spool_dir == tmp_path / "state" / "spool" / "g9"
+
+
+def test_workers_map_options_like_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
+    from pipeline.processors import app as processors_app
+    from pipeline.processors.commands import workers
+    from pipeline.processors.config import ProcessorSettings
+
+    built: list[ProcessorSettings] = []
+
+    def fake_create_app(settings: Settings, cfg: ProcessorSettings) -> None:
+        built.append(cfg)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(processors_app, "create_app", fake_create_app)
+    settings = _settings_from(tmp_path, "[processors]\njudge = 'rules'\nweb_port = 7000\n")
+    runner = CliRunner()
+    result = runner.invoke(workers, ["--no-web", "--app-id", "rw"], obj={"settings": settings})
+    assert result.exit_code == 1 and "stop" in result.output, result.output
+    cfg = built[-1]
+    assert (cfg.app_id, cfg.web_enabled, cfg.judge, cfg.web_port) == ("rw", False, "rules", 7000)
+
+    result = runner.invoke(workers, ["--judge", "replies", "--web-port", "7001"],
+                           obj={"settings": settings})
+    cfg = built[-1]
+    assert (cfg.app_id, cfg.web_enabled, cfg.judge, cfg.web_port) == (
+        "liverl-rewards", True, "replies", 7001
+    )
+
+
+def test_train_maps_options_like_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
+    from pipeline.trainer import loop
+    from pipeline.trainer.commands import train
+    from pipeline.trainer.config import TrainerSettings
+
+    built: list[TrainerSettings] = []
+
+    class FakeLoop:
+        def __init__(self, settings: Settings, cfg: TrainerSettings, **_: object) -> None:
+            built.append(cfg)
+            raise _Stop
+
+    monkeypatch.setattr(loop, "TrainerLoop", FakeLoop)
+    settings = _settings_from(
+        tmp_path, "[trainer]\nbatch_max_samples = 4\nstaleness = 'tis'\nkl_coef = 0.1\n"
+    )
+    result = CliRunner().invoke(train, ["--batch-wait", "0.5", "--no-gate", "--lr", "0.003"],
+                                obj={"settings": settings})
+    assert isinstance(result.exception, _Stop), result.output
+    cfg = built[-1]
+    assert (cfg.batch_max_samples, cfg.staleness, cfg.kl_coef) == (4, "tis", 0.1)
+    assert (cfg.batch_max_wait_s, cfg.gate, cfg.lr) == (0.5, False, 0.003)
+    assert cfg.weights_root == tmp_path / "state" / "weights"

@@ -49,3 +49,61 @@ def test_heap_above_one_gib_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("LIVERL_BROKER_HEAP_MB", "4096")
     with pytest.raises(ValueError, match="heap_mb"):
         Settings()
+
+
+def test_the_kafka_layer_does_not_load_the_composed_settings() -> None:
+    """Settings sit on top: the Kafka layer and each component's section import without it."""
+    import subprocess
+    import sys
+
+    modules = [
+        "pipeline.kafka.connection", "pipeline.kafka.producer", "pipeline.kafka.consumer",
+        "pipeline.kafka.broker", "pipeline.kafka.topics", "pipeline.kafka.inspect",
+        "pipeline.kafka.tap", "pipeline.processors.config", "pipeline.serving.settings",
+        "pipeline.trainer.config",
+    ]
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print('pipeline.settings' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_connection_resolves_the_bootstrap_and_carries_the_kafka_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.kafka import producer as producer_mod
+    from pipeline.kafka.connection import ConnectionSettings
+    from pipeline.kafka.producer import EventProducer
+
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("LIVERL_CONFIG", "/nonexistent/liverl.toml")
+    monkeypatch.setenv("LIVERL_BROKER_NODES", "3")
+    monkeypatch.setenv("LIVERL_KAFKA_MAX_EVENT_BYTES", str(2**20))
+    monkeypatch.setenv("LIVERL_TOPICS_SPECS_DIR", str(tmp_path))
+    local = Settings().connection
+    assert local.bootstrap == "127.0.0.1:9092,127.0.0.1:9094,127.0.0.1:9096"
+    assert (local.max_record_bytes, local.max_fetch_bytes) == (2 * 2**20, 3 * 2**20)
+    assert local.specs_dir == tmp_path
+
+    monkeypatch.setenv("LIVERL_KAFKA_BOOTSTRAP", "kafka-1:9092")
+    monkeypatch.setenv("LIVERL_KAFKA_CLIENT", '{"security.protocol": "SASL_SSL"}')
+    settings = Settings()
+    conn = settings.connection
+    assert conn.bootstrap == "kafka-1:9092"
+    assert conn.client_config(**{"group.id": "g"}) == settings.kafka_client_config(
+        **{"group.id": "g"}
+    ) == {"bootstrap.servers": "kafka-1:9092", "security.protocol": "SASL_SSL", "group.id": "g"}
+
+    confs: list[dict] = []
+    monkeypatch.setattr(producer_mod, "Producer", lambda conf: confs.append(conf))
+    EventProducer(settings, client_id="a")
+    EventProducer(ConnectionSettings(bootstrap="kafka-1:9092",
+                                     client={"security.protocol": "SASL_SSL"},
+                                     max_event_bytes=2**20), client_id="a")
+    for conf in confs:
+        conf.pop("error_cb")
+    assert confs[0] == confs[1]
+    assert confs[0]["message.max.bytes"] == 2 * 2**20
