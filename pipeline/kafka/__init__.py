@@ -1,6 +1,6 @@
 """Kafka plumbing: local broker, topics as code, typed producer/consumer with a DLQ.
 
-Names are resolved lazily so that light modules (``pipeline.kafka.names``, settings) can
+Names are resolved lazily so that light modules (``pipeline.kafka.names``, ``connection``) can
 be imported without loading the clients.
 """
 
