@@ -12,7 +12,7 @@ from rich.table import Table
 
 from pipeline import __version__, events
 from pipeline.kafka.connection import BrokerSettings
-from pipeline.options import field_option
+from pipeline.options import field_option, merged
 from pipeline.serving.settings import ServeSettings
 from pipeline.settings import Settings, load_settings
 from pipeline.trainer.config import TrainerSettings
@@ -356,6 +356,12 @@ def up(
     from pipeline.kafka.broker import BrokerError, LocalBroker
 
     settings = _settings(ctx)
+    # The effective values: the settings file and LIVERL_* env, then the options typed here
+    # (a `[trainer] method` in liverl.toml reaches the trainer unless --method overrides it).
+    trainer_cfg = merged(settings.trainer, ctx, {"policy": policy, "method": method})
+    serve_cfg = merged(settings.serve, ctx, {"host": host, "port": port})
+    policy, method = trainer_cfg.policy, trainer_cfg.method
+    host, port = serve_cfg.host, serve_cfg.port
     try:  # an unknown method fails here, not in the trainer's log after the stack is up
         from pipeline.trainer import methods
 

@@ -179,3 +179,40 @@ def test_train_maps_options_like_every_command(
     assert (cfg.batch_max_samples, cfg.staleness, cfg.kl_coef) == (4, "tis", 0.1)
     assert (cfg.batch_max_wait_s, cfg.gate, cfg.lr) == (0.5, False, 0.003)
     assert cfg.weights_root == tmp_path / "state" / "weights"
+
+
+def test_up_passes_the_file_settings_to_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
+    """`liverl up` used to pass its option defaults (--method rl, --port 8000) to the trainer
+    and the gateway, overriding a `[trainer] method` in the file."""
+    from pipeline import cli, stack
+
+    started: list[list[str]] = []
+
+    def fake_start(settings: Settings, components: list[stack.Component]) -> None:
+        started.extend(c.args for c in components)
+        raise _Stop
+
+    monkeypatch.setattr(stack, "start", fake_start)
+    monkeypatch.setattr(cli, "_pull_model", lambda model: None)
+    monkeypatch.setattr(cli, "topics_apply", lambda **_: None)
+    settings = _settings_from(
+        tmp_path, "[kafka]\nbootstrap = 'k:9092'\n[trainer]\nmethod = 'opd'\npolicy = 'p1'\n"
+        "[serve]\nport = 8123\n",
+    )
+
+    def children(*args: str) -> dict[str, list[str]]:
+        started.clear()
+        result = CliRunner().invoke(cli.up, ["--without", "archive", "--without", "workers",
+                                             *args], obj={"settings": settings})
+        assert isinstance(result.exception, _Stop), result.output
+        return {a[0]: a for a in started}
+
+    got = children()
+    assert got["train"][got["train"].index("--method") + 1] == "opd"
+    assert got["train"][got["train"].index("--policy") + 1] == "p1"
+    assert got["serve"][got["serve"].index("--port") + 1] == "8123"
+    got = children("--method", "hybrid", "--port", "8124")
+    assert got["train"][got["train"].index("--method") + 1] == "hybrid"
+    assert got["serve"][got["serve"].index("--port") + 1] == "8124"
