@@ -54,7 +54,8 @@ def measure(idle_s: float, load_clients: int, sessions: int, policy: str) -> lis
                       extra_env={"LIVERL_TRAINER_BATCH_IDLE_S": str(idle_s),
                                  "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "0.5"})
     first_seen: dict[int, float] = {}
-    stop = threading.Event()
+    stop = threading.Event()  # the version poller
+    stop_load = threading.Event()  # the background clients
     with running_loop(loop) as running:
         base = running.url.removesuffix("/v1")
 
@@ -71,7 +72,7 @@ def measure(idle_s: float, load_clients: int, sessions: int, policy: str) -> lis
 
         def background() -> None:
             with httpx.Client(timeout=30) as c:
-                while not stop.is_set():
+                while not stop_load.is_set():
                     session(c, running.url, policy, f"load-{uuid.uuid4().hex[:8]}")
 
         threads = [threading.Thread(target=poll, daemon=True)]
@@ -89,7 +90,16 @@ def measure(idle_s: float, load_clients: int, sessions: int, policy: str) -> lis
                 while len(first_seen) == seen and time.time() < deadline:
                     time.sleep(0.02)
                 time.sleep(0.3)
-        time.sleep(3)
+        stop_load.set()
+        # A loaded loop may still be working through the measured sessions: keep watching
+        # versions until each one's training step is in the lake and served (bounded).
+        deadline = time.time() + 180
+        consumed: dict[str, int] = {}
+        while time.time() < deadline:
+            consumed = consumed_versions(lake, policy)
+            if all(consumed.get(sid) in first_seen for sid in ended):
+                break
+            time.sleep(2.0)
         stop.set()
         for t in threads:
             t.join(timeout=35)
