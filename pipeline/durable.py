@@ -1,10 +1,14 @@
 """Files that survive: fsync for files and folders (what makes a rename or an append survive
-a power cut), content hashes, and a writability check for state folders."""
+a power cut), atomic replacement of a file or a folder, content hashes, and a writability
+check for state folders. Every temp-file + fsync + rename in liverl goes through here."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -26,16 +30,54 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a reader sees the old or the new bytes, never a mix,
-    and the new ones survive a power cut (temp file, fsync, rename, fsync the folder)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(path.parent)
+@contextlib.contextmanager
+def replacing(path: Path, *, sync_folder: bool = True) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; when the block ends normally, the temporary
+    file (written by the caller, by any means) is fsynced and renamed over ``path``, then the
+    folder is fsynced, so a reader sees the old or the new file, never a mix, and the new one
+    survives a power cut. An exception removes the temporary file and leaves ``path`` alone.
+
+    The temporary name is unique (two writers of one path never write into each other's
+    file) and hidden (``.name.<hex>.tmp``: globs for ``*.log``, ``*.bad``, ... skip it).
+    ``sync_folder=False`` leaves the rename itself to the next folder fsync, for a file whose
+    older version after a crash is acceptable (the spool's position: records are re-sent)
+    or whose caller fsyncs the folder once after several replacements."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+    if sync_folder:
+        fsync_path(path.parent)
+
+
+def atomic_write(path: Path, data: bytes, *, sync_folder: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (see :func:`replacing`)."""
+    with replacing(path, sync_folder=sync_folder) as tmp:
+        tmp.write_bytes(data)
+
+
+def publish_folder(
+    tmp: Path, target: Path, *, before_rename: Callable[[], None] | None = None
+) -> None:
+    """Move the fully written folder ``tmp`` to ``target`` (same parent folder) so a reader
+    sees no folder or a complete one: every file and folder under ``tmp`` is fsynced (so the
+    rename cannot reach the disk before the bytes do), then the rename, then the parent's
+    fsync. ``target`` must not exist (a rename onto an empty folder would replace it, so the
+    caller checks). ``before_rename`` runs between the fsyncs and the rename (crash tests).
+    The caller removes ``tmp`` if this raises."""
+    for folder, _dirs, files in os.walk(tmp, topdown=False):
+        for name in files:
+            fsync_path(Path(folder) / name)
+        fsync_path(Path(folder))  # after its entries: the folder lists them durably
+    if before_rename is not None:
+        before_rename()
+    os.rename(tmp, target)
+    fsync_path(target.parent)
 
 
 def writable_problem(path: Path) -> str | None:

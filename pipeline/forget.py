@@ -655,7 +655,7 @@ def rewrite_version(hit: VersionHit, sessions: list[str]) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from pipeline.durable import atomic_write, fsync_path, sha256_file
+    from pipeline.durable import atomic_write, replacing, sha256_file
     from pipeline.trainer import checkpoint as ck
     from pipeline.trainer.publish import TRAJ_FILE
 
@@ -663,16 +663,13 @@ def rewrite_version(hit: VersionHit, sessions: list[str]) -> int:
     table = pq.read_table(f)
     drop = pc.is_in(table.column("session_id"), value_set=pa.array(sessions, pa.string()))
     keep = table.filter(pc.invert(pc.fill_null(drop, False)))
-    tmp = f.with_name(f".{TRAJ_FILE}.forget")
-    pq.write_table(keep, tmp)
-    fsync_path(tmp)
     manifest = ck.Manifest.from_json((hit.folder / ck.MANIFEST).read_bytes())
     rel = f.relative_to(hit.folder).as_posix()
-    for entry in manifest.trainer_files:
-        if entry["path"] == rel:
-            entry["sha256"], entry["bytes"] = sha256_file(tmp), tmp.stat().st_size
-    os.replace(tmp, f)
-    fsync_path(f.parent)
+    with replacing(f) as tmp:
+        pq.write_table(keep, tmp)
+        for entry in manifest.trainer_files:
+            if entry["path"] == rel:
+                entry["sha256"], entry["bytes"] = sha256_file(tmp), tmp.stat().st_size
     atomic_write(hit.folder / ck.MANIFEST, manifest.to_json())
     return table.num_rows - keep.num_rows
 
@@ -780,7 +777,7 @@ def rewrite_spool(hit: SpoolHit, sessions: list[str]) -> int:
     the byte offset of the acknowledged position stays right and a segment's frame count is
     unchanged; undelivered frames are removed, so they are never sent. Each segment is
     replaced atomically (temp file, fsync, rename), so a crash leaves it old or new."""
-    from pipeline.durable import fsync_path
+    from pipeline.durable import atomic_write, fsync_path
 
     wanted = set(sessions)
     cur_seg, cur_off = _cursor(hit.path)
@@ -804,12 +801,7 @@ def rewrite_spool(hit: SpoolHit, sessions: list[str]) -> int:
                 out += blank
         if not touched:
             continue
-        tmp = seg.with_name(f".{seg.name}.forget")
-        with open(tmp, "wb") as fh:
-            fh.write(out)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, seg)
+        atomic_write(seg, bytes(out), sync_folder=False)  # one folder fsync at the end
         changed += touched
     for bad in hit.quarantined:
         bad.unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import shutil
 from pathlib import Path
 
 import pytest
@@ -82,10 +83,11 @@ def test_ack_that_cannot_be_persisted_still_advances(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     spool.append([b"a", b"b"])
     _, cur = spool.peek(1)
-    (tmp_path / "acked.json.tmp").mkdir()  # the position file cannot be written
+    (tmp_path / "acked.json" / "x").mkdir(parents=True)  # the position cannot be replaced
     spool.ack(cur)
     assert spool.ack_error and spool.pending == 1 and spool.peek(10)[0] == [b"b"]
-    (tmp_path / "acked.json.tmp").rmdir()
+    assert not list(tmp_path.glob(".acked.json.*"))  # the failed write left no temp file
+    shutil.rmtree(tmp_path / "acked.json")
     spool.ack(spool.peek(10)[1])
     assert spool.ack_error is None and spool.pending == 0
 

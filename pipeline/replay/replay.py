@@ -31,7 +31,6 @@ import gc
 import hashlib
 import heapq
 import logging
-import os
 import re
 import time
 import uuid
@@ -45,6 +44,7 @@ from typing import Any
 import click
 import orjson
 
+from pipeline.durable import atomic_write
 from pipeline.kafka import names
 from pipeline.settings import Settings
 
@@ -188,18 +188,7 @@ class Manifest:
     def save(self, path: Path) -> None:
         """Atomically (temp file, fsync, rename, fsync the folder)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = asdict(self)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as fh:
-            fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write(path, orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
 
     @classmethod
     def load(cls, path: Path) -> Manifest | None:

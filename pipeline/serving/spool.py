@@ -35,7 +35,7 @@ from pathlib import Path
 
 import orjson
 
-from pipeline.durable import fsync_path
+from pipeline.durable import atomic_write, fsync_path
 
 log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">II")
@@ -251,13 +251,7 @@ class Spool:
         qdir = self.dir / QUARANTINE_DIR
         qdir.mkdir(exist_ok=True)
         target = qdir / name
-        tmp = qdir / (name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-        fsync_path(qdir)
+        atomic_write(target, data)
         return target
 
     def quarantine_problem(self) -> str | None:
@@ -296,13 +290,13 @@ class Spool:
                     self._path(first).unlink(missing_ok=True)
 
     def _persist(self, cursor: Cursor) -> None:
-        tmp = self.dir / (_POS_FILE + ".tmp")
-        tmp.write_bytes(
-            orjson.dumps({"seq": cursor.seq, "segment": cursor.segment, "offset": cursor.offset})
+        # No folder fsync per ack: after a power cut an older position only re-sends records
+        # that consumers drop by event id, and acks come once per delivered batch.
+        atomic_write(
+            self.dir / _POS_FILE,
+            orjson.dumps({"seq": cursor.seq, "segment": cursor.segment, "offset": cursor.offset}),
+            sync_folder=False,
         )
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.dir / _POS_FILE)
 
     def close(self) -> None:
         with self._lock, contextlib.suppress(OSError):

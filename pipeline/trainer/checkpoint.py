@@ -11,7 +11,6 @@ of this version, so a crash after the rename can still finish publishing them).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import uuid
@@ -22,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.durable import fsync_path, sha256_file
+from pipeline.durable import fsync_path, publish_folder, sha256_file
 
 MANIFEST = "manifest.json"
 TRAINER_DIR = "trainer"
@@ -133,17 +132,13 @@ def write_version(
         manifest.files = _describe(tmp, [p for p in all_files if p not in trainer])
         manifest.trainer_files = _describe(tmp, trainer)
         (tmp / MANIFEST).write_bytes(manifest.to_json())
-        for p in [*all_files, tmp / MANIFEST]:
-            fsync_path(p)
-        fsync_path(tmp / TRAINER_DIR)
-        fsync_path(tmp)
-        if on_stage is not None:
-            on_stage("before_rename")
-        os.rename(tmp, target)
+        publish_folder(
+            tmp, target,
+            before_rename=None if on_stage is None else lambda: on_stage("before_rename"),
+        )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_path(base)
     return target
 
 
