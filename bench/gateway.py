@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _support  # noqa: F401  (puts tests/support on the path)
 import httpx
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -25,8 +26,8 @@ from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.build import build_app
 from pipeline.serving.chat import render_prompt
 from pipeline.serving.settings import ServeSettings
-from pipeline.serving.testing import running
 from pipeline.settings import Settings
+from tests.support.serving import running
 
 TOPIC = "bench.gateway.interactions"  # keeps bench traffic out of the real topic
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},

@@ -27,12 +27,13 @@ import tempfile
 import time
 import uuid
 
+import _support  # noqa: F401  (puts tests/support on the path)
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
-from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
 from pipeline.settings import Settings
+from tests.support import examples
 
 
 def session(

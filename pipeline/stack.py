@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,3 +118,11 @@ def tail(path: Path, lines: int = 20) -> str:
     if not path.exists():
         return "(no output)"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, for a local component started next (the
+    demo's gateway and processors web server, tests)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

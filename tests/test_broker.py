@@ -11,8 +11,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.kafka.broker import BrokerError, LocalBroker
-from pipeline.serving.testing import free_port
 from pipeline.settings import BrokerSettings, Settings
+from pipeline.stack import free_port
 
 
 def _settings(tmp_path: Path, **broker: object) -> Settings:

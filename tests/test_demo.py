@@ -23,7 +23,7 @@ from pipeline.demo.runner import (
     moving_share,
     sessions_until_met,
 )
-from pipeline.serving.testing import free_port
+from pipeline.stack import free_port
 
 
 def test_moving_share_by_hand() -> None:

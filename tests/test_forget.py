@@ -24,22 +24,22 @@ from deltalake import DeltaTable, write_deltalake
 from jsonschema import Draft7Validator
 
 from pipeline import events
-from pipeline.events import examples
 from pipeline.forget import FORGET_LOG, delete_rows, forget, session_tables, survey_delta, vacuum
 from pipeline.lake import tables as T
 from pipeline.lake.archive import Archiver
 from pipeline.lake.sql import run_query
-from pipeline.lake.writer import append_once
+from pipeline.lake.writer import Appender
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.build import build_app
 from pipeline.serving.recorder import frame
 from pipeline.serving.settings import ServeSettings, hash_key
 from pipeline.serving.spool import Spool
-from pipeline.serving.testing import running
 from pipeline.settings import Settings
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.publish import TRAJ_FILE
+from tests.support import examples
+from tests.support.serving import running
 
 from .conftest import create_topic
 from .test_report import traj_row
@@ -175,8 +175,9 @@ def test_vacuum_only_follows_the_retention_policy(
     lake = tmp_path / "lake"
     path = lake / "trajectories"
     rows = [_traj(s, i) for s in ("v-1", "v-2") for i in range(2)]
-    append_once(str(path), T.to_table(T.TRAJECTORIES, rows), app_id="test", version=1,
-                partition_by=["day"])
+    Appender(str(path), ["day"]).append_once(
+        T.to_table(T.TRAJECTORIES, rows), app_id="test", version=1
+    )
     old = DeltaTable(str(path)).version()
     (hit,) = survey_delta(Settings(state_dir=tmp_path), lake, ["v-1"])
     assert delete_rows(hit, ["v-1"]) == 2
@@ -310,9 +311,10 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
     _produce(settings, [(dlq, None, b"f-a1", b"garbage of f-a1"),
                         (dlq, None, b"f-b1", b"garbage of f-b1")])
     Archiver(settings, [inter, nexts, dlq], lake).run()
-    append_once(T.LakeTables(lake).uri(T.TRAJECTORIES),
-                T.to_table(T.TRAJECTORIES, [_traj(s, i) for s in sessions for i in range(2)]),
-                app_id="test", version=1, partition_by=["day"])
+    Appender(T.LakeTables(lake).uri(T.TRAJECTORIES), ["day"]).append_once(
+        T.to_table(T.TRAJECTORIES, [_traj(s, i) for s in sessions for i in range(2)]),
+        app_id="test", version=1,
+    )
     weights = Path(settings.trainer.under_state_dir(state).weights_root)
 
     def files(tmp: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.events import derive_event_id, examples
+from pipeline.events import derive_event_id
 from pipeline.processors.config import DEFAULT_RULES
 from pipeline.processors.pairing import Pairer, added_messages
 from pipeline.processors.penalties import load_rules
+from tests.support import examples
 
 SYS = {"role": "system", "content": "sys"}
 U0 = {"role": "user", "content": "do it"}

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from pipeline.events import examples
 from pipeline.processors.config import ProcessorSettings
 from pipeline.processors.judges import (
     DEFAULT_REPLY_RULES,
@@ -31,6 +30,7 @@ from pipeline.processors.judges import (
     normalise_hint,
     text_width,
 )
+from tests.support import examples
 
 DATA = Path(__file__).parent / "data" / "replies.jsonl"
 # What the README reports for the held-out part (floors: the measured values, rounded down).

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id, examples
+from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id
 from pipeline.processors.commands import outcome_event
 from pipeline.processors.rewards import (
     Assembler,
@@ -14,6 +14,7 @@ from pipeline.processors.rewards import (
     reward_parts,
     zscore_by_group_step,
 )
+from tests.support import examples
 
 P = Producer(component="t", version="1")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.kafka.broker import LocalBroker
-from pipeline.serving.testing import free_port
 from pipeline.settings import BrokerSettings, Settings
+from pipeline.stack import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from deltalake import write_deltalake
 
 from pipeline.lake import tables as T
-from pipeline.lake.writer import append_once
+from pipeline.lake.writer import Appender
 from pipeline.report import PNG_SIZE, report
 from pipeline.settings import Settings
 
@@ -126,12 +126,8 @@ def weights_row(version: int, status: str, sec: int, policy: str = "p1") -> dict
 
 
 def write(lake: Path, name: str, rows: list[dict[str, Any]], version: int = 1) -> None:
-    append_once(
-        T.LakeTables(lake).uri(name),
-        T.to_table(name, rows),
-        app_id="test",
-        version=version,
-        partition_by=T.PARTITION_BY[name],
+    Appender(T.LakeTables(lake).uri(name), T.PARTITION_BY[name]).append_once(
+        T.to_table(name, rows), app_id="test", version=version
     )
 
 

@@ -13,7 +13,7 @@ from pipeline import events
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.settings import ServeSettings
-from pipeline.serving.testing import running
+from tests.support.serving import running
 
 MODEL = "liverl-tiny-v1"
 

@@ -15,7 +15,7 @@ from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.base import SamplingParams
 from pipeline.serving.backends.sglang import SGLangBackend, SGLangError
 from pipeline.serving.settings import ServeSettings
-from pipeline.serving.testing import running
+from tests.support.serving import running
 
 from .test_serving_hf import FakeRecorder
 
@@ -155,7 +155,7 @@ def test_unreachable_sglang_is_502_not_500(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from pipeline.models.tiny import ensure_tiny_model
-    from pipeline.serving.testing import free_port
+    from pipeline.stack import free_port
 
     backend = SGLangBackend(f"http://127.0.0.1:{free_port()}", ensure_tiny_model(), policy_id="pol")
     gw = Gateway(ServeSettings(record=False, reload=False), backend)

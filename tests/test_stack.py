@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.serving.testing import free_port
+from pipeline.stack import free_port
 
 pytestmark = pytest.mark.integration
 

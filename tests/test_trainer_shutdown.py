@@ -22,8 +22,8 @@ from confluent_kafka.admin import AdminClient
 from pipeline.kafka import names, topics
 from pipeline.kafka.broker import LocalBroker
 from pipeline.models.tiny import ensure_tiny_model
-from pipeline.serving.testing import free_port
 from pipeline.settings import BrokerSettings, Settings
+from pipeline.stack import free_port
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.commands import train
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from pipeline.serving.testing import free_port
+from pipeline.stack import free_port
 
 
 class LoopError(RuntimeError):

@@ -11,7 +11,7 @@ from pipeline.lake.tables import (
     WEIGHTS_SCHEMA,
     LakeTables,
 )
-from pipeline.lake.writer import Appender, MultiAppender, append_once, committed_version
+from pipeline.lake.writer import Appender, MultiAppender
 
 __all__ = [
     "GRADIENT_STEPS",
@@ -24,8 +24,6 @@ __all__ = [
     "ArchiveError",
     "LakeTables",
     "MultiAppender",
-    "append_once",
     "archive_path",
-    "committed_version",
     "read_archived",
 ]

@@ -15,42 +15,8 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 
 
-def committed_version(table_uri: str, app_id: str) -> int | None:
-    """Highest transaction version committed by ``app_id`` (None: table or app unseen)."""
-    if not DeltaTable.is_deltatable(table_uri):
-        return None
-    return DeltaTable(table_uri).transaction_version(app_id)
-
-
-def append_once(
-    table_uri: str,
-    data: pa.Table,
-    *,
-    app_id: str,
-    version: int,
-    partition_by: list[str] | None = None,
-) -> bool:
-    """Append ``data`` unless ``app_id`` already committed ``version`` (or later).
-
-    Returns whether a commit happened. Versions of one app must be appended in
-    increasing order (the trainer's weight versions are).
-    """
-    done = committed_version(table_uri, app_id)
-    if done is not None and done >= version:
-        return False
-    write_deltalake(
-        table_uri,
-        data,
-        mode="append",
-        schema_mode="merge",  # columns added in later releases extend older lakes
-        partition_by=partition_by,
-        commit_properties=CommitProperties(app_transactions=[Transaction(app_id, version)]),
-    )
-    return True
-
-
 class Appender:
-    """:func:`append_once` on one table, keeping the opened table between commits.
+    """Idempotent appends to one table, keeping the opened table between commits.
 
     Re-opening a table replays its log from the last checkpoint on every append; a
     long-running writer (the trainer commits on every published version) keeps the handle,
@@ -73,7 +39,11 @@ class Appender:
         return None if table is None else table.transaction_version(app_id)
 
     def append_once(self, data: pa.Table, *, app_id: str, version: int) -> bool:
-        """Same contract as :func:`append_once`."""
+        """Append ``data`` unless ``app_id`` already committed ``version`` (or later).
+
+        Returns whether a commit happened. Versions of one app must be appended in
+        increasing order (the trainer's weight versions are). New columns extend the table
+        (``schema_mode="merge"``: columns added in later releases extend older lakes)."""
         done = self.committed_version(app_id)
         if done is not None and done >= version:
             return False

@@ -1,11 +1,12 @@
-"""Realistic, deterministic example events: one per type, for tests, benchmarks and docs."""
+"""Realistic, deterministic example events: one per type, for tests and benchmarks (the
+contract test runs each against its JSON Schema)."""
 
 from __future__ import annotations
 
 import random
 
-from .ids import derive_event_id
-from .types import (
+from pipeline.events.ids import derive_event_id
+from pipeline.events.types import (
     DeadLetter,
     Event,
     GradientStep,

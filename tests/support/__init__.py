@@ -1,0 +1,1 @@
+"""Fixtures shared by the tests and the benchmarks (not part of the package)."""
