@@ -153,12 +153,10 @@ def check_letter(
 
 def spec_topic(admin, settings: Settings, name: str, like: str) -> int:  # type: ignore[no-untyped-def]
     """Create ``name`` with the partitions and config (sizes included) of the spec of ``like``."""
-    spec = topics.spec_for(
-        topics.load_specs(
-            settings.topics.specs_dir, max_record_bytes=settings.kafka.max_record_bytes
-        ),
-        like,
+    specs = topics.load_specs(
+        settings.topics.specs_dir, max_record_bytes=settings.kafka.max_record_bytes
     )
+    (spec,) = (s for s in specs if s.name == like)
     for fut in admin.create_topics(
         [NewTopic(name, spec.partitions, 1, config=spec.config)]
     ).values():

@@ -179,13 +179,6 @@ def load_specs(
     return specs
 
 
-def spec_for(specs: list[TopicSpec], name: str) -> TopicSpec:
-    for spec in specs:
-        if spec.name == name:
-            return spec
-    raise KeyError(name)
-
-
 def describe(admin: AdminClient, names: list[str], timeout: float = 10.0) -> dict[str, TopicState]:
     """Partitions, replication and non-default configs of the named topics that exist."""
     md = admin.list_topics(timeout=timeout)

@@ -171,10 +171,6 @@ class Spool:
         """Records written but not yet acknowledged by Kafka."""
         return max(0, self._next_seq - self._acked.seq)
 
-    @property
-    def acked(self) -> Cursor:
-        return self._acked
-
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.dir.glob("*.log"))
 

@@ -202,11 +202,6 @@ class TrainerCore:
 
     # ---- the step -------------------------------------------------------------------------
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
     def _response_logits(
         self, model: Any, prompts: Sequence[list[int]], responses: Sequence[list[int]]
     ) -> torch.Tensor:
