@@ -6,6 +6,7 @@ A rich ``Live`` panel on a terminal; plain progress lines otherwise (logs, CI).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console, Group
@@ -23,19 +24,19 @@ def sparkline(values: list[float], width: int = 48) -> str:
     return "".join(BARS[min(len(BARS) - 1, int(v * (len(BARS) - 1) + 0.5))] for v in values)
 
 
+@dataclass(eq=False)
 class Display:
     """Receives the runner's progress callbacks and renders them."""
 
-    def __init__(self, cfg: DemoConfig, policy: str, console: Console | None = None) -> None:
-        self.cfg = cfg
-        self.policy = policy
-        self.console = console or Console()
-        self.sessions: list[Session] = []
-        self.version: int | None = None
-        self.evals: dict[str, Evaluation] = {}
-        self.stage = "starting"
-        self.started = time.monotonic()
-        self.live: Live | None = None
+    cfg: DemoConfig
+    policy: str
+    console: Console = field(default_factory=Console)
+    sessions: list[Session] = field(default_factory=list, init=False, repr=False)
+    version: int | None = field(default=None, init=False)
+    evals: dict[str, Evaluation] = field(default_factory=dict, init=False, repr=False)
+    stage: str = field(default="starting", init=False)
+    started: float = field(default_factory=time.monotonic, init=False)
+    live: Live | None = field(default=None, init=False, repr=False)
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:

@@ -10,11 +10,13 @@ reads ``transaction_version(app_id)`` and skips what is already there.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 
 
+@dataclass(eq=False)
 class Appender:
     """Idempotent appends to one table, keeping the opened table between commits.
 
@@ -24,10 +26,9 @@ class Appender:
     commits appends optimistically and this app's transaction version is only written here.
     """
 
-    def __init__(self, table_uri: str, partition_by: list[str] | None = None) -> None:
-        self.uri = table_uri
-        self.partition_by = partition_by
-        self._table: DeltaTable | None = None
+    uri: str
+    partition_by: list[str] | None = None
+    _table: DeltaTable | None = field(default=None, init=False, repr=False)
 
     def _open(self) -> DeltaTable | None:
         if self._table is None and DeltaTable.is_deltatable(self.uri):
@@ -90,17 +91,11 @@ def append_with_transactions(
     )
 
 
+@dataclass(eq=False)
 class MultiAppender(Appender):
     """An :class:`Appender` whose commits carry several application transactions."""
 
-    def __init__(
-        self,
-        table_uri: str,
-        partition_by: list[str] | None = None,
-        writer_properties: WriterProperties | None = None,
-    ) -> None:
-        super().__init__(table_uri, partition_by)
-        self.writer_properties = writer_properties
+    writer_properties: WriterProperties | None = None
 
     def refresh(self) -> None:
         """Load commits made by other writers since the handle was opened or last written."""

@@ -172,22 +172,20 @@ class Assembly:
     samples: list[Sample] = field(default_factory=list)
 
 
+@dataclass(eq=False)
 class Assembler:
     """Collects a session's turn events (JSON-able state) and emits rewards and samples."""
 
-    def __init__(
-        self,
-        reward_version: str = "reward-1",
-        sample_version: str = "samples-1",
-        grace_ms: int = 30_000,
-        outcome_wait_ms: int = 0,
-    ) -> None:
-        self.reward_version = reward_version
-        self.sample_version = sample_version
-        self.grace_ms = grace_ms
-        self.outcome_wait_ms = outcome_wait_ms
-        self.reward_producer = Producer(component="rewards", version=reward_version)
-        self.sample_producer = Producer(component="samples", version=sample_version)
+    reward_version: str = "reward-1"
+    sample_version: str = "samples-1"
+    grace_ms: int = 30_000
+    outcome_wait_ms: int = 0
+    reward_producer: Producer = field(init=False)
+    sample_producer: Producer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reward_producer = Producer(component="rewards", version=self.reward_version)
+        self.sample_producer = Producer(component="samples", version=self.sample_version)
 
     # ---- inputs (each returns the new state; idempotent on redelivery) -----------------------
 

@@ -12,6 +12,7 @@ rightly trained).
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,12 +21,12 @@ from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.publish import TRAJ_FILE
 
 
+@dataclass(eq=False)
 class SeenIds:
     """A bounded insertion-ordered set of event ids."""
 
-    def __init__(self, capacity: int = 200_000) -> None:
-        self.capacity = capacity
-        self._ids: OrderedDict[str, None] = OrderedDict()
+    capacity: int = 200_000
+    _ids: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False, repr=False)
 
     def __contains__(self, event_id: object) -> bool:
         return event_id in self._ids

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,18 @@ def write_verdict(directory: Path, verdict: dict[str, Any]) -> None:
                  orjson.dumps(verdict, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
 
 
+@dataclass(eq=False)
 class Gate:
     """Held-out rows, the live (baseline) model, and the evaluation."""
 
-    def __init__(self, cfg: TrainerSettings) -> None:
-        self.cfg = cfg
-        self.rows: deque[dict[str, Any]] = deque(maxlen=cfg.gate_eval_samples)
-        self.baseline: Any | None = None
-        self.baseline_version = 0
-        self.seeded_upto: int | None = None
+    cfg: TrainerSettings
+    rows: deque[dict[str, Any]] = field(init=False, repr=False)
+    baseline: Any | None = field(default=None, init=False, repr=False)
+    baseline_version: int = field(default=0, init=False)
+    seeded_upto: int | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.rows = deque(maxlen=self.cfg.gate_eval_samples)
 
     # ---- state -------------------------------------------------------------------------
 

@@ -102,15 +102,18 @@ def to_sample(row: dict[str, Any], policy: str, behavior_version: int) -> Sample
     )
 
 
+@dataclass(eq=False)
 class DeltaSource:
     """Stands in for the trainer's Kafka consumer: ``poll_batch`` over the selected rows."""
 
-    def __init__(self, selection: Selection, policy: str) -> None:
-        self.selection = selection
-        self.policy = policy
-        self.topic = selection.input_name
-        self.position = 0
-        self.behavior_version = 0  # set by the loop to its current version before each poll
+    selection: Selection = field(repr=False)
+    policy: str
+    position: int = field(default=0, init=False)
+    behavior_version: int = field(default=0, init=False)  # the loop's version, before each poll
+
+    @property
+    def topic(self) -> str:
+        return self.selection.input_name
 
     def seek(self, offset: int) -> None:
         self.position = max(0, min(offset, self.selection.rows.num_rows))
