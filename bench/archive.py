@@ -60,8 +60,14 @@ def raw_consume(
     start, cpu = time.perf_counter(), time.process_time()
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     got = nbytes = 0
+    last = time.monotonic()
     while got < n:
-        for msg in consumer.consume(num_messages=10_000, timeout=1.0):
+        msgs = consumer.consume(num_messages=10_000, timeout=1.0)
+        if msgs:
+            last = time.monotonic()
+        elif time.monotonic() - last > 60:
+            raise SystemExit(f"read {got} of {n} records; none in the last 60 s")
+        for msg in msgs:
             if msg.error() is None:
                 value, key = msg.value(), msg.key()
                 nbytes += len(value or b"") + len(key or b"")

@@ -39,6 +39,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+STALL_S = 60.0  # a wait for records gives up after this long without one
+
+
 class RawPath:
     """Baseline: pre-encoded bytes through plain confluent-kafka clients."""
 
@@ -111,9 +114,14 @@ def measure(path: RawPath | CodecPath, n: int, pings: int) -> dict[str, float]:
     for i in range(n):
         path.send(i)
     path.flush()
-    got = 0
+    got, last = 0, time.monotonic()
     while got < n:
-        got += len(path.receive(1.0))
+        new = len(path.receive(1.0))
+        got += new
+        if new:
+            last = time.monotonic()
+        elif time.monotonic() - last > STALL_S:
+            raise SystemExit(f"received {got} of {n} events; none in the last {STALL_S:.0f} s")
     elapsed = time.perf_counter() - start
     lat: list[float] = []
     for i in range(n, n + pings):
@@ -121,8 +129,10 @@ def measure(path: RawPath | CodecPath, n: int, pings: int) -> dict[str, float]:
         path.send(i)
         path.flush()
         # consume() returns at max_n records or the timeout: ask for one so it returns at once.
+        deadline = time.monotonic() + STALL_S
         while i not in path.receive(1.0, max_n=1):
-            pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"ping {i} not received within {STALL_S:.0f} s")
         lat.append(time.perf_counter() - t0)
     path.close()
     return {

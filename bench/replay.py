@@ -72,11 +72,14 @@ def produce_raw(
     keys = [f"bench-session-{i}".encode() for i in range(1000)]
     started = time.perf_counter()
     for i in range(n):
+        deadline = time.monotonic() + 120
         while True:
             try:
                 p.produce(topic, value=value, key=keys[i % 1000], headers=headers)
                 break
-            except BufferError:
+            except BufferError:  # queue full: serve delivery reports until there is room
+                if time.monotonic() > deadline:
+                    raise SystemExit("the producer queue stayed full for 120 s") from None
                 p.poll(0.05)
         if i & 1023 == 0:
             p.poll(0)

@@ -28,12 +28,15 @@ from pipeline import events
 from pipeline.cli import cli
 from pipeline.kafka import names
 from pipeline.replay import namespace as nsmod
+from pipeline.replay import replay as replay_mod
 from pipeline.replay.replay import (
     H_OFFSET,
     H_PARTITION,
     H_PASS,
     H_TIMESTAMP,
     H_TOPIC,
+    KafkaSource,
+    Span,
     canonical_time,
     parse_speed,
     parse_time,
@@ -379,6 +382,24 @@ def test_killed_replay_resumes_exactly_once(kafka_settings, source_topic, unique
         assert assert_exact_copy(source, read_topic(kafka_settings, dest), topic) == n
     finally:
         drop(env, ns)
+
+
+@pytest.mark.integration
+def test_a_read_that_stalls_before_its_end_stops_with_an_error(  # type: ignore[no-untyped-def]
+    kafka_settings, source_topic, monkeypatch
+) -> None:
+    """A span whose end the partition never reaches (records gone, broker silent) used to be
+    polled for ever; now the read gives up after READ_STALL_S without a record."""
+    topic, _ = source_topic
+    produce_source(kafka_settings, topic, ["stall-session"], 4, t0=1_790_000_000_000)
+    (part, high), = ((p, h) for p, h in end_offsets(kafka_settings, topic).items() if h)
+    monkeypatch.setattr(replay_mod, "READ_STALL_S", 1.0)
+    source = KafkaSource(kafka_settings)
+    rows: list[Any] = []
+    with pytest.raises(click.ClickException, match=f"no record for 1s before offset {high + 5}"):
+        for row in source.read([Span(topic, part, 0, high + 5)], {(topic, part): 0}, None):
+            rows.append(row)
+    assert [r[3] for r in rows] == list(range(high)) and source.examined == high == 4
 
 
 @pytest.mark.integration

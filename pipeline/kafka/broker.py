@@ -369,8 +369,15 @@ class LocalBroker:
         for pid in killed:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30  # SIGKILL cannot be ignored, only delayed (D state)
         for pid in killed:
             while _alive(pid):
+                if time.monotonic() > deadline:
+                    raise BrokerError(
+                        f"Kafka (pid {pid}) is still alive 30 s after SIGKILL; its pid file is "
+                        "kept: check the process (stuck on a disk?) and run `liverl broker "
+                        "down` again"
+                    )
                 time.sleep(0.1)
         for node in running:
             node.pid_file.unlink(missing_ok=True)

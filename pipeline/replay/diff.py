@@ -10,14 +10,17 @@ manifest says where its range began, only from there on (a reward comes after it
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import click
 
 from pipeline import events
 from pipeline.kafka import names
 from pipeline.settings import Settings
 
-from .replay import keys_partitions, partitions_of, reader, watermarks
+from .replay import READ_STALL_S, keys_partitions, partitions_of, reader, watermarks
 
 CHANGED_EPS = 1e-9
 
@@ -131,8 +134,15 @@ def read_rewards(
             return side
         c.assign(assignment)
         pending = set(ends)
+        idle_since = time.monotonic()
         while pending:
-            for msg in c.consume(num_messages=1000, timeout=1.0):
+            msgs = c.consume(num_messages=1000, timeout=1.0)
+            if msgs:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > READ_STALL_S:
+                left = ", ".join(f"{topic}[{p}]" for p in sorted(pending))
+                raise click.ClickException(f"reading {left}: no record for {READ_STALL_S:.0f}s")
+            for msg in msgs:
                 err = msg.error()
                 p = msg.partition()
                 if err is not None:

@@ -213,6 +213,11 @@ def describe_request(request: dict[str, Any]) -> str:
 # ---- Kafka plumbing --------------------------------------------------------------------------
 
 
+# A read up to a known end offset gives up after this long without a record. Longer than
+# Kafka's default transaction timeout (60 s): read_committed waits for an open transaction.
+READ_STALL_S = 120.0
+
+
 def reader(settings: Settings, **extra: Any) -> Any:
     """An assign-only consumer that never joins a group and never commits."""
     from confluent_kafka import Consumer
@@ -321,15 +326,15 @@ def last_replayed(
 # ---- sources ---------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class KafkaSource:
     """Live topics on the cluster, read with assign (no group, no commit)."""
 
     kind = "kafka"
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.examined = 0
-        self._consumer: Any = None
+    settings: Settings
+    examined: int = field(default=0, init=False)
+    _consumer: Any = field(default=None, init=False, repr=False)
 
     @property
     def consumer(self) -> Any:
@@ -439,10 +444,17 @@ class KafkaSource:
         eof = KafkaError._PARTITION_EOF
         try:
             c.assign([TopicPartition(topic, partition, start)])
+            idle_since = time.monotonic()
             while True:
                 first = c.poll(1.0)
                 if first is None:
+                    if time.monotonic() - idle_since > READ_STALL_S:
+                        raise click.ClickException(
+                            f"reading {topic}[{partition}]: no record for "
+                            f"{READ_STALL_S:.0f}s before offset {end} (broker down?)"
+                        )
                     continue
+                idle_since = time.monotonic()
                 msgs = [first, *c.consume(num_messages=2000, timeout=0)]
                 for msg in msgs:
                     err = msg.error()
@@ -468,23 +480,21 @@ class KafkaSource:
             c.close()
 
 
+@dataclass(eq=False)
 class DeltaSource:
     """The archive (``pipeline/lake/archive.py``): ``<lake>/events/<topic>`` Delta tables."""
 
     kind = "delta"
 
-    def __init__(
-        self,
-        settings: Settings,
-        lake_root: Path,
-        partitions: Callable[[str], int | None] = lambda topic: None,
-    ) -> None:
-        self.settings = settings
-        self.lake_root = Path(lake_root)
-        self.examined = 0
-        self._partitions = partitions  # topic -> its partition count (the spec's)
-        self._tables: dict[str, Any] = {}
-        self._window: tuple[int | None, int | None] = (None, None)
+    settings: Settings
+    lake_root: Path
+    partitions: Callable[[str], int | None] = lambda topic: None  # topic -> the spec's count
+    examined: int = field(default=0, init=False)
+    _tables: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _window: tuple[int | None, int | None] = field(default=(None, None), init=False)
+
+    def __post_init__(self) -> None:
+        self.lake_root = Path(self.lake_root)
 
     def window(self, since_ms: int | None, until_ms: int | None) -> None:
         """The time range read from the tables (a resumed run sets the manifest's)."""
@@ -528,7 +538,7 @@ class DeltaSource:
             table = self._table(topic)
             if table.num_rows == 0:
                 continue
-            count = self._partitions(topic)
+            count = self.partitions(topic)
             wanted = session_partitions(topic, count) if count else None
             grouped = table.group_by("partition").aggregate([("offset", "min"), ("offset", "max")])
             for row in grouped.to_pylist():
@@ -598,6 +608,10 @@ class Stats:
 
 class DeliveryFailed(click.ClickException):
     pass
+
+
+class QueueStuck(RuntimeError):
+    """The producer's queue stayed full: nothing reached the broker for too long."""
 
 
 def resume_points(settings: Settings, manifest: Manifest) -> tuple[dict[tuple[str, int], int], int]:
@@ -762,6 +776,7 @@ def run(
                     (H_RUN, run_b),
                     (H_PASS, pass_b),
                 )
+                full_since: float | None = None
                 while True:
                     try:
                         produce(
@@ -774,7 +789,16 @@ def run(
                             on_delivery=on_delivery,
                         )
                         break
-                    except BufferError:
+                    except BufferError:  # queue full: serve delivery reports to make room
+                        # Records never expire here (message.timeout.ms 0): with the broker
+                        # gone the queue would stay full for ever.
+                        now = time.monotonic()
+                        full_since = full_since or now
+                        if now - full_since > READ_STALL_S:
+                            raise QueueStuck(
+                                f"the producer queue stayed full for {READ_STALL_S:.0f}s "
+                                "(broker unreachable?)"
+                            ) from None
                         poll(0.05)
                 if n & 1023 == 0 or speed is not None:
                     poll(0)
@@ -789,7 +813,7 @@ def run(
     except KeyboardInterrupt:
         producer.flush(30)  # keep what is queued: the next run resumes after it
         raise
-    except KafkaException as exc:  # fatal (gapless): stop; what arrived is a prefix
+    except (KafkaException, QueueStuck) as exc:  # stop; what arrived is a prefix (gapless)
         failures.append(str(exc))
     finally:
         if gc_was_enabled:
