@@ -8,6 +8,13 @@ penalties, because pairing is where a turn's tool calls meet their results, in s
 call returns the events to emit. Event ids are derived from the parent interaction ids and the
 config version, so a replay emits the same ids.
 
+Turn order within a session is (``ts_ms``, ``turn``, ``event_id``) of the interactions, not the
+gateway's turn number alone: gateway replicas without sticky sessions stamp each turn with a
+per-session monotonic timestamp, and the turn number only breaks ties between events of the
+same millisecond (producers other than the gateway). An interaction at or before the session's
+last one in that order is a redelivery (or arrived after a later turn) and pairs nothing, so
+derived events stay exactly-once.
+
 The state is a changelog value, so it is bounded whatever the traffic (``text_chars``,
 ``max_bytes``): a tool call is kept as its identity (name and canonical arguments, replaced by
 a prefix and their sha256 when longer than ``text_chars``, so "the same call" still compares
@@ -36,6 +43,7 @@ log = logging.getLogger(__name__)
 TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
 STATE_BYTES = 1 << 20
 _ID_CHARS = 256  # tool call ids longer than this are replaced by a digest
+SEEN = 16  # recent interaction ids kept per session (only to name late arrivals in the log)
 
 
 @dataclass
@@ -121,6 +129,15 @@ def added_messages(prev_len: int, messages: list[dict[str, Any]]) -> list[dict[s
     return messages[last + 1 :]
 
 
+def comes_after(inter: Interaction, prev: dict[str, Any]) -> bool:
+    """Whether ``inter`` follows the session's last paired turn (see the module doc). States
+    written before ``ts_ms`` was kept compare by turn number, as they were written."""
+    if "ts_ms" not in prev:
+        return inter.turn > prev["turn"]
+    return (inter.ts_ms, inter.turn, inter.event_id) > (prev["ts_ms"], prev["turn"],
+                                                        prev["event_id"])
+
+
 class Pairer:
     """Session state machine for pairing and path penalties."""
 
@@ -154,7 +171,13 @@ class Pairer:
         if inter.turn_type == "side":
             return out  # served, never recorded, never pairs
         prev = state.get("prev")
-        if prev is not None and inter.turn <= prev["turn"]:
+        if prev is not None and not comes_after(inter, prev):
+            if inter.event_id != prev["event_id"] and inter.event_id not in state.get("seen", ()):
+                log.warning(
+                    "session %r: turn %d (event %s) reached pairing after a later turn of the "
+                    "session; not paired (its replica recorded it late)",
+                    inter.session_id, inter.turn, inter.event_id,
+                )
             return out  # duplicate or out-of-order redelivery: already paired
         state["session_id"] = inter.session_id
         state["last_seen_ms"] = inter.ts_ms if now_ms is None else now_ms
@@ -163,9 +186,12 @@ class Pairer:
             out.next_states.append(self._paired(prev, inter, added))
             out.penalties.append(self._penalty(state, prev, added))
         state["closed"] = False
+        # The last few turns' ids: a redelivery is told apart from a turn that arrived late.
+        state["seen"] = [*state.get("seen", ())[-(SEEN - 1):], inter.event_id]
         state["prev"] = {
             "event_id": inter.event_id,
             "turn": inter.turn,
+            "ts_ms": inter.ts_ms,
             "messages_len": len(inter.messages),
             "trainable": inter.train,
             "tool_calls": self._keep_calls(inter),

@@ -9,8 +9,8 @@ body arrival time (``body_timeout_s``, 408 and the connection closed). A turn th
 is refused with 503 while the recorder loses events (spool unwritable and Kafka down) unless
 ``serve_without_training`` is set; ``/healthz`` then answers 503 ``degraded`` with the reason.
 A turn whose client goes away before the answer, streamed or not, is recorded with
-``finish_reason="abort"`` and ``train=false``: the turn index stays used (a retry is the next
-turn, not a second turn 0) and the partial answer is kept for inspection but never becomes a
+``finish_reason="abort"`` and ``train=false``: the turn index stays used on this replica (a
+retry here is the next turn, not a second turn 0; see ``sessions.py`` for other replicas) and the partial answer is kept for inspection but never becomes a
 sample. A non-streamed request learns of it from the server's ``http.disconnect`` message,
 awaited next to the generation, which is then stopped.
 """
@@ -44,7 +44,7 @@ from .hooks import HookPayload, handle_hook
 from .metrics import Metrics
 from .protocol import ChatRequest, check_depth, parse_request
 from .recorder import Recorder
-from .sessions import Sessions, TurnInfo
+from .sessions import Sessions, TurnInfo, conversation_position
 from .settings import ServeSettings
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,14 @@ class Turn:
     finish: str = "stop"
     version: int = 0
     turn: int | None = None
+    ts_ms: int | None = None
+
+    def claim(self, sessions: Sessions) -> None:
+        """Number and stamp this turn (see ``sessions.py``): its conversation position and a
+        per-session monotonic timestamp, so any replica may serve any turn of a session."""
+        position = conversation_position(m.role for m in self.req.messages)
+        self.turn = sessions.next_turn(self.info.session_id, position)
+        self.ts_ms = sessions.stamp(self.info.session_id)
 
 
 class Gateway:
@@ -214,7 +222,7 @@ class Gateway:
         self.metrics.tokens.labels("prompt").inc(len(turn.prompt_ids))
         self.metrics.tokens.labels("completion").inc(len(turn.ids))
         if turn.info.recorded:
-            turn.turn = self.sessions.next_turn(turn.info.session_id)
+            turn.claim(self.sessions)
             if self.recorder is not None:
                 event = self._event(turn, text, calls, finish, latency_ms)
                 self.recorder.record(self.cfg.interactions_topic, event)
@@ -229,7 +237,7 @@ class Gateway:
         self.metrics.aborted.inc()
         if not turn.info.recorded:
             return
-        turn.turn = self.sessions.next_turn(turn.info.session_id)
+        turn.claim(self.sessions)
         if self.recorder is not None:
             latency_ms = (time.perf_counter() - turn.started) * 1000
             text = self.text_of(turn)
@@ -252,6 +260,7 @@ class Gateway:
         p = turn.params
         return events.Interaction(
             event_id=events.new_event_id(),
+            ts_ms=turn.ts_ms if turn.ts_ms is not None else events.now_ms(),
             producer=PRODUCER,
             session_id=turn.info.session_id,
             turn=turn.turn or 0,

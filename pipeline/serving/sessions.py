@@ -4,8 +4,17 @@ Precedence: headers (``X-Session-Id``, ``X-Turn-Type``, ``X-Session-Done``, ``X-
 then body fields (``session_id``, ``turn_type``, ``session_done``, ``train``). A client that
 names no session gets ``auto-<hash>``: sha256 over the caller's key id and the first
 ``prefix_messages`` messages (canonical JSON), so a growing conversation from one key keeps
-one session while different conversations or keys never share one. Turn indices count main
-turns per session from 0 in this process (sticky sessions assumed across replicas).
+one session while different conversations or keys never share one.
+
+Turn numbers need no sticky sessions: a main turn's number is its position in the conversation,
+the number of assistant messages its request carries (each earlier turn's answer), which every
+replica reads the same from the request itself. Within one replica it is never less than one
+more than the last number this replica gave the session (a retry after an abort, a client that
+resends no history, a harness that compacted it), so one replica numbers exactly as a counter
+would. Each turn is also stamped with a per-session monotonic timestamp (wall-clock ms, at least
+1 ms after the last this replica stamped for the session); downstream, pairing orders a
+session's turns by (timestamp, event id), not by which replica served them (see
+``pipeline/processors/pairing.py``).
 ``X-Liverl-User`` names whose turn it is (else the key id); recorded as the interaction's
 ``user_id`` so that ``liverl forget --user`` can find a user's sessions.
 """
@@ -14,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
+
+from pipeline import events
 
 from .errors import ApiError
 
@@ -74,11 +85,17 @@ def _header_text(name: str, value: str | None) -> str | None:
     return text
 
 
+def conversation_position(roles: Iterable[str | None]) -> int:
+    """How many answers a conversation already holds: its assistant messages (by role)."""
+    return sum(1 for role in roles if role == "assistant")
+
+
 class Sessions:
     def __init__(self, prefix_messages: int = 2, max_sessions: int = 100_000) -> None:
         self.prefix_messages = prefix_messages
         self.max_sessions = max_sessions
         self._turns: OrderedDict[str, int] = OrderedDict()
+        self._stamps: dict[str, int] = {}  # last timestamp given to each session here
 
     def resolve(
         self,
@@ -112,20 +129,37 @@ class Sessions:
         return TurnInfo(str(session), turn_type, done, train, group,  # type: ignore[arg-type]
                         user or key_id)
 
-    def next_turn(self, session_id: str) -> int:
-        """Claim the next main-turn index of a session."""
-        turn = self._turns.pop(session_id, 0)
+    def next_turn(self, session_id: str, position: int = 0) -> int:
+        """Claim a main-turn number: the request's conversation ``position`` (see
+        :func:`conversation_position`), but at least one more than the last number this
+        replica gave the session."""
+        floor = self._turns.pop(session_id, 0)
+        turn = max(floor, position)
         self._turns[session_id] = turn + 1
-        while len(self._turns) > self.max_sessions:
-            self._turns.popitem(last=False)
+        self._evict()
         return turn
+
+    def stamp(self, session_id: str, now_ms: int | None = None) -> int:
+        """A timestamp for the session's next event: the wall clock, but strictly after the
+        last one this replica stamped for it (a clock stepped back cannot reorder its turns)."""
+        now = events.now_ms() if now_ms is None else now_ms
+        ts = max(now, self._stamps.get(session_id, now - 1) + 1)
+        self._stamps[session_id] = ts
+        return ts
+
+    def _evict(self) -> None:
+        while len(self._turns) > self.max_sessions:
+            gone, _ = self._turns.popitem(last=False)
+            self._stamps.pop(gone, None)
+        while len(self._stamps) > self.max_sessions:  # stamped but never numbered (aborted)
+            self._stamps.pop(next(iter(self._stamps)))
 
     def seed(self, next_turns: dict[str, int]) -> None:
         """Continue sessions recovered from the log (see ``turns.py``) where they left off."""
         for session_id, turn in next_turns.items():
             self._turns[session_id] = max(self._turns.get(session_id, 0), turn)
-        while len(self._turns) > self.max_sessions:
-            self._turns.popitem(last=False)
+        self._evict()
 
     def close(self, session_id: str) -> None:
         self._turns.pop(session_id, None)
+        self._stamps.pop(session_id, None)
