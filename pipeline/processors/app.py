@@ -484,6 +484,10 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             tok_t.pop(token_key(key, t), None)
         return result.state
 
+    def kept_interaction(state: dict[str, Any] | None, turn: int) -> str | None:
+        info = (state or {}).get("turns", {}).get(str(turn), {}).get("interaction")
+        return info["event_id"] if info else None
+
     asm_topics = (
         names.INTERACTIONS,
         names.NEXT_STATES,
@@ -498,10 +502,12 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         async for key, ev in decoded(stream, dlq):
             state = load(asm_t, key)
             if isinstance(ev, events.Interaction):
+                before = kept_interaction(state, ev.turn)
                 state = assembler.on_interaction(state, ev, keep_tokens=False)
-                info = state.get("turns", {}).get(str(ev.turn), {}).get("interaction")
                 tkey = token_key(key, ev.turn)
-                if info and info["event_id"] == ev.event_id and tkey not in tok_t:
+                if kept_interaction(state, ev.turn) == ev.event_id and (
+                    before != ev.event_id or tkey not in tok_t
+                ):  # new, or it replaced another turn of the same number: its tokens
                     tok_t[tkey] = orjson.dumps(token_payload(ev))
             elif isinstance(ev, events.NextState):
                 state = assembler.on_next_state(state, ev, now_ms())

@@ -206,9 +206,16 @@ class Assembler:
         if inter.turn_type == "side" or state.get("done"):
             return state
         turn = self._turn(state, inter.session_id, inter.turn)
+        kept = turn.get("interaction")
         if not inter.train:
-            turn["skip"] = True  # opted out: never a sample, but the turn is accounted for
+            if kept is None:  # opted out (aborted): never a sample, but accounted for
+                turn["skip"] = True
             return state
+        if kept is not None and (kept.get("ts_ms", 0), kept["event_id"]) > (
+            inter.ts_ms, inter.event_id
+        ):
+            return state  # a number used twice (a retry on another replica): the later turn
+        turn.pop("skip", None)
         turn["interaction"] = {
             "event_id": inter.event_id,
             "policy_id": inter.policy_id,
@@ -287,12 +294,15 @@ class Assembler:
         if now_ms - closed >= self.grace_ms:
             return True
         # Topics are read interleaved, so a replay may deliver a turn's verdicts before its
-        # interaction: every main-line turn 0..last must be present and complete.
+        # interaction: every main-line turn up to the last must be complete. Turn numbers are
+        # conversation positions, so some may never exist (a turn that opted out of training,
+        # assistant messages in the first prompt); a trainable one cannot be missing
+        # altogether: pairing wrote its next state before the session_end, on this partition.
         turns = state.get("turns", {})
         for t in range(state["last_turn"] + 1):
             info = turns.get(str(t))
             if info is None:
-                return False
+                continue
             if info.get("skip"):
                 continue
             if "interaction" not in info or info["penalty"] is None or not info["next_states"]:

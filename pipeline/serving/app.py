@@ -10,9 +10,10 @@ is refused with 503 while the recorder loses events (spool unwritable and Kafka 
 ``serve_without_training`` is set; ``/healthz`` then answers 503 ``degraded`` with the reason.
 A turn whose client goes away before the answer, streamed or not, is recorded with
 ``finish_reason="abort"`` and ``train=false``: the turn index stays used on this replica (a
-retry here is the next turn, not a second turn 0; see ``sessions.py`` for other replicas) and the partial answer is kept for inspection but never becomes a
-sample. A non-streamed request learns of it from the server's ``http.disconnect`` message,
-awaited next to the generation, which is then stopped.
+retry here is the next turn; on another replica it reuses the number and, being later,
+replaces the aborted turn downstream: see ``sessions.py``) and the partial answer is kept for
+inspection but never becomes a sample. A non-streamed request learns of it from the server's
+``http.disconnect`` message, awaited next to the generation, which is then stopped.
 """
 
 from __future__ import annotations
