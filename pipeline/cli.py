@@ -334,6 +334,14 @@ def topics_list(ctx: click.Context) -> None:
     type=click.Choice(["gateway", "workers", "trainer", "archive"]),
     help="Leave a component out (repeatable).",
 )
+@click.option(
+    "--gateways",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Gateway replicas, all listening on --port (SO_REUSEPORT; Linux). Any replica serves "
+    "any turn of a session: no sticky sessions. Each loads its own copy of the model.",
+)
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -343,6 +351,7 @@ def up(
     model: str | None,
     method: str,
     without: tuple[str, ...],
+    gateways: int,
 ) -> None:
     """Run the whole loop on this machine until Ctrl-C.
 
@@ -405,30 +414,15 @@ def up(
             )
         )
     if "gateway" not in without:
-        components.append(
-            stack.Component(
-                "gateway",
-                [
-                    "serve",
-                    "--host",
-                    host,
-                    "--port",
-                    str(port),
-                    "--policy-id",
-                    policy,
-                    "--served-model-name",
-                    policy,
-                    *model_args,
-                ],
-            )
-        )
+        components += stack.gateway_components(gateways, host, port, policy, model_args)
     running = stack.start(settings, components)
     logs = Path(settings.state_dir).resolve() / "logs"
     console.print(f"started {', '.join(c.name for c in components)}; logs in {logs}")
     if "gateway" not in without:
+        replicas = f"; {gateways} gateway replicas" if gateways > 1 else ""
         console.print(
             f"[bold]OpenAI base URL: http://{host}:{port}/v1[/]  (model {policy!r}; "
-            "headers X-Session-Id, X-Turn-Type, X-Session-Done)"
+            f"headers X-Session-Id, X-Turn-Type, X-Session-Done{replicas})"
         )
     console.print("Ctrl-C stops everything")
     failed = stack.supervise(running)

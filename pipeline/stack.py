@@ -36,6 +36,22 @@ def archive_component() -> Component:
     return Component("archive", ["archive", "--follow"])
 
 
+def gateway_components(
+    count: int, host: str, port: int, policy: str, model_args: list[str]
+) -> list[Component]:
+    """``liverl serve`` once, or ``count`` replicas sharing ``host:port`` (SO_REUSEPORT: the
+    kernel spreads connections over them). Each replica has its own id, hence its own spool
+    dir and Kafka client id; none needs sticky sessions (see ``pipeline/serving/sessions.py``)."""
+    args = ["serve", "--host", host, "--port", str(port), "--policy-id", policy,
+            "--served-model-name", policy, *model_args]
+    if count == 1:
+        return [Component("gateway", args)]
+    return [
+        Component(f"gateway-{i}", [*args, "--replica-id", f"gateway-{i}", "--reuse-port"])
+        for i in range(count)
+    ]
+
+
 @dataclass
 class Running:
     component: Component

@@ -294,6 +294,7 @@ class Gateway:
         out = {
             "X-Session-Id": header_safe(turn.info.session_id),
             "X-Liverl-Weight-Version": str(turn.version),
+            "X-Liverl-Replica": header_safe(self.cfg.replica_id),
         }
         if turn.turn is not None:
             out["X-Liverl-Turn"] = str(turn.turn)
@@ -513,6 +514,7 @@ def create_app(
                     headers={
                         "Cache-Control": "no-cache",
                         "X-Session-Id": header_safe(turn.info.session_id),
+                        "X-Liverl-Replica": header_safe(gateway.cfg.replica_id),
                     },
                 )
             resp = await gateway.complete(turn, request)
@@ -595,6 +597,7 @@ def create_app(
                 "warnings": warnings,
                 "policy_id": gateway.backend.policy_id,
                 "weight_version": gateway.backend.version,
+                "replica_id": gateway.cfg.replica_id,
                 "record_backlog": rec.backlog if rec else 0,
                 "kafka_up": rec.kafka_up if rec else None,
                 "events_lost": lost,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,27 @@ def server_config(app: Any, cfg: ServeSettings, **overrides: Any) -> uvicorn.Con
     return uvicorn.Config(app, **opts)
 
 
+def shared_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket bound with SO_REUSEPORT: every gateway process that binds
+    ``host:port`` this way gets its own accept queue, and the kernel spreads new connections
+    over them (a load balancer needs no stickiness: any replica serves any turn)."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise click.UsageError("--reuse-port needs SO_REUSEPORT (Linux, BSD, macOS)")
+    family, kind, proto, _name, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def check_writable(path: Path, what: str) -> None:
     """A clear error naming the path instead of a traceback from deep inside start-up."""
     from pipeline.durable import writable_problem
@@ -169,6 +191,11 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
 )
 @_serve_option("replica_id", "--replica-id")
 @_serve_option(
+    "reuse_port", "--reuse-port", is_flag=True, show_default=False,
+    help="Share host:port with other gateway processes (SO_REUSEPORT; Linux): the kernel "
+    "spreads connections over them. Any replica may serve any turn of a session.",
+)
+@_serve_option(
     "session_prefix_messages",
     "--session-prefix-messages",
     help="Messages hashed to name sessions clients did not name.",
@@ -221,4 +248,5 @@ def serve(
     if cfg.record:
         check_writable(Path(cfg.spool_dir), "spool directory")
     app = build_app(cfg, kafka)
-    uvicorn.Server(server_config(app, cfg)).run()
+    server = uvicorn.Server(server_config(app, cfg))
+    server.run(sockets=[shared_socket(cfg.host, cfg.port)] if cfg.reuse_port else None)

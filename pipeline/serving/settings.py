@@ -118,7 +118,16 @@ class ServeSettings(BaseModel):
         description="At start, continue the turn numbering of sessions seen in the last this "
         "many seconds of the interactions topic (0: start every session at turn 0).",
     )
-    replica_id: str = "gateway-0"
+    replica_id: str = Field(
+        default="gateway-0",
+        description="Names this replica (its spool dir, Kafka client id, reload reports; the "
+        "X-Liverl-Replica header and /healthz say which replica answered).",
+    )
+    reuse_port: bool = Field(
+        default=False,
+        description="Listen with SO_REUSEPORT, so several gateway processes share host:port and "
+        "the kernel spreads connections over them (`liverl up --gateways N`; Linux).",
+    )
     serve_without_training: bool = Field(
         default=False,
         description="When events can be neither spooled nor produced: False answers turns that "
