@@ -295,7 +295,8 @@ def test_two_replicas_in_turn_pair_and_sample_like_one_gateway(
     def gateway(replica: str):  # type: ignore[no-untyped-def]
         cfg = ServeSettings(reload=False, replica_id=replica, spool_dir=tmp_path / replica,
                             delivery_timeout_s=5.0, turn_recovery_s=0)
-        return build_app(cfg, kafka_settings, HFBackend(tiny, workers=1))
+        backend = HFBackend(tiny, policy_id="liverl-tiny-v1", workers=1)
+        return build_app(cfg, kafka_settings, backend)
 
     recorded = Recorded(kafka_settings, start_in)
     served: dict[str, list[tuple[str, str]]] = {single: [], replicated: []}
