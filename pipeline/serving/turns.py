@@ -1,9 +1,11 @@
 """Recover per-session turn counters from the log when a gateway starts.
 
-Turn indices are what next-state pairing joins on; a gateway that restarted mid-session and
-counted from 0 again would record a second "turn 0". The interactions topic (and the local
-spool, for events Kafka has not acknowledged yet) already says which turns each open session
-has used, so the counters are rebuilt from there: the log is the source of truth.
+A turn's number is its conversation position, floored by the last number this replica gave
+the session (``sessions.py``). The floor matters for clients whose requests do not carry the
+history: a gateway that restarted mid-session would otherwise record a second "turn 0". The
+interactions topic (and the local spool, for events Kafka has not acknowledged yet) already
+says which turns each open session has used, so the floors are rebuilt from there: the log is
+the source of truth.
 """
 
 from __future__ import annotations
