@@ -6,6 +6,9 @@ engine's own tokens and log-probs, never re-tokenized. Start SGLang with
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` so its log-probs use the same basis as the hf backend
 (raw distribution, temperature 1); otherwise they are the sampler's temperature/top-p ones.
 Generation is one non-streaming call; the gateway still streams it to the client as SSE.
+The HTTP client is aiohttp with orjson bodies: httpx's connection pool checked every pooled
+connection's socket on each request and cost ~1.5 ms of gateway CPU per request at 16 in
+flight (``bench/gateway.py``, profiled), more than the rest of the gateway together.
 
 Weight versions: full weights go through ``/update_weights_from_disk``; a LoRA version (a folder
 with ``adapter_config.json``) through SGLang's dynamic LoRA loading: ``/load_lora_adapter``
@@ -17,18 +20,21 @@ unloaded (``/unload_lora_adapter``). Start SGLang with ``--enable-lora --max-lor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from . import lora
 from .base import Done, Piece, SamplingParams
 
 log = logging.getLogger(__name__)
+_JSON = {"Content-Type": "application/json"}
 
 
 class SGLangError(RuntimeError):
@@ -56,7 +62,9 @@ class SGLangBackend:
         self._adapter: str | None = None  # live LoRA name on the server, None: base weights
         self._in_use: Counter[str] = Counter()  # adapter name -> requests running on it
         self._loaded: set[str] = set()  # adapters this gateway loaded and not yet unloaded
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        self.timeout_s = timeout_s
+        self._http: aiohttp.ClientSession | None = None  # made in (and bound to) a running loop
+        self._http_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def version(self) -> int:
@@ -85,16 +93,19 @@ class SGLangBackend:
             body["lora_path"] = adapter
             self._in_use[adapter] += 1
         try:
-            resp = await self._client.post("/generate", json=body)
-        except httpx.HTTPError as exc:
-            raise SGLangError(f"SGLang at {self.url} unreachable: {exc}") from exc
+            status, raw = await self._post("/generate", body)
         finally:
             if adapter is not None:
                 self._in_use[adapter] -= 1
                 await self._unload_unused()
-        if resp.status_code != 200:
-            raise SGLangError(f"SGLang /generate answered {resp.status_code}: {resp.text[:300]}")
-        data = resp.json()
+        if status != 200:
+            raise SGLangError(f"SGLang /generate answered {status}: {_text(raw)}")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict):
+            raise SGLangError(f"SGLang /generate answered no JSON object: {_text(raw)}")
         meta = data.get("meta_info") or {}
         pairs = meta.get("output_token_logprobs") or []
         ids = [int(p[1]) for p in pairs]
@@ -135,32 +146,56 @@ class SGLangBackend:
 
     async def _admin(self, path: str, body: dict[str, Any]) -> None:
         """POST a weights/adapter call; SGLang answers ``{"success": bool, ...}``."""
+        status, raw = await self._post(path, body)
         try:
-            resp = await self._client.post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise SGLangError(f"SGLang at {self.url} unreachable: {exc}") from exc
-        try:
-            data = resp.json()
-        except ValueError:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
             data = {}
-        if resp.status_code != 200 or not isinstance(data, dict) or not data.get("success"):
+        if status != 200 or not isinstance(data, dict) or not data.get("success"):
             detail = (data.get("error_message") or data.get("message")) if isinstance(
                 data, dict) else None
-            raise SGLangError(f"{path.lstrip('/')} failed: {detail or resp.text[:300]}")
+            raise SGLangError(f"{path.lstrip('/')} failed: {detail or _text(raw)}")
+
+    def _session(self) -> aiohttp.ClientSession:
+        """The client of the running loop (a test may drive the backend from several loops;
+        the gateway runs one)."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http.closed or self._http_loop is not loop:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
+            self._http_loop = loop
+        return self._http
+
+    async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """Status and body of a JSON POST; transport failures and timeouts are SGLangError."""
+        try:
+            async with self._session().post(
+                self.url + path, data=orjson.dumps(body), headers=_JSON
+            ) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SGLangError(f"SGLang at {self.url} unreachable: {exc!r}") from exc
 
     async def _unload_unused(self) -> None:
         """Unload adapters that are neither live nor used by a running request."""
         for name in [n for n in self._loaded if n != self._adapter and self._in_use[n] <= 0]:
             self._loaded.discard(name)
             try:
-                resp = await self._client.post("/unload_lora_adapter", json={"lora_name": name})
-                if resp.status_code != 200:
-                    log.warning("unload of adapter %s answered %s", name, resp.status_code)
-            except httpx.HTTPError as exc:  # the server keeps an extra adapter; harmless
+                status, _raw = await self._post("/unload_lora_adapter", {"lora_name": name})
+                if status != 200:
+                    log.warning("unload of adapter %s answered %s", name, status)
+            except SGLangError as exc:  # the server keeps an extra adapter; harmless
                 log.warning("unload of adapter %s failed: %s", name, exc)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._http is not None and self._http_loop is asyncio.get_running_loop():
+            await self._http.close()
+        self._http = None
+
+
+def _text(raw: bytes) -> str:
+    return raw[:300].decode("utf-8", "replace")
 
 
 def _version(meta: dict[str, Any], fallback: int) -> int:
