@@ -24,6 +24,37 @@ def test_order_ack_and_reopen(tmp_path: Path) -> None:
     assert again.peek(10)[0] == [b"c", b"d"]
 
 
+def reopened_pending(path: Path) -> int:
+    """What a gateway restarted after a crash now would find unacknowledged."""
+    other = Spool(path)
+    try:
+        return other.pending
+    finally:
+        other.close()
+
+
+def test_ack_without_persist_lags_on_disk_until_persisted(tmp_path: Path) -> None:
+    """The drainer's coalesced acks: a crash before the position is persisted re-sends the
+    delivered records (consumers deduplicate by event id) and never loses one; persist_ack and
+    close write the position, and finished segments go only once it is on disk."""
+    spool = Spool(tmp_path, segment_bytes=10)
+    spool.append([b"a" * 12])
+    spool.append([b"b" * 12])  # a segment per record
+    spool.append([b"c" * 12])
+    segments = len(list(tmp_path.glob("*.log")))
+    _, cur = spool.peek(2)
+    spool.ack(cur, persist=False)
+    assert spool.pending == 1 and spool.peek(10)[0] == [b"c" * 12]
+    assert reopened_pending(tmp_path) == 3
+    assert len(list(tmp_path.glob("*.log"))) == segments  # none deleted before it is on disk
+    spool.persist_ack()
+    assert reopened_pending(tmp_path) == 1
+    assert len(list(tmp_path.glob("*.log"))) == segments - 2
+    spool.ack(spool.peek(1)[1], persist=False)
+    spool.close()
+    assert reopened_pending(tmp_path) == 0
+
+
 def test_torn_tail_is_dropped(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     spool.append([b"whole"])

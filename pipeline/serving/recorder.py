@@ -70,6 +70,7 @@ class Recorder:
         client_id: str = "liverl-gateway",
         probe_every_s: float = 2.0,
         dlq_topic: str = names.DLQ,
+        ack_persist_s: float = 0.5,
     ) -> None:
         self.kafka = kafka
         self.spool = spool
@@ -77,6 +78,7 @@ class Recorder:
         self.batch = batch
         self.client_id = client_id
         self.probe_every_s = probe_every_s
+        self.ack_persist_s = ack_persist_s  # how often a busy drainer persists the spool ack
         self.dlq_topic = dlq_topic
         self.max_event_bytes = kafka.kafka.max_event_bytes
         self.delivered = 0
@@ -143,6 +145,8 @@ class Recorder:
         self._stop.set()
         self._wake.set()
         self._drainer.join(timeout=2.0)
+        with contextlib.suppress(Exception):  # what was delivered need not be sent again
+            self.spool.persist_ack()
         self._reset_producer()  # free the librdkafka handles now, not whenever GC runs
         if self._direct is not None:
             self._direct = None
@@ -237,13 +241,14 @@ class Recorder:
     # ---- drainer --------------------------------------------------------------------------
 
     def _drain_loop(self) -> None:
-        next_probe = 0.0
+        next_probe = next_persist = 0.0
         while not self._stop.is_set():
             try:
                 records, cursor = self.spool.peek(self.batch)
                 records = self._checked(records, self.spool.quarantined_now)
                 self._drain_failures = 0  # the spool could be read (Kafka retries come next)
                 if not records:
+                    self.spool.persist_ack()  # idle: the position on disk catches up
                     if time.monotonic() >= next_probe:
                         self._probe()
                         next_probe = time.monotonic() + self.probe_every_s
@@ -251,7 +256,10 @@ class Recorder:
                     self._wake.clear()
                     continue
                 if self._deliver(records):
-                    self.spool.ack(cursor)
+                    now = time.monotonic()
+                    self.spool.ack(cursor, persist=now >= next_persist)
+                    if now >= next_persist:
+                        next_persist = now + self.ack_persist_s
             except Exception as exc:  # noqa: BLE001 - the drainer must never die
                 log.exception("spool drain failed; retrying")
                 self._drain_failures += 1

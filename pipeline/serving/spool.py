@@ -78,6 +78,8 @@ class Spool:
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._acked = self._load_cursor()
+        self._persisted = self._acked  # the position on disk (``ack(persist=False)`` lags it)
+        self._ack_lock = threading.Lock()
         segments = self._segments()
         if not segments:
             segments = [self._acked.segment]
@@ -266,24 +268,38 @@ class Spool:
             "them); inspect, then remove the files"
         )
 
-    def ack(self, cursor: Cursor) -> None:
+    def ack(self, cursor: Cursor, *, persist: bool = True) -> None:
         """Everything before ``cursor`` reached Kafka: persist that, drop finished segments.
 
         The position advances in memory even if persisting it fails (``ack_error`` says so):
         re-sending already delivered records forever would be worse than a duplicate after a
-        crash."""
+        crash. With ``persist=False`` it advances in memory only, until :meth:`persist_ack`
+        (the recorder's drainer persists at most every ``ack_persist_s``: an fsync per small
+        batch was most of recording's CPU; a crash re-sends at most that window, which
+        consumers deduplicate by event id)."""
         self._acked = cursor
-        try:
-            self._persist(cursor)
-            self.ack_error = None
-        except OSError as exc:
-            self.ack_error = f"cannot persist the spool position in {self.dir}: {exc}"
-            log.error("%s", self.ack_error)
-            return
-        for first in self._segments():
-            if first < cursor.segment:
-                with contextlib.suppress(OSError):
-                    self._path(first).unlink(missing_ok=True)
+        if persist:
+            self.persist_ack()
+
+    def persist_ack(self) -> None:
+        """Write the in-memory acknowledged position to disk (no-op when already there), then
+        delete the segments wholly before it."""
+        with self._ack_lock:
+            cursor = self._acked
+            if cursor == self._persisted:
+                return
+            try:
+                self._persist(cursor)
+                self.ack_error = None
+            except OSError as exc:
+                self.ack_error = f"cannot persist the spool position in {self.dir}: {exc}"
+                log.error("%s", self.ack_error)
+                return
+            self._persisted = cursor
+            for first in self._segments():
+                if first < cursor.segment:
+                    with contextlib.suppress(OSError):
+                        self._path(first).unlink(missing_ok=True)
 
     def _persist(self, cursor: Cursor) -> None:
         # No folder fsync per ack: after a power cut an older position only re-sends records
@@ -295,6 +311,7 @@ class Spool:
         )
 
     def close(self) -> None:
+        self.persist_ack()
         with self._lock, contextlib.suppress(OSError):
             os.close(self._tail)
         if self._dir_lock is not None:
