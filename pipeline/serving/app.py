@@ -67,6 +67,7 @@ class Turn:
     version: int = 0
     turn: int | None = None
     ts_ms: int | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)  # as recorded
 
     def claim(self, sessions: Sessions) -> None:
         """Number and stamp this turn (see ``sessions.py``): its conversation position and a
@@ -180,7 +181,7 @@ class Gateway:
             stop=req.stop_list(),
             seed=req.seed,
         )
-        return Turn(req, info, prompt_ids, params, time.perf_counter())
+        return Turn(req, info, prompt_ids, params, time.perf_counter(), messages=messages)
 
     def _check_recording(self, info: TurnInfo) -> None:
         """Refuse a turn that would train but cannot be recorded (unless configured not to)."""
@@ -267,7 +268,7 @@ class Gateway:
             turn=turn.turn or 0,
             policy_id=self.backend.policy_id,
             weight_version=turn.version,
-            messages=[m.to_record() for m in turn.req.messages],
+            messages=turn.messages,
             tools=turn.req.tools or [],
             prompt_token_ids=turn.prompt_ids,
             response_token_ids=turn.ids,

@@ -87,6 +87,7 @@ def server_config(app: Any, cfg: ServeSettings, **overrides: Any) -> uvicorn.Con
         "port": cfg.port,
         "log_level": "info",
         "http": header_timeout_protocol(cfg.header_timeout_s),
+        "access_log": cfg.access_log,
         "timeout_graceful_shutdown": max(1, round(cfg.shutdown_timeout_s)),
         **overrides,
     }
