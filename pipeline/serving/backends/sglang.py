@@ -161,8 +161,8 @@ class SGLangBackend:
         the gateway runs one)."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http.closed or self._http_loop is not loop:
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            self._http = aiohttp.ClientSession(  # proxies from the environment, as httpx did
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s), trust_env=True
             )
             self._http_loop = loop
         return self._http
