@@ -13,7 +13,6 @@ agents), else the process default that the CLI sets from the settings
 from __future__ import annotations
 
 import dataclasses
-from functools import cache
 from typing import Any
 
 import orjson
@@ -77,9 +76,16 @@ def encode(event: Event, validate: bool = False, *, version: int | None = None) 
     return raw
 
 
-@cache
+_FIELD_NAMES: dict[type[Event], tuple[str, ...]] = {}
+
+
 def _field_names(cls: type[Event]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    # A dict, not functools.cache: typeshed's cache wants Hashable arguments, and an event
+    # class (eq=True, so instances are unhashable) does not pass for one although it is.
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _binary_document(
@@ -117,7 +123,7 @@ def key(event: Event) -> bytes | None:
 
 
 def decode(
-    raw: bytes,
+    raw: bytes | None,
     expected_type: str | None = None,
     *,
     max_bytes: int | None = None,

@@ -283,7 +283,9 @@ class DeadLetter(Event):
 
 
 def _type_name(cls: type[Event]) -> str:
-    return next(f.default for f in fields(cls) if f.name == "type")  # type: ignore[misc]
+    name = next(f.default for f in fields(cls) if f.name == "type")
+    assert isinstance(name, str)
+    return name
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

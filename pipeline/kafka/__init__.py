@@ -7,7 +7,19 @@ be imported without loading the clients.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the checker sees the real types; at run time they load on first use
+    from pipeline.kafka.broker import BrokerError as BrokerError
+    from pipeline.kafka.broker import LocalBroker as LocalBroker
+    from pipeline.kafka.consumer import Batch as Batch
+    from pipeline.kafka.consumer import EventConsumer as EventConsumer
+    from pipeline.kafka.consumer import Record as Record
+    from pipeline.kafka.producer import DeliveryError as DeliveryError
+    from pipeline.kafka.producer import EventProducer as EventProducer
+    from pipeline.kafka.topics import TopicSpec as TopicSpec
+    from pipeline.kafka.topics import TopicSpecError as TopicSpecError
+    from pipeline.kafka.topics import load_specs as load_specs
 
 _EXPORTS = {
     "Batch": "consumer",

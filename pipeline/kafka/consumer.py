@@ -15,9 +15,9 @@ A crash before step 3 re-delivers the batch (at-least-once); sinks deduplicate b
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeGuard, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -29,15 +29,20 @@ from pipeline.kafka.topics import event_types, load_specs
 
 log = logging.getLogger(__name__)
 
+E = TypeVar("E", bound=events.Event)
+E_co = TypeVar("E_co", bound=events.Event, covariant=True)
+
 
 @dataclass(frozen=True)
-class Record:
+class Record(Generic[E_co]):
+    """A decoded record; ``Record[Sample]`` says which event it carries (see :func:`carries`)."""
+
     topic: str
     partition: int
     offset: int
     key: bytes | None
     timestamp_ms: int
-    event: events.Event
+    event: E_co
     # The exact bytes and headers received, so a later stage can dead-letter them verbatim.
     value: bytes = b""
     headers: tuple[tuple[str, bytes], ...] = ()
@@ -45,7 +50,7 @@ class Record:
 
 @dataclass
 class Batch:
-    records: list[Record] = field(default_factory=list)
+    records: list[Record[events.Event]] = field(default_factory=list)
     dead_lettered: int = 0
     # (topic, partition) -> next offset to consume, covering valid and dead-lettered records.
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -53,8 +58,31 @@ class Batch:
     def __len__(self) -> int:
         return len(self.records)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Record[events.Event]]:
         return iter(self.records)
+
+
+def carries(record: Record[events.Event], kind: type[E]) -> TypeGuard[Record[E]]:
+    """Whether ``record`` carries a ``kind`` event; narrows the record itself (not only
+    ``record.event``), so it can go where a ``Record[kind]`` is expected."""
+    return isinstance(record.event, kind)
+
+
+def coordinates(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a consumed message. The client types each one Optional
+    because a hand-built Message may lack them; one from poll()/consume() always has them."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError(f"message without coordinates: {topic}[{partition}]@{offset}")
+    return topic, partition, offset
+
+
+def received_headers(msg: Message) -> list[tuple[str, bytes | None]]:
+    """A consumed message's headers as (key, bytes or None) pairs, the form librdkafka returns.
+    The client's type also admits a dict and str values (what produce() accepts)."""
+    raw = msg.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
 
 
 def expected_types_from_specs(connection: Connectable) -> dict[str, str]:
@@ -158,15 +186,16 @@ class EventConsumer:
                     raise KafkaException(err)
                 log.warning("consumer error: %s", err)
                 continue
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            topic, partition, offset = coordinates(msg)
             batch.offsets[(topic, partition)] = offset + 1
+            headers = received_headers(msg)
             try:
                 event = events.decode(
                     msg.value() or b"",
                     expected_type=self._expected.get(topic),
                     max_bytes=self._max_bytes,
                     version_header=next(
-                        (v for k, v in msg.headers() or () if k == events.VERSION_HEADER), None
+                        (v for k, v in headers if k == events.VERSION_HEADER), None
                     ),
                 )
             except events.EventValidationError as exc:
@@ -187,7 +216,7 @@ class EventConsumer:
                     ts,
                     event,
                     value=msg.value() or b"",
-                    headers=tuple((k, v or b"") for k, v in (msg.headers() or [])),
+                    headers=tuple((k, v or b"") for k, v in headers),
                 )
             )
         if batch.dead_lettered:
@@ -224,7 +253,7 @@ class EventConsumer:
             self._consumer.close()
 
     def _dead_letter(self, msg: Message, reason: str) -> None:
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        topic, partition, offset = coordinates(msg)
         letter = events.DeadLetter.wrap(
             msg.value(),
             topic=topic,
@@ -233,7 +262,7 @@ class EventConsumer:
             error=reason,
             producer=events.Producer(component=self._component, version=__version__),
             key=msg.key(),
-            headers=msg.headers() or [],
+            headers=received_headers(msg),
         )
         log.warning("dead-lettered %s[%d]@%d: %s", topic, partition, offset, reason[:500])
         # EventProducer.send bounds the letter to the codec limit (payload truncated, size,

@@ -87,6 +87,7 @@ def latest_weights(
     """policy_id -> the newest ``weights`` event (as a dict) among the topic's last records."""
     from pipeline import events
     from pipeline.kafka import names
+    from pipeline.kafka.consumer import coordinates
 
     consumer = Consumer(
         connection_of(connection).client_config(
@@ -116,8 +117,9 @@ def latest_weights(
             for msg in msgs:
                 if msg.error() is not None:
                     continue
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    done.add(msg.partition())
+                _topic, partition, offset = coordinates(msg)
+                if offset + 1 >= ends[partition]:
+                    done.add(partition)
                 try:
                     event = events.to_dict(events.decode(msg.value(), expected_type="weights"))
                 except events.EventValidationError:

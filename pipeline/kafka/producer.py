@@ -7,7 +7,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +121,7 @@ class EventProducer:
         value: bytes,
         *,
         key: str | bytes | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: Sequence[tuple[str, bytes | None]] | None = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> None:
         def report(err: KafkaError | None, msg: Message) -> None:
@@ -129,7 +129,8 @@ class EventProducer:
                 self.delivered += 1
             else:
                 with self._lock:
-                    self._failures.append(DeliveryFailure(msg.topic(), msg.key(), str(err)))
+                    failure = DeliveryFailure(msg.topic() or topic, msg.key(), str(err))
+                    self._failures.append(failure)
                 log.error("delivery to %s failed: %s", msg.topic(), err)
             if on_delivery is not None:
                 on_delivery(err, msg)
@@ -140,7 +141,11 @@ class EventProducer:
         while True:
             try:
                 self._producer.produce(
-                    topic, value=value, key=kbytes, headers=headers, on_delivery=report
+                    topic,
+                    value=value,
+                    key=kbytes,
+                    headers=None if headers is None else list(headers),
+                    on_delivery=report,
                 )
                 break
             except BufferError:

@@ -225,6 +225,7 @@ def tap_records(
     from confluent_kafka import TopicPartition as TP
 
     from pipeline import events
+    from pipeline.kafka.consumer import coordinates
 
     kafka = connection_of(connection)
     fetch_total = max(52428800, kafka.max_fetch_bytes * 2)
@@ -284,7 +285,7 @@ def tap_records(
                     raise KafkaException(err)
                 click.echo(f"warning: {err}", err=True)
                 continue
-            p, offset = msg.partition(), msg.offset()
+            _topic, p, offset = coordinates(msg)
             if not follow:
                 if p not in pending or offset >= ends[p]:
                     pending.discard(p)

@@ -59,6 +59,8 @@ def read_recent(
     settings: Settings, topic: str, lookback_s: float, timeout: float = 5.0
 ) -> TurnLedger:
     """Interactions of the last ``lookback_s`` seconds, up to the end as of now."""
+    from pipeline.kafka.consumer import coordinates
+
     ledger = TurnLedger()
     consumer = Consumer(
         settings.kafka_client_config(
@@ -96,8 +98,9 @@ def read_recent(
                 if msg.error() is not None:
                     continue
                 ledger.add_values([msg.value() or b""])
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    done.add(msg.partition())
+                _topic, partition, offset = coordinates(msg)
+                if offset + 1 >= ends[partition]:
+                    done.add(partition)
         if len(done) < len(ends):
             log.warning(
                 "turn recovery stopped early: %d of %d partitions read to the end",

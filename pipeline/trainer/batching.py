@@ -48,7 +48,7 @@ def seq_len(sample: Sample) -> int:
 
 @dataclass
 class Buffered:
-    record: Record
+    record: Record[Sample]
     arrived: float
 
 
@@ -66,7 +66,7 @@ class Batcher:
     # is trained after idle_s instead of max_wait_s.
     idle_s: float = 0.0
 
-    def add(self, record: Record) -> None:
+    def add(self, record: Record[Sample]) -> None:
         self.buffer.append(Buffered(record, self.clock()))
 
     def __len__(self) -> int:
@@ -76,7 +76,7 @@ class Batcher:
         """How many head items fit, and whether a bound (not the buffer's end) stopped it."""
         count, longest = 0, 0
         for item in self.buffer:
-            n = seq_len(item.record.event)  # type: ignore[arg-type]
+            n = seq_len(item.record.event)
             longest_next = max(longest, n)
             if count == self.max_samples or longest_next * (count + 1) > self.max_tokens:
                 return count, True
@@ -93,7 +93,7 @@ class Batcher:
         idle = self.idle_s > 0 and now - self.buffer[-1].arrived >= self.idle_s
         return full or idle or now - self.buffer[0].arrived >= self.max_wait_s
 
-    def take(self) -> list[Record]:
+    def take(self) -> list[Record[Sample]]:
         """Remove and return the largest head prefix within the bounds (at least one)."""
         count, _ = self._prefix_size()
         count = max(count, 1)  # a single sample always fits: check_sample bounds its length

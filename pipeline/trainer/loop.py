@@ -42,6 +42,7 @@ from confluent_kafka import TopicPartition
 from pipeline import events
 from pipeline.events import DeadLetter, Producer, Sample
 from pipeline.kafka import EventConsumer, EventProducer, Record, names
+from pipeline.kafka.consumer import carries
 from pipeline.kafka.inspect import watermarks
 from pipeline.settings import Settings
 from pipeline.trainer import checkpoint as ck
@@ -246,8 +247,7 @@ class TrainerLoop:
             # Never wait on the broker while a batch is ready to train.
             t_poll = time.perf_counter()
             wait = 0.0 if batcher.ready() else 0.2
-            offline = isinstance(consumer, DeltaSource)
-            if offline:
+            if isinstance(consumer, DeltaSource):
                 consumer.behavior_version = version  # history is not stale, only off-policy
             batch = consumer.poll_batch(max_records=cfg.batch_max_samples * 4, timeout=wait)
             if batch.offsets:  # idle polls are waiting, not overhead
@@ -259,12 +259,12 @@ class TrainerLoop:
                 last_input = time.monotonic()
             for rec in batch.records:
                 self._admit(rec, core, limit, batcher, producer, trainer_id)
-            drained = offline and consumer.exhausted  # type: ignore[union-attr]
+            drained = isinstance(consumer, DeltaSource) and consumer.exhausted
             if batcher.ready() or (drained and batcher):
                 records = batcher.take()
                 if self.dist is not None:
                     self.dist.send_step([r.event for r in records], version)
-                result = core.train_step([r.event for r in records], version)  # type: ignore[misc]
+                result = core.train_step([r.event for r in records], version)
                 self._account(result)
                 now_ms = events.now_ms()
                 traj_rows += trajectory_rows(records, result, core.tokenizer)
@@ -299,15 +299,15 @@ class TrainerLoop:
 
     def _admit(
         self,
-        rec: Record,
+        rec: Record[events.Event],
         core: TrainerCore,
         limit: int,
         batcher: Batcher,
         producer: EventProducer,
         trainer_id: Producer,
     ) -> None:
+        assert carries(rec, Sample)  # the consumer checks each record's type against the topic
         sample = rec.event
-        assert isinstance(sample, Sample)
         if sample.policy_id != self.cfg.policy:
             self.stats.other_policy += 1
             return

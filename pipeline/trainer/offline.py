@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.events import Producer, Sample
+from pipeline.events import Event, Producer, Sample
 from pipeline.kafka import Batch, Record
 
 TABLES = ("trajectories",)
@@ -128,7 +128,7 @@ class DeltaSource:
             return Batch()
         end = min(self.position + max_records, self.selection.rows.num_rows)
         rows = self.selection.rows.slice(self.position, end - self.position).to_pylist()
-        records = [
+        records: list[Record[Event]] = [
             Record(topic=self.topic, partition=0, offset=self.position + i,
                    key=row["session_id"].encode(), timestamp_ms=row["ts_ms"],
                    event=to_sample(row, self.policy, self.behavior_version))

@@ -38,10 +38,12 @@ from pipeline.durable import fsync_path
 from pipeline.events import (
     GradientStep,
     Producer,
+    Sample,
     WeightsPublished,
     derive_event_id,
     now_ms,
 )
+from pipeline.events.types import WeightsStatus
 from pipeline.kafka import EventProducer, Record, names
 from pipeline.lake import tables as T
 from pipeline.lake.writer import Appender
@@ -60,7 +62,7 @@ def _json(obj: Any) -> str:
 
 
 def trajectory_rows(
-    records: Sequence[Record], result: StepResult, tokenizer: Any
+    records: Sequence[Record[Sample]], result: StepResult, tokenizer: Any
 ) -> list[dict[str, Any]]:
     """One row per consumed sample; ``weight_version`` is filled in at publish time."""
     rows = []
@@ -69,19 +71,19 @@ def trajectory_rows(
         rows.append(
             {
                 "event_id": s.event_id,
-                "session_id": s.session_id,  # type: ignore[attr-defined]
-                "turn": s.turn,  # type: ignore[attr-defined]
-                "policy_id": s.policy_id,  # type: ignore[attr-defined]
-                "prompt_token_ids": s.prompt_token_ids,  # type: ignore[attr-defined]
-                "response_token_ids": s.response_token_ids,  # type: ignore[attr-defined]
-                "response_text": tokenizer.decode(s.response_token_ids),  # type: ignore[attr-defined]
-                "loss_mask": s.loss_mask,  # type: ignore[attr-defined]
-                "opd_mask": s.opd_token_mask(),  # type: ignore[attr-defined]
-                "behavior_logprobs": s.behavior_logprobs,  # type: ignore[attr-defined]
-                "reward": s.reward,  # type: ignore[attr-defined]
-                "hints": s.hints,  # type: ignore[attr-defined]
+                "session_id": s.session_id,
+                "turn": s.turn,
+                "policy_id": s.policy_id,
+                "prompt_token_ids": s.prompt_token_ids,
+                "response_token_ids": s.response_token_ids,
+                "response_text": tokenizer.decode(s.response_token_ids),
+                "loss_mask": s.loss_mask,
+                "opd_mask": s.opd_token_mask(),
+                "behavior_logprobs": s.behavior_logprobs,
+                "reward": s.reward,
+                "hints": s.hints,
                 "selected_hint": outcome.selected_hint,
-                "behavior_weight_version": s.behavior_weight_version,  # type: ignore[attr-defined]
+                "behavior_weight_version": s.behavior_weight_version,
                 "staleness": outcome.staleness,
                 "status": outcome.status,
                 "step": result.step,
@@ -329,7 +331,7 @@ class Publisher:
         directory: Path,
         parents: list[str],
         *,
-        status: str = "candidate",
+        status: WeightsStatus = "candidate",
         metrics: dict[str, Any] | None = None,
         ts_ms: int | None = None,
     ) -> WeightsPublished:
@@ -356,7 +358,7 @@ class Publisher:
                 {"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for f in m.files
             ],
             step=m.step,
-            status=status,  # type: ignore[arg-type]
+            status=status,
             consumed_offsets=m.consumed_offsets,
             metrics=m.metrics if metrics is None else metrics,
         )
