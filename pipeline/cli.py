@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.console import Console
@@ -16,6 +17,12 @@ from pipeline.options import field_option, merged
 from pipeline.serving.settings import ServeSettings
 from pipeline.settings import Settings, load_settings
 from pipeline.trainer.config import TrainerSettings
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+
+    from pipeline.kafka.broker import LocalBroker
+    from pipeline.kafka.topics import TopicSpec
 
 # Wide when piped (CI logs, tests) so tables are never cut to 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -40,7 +47,7 @@ def _settings(ctx: click.Context) -> Settings:
     return ctx.obj["settings"]
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     sys.exit(code)
 
@@ -97,7 +104,7 @@ _nodes_option = field_option(
 )
 
 
-def _local_broker(ctx: click.Context, nodes: int | None = None):  # type: ignore[no-untyped-def]
+def _local_broker(ctx: click.Context, nodes: int | None = None) -> LocalBroker:
     from pydantic import ValidationError
 
     from pipeline.kafka.broker import LocalBroker
@@ -201,7 +208,7 @@ def topics() -> None:
     """Keep the cluster's topics equal to the specs in topics/*.yaml."""
 
 
-def _admin(settings: Settings):  # type: ignore[no-untyped-def]
+def _admin(settings: Settings) -> AdminClient:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(settings.kafka_client_config())
@@ -217,7 +224,7 @@ def _admin(settings: Settings):  # type: ignore[no-untyped-def]
     return admin
 
 
-def _specs(settings: Settings):  # type: ignore[no-untyped-def]
+def _specs(settings: Settings) -> list[TopicSpec]:
     from pipeline.kafka.topics import TopicSpecError, load_specs
 
     try:

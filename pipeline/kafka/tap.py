@@ -16,12 +16,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
 from pipeline.kafka.connection import Connectable, connection_of
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 TAP_GROUP_PREFIX = "liverl-tap-"
 _SUMMARY_CHARS = 60
@@ -315,7 +318,7 @@ def tap_records(
 # ---- output --------------------------------------------------------------------------------
 
 
-def _table(title: str | None, show_header: bool):  # type: ignore[no-untyped-def]
+def _table(title: str | None, show_header: bool) -> Table:
     from rich.table import Table
 
     table = Table(title=title, show_header=show_header, box=None, pad_edge=False)
@@ -327,7 +330,7 @@ def _table(title: str | None, show_header: bool):  # type: ignore[no-untyped-def
     return table
 
 
-def _add(table, row: TapRow) -> None:  # type: ignore[no-untyped-def]
+def _add(table: Table, row: TapRow) -> None:
     key = "-" if row.key is None else row.key.decode("utf-8", "replace")
     kind = row.type if row.event is not None else f"[red]{row.type}[/]"
     table.add_row(

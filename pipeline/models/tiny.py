@@ -11,6 +11,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: loading transformers takes seconds
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 TINY_ID = "liverl-tiny"
 TINY_REVISION = "v1"
@@ -48,7 +52,7 @@ def default_model_dir(cache_dir: Path | None = None) -> Path:
     return Path(root) / "models" / f"{TINY_ID}-{TINY_REVISION}"
 
 
-def build_tokenizer(vocab_size: int = 512):  # type: ignore[no-untyped-def]
+def build_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on a fixed corpus; deterministic for a given vocab size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -82,7 +86,7 @@ def build_model(
     heads: int = 4,
     max_positions: int = 2048,
     seed: int = 0,
-):  # type: ignore[no-untyped-def]
+) -> LlamaForCausalLM:
     """A Llama-architecture model small enough to train on a CPU in seconds."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from pipeline.events import Interaction, NextState, PathPenalty, Producer, derive_event_id
+from pipeline.events.types import NextStateKind
 
 from .judges import content_text
 from .penalties import PathHistory, RuleSet, ToolCall
@@ -252,7 +253,7 @@ class Pairer:
         self, prev: dict[str, Any], inter: Interaction, added: list[dict[str, Any]]
     ) -> NextState:
         roles = [m.get("role") for m in added]
-        kind = "user_reply" if "user" in roles or not roles else "tool_result"
+        kind: NextStateKind = "user_reply" if "user" in roles or not roles else "tool_result"
         role = "user" if "user" in roles else (roles[0] if roles else None)
         detail: dict[str, Any] = {"messages": added}
         exit_code = None

@@ -141,6 +141,16 @@ class PathResult:
         return sorted({h["rule_id"] for h in self.hits})
 
 
+@dataclass(frozen=True)
+class _Compiled:
+    """One rule's patterns, compiled once."""
+
+    patterns: list[re.Pattern[str]]
+    alternatives: list[re.Pattern[str]]
+    trigger: re.Pattern[str] | None
+    requires: re.Pattern[str] | None
+
+
 class RuleSet:
     """Validated, compiled rules. Build with :func:`load_rules` or :meth:`from_dict`."""
 
@@ -151,12 +161,12 @@ class RuleSet:
         self.beta = spec.beta
         self._failure = [re.compile(p) for p in spec.failure_patterns]
         self._compiled = {
-            r.id: {
-                "patterns": [re.compile(p) for p in r.patterns],
-                "alternatives": [re.compile(p) for p in r.alternatives],
-                "trigger": re.compile(r.trigger) if r.trigger else None,
-                "requires": re.compile(r.requires) if r.requires else None,
-            }
+            r.id: _Compiled(
+                patterns=[re.compile(p) for p in r.patterns],
+                alternatives=[re.compile(p) for p in r.alternatives],
+                trigger=re.compile(r.trigger) if r.trigger else None,
+                requires=re.compile(r.requires) if r.requires else None,
+            )
             for r in spec.rules
         }
 
@@ -226,12 +236,12 @@ class RuleSet:
         c = self._compiled[rule.id]
         if rule.kind == "forbidden_pattern":
             for call in calls:
-                if any(p.search(call.command) for p in c["patterns"]):
+                if any(p.search(call.command) for p in c.patterns):
                     return True, call.command[:200]
             for call in calls:  # the compliant alternative, each distinct call credited once
                 tag = f"{rule.id} {call.key}"
                 if tag not in history.credited and any(
-                    p.search(call.command) for p in c["alternatives"]
+                    p.search(call.command) for p in c.alternatives
                 ):
                     history.credited.append(tag)
                     return False, f"compliant alternative: {call.command[:160]}"
@@ -246,16 +256,18 @@ class RuleSet:
                 return False, f"recovered from a failure with a different call: {recovery.name}"
             return None
         if rule.kind == "required_step":
+            trigger, requires = c.trigger, c.requires
+            assert trigger is not None and requires is not None  # validate_spec checks both
             for call in calls:
-                if c["trigger"].search(call.command):
+                if trigger.search(call.command):
                     window = rule.within_turns
                     done = any(
-                        c["requires"].search(cmd)
+                        requires.search(cmd)
                         for t, cmd in history.commands
                         if window is None or turn - t <= window
                     )
                     earlier = [x.command for x in calls[: calls.index(call)]]
-                    done = done or any(c["requires"].search(cmd) for cmd in earlier)
+                    done = done or any(requires.search(cmd) for cmd in earlier)
                     return (not done), call.command[:200]
             return None
         raise RuleConfigError(f"rule {rule.id}: unknown kind {rule.kind!r}")

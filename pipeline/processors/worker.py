@@ -10,7 +10,7 @@ import faust
 SHUTDOWN_S = float(os.environ.get("LIVERL_PROCESSORS_SHUTDOWN_S", "8"))
 
 
-class BoundedShutdownWorker(faust.Worker):  # type: ignore[misc]
+class BoundedShutdownWorker(faust.Worker):
     """aiokafka's fetcher keeps retrying a broker that went away inside Faust's shutdown
     (60-80 s were seen); after ``SHUTDOWN_S`` seconds from SIGTERM/SIGINT the process exits
     anyway. Offsets and changelogs are committed as Faust goes, so a forced exit loses

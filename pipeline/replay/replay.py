@@ -674,7 +674,7 @@ def _rate_column() -> Any:
     from rich.progress import ProgressColumn
     from rich.text import Text
 
-    class RateColumn(ProgressColumn):  # type: ignore[misc]
+    class RateColumn(ProgressColumn):
         def render(self, task: Any) -> Text:
             speed = task.finished_speed or task.speed
             return Text(f"{speed or 0:,.0f} ev/s", style="progress.data.speed")

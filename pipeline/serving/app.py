@@ -35,9 +35,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import __version__, events
+from pipeline.events.types import FinishReason
 
 from .auth import Authenticator, RateLimiter
-from .backends.base import Backend, Done, Piece, SamplingParams
+from .backends.base import Backend, Done, Piece, SamplingParams, StopReason
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
 from .errors import ApiError
 from .feedback import FeedbackRequest, handle_feedback
@@ -63,7 +64,7 @@ class Turn:
     started: float
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    finish: str = "stop"
+    finish: StopReason = "stop"
     version: int = 0
     turn: int | None = None
     ts_ms: int | None = None
@@ -211,14 +212,16 @@ class Gateway:
     def text_of(self, turn: Turn) -> str:
         return self.backend.tokenizer.decode(turn.ids, skip_special_tokens=True)
 
-    def finish(self, turn: Turn, text: str) -> tuple[str | None, list[dict[str, Any]], str]:
+    def finish(
+        self, turn: Turn, text: str
+    ) -> tuple[str | None, list[dict[str, Any]], FinishReason]:
         """Final content, tool calls and finish reason; records the turn if it trains."""
         text, stopped = cut_at_stop(text, turn.params.stop)
         content: str | None = text
         calls: list[dict[str, Any]] = []
         if turn.req.tools:
             content, calls = parse_tool_calls(text)
-        finish = "tool_calls" if calls else ("stop" if stopped else turn.finish)
+        finish: FinishReason = "tool_calls" if calls else ("stop" if stopped else turn.finish)
         latency_ms = (time.perf_counter() - turn.started) * 1000
         self.metrics.latency.observe(latency_ms / 1000)
         self.metrics.tokens.labels("prompt").inc(len(turn.prompt_ids))
@@ -254,7 +257,7 @@ class Gateway:
         turn: Turn,
         text: str,
         calls: list[dict[str, Any]],
-        finish: str,
+        finish: FinishReason,
         latency_ms: float,
         *,
         train: bool = True,
@@ -281,7 +284,7 @@ class Gateway:
                 "stop": p.stop or None,
                 "seed": p.seed,
             },
-            finish_reason=finish,  # type: ignore[arg-type]
+            finish_reason=finish,
             latency_ms=latency_ms,
             train=train,
             turn_type="main",

@@ -46,7 +46,7 @@ def header_timeout_protocol(timeout_s: float) -> type:
     class HeaderTimeoutH11(H11Protocol):
         _header_timer: Any = None
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
 

@@ -374,11 +374,10 @@ class Recorder:
         return self._producer
 
     def _new_producer(self, client_id: str) -> EventProducer:
+        # librdkafka's dotted names pass through **extra (a dict, not keywords)
+        extra: dict[str, Any] = {"message.timeout.ms": int(self.delivery_timeout_s * 1000)}
         return EventProducer(
-            self.kafka,
-            client_id=client_id,
-            error_cb=self._on_client_error,
-            **{"message.timeout.ms": int(self.delivery_timeout_s * 1000)},
+            self.kafka, client_id=client_id, error_cb=self._on_client_error, **extra
         )
 
     def _on_client_error(self, err: KafkaError) -> None:

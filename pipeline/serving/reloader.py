@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any, TypeGuard
 from urllib.parse import unquote, urlparse
 
 from pipeline import __version__, events
@@ -101,7 +102,7 @@ class Reloader:
         self._stop.set()
         self._thread.join(timeout=timeout)
 
-    def wanted(self, ev: events.Event) -> bool:
+    def wanted(self, ev: events.Event) -> TypeGuard[events.WeightsPublished]:
         return (
             isinstance(ev, events.WeightsPublished)
             and ev.policy_id == self.backend.policy_id
@@ -112,13 +113,15 @@ class Reloader:
         )
 
     def _loop(self) -> None:
+        # librdkafka's dotted names pass through **extra (a dict, not keywords)
+        no_auto_commit: dict[str, Any] = {"enable.auto.commit": False}
         consumer = EventConsumer(
             self.kafka,
             group_id=f"liverl-gateway-{self.replica_id}-{uuid.uuid4().hex[:8]}",
             topics=[self.topic],
             component="reloader",
             auto_offset_reset="earliest",
-            **{"enable.auto.commit": False},
+            **no_auto_commit,
         )
         try:
             while not self._stop.is_set():
@@ -137,8 +140,9 @@ class Reloader:
             self._stop.wait(1.0)
             return
         for rec in batch.records:
-            if self.wanted(rec.event):
-                self.candidates[rec.event.version] = rec.event  # type: ignore[attr-defined]
+            ev = rec.event
+            if self.wanted(ev):
+                self.candidates[ev.version] = ev
         self.load_newest()
 
     def load_newest(self) -> int | None:

@@ -126,7 +126,9 @@ class TrainerCore:
     # ---- construction / persistence ---------------------------------------------------
 
     @classmethod
-    def load(cls, cfg: TrainerSettings, weights_dir: Path | None = None, step: int = 0):  # type: ignore[no-untyped-def]
+    def load(
+        cls, cfg: TrainerSettings, weights_dir: Path | None = None, step: int = 0
+    ) -> TrainerCore:
         """Policy from ``weights_dir`` (a published version: full weights or a LoRA adapter on
         ``cfg.model``) or ``cfg.model``; the OPD teacher is a frozen reference: a copy of
         ``cfg.model`` for full fine-tuning, the base with adapters off for LoRA."""

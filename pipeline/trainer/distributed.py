@@ -118,7 +118,8 @@ class RankGroup:
         """Workers: the next message from rank 0 (waits as long as it takes)."""
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0, group=self.control)
-        return box[0]  # type: ignore[no-any-return]
+        message: tuple[Any, ...] = box[0]
+        return message
 
     def send_step(self, samples: Sequence[Any], version: int) -> None:
         self.send(("step", list(samples), version))

@@ -11,6 +11,7 @@ goes before the final assistant header, or at the end of the prompt as a last re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 HINT_TEMPLATE = "\n\n[user's hint / instruction]\n{hint}"
 
@@ -24,7 +25,7 @@ class ChatMarkers:
     user: tuple[int, ...]
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> ChatMarkers:  # type: ignore[no-untyped-def]
+    def from_tokenizer(cls, tokenizer: Any) -> ChatMarkers:
         vocab = tokenizer.get_vocab()
         return cls(
             im_start=vocab.get("<|im_start|>"),
@@ -50,7 +51,7 @@ def hint_insert_position(prompt: list[int], markers: ChatMarkers) -> int:
 
 
 def teacher_prompt(
-    prompt: list[int], hint: str, tokenizer, markers: ChatMarkers  # type: ignore[no-untyped-def]
+    prompt: list[int], hint: str, tokenizer: Any, markers: ChatMarkers
 ) -> list[int]:
     """The prompt with ``hint`` appended to its last user message."""
     at = hint_insert_position(prompt, markers)

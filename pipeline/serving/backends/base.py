@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+StopReason = Literal["stop", "length", "abort"]
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -35,7 +37,7 @@ class Piece:
 class Done:
     """End of a generation: why it stopped and which weight version produced all of it."""
 
-    finish_reason: Literal["stop", "length", "abort"]
+    finish_reason: StopReason
     weight_version: int
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import lora
-from .base import Done, Piece, SamplingParams
+from .base import Done, Piece, SamplingParams, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class HFBackend:
         params: SamplingParams,
         emit: Any,
         cancel: threading.Event,
-    ) -> str:
+    ) -> StopReason:
         import torch
 
         gen = torch.Generator(device=self.device)

@@ -31,7 +31,7 @@ import aiohttp
 import orjson
 
 from . import lora
-from .base import Done, Piece, SamplingParams
+from .base import Done, Piece, SamplingParams, StopReason
 
 log = logging.getLogger(__name__)
 _JSON = {"Content-Type": "application/json"}
@@ -116,7 +116,9 @@ class SGLangBackend:
             raise SGLangError("SGLang output_ids and output_token_logprobs disagree")
         yield Piece(ids, logprobs)
         finish = (meta.get("finish_reason") or {}).get("type", "stop")
-        reason = finish if finish in ("stop", "length", "abort") else "stop"
+        reason: StopReason = "length" if finish == "length" else "stop"
+        if finish == "abort":
+            reason = "abort"
         # With an adapter the version is the adapter's; SGLang's weight_version is the base's.
         served = version if adapter is not None else _version(meta, version)
         yield Done(finish_reason=reason, weight_version=served)
