@@ -47,6 +47,7 @@ from typing import Any
 import faust
 import orjson
 from aiokafka.partitioner import murmur2
+from faust.types import AgentT, TableT, TopicT
 
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
@@ -100,6 +101,14 @@ def parked_key(session_key: bytes, next_state_id: str) -> bytes:
     return session_key + b"\0" + next_state_id.encode()
 
 
+def sample_of(doc: dict[str, Any]) -> events.Sample:
+    """A held group member's sample document as its Sample (the group topic holds only
+    samples, written by this app)."""
+    ev = events.from_dict(doc)
+    assert isinstance(ev, events.Sample)
+    return ev
+
+
 def park(msg: Any) -> bytes:
     """A consumed record as one table value: JSON coordinates, NUL, the value bytes verbatim
     (base64 would push an event near the codec limit over the record limit)."""
@@ -124,7 +133,18 @@ class Parked:
         self.headers = [(k, base64.b64decode(v)) for k, v in m["headers"]]
 
 
-def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None = None) -> faust.App:
+class ProcessorsApp(faust.App):
+    """The Faust app, with handles on what it declared (tests drive the agents and timers;
+    :func:`ensure_internal_topics` creates the internal topics)."""
+
+    liverl_agents: tuple[AgentT, ...]
+    liverl_timers: dict[str, Callable[[], Awaitable[None]]]
+    liverl_topics: dict[str, TopicT]
+
+
+def create_app(
+    settings: Settings | None = None, cfg: ProcessorSettings | None = None
+) -> ProcessorsApp:
     """Build the Faust app with its topics, tables, agents and timers."""
     settings = settings or Settings()
     cfg = cfg or ProcessorSettings()
@@ -140,7 +160,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     partitions = cfg.partitions or kafka_topics.session_partitions(specs)
     datadir = settings.state_dir / "processors" / cfg.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    app = ProcessorsApp(
         cfg.app_id,
         broker=f"kafka://{settings.bootstrap}",
         value_serializer="raw",
@@ -192,7 +212,7 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         key_type=bytes,
     )
 
-    def table(name: str, use_partitioner: bool = True) -> faust.Table:
+    def table(name: str, use_partitioner: bool = True) -> TableT:
         # use_partitioner: timers (idle sweep, grace) may update a session outside a stream.
         return app.Table(
             name,
@@ -206,10 +226,13 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     pair_t, judge_t, asm_t = table("pairing"), table("judging"), table("assembly")
     # key session\0turn -> token payload, on the partition of the session (not of the key).
     tok_t = table("tokens")
-    tok_t.partition_for_key = lambda k: key_partition(k.split(b"\0", 1)[0], partitions)  # type: ignore[method-assign]
+    # Faust has no per-table partitioner hook, so the instance's method is replaced.
+    tok_t.partition_for_key = (  # type: ignore[method-assign]
+        lambda key: key_partition(key.split(b"\0", 1)[0], partitions)
+    )
     # key session\0next-state id -> parked record (see park): next states waiting for their
     # interaction, on the session's partition. Process memory would lose them on SIGKILL,
-    # their offsets being committed already.
+    # their offsets being committed already. Same partitioner as the tokens (no hook: replaced).
     parked_t = table("judge_parked")
     parked_t.partition_for_key = tok_t.partition_for_key  # type: ignore[method-assign]
     # Written only in the group agent's stream, on the partition of the group id.
@@ -220,7 +243,8 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     def tables_ready() -> bool:
         """Tables are recovered and no rebalance is under way: timers may read them (a sweep
         during recovery once saw a session without its token payloads and killed the worker)."""
-        recovery = app.tables.recovery
+        # Faust's TableManagerT omits recovery, which its TableManager has.
+        recovery = app.tables.recovery  # type: ignore[attr-defined]
         return recovery.completed.is_set() and not recovery.in_recovery and not app.rebalancing
 
     def every(interval: float) -> Callable[[Any], Any]:
@@ -248,11 +272,11 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
 
         return register
 
-    def load(tbl: faust.Table, key: bytes) -> dict[str, Any] | None:
+    def load(tbl: TableT, key: bytes) -> dict[str, Any] | None:
         raw = tbl.get(key)
         return None if raw is None else orjson.loads(raw)
 
-    def save(tbl: faust.Table, key: bytes, state: dict[str, Any]) -> None:
+    def save(tbl: TableT, key: bytes, state: dict[str, Any]) -> None:
         state["touched_ms"] = now_ms()
         tbl[key] = orjson.dumps(state)
 
@@ -349,8 +373,9 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     @app.agent(topic(names.INTERACTIONS), name="pairing")
     async def pairing(stream: faust.StreamT) -> None:
         async for key, inter in decoded(stream, (names.INTERACTIONS,)):
+            assert isinstance(inter, events.Interaction)  # decode_one checked the topic's type
             state = load(pair_t, key)
-            result = pairer.on_interaction(state, inter, now_ms())  # type: ignore[arg-type]
+            result = pairer.on_interaction(state, inter, now_ms())
             save(pair_t, key, result.state)
             await emit_pairing(result)
 
@@ -394,7 +419,10 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
     async def judge_agent(stream: faust.StreamT) -> None:
         # Batches: every ready next state of a batch is judged concurrently (the judge bounds
         # its own concurrency); offsets move on only after the batch's verdicts are sent.
-        async for evs in stream.take_events(cfg.judge_batch, within=0.1):
+        # Faust's StreamT declares take() but not take_events(), which its Stream has.
+        async for evs in stream.take_events(  # type: ignore[attr-defined]
+            cfg.judge_batch, within=0.1
+        ):
             batch: list[judging.JudgeWork] = []
             unparked: list[tuple[bytes, str]] = []
             for raw_ev in evs:
@@ -411,7 +439,8 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                         if raw is None or nid in in_flight:
                             continue
                         ns = events.decode(Parked(raw).value)  # was valid when parked
-                        work = judging.take_ready(state, ns)  # type: ignore[arg-type]
+                        assert isinstance(ns, events.NextState)  # only next states are parked
+                        work = judging.take_ready(state, ns)
                         if work:
                             pending[nid] = entry  # kept until the verdict is acknowledged
                             in_flight.add(nid)
@@ -425,6 +454,8 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                             batch.append(work)
                         else:
                             parked_t[parked_key(key, ns.event_id)] = park(raw_ev.message)
+                else:  # decode_one let only the two input types through
+                    continue
                 save(judge_t, key, state)
             if batch:
                 await run_judge(batch)
@@ -517,6 +548,8 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
                 state = assembler.on_penalty(state, ev)
             elif isinstance(ev, events.Hint):
                 state = assembler.on_hint(state, ev)
+            else:  # decode_one let only the five input types through
+                continue
             state = await maybe_complete(key, state)
             save(asm_t, key, state)
 
@@ -543,12 +576,12 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
         return gid + b"\0" + sid.encode()
 
     async def flush_group(gid: bytes, index: dict[str, Any]) -> None:
-        members = {}
+        members: dict[str, list[events.Sample]] = {}
         for sid in index["members"]:
             raw = member_t.get(member_key(gid, sid))
             if raw is not None:
-                members[sid] = [events.from_dict(d) for d in orjson.loads(raw)]
-        for s in grouping.normalize(gid.decode(), members, cfg.sample_version):  # type: ignore[arg-type]
+                members[sid] = [sample_of(d) for d in orjson.loads(raw)]
+        for s in grouping.normalize(gid.decode(), members, cfg.sample_version):
             await send(names.SAMPLES, s)
         for sid in index["members"]:
             member_t.pop(member_key(gid, sid), None)
@@ -596,9 +629,9 @@ def create_app(settings: Settings | None = None, cfg: ProcessorSettings | None =
             if due:
                 await group_topic.send(key=gid, value=b'{"kind":"sweep"}')
 
-    app.liverl_agents = (pairing, judge_agent, assemble, group_agent)  # type: ignore[attr-defined]
-    app.liverl_timers = timers  # type: ignore[attr-defined]
-    app.liverl_topics = {**out, "groups": group_topic}  # type: ignore[attr-defined]
+    app.liverl_agents = (pairing, judge_agent, assemble, group_agent)
+    app.liverl_timers = timers
+    app.liverl_topics = {**out, "groups": group_topic}
     return app
 
 
