@@ -153,3 +153,26 @@ def test_a_crashing_plugin_judge_gives_a_neutral_score_with_the_error():
     assert out.prm.error == "judge raised RuntimeError: model down"
     assert out.prm.parents == ["i3", state.event_id]
     events.encode(out.prm, validate=True)  # schema-valid
+
+
+@pytest.mark.parametrize(
+    ("score", "votes", "bad"),
+    [(2, [2], "2"), (1, [1, 5], "5"), (True, [], "True"), (1.0, [], "1.0")],
+)
+def test_a_plugin_judge_outside_the_vote_range_gives_a_neutral_score_with_the_error(
+    score, votes, bad
+):
+    from pipeline.processors.judges import TurnContext, Verdict
+    from pipeline.processors.judging import JudgeWork, judge_one
+
+    class Wild:
+        judge_id, version = "wild", "w-1"
+
+        async def judge(self, ctx, state):  # type: ignore[no-untyped-def]
+            return Verdict(score, votes, "sure", ["a hint"])
+
+    work = JudgeWork(TurnContext("s", 3, "q", "a"), "i3", ns())
+    out = asyncio.run(judge_one(Wild(), work))  # type: ignore[arg-type]
+    assert (out.prm.score, out.prm.votes, out.hints) == (0, [], [])
+    assert out.prm.error == f"judge returned {bad}, not a vote (-1, 0, 1)"
+    events.encode(out.prm, validate=True)  # schema-valid, where a score of 2 was not

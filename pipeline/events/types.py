@@ -20,6 +20,7 @@ NextStateKind = Literal[
     "user_reply", "tool_result", "terminal", "gui", "test_result", "feedback", "session_end"
 ]
 WeightsStatus = Literal["candidate", "promoted", "rejected"]
+Vote = Literal[-1, 0, 1]  # a PRM score: bad, neutral, good
 
 
 class WeightFile(TypedDict):
@@ -111,8 +112,8 @@ class PrmScore(TurnEvent):
     """Judge verdict on a turn: plurality of votes in {-1, 0, +1}."""
 
     type: str = field(default="prm_score", init=False)
-    score: Literal[-1, 0, 1]
-    votes: list[int | None]
+    score: Vote
+    votes: list[Vote | None]
     judge_id: str
     judge_version: str
     rationale: str = ""

@@ -22,6 +22,7 @@ import yaml
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from pipeline.events import Interaction, NextState
+from pipeline.events.types import Vote
 
 BOXED = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -43,8 +44,8 @@ class TurnContext:
 
 @dataclass
 class Verdict:
-    score: int
-    votes: list[int | None]
+    score: Vote
+    votes: list[Vote | None]
     rationale: str = ""
     hints: list[str] = field(default_factory=list)
     error: str | None = None
@@ -57,21 +58,36 @@ class Judge(Protocol):
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict: ...
 
 
-def plurality(votes: Sequence[int | None]) -> int:
+def as_vote(value: object) -> Vote | None:
+    """``value`` as a vote if it equals -1, 0 or 1, else None."""
+    if value == 1:
+        return 1
+    if value == -1:
+        return -1
+    if value == 0:
+        return 0
+    return None
+
+
+def sign(x: float) -> Vote:
+    """-1, 0 or 1 as ``x`` is negative, zero or positive."""
+    return 1 if x > 0 else -1 if x < 0 else 0
+
+
+def plurality(votes: Sequence[Vote | None]) -> Vote:
     """Most common valid vote; a tie for first place or no valid vote gives 0."""
-    counts = Counter(v for v in votes if v in (-1, 0, 1)).most_common()
+    counts = Counter(v for v in votes if v is not None).most_common()
     if not counts or (len(counts) > 1 and counts[0][1] == counts[1][1]):
         return 0
     return counts[0][0]
 
 
-def parse_vote(text: str | None) -> int | None:
+def parse_vote(text: str | None) -> Vote | None:
     """The last ``\\boxed{1|-1|0}`` in a completion, else None (unparsable)."""
     found = BOXED.findall(text or "")
     if not found:
         return None
-    value = int(found[-1])
-    return value if value in (-1, 0, 1) else None
+    return as_vote(int(found[-1]))
 
 
 def select_hints(texts: Sequence[str | None], limit: int = 3, min_len: int = 11) -> list[str]:
@@ -155,7 +171,7 @@ class RuleJudge:
 
     def verdict(self, state: NextState) -> Verdict:
         if state.score is not None:
-            s = (state.score > 0) - (state.score < 0)
+            s = sign(state.score)
             return Verdict(s, [s], f"explicit score {state.score:g}")
         if state.exit_code is not None:
             s = 1 if state.exit_code == 0 else -1
@@ -286,7 +302,7 @@ def normalise_hint(text: str, *, min_width: int = 11, max_chars: int = 160) -> s
 class Reading:
     """What a reply says: a vote, why, and the hint of a directive correction (if any)."""
 
-    score: int
+    score: Vote
     rationale: str
     hints: list[str]
 
@@ -319,7 +335,7 @@ class ReplyJudge:
     def verdict(self, state: NextState) -> Verdict:
         reply = state.kind in ("user_reply", "feedback") and bool(state.content.strip())
         if state.score is not None:
-            s = (state.score > 0) - (state.score < 0)
+            s = sign(state.score)
             # A thumbs-down with a directive ("please answer in one sentence") keeps its hint.
             hints = self.read(state.content).hints if s < 0 and reply else []
             return Verdict(s, [s], f"explicit score {state.score:g}", hints)

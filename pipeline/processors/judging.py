@@ -21,7 +21,7 @@ import orjson
 
 from pipeline.events import Hint, Interaction, NextState, PrmScore, Producer, derive_event_id
 
-from .judges import Judge, TurnContext
+from .judges import Judge, TurnContext, Verdict, as_vote
 from .rewards import is_session_outcome
 
 SessionState = dict[str, Any]
@@ -118,9 +118,17 @@ async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:
     try:
         verdict = await judge.judge(work.ctx, work.state)
     except Exception as exc:  # noqa: BLE001 - a plug-in judge must not crash the worker
-        from .judges import Verdict
-
         verdict = Verdict(0, [], error=f"judge raised {type(exc).__name__}: {exc}"[:500])
+    else:
+        # A plug-in judge is not type-checked: a score or vote outside -1, 0, 1 would make a
+        # prm_score that fails its schema, so readers would dead-letter the turn's score.
+        bad = [
+            v
+            for v in (verdict.score, *verdict.votes)
+            if v is not None and (type(v) is not int or as_vote(v) is None)
+        ]
+        if bad:
+            verdict = Verdict(0, [], error=f"judge returned {bad[0]!r}, not a vote (-1, 0, 1)")
     ns = work.state
     parents = [work.interaction_id, ns.event_id]
     producer = Producer(component="judge", version=judge.version)
@@ -130,7 +138,7 @@ async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:
         parents=parents,
         session_id=ns.session_id,
         turn=ns.turn,
-        score=verdict.score,  # type: ignore[arg-type]
+        score=verdict.score,
         votes=verdict.votes,
         judge_id=judge.judge_id,
         judge_version=judge.version,
