@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shlex
 import signal
@@ -21,6 +22,7 @@ from typing import IO
 import click
 
 from pipeline.events import NextState, Producer, new_event_id, now_ms
+from pipeline.events.types import NextStateKind
 from pipeline.options import field_option, merged
 from pipeline.settings import Settings, load_settings
 
@@ -122,7 +124,7 @@ def record_outcome(
     session_id: str,
     passed: bool | None,
     turn: int | None,
-    kind: str,
+    kind: NextStateKind,
     detail: str,
     source: str,
     timeout_s: float,
@@ -173,7 +175,7 @@ def outcome_event(
     passed: bool,
     *,
     turn: int | None = None,
-    kind: str = "test_result",
+    kind: NextStateKind = "test_result",
     detail: str = "",
     source: str = "record-outcome",
     ts_ms: int | None = None,
@@ -186,7 +188,7 @@ def outcome_event(
         producer=Producer(component=source, version="1"),
         session_id=session_id,
         turn=0 if turn is None else turn,
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
         content=detail or ("passed" if passed else "failed"),
         exit_code=0 if passed else 1,
         score=1.0 if passed else -1.0,
@@ -217,14 +219,14 @@ class GateResult:
 class _Tail:
     """Copies a stream through while keeping only its last bytes (bounded memory)."""
 
-    def __init__(self, src: IO[bytes], dst: IO[bytes] | None, keep: int) -> None:
+    def __init__(self, src: io.BufferedReader, dst: IO[bytes] | None, keep: int) -> None:
         self.keep = keep
         self.buf = bytearray()
         self.thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
         self.thread.start()
 
-    def _pump(self, src: IO[bytes], dst: IO[bytes] | None) -> None:
-        while chunk := src.read1(65536):  # type: ignore[attr-defined]
+    def _pump(self, src: io.BufferedReader, dst: IO[bytes] | None) -> None:
+        while chunk := src.read1(65536):
             if dst is not None:
                 with contextlib.suppress(OSError, ValueError):
                     dst.write(chunk)
@@ -251,7 +253,9 @@ def run_gate(
     except OSError as exc:
         code = 127 if isinstance(exc, FileNotFoundError) else 126
         return GateResult(code, "", tail(str(exc), tail_chars), False, 0.0)
-    assert proc.stdout is not None and proc.stderr is not None
+    # Binary pipes with the default buffering: BufferedReaders (read1 returns what is there).
+    assert isinstance(proc.stdout, io.BufferedReader)
+    assert isinstance(proc.stderr, io.BufferedReader)
     keep = 4 * tail_chars  # bytes: UTF-8 needs at most 4 a character
     out = _Tail(proc.stdout, click.get_binary_stream("stdout") if echo else None, keep)
     err = _Tail(proc.stderr, click.get_binary_stream("stderr") if echo else None, keep)
@@ -281,7 +285,7 @@ def gate_event(
     gate: GateResult,
     *,
     turn: int | None = None,
-    kind: str = "test_result",
+    kind: NextStateKind = "test_result",
     detail: str = "",
     source: str = "record-outcome",
 ) -> NextState:

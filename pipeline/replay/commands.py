@@ -312,7 +312,7 @@ def diff_rewards(ctx: click.Context, name: str, fmt: str, changed: bool) -> None
     no consumer group offset is read or committed.
     """
     import orjson
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
     from .diff import diff_rewards as compute
@@ -343,14 +343,15 @@ def diff_rewards(ctx: click.Context, name: str, fmt: str, changed: bool) -> None
         return "-" if x is None else f"{x:+.4f}"
 
     table = Table(title=f"rewards: live vs {name}")
-    for col, justify in (
+    columns: list[tuple[str, JustifyMethod]] = [
         ("session", "left"),
         ("turn", "right"),
         ("live", "right"),
         (name, "right"),
         ("Δ", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    ]
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
     for r in rows:
         style = "yellow" if r.changed else None
         table.add_row(

@@ -165,7 +165,8 @@ def read_rewards(
                 except Exception:  # noqa: BLE001 - counted and shown, never fatal
                     side.undecodable += 1
                     continue
-                side.rewards[(ev.session_id, ev.turn)] = ev  # type: ignore[attr-defined]
+                assert isinstance(ev, events.Reward)  # decode checked the type
+                side.rewards[(ev.session_id, ev.turn)] = ev
     finally:
         c.close()
     return side

@@ -34,7 +34,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -398,7 +398,8 @@ class KafkaSource:
         """Which of ``keys`` occur in the spans (stops early once all are seen)."""
         seen: set[bytes] = set()
         for row in self.read(spans, {(s.topic, s.partition): s.start for s in spans}, keys):
-            seen.add(row[4])  # type: ignore[arg-type]
+            if row[4] is not None:  # always: only records with one of ``keys`` are read
+                seen.add(row[4])
             if seen >= keys:
                 break
         self.examined = 0
@@ -427,7 +428,9 @@ class KafkaSource:
             for r in readers:
                 r.close()
 
-    def _partition_reader(self, span: Span, start: int, keys: set[bytes] | None) -> Iterator[Row]:
+    def _partition_reader(
+        self, span: Span, start: int, keys: set[bytes] | None
+    ) -> Generator[Row, None, None]:
         from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         c = reader(

@@ -110,9 +110,10 @@ class Sessions:
         if not session:
             prefix = orjson.dumps(messages[: self.prefix_messages], option=orjson.OPT_SORT_KEYS)
             session = "auto-" + hashlib.sha256(key_id.encode() + b"\n" + prefix).hexdigest()[:24]
-        turn_type = (headers.get("x-turn-type") or body.get("turn_type") or "main").lower()
-        if turn_type not in ("main", "side"):
+        given = (headers.get("x-turn-type") or body.get("turn_type") or "main").lower()
+        if given not in ("main", "side"):
             raise ApiError(400, "X-Turn-Type must be 'main' or 'side'", param="X-Turn-Type")
+        turn_type: Literal["main", "side"] = "main" if given == "main" else "side"
         done = _flag("X-Session-Done", headers.get("x-session-done"), body.get("session_done"),
                      False)
         train = _flag("X-Liverl-Train", headers.get("x-liverl-train"), body.get("train"), True)
@@ -126,7 +127,7 @@ class Sessions:
         if user is not None and not (user.strip() and user.isprintable()):
             raise ApiError(400, "header X-Liverl-User must be a non-empty printable id of at "
                            f"most {MAX_ID_CHARS} characters", param="X-Liverl-User")
-        return TurnInfo(str(session), turn_type, done, train, group,  # type: ignore[arg-type]
+        return TurnInfo(str(session), turn_type, done, train, group,
                         user or key_id)
 
     def next_turn(self, session_id: str, position: int = 0) -> int:

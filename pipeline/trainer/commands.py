@@ -24,7 +24,7 @@ from pipeline.trainer.config import FULL_LR, LORA_LR, TrainerSettings
 FC = TypeVar("FC", bound=Callable[..., Any])
 
 
-def _crash_hook() -> object:
+def _crash_hook() -> Callable[[str], None] | None:
     target = os.environ.get("LIVERL_TRAINER_CRASH_AT")
     if not target:
         return None
@@ -151,7 +151,7 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
     help="Exit after this many seconds without input (batch jobs, tests).",
 )
 @click.pass_context
-def train(ctx: click.Context, **options: object) -> None:
+def train(ctx: click.Context, **options: Any) -> None:
     """Train the --policy from the samples topic and publish versioned weights.
 
     With --from-delta, train from history instead (offline retraining): the selected rows
@@ -170,7 +170,7 @@ def train(ctx: click.Context, **options: object) -> None:
     if namespace or settings.kafka.namespace:
         from pipeline.replay.namespace import enter_checked
 
-        settings = enter_checked(settings, namespace)  # type: ignore[arg-type]
+        settings = enter_checked(settings, namespace)
     from pydantic import ValidationError
 
     try:
@@ -195,7 +195,7 @@ def train(ctx: click.Context, **options: object) -> None:
     loop = TrainerLoop(
         settings,
         cfg,
-        on_stage=_crash_hook(),  # type: ignore[arg-type]
+        on_stage=_crash_hook(),
         echo=lambda line: click.echo(line, err=False),
     )
     try:
