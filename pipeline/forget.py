@@ -1048,7 +1048,8 @@ def forget(
                 "delivered them (its /metrics liverl_gateway_record_backlog is 0), or stop it."
             )
         _echo_survey(s, dry_run)
-        kept = {"kafka": kafka_kept(settings, s)}
+        # what only time removes: topic -> retention facts, live spool -> delivered frames
+        kept: dict[str, dict[str, Any]] = {"kafka": kafka_kept(settings, s)}
         for topic, entry in kept["kafka"].items():
             click.echo(f"  kafka      {topic}: kept until retention, gone by {entry['gone_by']}")
         if dry_run:

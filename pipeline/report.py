@@ -602,7 +602,11 @@ def _panel_verdicts(ax: Axes, weights: pa.Table, verdicts: dict[int, str]) -> No
     )
     ax.set_xlabel(f"minutes since first publish ({_utc(t0)})")
     ax.set_ylabel("weight version")
-    ax.yaxis.get_major_locator().set_params(integer=True)
+    from matplotlib.ticker import MaxNLocator
+
+    locator = ax.yaxis.get_major_locator()  # the default AutoLocator, a MaxNLocator
+    assert isinstance(locator, MaxNLocator)
+    locator.set_params(integer=True)
     if len(ordered) == 1:
         ax.set_xlim(-1, 1)
     ax.legend(loc="lower right", fontsize=8, framealpha=0.8)

@@ -258,7 +258,8 @@ def _svg_lines(series: list[Series], ylabel: str) -> str:
     ax = fig.subplots()
     for s in series:
         xs = [dt.datetime.fromtimestamp(x / 1000, dt.UTC) for x in s.x_ms]
-        ax.plot(xs, s.mean, marker="o", markersize=3, label=f"{s.label} (n={sum(s.n)})")
+        # matplotlib's types want numbers or arrays for x; its date converter takes datetimes.
+        ax.plot(xs, s.mean, marker="o", markersize=3, label=f"{s.label} (n={sum(s.n)})")  # type: ignore[arg-type]
     ax.set_ylabel(ylabel)
     ax.xaxis.set_major_formatter(DateFormatter("%H:%M"))
     ax.grid(alpha=0.3)
@@ -275,8 +276,9 @@ def _svg_bars(minutes: list[tuple[int, int]]) -> str:
 
     fig = Figure(figsize=(8, 2.5))
     ax = fig.subplots()
-    ax.bar([dt.datetime.fromtimestamp(m / 1000, dt.UTC) for m, _ in minutes],
-           [n for _, n in minutes], width=1 / 24 / 60 * 0.9, color="#2ca02c")
+    xs = [dt.datetime.fromtimestamp(m / 1000, dt.UTC) for m, _ in minutes]
+    # datetimes for x, as in _svg_lines
+    ax.bar(xs, [n for _, n in minutes], width=1 / 24 / 60 * 0.9, color="#2ca02c")  # type: ignore[arg-type]
     ax.set_ylabel("trained samples / min")
     ax.grid(alpha=0.3, axis="y")
     fig.autofmt_xdate()

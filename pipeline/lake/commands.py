@@ -264,11 +264,13 @@ def _once(archiver: Archiver, spans: dict[tuple[str, int], Span], stopped: list[
     )
     tasks = {t: progress.add_task(table_name(t), total=n) for t, n in sorted(todo.items())}
     started = time.monotonic()
+
+    def advance(read: dict[str, int]) -> None:
+        for t, n in read.items():
+            progress.advance(tasks[t], n)
+
     with progress:
-        archiver.run(
-            lambda: bool(stopped),
-            on_read=lambda read: [progress.advance(tasks[t], n) for t, n in read.items()],
-        )
+        archiver.run(lambda: bool(stopped), on_read=advance)
         for task in tasks.values():  # control records and aborted transactions end it early
             progress.update(task, completed=progress.tasks[task].total)
     elapsed = max(time.monotonic() - started, 1e-9)

@@ -78,7 +78,8 @@ def append_with_transactions(
     ``deltalake.exceptions.CommitFailedError`` (delta-rs' conflict check), so two writers
     can never both append the same version.
     """
-    write_deltalake(
+    # deltalake's overloads omit the None that its implementation takes (and defaults to).
+    write_deltalake(  # type: ignore[call-overload]
         target,
         data,
         mode="append",

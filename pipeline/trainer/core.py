@@ -187,7 +187,8 @@ class TrainerCore:
 
             plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
             model = PeftModel.from_pretrained(plain, directory).merge_and_unload()
-        return model.to(self.device).eval().requires_grad_(False)
+        # transformers' decorator on PreTrainedModel.to hides its signature from the checker.
+        return model.to(self.device).eval().requires_grad_(False)  # type: ignore[arg-type]
 
     def save_weights(self, directory: Path) -> None:
         """Servable files: safetensors weights, config and tokenizer; for a LoRA policy only
@@ -288,7 +289,7 @@ class TrainerCore:
         bsz = len(samples)
         rmax = max(len(s.response_token_ids) for s in samples)
 
-        def pad(rows: list[list[float]], dtype: torch.dtype) -> torch.Tensor:
+        def pad(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> torch.Tensor:
             out = torch.zeros((bsz, rmax), dtype=dtype)
             for b, row in enumerate(rows):
                 out[b, : len(row)] = torch.tensor(row, dtype=dtype)
@@ -641,7 +642,7 @@ def _with_adapter(model: Any, cfg: TrainerSettings, weights_dir: Path | None) ->
         return PeftModel.from_pretrained(model, weights_dir, is_trainable=True)
     config = LoraConfig(
         r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
+        lora_alpha=cfg.lora_alpha,  # type: ignore[arg-type]  # peft says int; scales by alpha / r
         lora_dropout=cfg.lora_dropout,
         target_modules=list(cfg.lora_target_modules),
         bias="none",

@@ -51,7 +51,8 @@ class HFBackend:
         self.policy_id = policy_id or self.model_path.name
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_dtype(dtype))
-        model.to(device).eval().requires_grad_(False)
+        # transformers' decorator on PreTrainedModel.to hides its signature from the checker.
+        model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
         self.device = device
         self.context_length = context_length or int(
             getattr(model.config, "max_position_embeddings", 2048)
