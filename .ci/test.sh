@@ -10,4 +10,5 @@ trap stop_broker EXIT
 .venv/bin/liverl broker up
 .venv/bin/liverl topics apply
 .venv/bin/ruff check pipeline tests bench
+.venv/bin/mypy pipeline
 .venv/bin/python -m pytest "$@"

@@ -4,6 +4,7 @@ contract test runs each against its JSON Schema)."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from pipeline.events.ids import derive_event_id
 from pipeline.events.types import (
@@ -119,7 +120,7 @@ def examples() -> dict[str, Event]:
     prm_id = derive_event_id("prm_score", [inter.event_id, ns_id], judge.version)
     pen_id = derive_event_id("path_penalty", [inter.event_id], "rules-1")
     rew_id = derive_event_id("reward", [prm_id, pen_id], "reward-1")
-    turn = {"session_id": _SESSION, "turn": inter.turn, "ts_ms": _TS + 5_000}
+    turn: dict[str, Any] = {"session_id": _SESSION, "turn": inter.turn, "ts_ms": _TS + 5_000}
     trainer = Producer(component="trainer", version="0.1.0")
     offsets = {"0": 1_204, "1": 1_188, "2": 1_250, "3": 1_197}
     events: list[Event] = [
