@@ -442,6 +442,35 @@ def test_group_agent_zscores_within_group_and_step_once_complete(h: Harness) -> 
     ]
 
 
+def test_unreadable_held_member_is_dead_lettered_and_the_group_still_emits(h: Harness) -> None:
+    """Seen on a dev broker: a member held by an earlier code version (v2 base64 arrays under a
+    v1 label) crashed the group agent on every sweep for hours, and no grouped sample left."""
+    app = h.app(group_size=3)
+    groups = app.liverl_topics["groups"].get_topic_name()
+    bad = orjson.loads(grouped("t-bad", [9.0]))
+    bad["samples"][0]["prompt_token_ids"] = "AQAAAAIAAAA="  # v2 layout, schema_version 1
+
+    async def run() -> None:
+        async with app.liverl_agents[3].test_context() as agent:
+            await put(agent, groups, grouped("t-a", [1.0]), b"g")
+            await put(agent, groups, orjson.dumps(bad), b"g")
+            await put(agent, groups, grouped("t-b", [0.0]), b"g")
+            await flush(agent, groups)
+
+    asyncio.run(run())
+    got = [(s.session_id, s.reward) for s in h.out(names.SAMPLES)]  # type: ignore[attr-defined]
+    # the readable members are normalised between themselves: mean 0.5, std 0.5 -> +1, -1
+    assert got == [("t-a", pytest.approx(1.0, abs=1e-5)), ("t-b", pytest.approx(-1.0, abs=1e-5))]
+    (letter,) = h.out(names.DLQ)
+    assert isinstance(letter, events.DeadLetter)
+    assert letter.source_topic.endswith("-group_members-changelog")
+    assert letter.original_key() == b"g\x00t-bad"
+    assert "prompt_token_ids" in letter.error and "unreadable" in letter.error
+    assert orjson.loads(letter.original()) == bad["samples"]
+    members = [(k, v is None) for t, k, v in h.changelog if t == "group_members"]
+    assert (b"g\x00t-bad", True) in members, "the unreadable member is dropped, not kept"
+
+
 def test_group_timeout_emits_an_incomplete_group_through_a_sweep_message(h: Harness) -> None:
     app = h.app(group_size=3, group_timeout_s=10)
     groups = app.liverl_topics["groups"].get_topic_name()

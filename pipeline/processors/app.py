@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -101,12 +102,27 @@ def parked_key(session_key: bytes, next_state_id: str) -> bytes:
     return session_key + b"\0" + next_state_id.encode()
 
 
-def sample_of(doc: dict[str, Any]) -> events.Sample:
+def sample_of(doc: Any) -> events.Sample:
     """A held group member's sample document as its Sample (the group topic holds only
-    samples, written by this app)."""
+    samples, written by this app); EventValidationError for anything else, e.g. state written
+    by another version of this code."""
+    if not isinstance(doc, dict):
+        raise events.EventValidationError(f"a held sample is {type(doc).__name__}, not a dict")
     ev = events.from_dict(doc)
-    assert isinstance(ev, events.Sample)
+    if not isinstance(ev, events.Sample):
+        raise events.EventValidationError(f"a held sample is a {ev.type} event")
     return ev
+
+
+def held_samples(raw: bytes) -> list[events.Sample]:
+    """A group member's held samples (a JSON list of sample documents)."""
+    try:
+        docs = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise events.EventValidationError(f"held samples are not JSON: {exc}") from None
+    if not isinstance(docs, list):
+        raise events.EventValidationError("held samples are not a list")
+    return [sample_of(d) for d in docs]
 
 
 def park(msg: Any) -> bytes:
@@ -320,6 +336,20 @@ def create_app(
         log.warning(
             "dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error[:500]
         )
+        await send(names.DLQ, letter)
+
+    async def dead_letter_state(table_name: str, key: bytes, value: bytes, error: str) -> None:
+        """Dead-letter a table value that cannot be read back (state another code version
+        wrote, or a bug): the agent drops it and goes on instead of crashing on every retry.
+        It has no Kafka coordinates of its own: the letter names the table's changelog and
+        its id derives from the key."""
+        changelog = f"{cfg.app_id}-{table_name}-changelog"
+        letter = DeadLetter.wrap(value, topic=changelog, partition=0, offset=0, error=error,
+                                 producer=dlq_producer, key=key)
+        letter = dataclasses.replace(letter, event_id=events.derive_event_id(
+            "dlq", [], dlq_producer.version, changelog, key.hex()))
+        letter = bound_dead_letter(letter, settings.kafka.max_event_bytes)
+        log.error("dead-lettered %s value for key %r: %s", table_name, key, error[:500])
         await send(names.DLQ, letter)
 
     async def decode_one(
@@ -578,9 +608,15 @@ def create_app(
     async def flush_group(gid: bytes, index: dict[str, Any]) -> None:
         members: dict[str, list[events.Sample]] = {}
         for sid in index["members"]:
-            raw = member_t.get(member_key(gid, sid))
-            if raw is not None:
-                members[sid] = [sample_of(d) for d in orjson.loads(raw)]
+            key = member_key(gid, sid)
+            raw = member_t.get(key)
+            if raw is None:
+                continue
+            try:
+                members[sid] = held_samples(raw)
+            except events.EventValidationError as exc:
+                await dead_letter_state("group_members", key, raw,
+                                        f"held samples of group member unreadable: {exc}")
         for s in grouping.normalize(gid.decode(), members, cfg.sample_version):
             await send(names.SAMPLES, s)
         for sid in index["members"]:
@@ -604,8 +640,13 @@ def create_app(
                         body["session_id"],
                         gid,
                     )
-                    for d in body["samples"]:
-                        await send(names.SAMPLES, events.from_dict(d))
+                    try:
+                        late = [sample_of(d) for d in body["samples"]]
+                    except events.EventValidationError as exc:
+                        await dead_letter(ev.message, f"late group member unreadable: {exc}")
+                        late = []
+                    for sample in late:
+                        await send(names.SAMPLES, sample)
                 elif action == "hold":
                     member_t[member_key(gid, body["session_id"])] = orjson.dumps(body["samples"])
             elif index is None:
