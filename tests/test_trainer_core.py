@@ -89,6 +89,14 @@ def test_idle_input_releases_a_partial_batch_but_steady_input_fills_it() -> None
         b.add(rec(sample(i), partition=0, offset=i))
         assert b.ready() == (i == 5)
     assert len(b.take()) == 4
+    # While the publish budget holds the next version back, idleness releases nothing early:
+    # only a full batch or the wait bound.
+    b.add(rec(sample(6), partition=0, offset=6))
+    now[0] += 0.5
+    assert not b.ready(publish_now=False) and b.ready(publish_now=True)
+    now[0] += 1.5  # 2.0 s since it arrived: the wait bound applies whatever the budget
+    assert b.ready(publish_now=False)
+    b.take()
     off = Batcher(max_samples=4, max_tokens=1000, max_wait_s=2.0, clock=lambda: now[0])
     off.add(rec(sample(9), partition=0, offset=9))
     now[0] += 1.0

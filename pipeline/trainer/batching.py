@@ -83,14 +83,19 @@ class Batcher:
             count, longest = count + 1, longest_next
         return count, count == self.max_samples
 
-    def ready(self) -> bool:
+    def ready(self, publish_now: bool = True) -> bool:
         """A full batch is available, the oldest sample waited long enough, or the input has
-        been idle for ``idle_s``."""
+        been idle for ``idle_s``. The idle trigger only serves freshness, so it applies only
+        when the step's version could be published at once (``publish_now``): while the
+        publish budget holds versions back, an early partial batch would make nothing fresher
+        and would spend steps (measured: under load it doubled freshness, 7.7 -> 13 s p50)."""
         if not self.buffer:
             return False
         _, full = self._prefix_size()
         now = self.clock()
-        idle = self.idle_s > 0 and now - self.buffer[-1].arrived >= self.idle_s
+        idle = (
+            publish_now and self.idle_s > 0 and now - self.buffer[-1].arrived >= self.idle_s
+        )
         return full or idle or now - self.buffer[0].arrived >= self.max_wait_s
 
     def take(self) -> list[Record[Sample]]:

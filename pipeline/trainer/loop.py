@@ -246,7 +246,10 @@ class TrainerLoop:
         while not self._stop:
             # Never wait on the broker while a batch is ready to train.
             t_poll = time.perf_counter()
-            wait = 0.0 if batcher.ready() else 0.2
+            # The idle trigger waits while unpublished steps or the publish budget hold the
+            # next version back (Batcher.ready).
+            publish_now = not step_rows and time.monotonic() >= next_allowed
+            wait = 0.0 if batcher.ready(publish_now) else 0.2
             if isinstance(consumer, DeltaSource):
                 consumer.behavior_version = version  # history is not stale, only off-policy
             batch = consumer.poll_batch(max_records=cfg.batch_max_samples * 4, timeout=wait)
@@ -260,7 +263,8 @@ class TrainerLoop:
             for rec in batch.records:
                 self._admit(rec, core, limit, batcher, producer, trainer_id)
             drained = isinstance(consumer, DeltaSource) and consumer.exhausted
-            if batcher.ready() or (drained and batcher):
+            publish_now = not step_rows and time.monotonic() >= next_allowed
+            if batcher.ready(publish_now) or (drained and batcher):
                 records = batcher.take()
                 if self.dist is not None:
                     self.dist.send_step([r.event for r in records], version)
