@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pipeline import events
 from pipeline.cli import cli
 from pipeline.kafka import names
+from pipeline.processors.app import INPUTS
 from pipeline.replay import namespace as nsmod
 from pipeline.replay import replay as replay_mod
 from pipeline.replay.replay import (
@@ -582,6 +583,17 @@ def committed(admin, group: str, topics: list[str]) -> dict[tuple[str, int], int
     return {(tp.topic, tp.partition): tp.offset for tp in fut.result(60).topic_partitions}
 
 
+def start_group_at_ends(admin, settings: Settings, group: str, topics: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    """A fresh worker group reads only what the test produces next, not the suite's history
+    on the shared broker (in CI, tens of thousands of records on partitions without our keys,
+    which the group must otherwise work through before its commits reach the ends)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    tps = [TopicPartition(t, p, o) for t in topics for p, o in end_offsets(settings, t).items()]
+    (fut,) = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)]).values()
+    fut.result(60)
+
+
 def drop_worker_state(settings: Settings, app_id: str) -> None:
     """The live test worker's Faust topics and its consumer group."""
     from confluent_kafka.admin import AdminClient
@@ -628,6 +640,7 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
     request.addfinalizer(lambda: drop(ns_env, ns))
     since = iso(int(time.time() * 1000) - 5000)
     rewards_start = end_offsets(kafka_settings, names.REWARDS)
+    start_group_at_ends(admin, kafka_settings, app_id, INPUTS)
     from pipeline.kafka import EventProducer
 
     producer = EventProducer(kafka_settings, client_id="rejudge-test")
