@@ -1,16 +1,26 @@
-"""Reward pipeline benchmark: turns/s through a real worker and interaction->sample latency.
+"""Reward pipeline benchmark: turns/s through real workers and interaction->sample latency.
 
-Starts one ``liverl workers`` process (rule judge) against the configured broker, waits for a
-warm-up session, then produces ``--sessions`` sessions of ``--turns`` turns each (the last one
+Starts ``liverl workers --processes N`` (rule judge; N=1 is the plain single worker) against
+the configured broker, waits until every process holds partitions and a warm-up batch has come
+back, then produces ``--sessions`` sessions of ``--turns`` turns each (the last one
 ``session_done``) and reads the samples back. Latency is measured per turn from the moment its
 interaction was handed to the producer to the moment the worker produced its sample (record
 timestamp); samples are assembled per session, so it includes the session's later turns.
+``--processes 1,2`` measures each count in turn (a fresh consumer group each) and prints the
+turns/s ratio against the first.
 
     .venv/bin/python bench/rewards.py --sessions 200 --turns 5
+    .venv/bin/python bench/rewards.py --processes 1,2 --sessions 2000   # scaling, max rate
+    .venv/bin/python bench/rewards.py --processes 1,2 --turn-rate 500 --sessions 2000
     .venv/bin/python bench/rewards.py --group-size 4           # sessions in groups of 4
-    .venv/bin/python bench/rewards.py --profile /tmp/w.prof    # cProfile of the worker
+    .venv/bin/python bench/rewards.py --profile /tmp/w.prof    # cProfile (processes=1 only)
 
-The worker starts at the end of the topics (``LIVERL_PROCESSORS_AUTO_OFFSET_RESET=latest``):
+Offered load: ``--rate`` is sessions/s, ``--turn-rate`` turns/s (= ``--rate`` x ``--turns``;
+a session's turns are sent together, so 500 turns/s with 5 turns is 100 bursts of 5 a
+second); without either, everything is sent at once (throughput). For the p50/p99 latency at
+500 turns/s, send enough for tens of seconds: ``--turn-rate 500 --sessions 2000`` (20 s).
+
+The workers start at the end of the topics (``LIVERL_PROCESSORS_AUTO_OFFSET_RESET=latest``):
 history on a shared broker is not part of the measurement.
 """
 
@@ -26,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 
 import _support  # noqa: F401  (puts tests/support on the path)
 from confluent_kafka import Consumer, TopicPartition
@@ -62,21 +73,37 @@ def session(
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sessions", type=int, default=100)
-    ap.add_argument("--turns", type=int, default=5)
-    ap.add_argument("--prompt-tokens", type=int, default=512)
-    ap.add_argument("--response-tokens", type=int, default=128)
-    ap.add_argument("--limit-s", type=float, default=180.0)
-    ap.add_argument("--rate", type=float, default=0.0, help="sessions/s to offer (0: all at once)")
-    ap.add_argument("--group-size", type=int, default=0, help="sessions per group_id (0: none)")
-    ap.add_argument("--profile", default="", help="write the worker's cProfile stats here")
-    args = ap.parse_args()
+@dataclass
+class Result:
+    processes: int
+    sessions: int
+    sent: int
+    received: int
+    produce_rate: float
+    pipeline_rate: float
+    latency_ms: list[float]
 
-    settings = Settings()
+
+def group_split(settings: Settings, group: str) -> list[int]:
+    """Partitions of ``interactions`` held by each member of consumer group ``group``."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    try:
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    except Exception:  # noqa: BLE001 - not there yet
+        return []
+    return [
+        sum(tp.topic == names.INTERACTIONS for tp in m.assignment.topic_partitions)
+        for m in desc.members
+    ]
+
+
+def measure(args: argparse.Namespace, processes: int, settings: Settings) -> Result:
+    """One run: ``processes`` workers in a fresh group, warm-up, then the measured load."""
     run = uuid.uuid4().hex[:8]
     prefix = f"bench-{run}-"
+    app_id = f"bench-{run}"
     consumer = Consumer(settings.kafka_client_config(**{"group.id": f"bench-{run}"}))
     meta = consumer.list_topics(names.SAMPLES, timeout=10).topics[names.SAMPLES]
     consumer.assign(
@@ -100,16 +127,18 @@ def main() -> None:
         env["LIVERL_PROCESSORS_GROUP_SIZE"] = str(args.group_size)
     env.setdefault("LIVERL_STATE_DIR", tempfile.mkdtemp(prefix="liverl-bench-"))
     code = "from pipeline.processors.commands import workers; workers()"
-    if args.profile:
+    if args.profile and processes == 1:
         code = (
             "import atexit, cProfile; from pipeline.processors.commands import workers; "
             "p = cProfile.Profile(); "
             f"atexit.register(lambda: (p.disable(), p.dump_stats({args.profile!r}))); "
             "p.enable(); workers()"
         )
-    with open(os.path.join(env["LIVERL_STATE_DIR"], "worker.log"), "wb") as log:
+    log_path = os.path.join(env["LIVERL_STATE_DIR"], f"worker-{processes}.log")
+    with open(log_path, "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-c", code, "--app-id", f"bench-{run}", "--no-web"],
+            [sys.executable, "-c", code, "--app-id", app_id, "--no-web",
+             "--processes", str(processes)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -119,29 +148,48 @@ def main() -> None:
     sent: dict[tuple[str, int], float] = {}
     got: dict[tuple[str, int], float] = {}
 
-    def drain(until: int, deadline: float, warmup: bool = False) -> None:
+    def drain(until: int, deadline: float, warmup: str = "") -> None:
+        """Collect samples: the measured sessions', or those of warm-up batch ``warmup``."""
         while len(got) < until and time.monotonic() < deadline and worker.poll() is None:
             for msg in consumer.consume(1000, timeout=0.2):
                 if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
                     s = events.decode(msg.value())
-                    if warmup != s.session_id.startswith(f"{prefix}warmup"):
+                    assert isinstance(s, events.Sample)
+                    is_warmup = s.session_id.startswith(f"{prefix}warmup")
+                    if is_warmup != bool(warmup) or not s.session_id.startswith(warmup or prefix):
                         continue
                     # When the worker produced the sample (broker CreateTime, same host clock).
                     got.setdefault((s.session_id, s.turn), msg.timestamp()[1] / 1000)
 
     try:
-        # The worker reads from the end, so warm-up sessions sent before it has its partitions
-        # are never seen: offer one every few seconds until one comes back.
-        up_deadline = time.monotonic() + 120
+        up_deadline = time.monotonic() + 180
+        # Every process must hold its partitions first: a rebalance inside the measurement
+        # would stall it (and with one process there is nothing to wait for but the join).
+        while time.monotonic() < up_deadline and worker.poll() is None:
+            split = group_split(settings, app_id)
+            if len(split) == processes and all(split):
+                break
+            time.sleep(1)
+        else:
+            sys.exit(f"{processes} workers did not all join group {app_id} (see {log_path})")
+        # The workers read from the end, so warm-up sessions sent before they have their
+        # partitions are never seen: offer a batch every few seconds until one comes back
+        # whole. A batch of 4 per partition-holder reaches every process with high odds.
+        batch = 4 * processes
         attempt = 0
-        while len(got) < 2 and time.monotonic() < up_deadline and worker.poll() is None:
-            for inter in session(f"{prefix}warmup{attempt}", 2, tokens):
-                producer.send(names.INTERACTIONS, inter)
+        while time.monotonic() < up_deadline and worker.poll() is None:
+            got.clear()
+            warmup = f"{prefix}warmup{attempt}-"
+            for k in range(batch):
+                for inter in session(f"{warmup}{k}", 2, tokens):
+                    producer.send(names.INTERACTIONS, inter)
             producer.flush()
             attempt += 1
-            drain(2, min(up_deadline, time.monotonic() + 5), warmup=True)
-        if len(got) < 2:
-            sys.exit("worker did not come up (see worker.log in the state dir)")
+            drain(2 * batch, min(up_deadline, time.monotonic() + 5), warmup=warmup)
+            if len(got) >= 2 * batch:
+                break
+        if len(got) < 2 * batch:
+            sys.exit(f"workers did not come up (see {log_path})")
         got.clear()
         sessions = [
             session(
@@ -167,30 +215,92 @@ def main() -> None:
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
-            worker.wait(15)
+            worker.wait(30)  # the supervisor waits up to LIVERL_PROCESSORS_SHUTDOWN_S + 5
         except subprocess.TimeoutExpired:
             worker.kill()
         consumer.close()
         from confluent_kafka.admin import AdminClient  # drop this run's Faust internal topics
 
         admin = AdminClient(settings.kafka_client_config())
-        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"bench-{run}-")]
+        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{app_id}-")]
         if mine:
             admin.delete_topics(mine, operation_timeout=30)
 
     lat = sorted((got[k] - sent[k]) * 1000 for k in got if k in sent)
-    n = len(lat)
+    return Result(
+        processes=processes,
+        sessions=args.sessions,
+        sent=len(sent),
+        received=len(lat),
+        produce_rate=len(sent) / max(produced - start, 1e-9),
+        pipeline_rate=len(lat) / max(end - start, 1e-9),
+        latency_ms=lat,
+    )
+
+
+def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
+    print(f"== processes {r.processes}")
     print(
-        f"turns produced {len(sent)}, samples received {n} "
+        f"turns produced {r.sent}, samples received {r.received} "
         f"({args.sessions} sessions x {args.turns} turns, "
         f"{args.prompt_tokens}/{args.response_tokens} tokens)"
     )
-    print(f"produce rate      {len(sent) / max(produced - start, 1e-9):10.1f} turns/s")
-    print(f"pipeline rate     {n / max(end - start, 1e-9):10.1f} turns/s (interaction -> sample)")
+    print(f"produce rate      {r.produce_rate:10.1f} turns/s")
+    ratio = f"   x{r.pipeline_rate / base.pipeline_rate:.2f} vs processes={base.processes}" \
+        if base is not None and base is not r and base.pipeline_rate else ""
+    print(f"pipeline rate     {r.pipeline_rate:10.1f} turns/s (interaction -> sample){ratio}")
+    lat, n = r.latency_ms, r.received
     if n:
         p99 = lat[min(n - 1, int(0.99 * n))]
         p50 = statistics.median(lat)
         print(f"latency p50 {p50:8.1f} ms   p99 {p99:8.1f} ms   max {lat[-1]:.1f} ms")
+
+
+def process_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of counts, got {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected counts >= 1, got {text!r}")
+    return counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=100)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--response-tokens", type=int, default=128)
+    ap.add_argument("--limit-s", type=float, default=180.0)
+    load = ap.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, default=0.0,
+                      help="sessions/s to offer (0: all at once)")
+    load.add_argument("--turn-rate", type=float, default=0.0,
+                      help="turns/s to offer: --rate = this / --turns")
+    ap.add_argument("--group-size", type=int, default=0, help="sessions per group_id (0: none)")
+    ap.add_argument("--processes", type=process_counts, default=[1],
+                    help="worker process counts to measure in turn, e.g. 1,2 (default 1)")
+    ap.add_argument("--profile", default="",
+                    help="write the processes=1 worker's cProfile stats here")
+    args = ap.parse_args()
+    if args.turn_rate:
+        args.rate = args.turn_rate / args.turns
+    if args.profile and 1 not in args.processes:
+        ap.error("--profile profiles the processes=1 run: include 1 in --processes")
+    if args.rate:
+        print(f"offered load {args.rate:.1f} sessions/s = {args.rate * args.turns:.1f} turns/s")
+
+    settings = Settings()
+    results: list[Result] = []
+    for n in args.processes:
+        results.append(measure(args, n, settings))
+        report(results[-1], args, results[0])
+        sys.stdout.flush()
+    if len(results) > 1 and results[0].pipeline_rate:
+        print("== turns/s vs processes=" + str(results[0].processes) + ": " + ", ".join(
+            f"{r.processes}: x{r.pipeline_rate / results[0].pipeline_rate:.2f}" for r in results
+        ))
 
 
 if __name__ == "__main__":

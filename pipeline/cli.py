@@ -349,6 +349,14 @@ def topics_list(ctx: click.Context) -> None:
     help="Gateway replicas, all listening on --port (SO_REUSEPORT; Linux). Any replica serves "
     "any turn of a session: no sticky sessions. Each loads its own copy of the model.",
 )
+@click.option(
+    "--worker-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Reward worker processes (liverl workers --processes N): one consumer group, Kafka "
+    "spreads the partitions over them; one core each.",
+)
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -359,6 +367,7 @@ def up(
     method: str,
     without: tuple[str, ...],
     gateways: int,
+    worker_processes: int,
 ) -> None:
     """Run the whole loop on this machine until Ctrl-C.
 
@@ -405,7 +414,8 @@ def up(
     if "archive" not in without:
         components.append(stack.archive_component())
     if "workers" not in without and "workers" in cli.commands:
-        components.append(stack.Component("workers", ["workers"]))
+        scale = ["--processes", str(worker_processes)] if worker_processes > 1 else []
+        components.append(stack.Component("workers", ["workers", *scale]))
     if "trainer" not in without:
         components.append(
             stack.Component(

@@ -289,8 +289,8 @@ def changelog_topics(settings: Settings, present: set[str]) -> dict[str, str]:
 
 
 def session_of_key(table: str, key: bytes) -> bytes | None:
-    """The session a changelog key belongs to (processors/app.py): ``session`` (pairing,
-    judging, assembly), ``session\\0turn`` (tokens), ``session\\0id`` (judge_parked),
+    """The session a changelog key belongs to (processors/app.py): ``session`` (sessions,
+    judging), ``session\\0turn`` (tokens), ``session\\0id`` (parked, judge_parked),
     ``group\\0session`` (group_members). ``groups`` (group id -> member ids) holds no content
     and is left alone."""
     if table == "groups":
@@ -322,7 +322,7 @@ def survey_changelogs(
             continue  # already a tombstone
         hit = hits[topic]
         hit.keys.append((partition, key))
-        if tables[topic] in ("pairing", "judging", "assembly"):
+        if tables[topic] in ("sessions", "judging"):
             with contextlib.suppress(Exception):
                 hit.touched_ms = max(hit.touched_ms, int(orjson.loads(value)["touched_ms"]))
     return [h for h in hits.values() if h.keys]

@@ -328,16 +328,16 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
     app = processors_app(settings, settings.processors)
     changelogs = ensure_internal_topics(app, settings)
     app_id = settings.processors.app_id
-    assert f"{app_id}-pairing-changelog" in changelogs
+    assert f"{app_id}-sessions-changelog" in changelogs
     table_records = []
     for sid in ("f-a1", "f-b1"):
         k = sid.encode()
         part = key_partition(k, 6)
         table_records += [
-            (f"{app_id}-pairing-changelog", part, k, b'{"touched_ms": 1}'),
+            (f"{app_id}-sessions-changelog", part, k, b'{"touched_ms": 1}'),
             (f"{app_id}-tokens-changelog", part, k + b"\x000", b'{"ids": [1, 2]}'),
-            (f"{app_id}-judge_parked-changelog", part, k + b"\x00ns-1", b"parked"),
-            (f"{app_id}-judge_parked-changelog", part, k + b"\x00ns-1", None),  # done already
+            (f"{app_id}-parked-changelog", part, k + b"\x00ns-1", b"parked"),
+            (f"{app_id}-parked-changelog", part, k + b"\x00ns-1", None),  # done already
             (f"{app_id}-group_members-changelog", key_partition(b"g1", 6), b"g1\x00" + k,
              b"[samples]"),
         ]
@@ -372,7 +372,7 @@ def _ok(res: Result) -> str:
 
 def _changelog_state(settings: Settings, app_id: str) -> dict[tuple[str, bytes], list[Any]]:
     out: dict[tuple[str, bytes], list[Any]] = {}
-    for table in ("pairing", "tokens", "judge_parked", "group_members", "groups"):
+    for table in ("sessions", "tokens", "parked", "group_members", "groups"):
         topic = f"{app_id}-{table}-changelog"
         for _p, key, value in _read(settings, topic):
             out.setdefault((table, key), []).append(value)
@@ -392,12 +392,12 @@ def test_forget_a_session_then_a_user(world: dict) -> None:
     spool_files = {p: p.read_bytes() for p in Path(world["spool"]).glob("*.log")}
     assert any(b"f-a1" in data for data in spool_files.values())  # delivered, still on disk
     manifest = (world["version"] / ck.MANIFEST).read_bytes()
-    changelog_ends = _ends(settings, [f"{app_id}-{t}-changelog" for t in ("pairing", "tokens")])
+    changelog_ends = _ends(settings, [f"{app_id}-{t}-changelog" for t in ("sessions", "tokens")])
 
     # A dry run reports and changes nothing, the log included.
     dry = _ok(_forget(settings, "--session", "f-a1", "--dry-run"))
     assert "dry run" in dry and "trajectories: would remove 2 row(s)" in dry
-    assert f"{app_id}-pairing-changelog: would remove 1 key(s)" in dry
+    assert f"{app_id}-sessions-changelog: would remove 1 key(s)" in dry
     assert "liverl.interactions" not in dry and world["topics"][0] in dry
     assert {s: _rows_of(lake, s) for s in before} == before
     assert {label: DeltaTable(str(p)).version()
@@ -430,10 +430,10 @@ def test_forget_a_session_then_a_user(world: dict) -> None:
     spool.close()
     # changelogs: a tombstone per live key of the session; others untouched
     state = _changelog_state(settings, app_id)
-    for key in [("pairing", b"f-a1"), ("tokens", b"f-a1\x000"), ("group_members", b"g1\x00f-a1")]:
+    for key in [("sessions", b"f-a1"), ("tokens", b"f-a1\x000"), ("group_members", b"g1\x00f-a1")]:
         assert state[key][-1] is None, key
-    assert state[("judge_parked", b"f-a1\x00ns-1")] == [b"parked", None]  # not tombstoned twice
-    for key in [("pairing", b"f-b1"), ("tokens", b"f-b1\x000"), ("group_members", b"g1\x00f-b1")]:
+    assert state[("parked", b"f-a1\x00ns-1")] == [b"parked", None]  # not tombstoned twice
+    for key in [("sessions", b"f-b1"), ("tokens", b"f-b1\x000"), ("group_members", b"g1\x00f-b1")]:
         assert state[key] == [state[key][0]] and state[key][0] is not None, key
     assert len(state[("groups", b"g1")]) == 1
     # the log: counts, who and when; no content
@@ -444,7 +444,7 @@ def test_forget_a_session_then_a_user(world: dict) -> None:
     assert entry["user_sha256"] is None and entry["operator"] and entry["vacuumed_files"] > 0
     removed = orjson.loads(entry["removed"])
     assert removed["delta"] == before["f-a1"]
-    assert removed["changelogs"] == {f"{app_id}-pairing-changelog": 1,
+    assert removed["changelogs"] == {f"{app_id}-sessions-changelog": 1,
                                      f"{app_id}-tokens-changelog": 1,
                                      f"{app_id}-group_members-changelog": 1}
     assert removed["versions"] == {str(world["version"]): 2}

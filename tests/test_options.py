@@ -216,3 +216,34 @@ def test_up_passes_the_file_settings_to_its_children(
     got = children("--method", "hybrid", "--port", "8124")
     assert got["train"][got["train"].index("--method") + 1] == "hybrid"
     assert got["serve"][got["serve"].index("--port") + 1] == "8124"
+
+
+def test_up_runs_the_reward_workers_as_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
+    """`liverl up --worker-processes N` starts `liverl workers --processes N`; one by default."""
+    from pipeline import cli, stack
+
+    started: list[list[str]] = []
+
+    def fake_start(settings: Settings, components: list[stack.Component]) -> None:
+        started.extend(c.args for c in components)
+        raise _Stop
+
+    monkeypatch.setattr(stack, "start", fake_start)
+    monkeypatch.setattr(cli, "_pull_model", lambda model: None)
+    monkeypatch.setattr(cli, "topics_apply", lambda **_: None)
+    settings = _settings_from(tmp_path, "[kafka]\nbootstrap = 'k:9092'\n")
+
+    def workers(*args: str) -> list[str]:
+        started.clear()
+        result = CliRunner().invoke(cli.up, ["--without", "archive", *args],
+                                    obj={"settings": settings})
+        assert isinstance(result.exception, _Stop), result.output
+        (argv,) = [a for a in started if a[0] == "workers"]
+        return argv
+
+    assert workers() == ["workers"]
+    assert workers("--worker-processes", "3") == ["workers", "--processes", "3"]
+    result = CliRunner().invoke(cli.up, ["--worker-processes", "0"], obj={"settings": settings})
+    assert result.exit_code == 2 and "--worker-processes" in result.output

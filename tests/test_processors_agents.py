@@ -185,13 +185,30 @@ def pen(t: int, phi: float) -> PathPenalty:
     )
 
 
-# ---- pairing ---------------------------------------------------------------------------------
+# ---- session: pairing, path penalties, judging, assembly -------------------------------------
+
+EXT = Producer(component="feedback", version="1")  # a next state from outside the pipeline
 
 
-def test_pairing_agent_pairs_turns_closes_and_dead_letters(h: Harness) -> None:
+def agent_named(app: Any, name: str) -> Any:
+    (agent,) = [a for a in app.liverl_agents if a.name.endswith(name)]
+    return agent
+
+
+def external(t: int, content: str, kind: str = "user_reply", **kw: Any) -> events.NextState:
+    return next_state(t, kind, content, producer=EXT, **kw)
+
+
+def session_states(h: Harness) -> list[Any]:
+    from pipeline.processors import session as session_mod
+
+    return [session_mod.load(v) for t, _, v in h.changelog if t == "sessions" and v is not None]
+
+
+def test_session_agent_pairs_judges_and_assembles_a_session(h: Harness) -> None:
     async def run() -> None:
         app = h.app()
-        async with app.liverl_agents[0].test_context() as agent:
+        async with agent_named(app, "session").test_context() as agent:
             await put(agent, names.INTERACTIONS, inter(0))
             side = dataclasses.replace(inter(1), event_id="side", turn_type="side")
             await put(agent, names.INTERACTIONS, side)
@@ -199,11 +216,26 @@ def test_pairing_agent_pairs_turns_closes_and_dead_letters(h: Harness) -> None:
             await put(agent, names.INTERACTIONS, b'{"type": "interaction"', SID.encode())
             await put(agent, names.INTERACTIONS, inter(0, sid="other-s"))  # not our prefix
             await flush(agent, names.INTERACTIONS)
+            n_sent, n_log = len(h.sent), len(h.changelog)
+            # What it published comes back on next_states and hints: applied already,
+            # skipped, not even a state write.
+            for ns in h.out(names.NEXT_STATES):
+                await put(agent, names.NEXT_STATES, ns)
+            for hint in h.out(names.HINTS):
+                await put(agent, names.HINTS, hint)
+            await flush(agent, names.INTERACTIONS)
+            assert len(h.changelog) == n_log
+            await put(agent, names.INTERACTIONS, inter(0))  # a redelivery after completion
+            await flush(agent, names.INTERACTIONS)
+            assert len(h.sent) == n_sent
 
     asyncio.run(run())
-    # turn 1 pairs turn 0 and, being done, closes the session: both next states, then both
-    # penalties; the side turn and the foreign session emit nothing
-    assert h.topics() == [names.NEXT_STATES] * 2 + [names.PATH_PENALTIES] * 2 + [names.DLQ]
+    # turn 1 pairs turn 0 and, being done, closes the session: both next states and both
+    # penalties, both judged, then the session's rewards and samples; the side turn and the
+    # foreign session emit nothing
+    order = [names.NEXT_STATES] * 2 + [names.PATH_PENALTIES] * 2 + [names.PRM_SCORES] * 2
+    assert h.topics()[:6] == order
+    assert h.topics()[6:] == [names.REWARDS] * 2 + [names.SAMPLES] * 2 + [names.DLQ]
     ns = h.out(names.NEXT_STATES)
     assert [(e.turn, e.kind, e.content) for e in ns] == [  # type: ignore[attr-defined]
         (0, "tool_result", "out 0"),
@@ -212,41 +244,63 @@ def test_pairing_agent_pairs_turns_closes_and_dead_letters(h: Harness) -> None:
     assert ns[0].event_id == events.derive_event_id(
         "next_state", [f"{SID}-i0", f"{SID}-i1"], "pairing-1", "tool_result"
     )
-    assert [e.turn for e in h.out(names.PATH_PENALTIES)] == [0, 1]  # type: ignore[attr-defined]
+    pens = h.out(names.PATH_PENALTIES)
+    assert [e.turn for e in pens] == [0, 1]  # type: ignore[attr-defined]
+    prms = h.out(names.PRM_SCORES)
+    assert [(p.turn, p.parents) for p in prms] == [  # type: ignore[attr-defined]
+        (t, [f"{SID}-i{t}", n.event_id]) for t, n in enumerate(ns)
+    ]
+    # R = prm + beta * Phi per turn, from the verdicts and penalties it published itself
+    rewards = h.out(names.REWARDS)
+    assert [r.total for r in rewards] == pytest.approx(  # type: ignore[attr-defined]
+        [p.score + q.beta * q.penalty for p, q in zip(prms, pens, strict=True)]  # type: ignore[attr-defined]
+    )
+    samples = h.out(names.SAMPLES)
+    assert [(s.prompt_token_ids, s.response_token_ids, s.behavior_logprobs) for s in samples] == [  # type: ignore[attr-defined]
+        ([0, 1, 2], [100, 200], [-0.5, -0.25]),
+        ([1, 2, 3], [101, 201], [-0.5, -0.25]),
+    ]
+    assert samples[0].parents == [f"{SID}-i0", rewards[0].event_id]
     (dlq,) = h.out(names.DLQ)
     assert "malformed JSON" in dlq.error and dlq.source_topic == names.INTERACTIONS  # type: ignore[attr-defined]
     assert all(k == SID.encode() for t, k, _ in h.sent if t != names.DLQ)
-    state = orjson.loads([v for t, k, v in h.changelog if t == "pairing"][-1])
-    assert state["closed"] is True and state["prev"]["turn"] == 1
+    # One typed state per session on one changelog; token payloads kept out of it, written
+    # once per turn to their own table and deleted once the samples are out.
+    states = session_states(h)
+    assert states[-1].pairing.closed and states[-1].assembly.done
+    assert not any(b"token_ids" in v for t, _, v in h.changelog if t == "sessions")
+    tokens = [(k, v is None) for t, k, v in h.changelog if t == "tokens"]
+    assert tokens == [(b"t-s\x000", False), (b"t-s\x001", False), (b"t-s\x000", True),
+                      (b"t-s\x001", True)]
 
 
-def test_idle_sweep_timer_closes_an_idle_session(h: Harness) -> None:
+def test_session_sweep_closes_an_idle_session_and_assembles_it(h: Harness) -> None:
     async def run() -> None:
         app = h.app()
-        async with app.liverl_agents[0].test_context() as agent:
+        async with agent_named(app, "session").test_context() as agent:
             await put(agent, names.INTERACTIONS, inter(0))
             await flush(agent, names.INTERACTIONS)
-        await app.liverl_timers["idle_sweep"]()
+        await app.liverl_timers["session_sweep"]()
         assert h.sent == []  # not idle yet
         h.clock += 61_000
-        await app.liverl_timers["idle_sweep"]()
+        await app.liverl_timers["session_sweep"]()
 
     asyncio.run(run())
     ((turn, kind, detail),) = [(e.turn, e.kind, e.detail) for e in h.out(names.NEXT_STATES)]  # type: ignore[attr-defined]
     assert (turn, kind, detail) == (0, "session_end", {"reason": "idle_timeout"})
+    assert [s.turn for s in h.out(names.SAMPLES)] == [0]  # type: ignore[attr-defined]
 
 
-# ---- judge -----------------------------------------------------------------------------------
-
-
-def test_judge_agent_scores_next_states_in_either_order_and_expires_strays(h: Harness) -> None:
-    thanks = next_state(0, content="Thanks, that works")
-    early = next_state(1, content="that's wrong, it still fails")  # before its interaction
-    stray = next_state(9, content="hello")
+def test_next_states_from_outside_are_judged_in_either_order_and_strays_expire(
+    h: Harness,
+) -> None:
+    thanks = external(0, "Thanks, that works")
+    early = external(1, "that's wrong, it still fails")  # before its interaction
+    stray = external(9, "hello")
 
     async def run() -> None:
         app = h.app()
-        async with app.liverl_agents[1].test_context() as agent:
+        async with agent_named(app, "session").test_context() as agent:
             await put(agent, names.INTERACTIONS, inter(0))
             await put(agent, names.NEXT_STATES, thanks)
             await put(agent, names.NEXT_STATES, early)
@@ -254,92 +308,67 @@ def test_judge_agent_scores_next_states_in_either_order_and_expires_strays(h: Ha
             await put(agent, names.NEXT_STATES, stray)
             await put(agent, names.NEXT_STATES, b"not json", SID.encode())
             await put(agent, names.INTERACTIONS, inter(1))
-            await eventually(lambda: len(h.out(names.PRM_SCORES)) >= 2)
-            await eventually(lambda: len(h.out(names.DLQ)) >= 1)
-            await app.liverl_timers["judge_grace"]()
-            assert len(h.out(names.DLQ)) == 1  # the stray still waits for its turn
-            h.clock += 31_000
-            await app.liverl_timers["judge_grace"]()
+            await flush(agent, names.INTERACTIONS)
+        await app.liverl_timers["session_sweep"]()
+        assert len(h.out(names.DLQ)) == 1  # the stray still waits for its turn
+        h.clock += 31_000
+        await app.liverl_timers["session_sweep"]()
 
     asyncio.run(run())
-    scores = {e.turn: e for e in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
-    assert {t: (p.score, p.votes) for t, p in scores.items()} == {0: (1, [1]), 1: (-1, [-1])}  # type: ignore[attr-defined]
-    assert scores[0].parents == [f"{SID}-i0", thanks.event_id]
-    assert scores[1].parents == [f"{SID}-i1", early.event_id]
+    scores = {e.parents[-1]: e for e in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
+    assert (scores[thanks.event_id].turn, scores[thanks.event_id].score,  # type: ignore[attr-defined]
+            scores[thanks.event_id].votes) == (0, 1, [1])  # type: ignore[attr-defined]
+    assert (scores[early.event_id].turn, scores[early.event_id].score,  # type: ignore[attr-defined]
+            scores[early.event_id].votes) == (1, -1, [-1])  # type: ignore[attr-defined]
+    assert scores[thanks.event_id].parents == [f"{SID}-i0", thanks.event_id]
+    assert scores[early.event_id].parents == [f"{SID}-i1", early.event_id]
     errors = sorted(d.error for d in h.out(names.DLQ))  # type: ignore[attr-defined]
     assert len(errors) == 2
     assert "malformed JSON" in errors[0] and "unknown turn 9" in errors[1]
+    parked = [k for t, k, v in h.changelog if t == "parked" and v is None]
+    assert SID.encode() + b"\0" + stray.event_id.encode() in parked  # dropped once dead
 
 
-# ---- assemble --------------------------------------------------------------------------------
+def test_session_with_an_llm_judge_waits_for_verdicts_from_the_judge_agent(h: Harness) -> None:
+    """A judge that is not inline runs in its own agent; the session agent then reads
+    prm_scores and hints, and assembles once every next state has its verdict."""
+    app = h.app(judge="llm")
+    assert {a.name for a in app.liverl_agents} == {"session", "judge", "group"}
+    assert {a.name for a in h.app().liverl_agents} == {"session", "group"}  # inline judge
 
-
-def feed_session(
-    agent: Any, turns: list[tuple[int, list[int | None], float]], **inter_kw: Any
-) -> Any:
     async def run() -> None:
-        last = len(turns) - 1
-        for t, (score, votes, phi) in enumerate(turns):
-            ns = next_state(t, "session_end" if t == last else "user_reply")
-            # verdicts may be read before their interaction: topics are read interleaved
-            await put(agent, names.PRM_SCORES, prm(t, score, votes, ns.event_id))
-            await put(agent, names.INTERACTIONS, inter(t, **inter_kw))
-            await put(agent, names.NEXT_STATES, ns)
-            await put(agent, names.PATH_PENALTIES, pen(t, phi))
-        await flush(agent, names.INTERACTIONS)
-
-    return run()
-
-
-def test_assemble_agent_emits_rewards_and_samples_once_the_session_is_judged(h: Harness) -> None:
-    async def run() -> None:
-        app = h.app()
-        async with app.liverl_agents[2].test_context() as agent:
-            await feed_session(agent, [(1, [1, 1, 0], 0.2), (-1, [-1], 0.0)])
-            # a redelivered interaction after completion changes nothing
+        async with agent_named(app, "session").test_context() as agent:
             await put(agent, names.INTERACTIONS, inter(0))
+            await put(agent, names.INTERACTIONS, inter(1, session_done=True))
+            await flush(agent, names.INTERACTIONS)
+            assert not h.out(names.PRM_SCORES) and not h.out(names.REWARDS)
+            ns = h.out(names.NEXT_STATES)
+            await put(agent, names.PRM_SCORES, prm(0, 1, [1, 1, 0], ns[0].event_id))
+            await flush(agent, names.INTERACTIONS)
+            assert not h.out(names.REWARDS)  # turn 1's session_end is not judged yet
+            await put(agent, names.PRM_SCORES, prm(1, -1, [-1], ns[1].event_id))
             await flush(agent, names.INTERACTIONS)
 
     asyncio.run(run())
-    assert h.topics() == [names.REWARDS] * 2 + [names.SAMPLES] * 2
-    rewards = h.out(names.REWARDS)
-    # turn 0: prm 1 + 0.5 * 0.2; turn 1: prm -1
-    assert [r.total for r in rewards] == pytest.approx([1.1, -1.0])  # type: ignore[attr-defined]
-    samples = h.out(names.SAMPLES)
-    assert [(s.turn, s.reward, s.masked, s.group_id) for s in samples] == [  # type: ignore[attr-defined]
-        (0, pytest.approx(1.1), False, None),
-        (1, pytest.approx(-1.0), False, None),
-    ]
-    assert [(s.prompt_token_ids, s.response_token_ids, s.behavior_logprobs) for s in samples] == [  # type: ignore[attr-defined]
-        ([0, 1, 2], [100, 200], [-0.5, -0.25]),
-        ([1, 2, 3], [101, 201], [-0.5, -0.25]),
-    ]
-    assert samples[0].parents == [f"{SID}-i0", rewards[0].event_id]
-    # Token payloads are written once per turn to their own table, then deleted; the
-    # session's state on the changelog never carries them.
-    tokens = [(k, v) for t, k, v in h.changelog if t == "tokens"]
-    assert [(k, v is None) for k, v in tokens] == [
-        (b"t-s\x000", False),
-        (b"t-s\x001", False),
-        (b"t-s\x000", True),
-        (b"t-s\x001", True),
-    ]
-    assembly = [v for t, _, v in h.changelog if t == "assembly"]
-    assert len(assembly) == 9 and not any(b"token_ids" in v for v in assembly)  # 1 per input
-    assert orjson.loads(assembly[-1])["done"] is True
+    pens = h.out(names.PATH_PENALTIES)
+    totals = [r.total for r in h.out(names.REWARDS)]  # type: ignore[attr-defined]
+    assert totals == pytest.approx([1 + pens[0].beta * pens[0].penalty,  # type: ignore[attr-defined]
+                                    -1 + pens[1].beta * pens[1].penalty])  # type: ignore[attr-defined]
+    assert len(h.out(names.SAMPLES)) == 2
 
 
-def test_assemble_sweep_emits_after_the_grace_period(h: Harness) -> None:
+def test_closed_session_without_verdicts_is_assembled_after_the_grace_period(h: Harness) -> None:
+    app = h.app(judge="llm")
+
     async def run() -> None:
-        app = h.app()
-        async with app.liverl_agents[2].test_context() as agent:
-            await put(agent, names.INTERACTIONS, inter(0))
-            await put(agent, names.NEXT_STATES, next_state(0, "session_end"))
+        async with agent_named(app, "session").test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0, session_done=True))
             await flush(agent, names.INTERACTIONS)
-        await app.liverl_timers["assemble_sweep"]()
+        h.sent.clear()
+        await app.liverl_timers["session_sweep"]()
         assert h.sent == []  # no verdict yet, grace not over
         h.clock += 30_000
-        await app.liverl_timers["assemble_sweep"]()
+        await app.liverl_timers["session_sweep"]()
 
     asyncio.run(run())
     assert h.out(names.REWARDS) == []  # never judged: no reward ...
@@ -350,22 +379,21 @@ def test_assemble_sweep_emits_after_the_grace_period(h: Harness) -> None:
     assert (turn, masked, reward, ids) == (0, False, 0.0, [100, 200])  # ... but one sample kept
 
 
-def test_assemble_routes_grouped_sessions_to_the_group_topic(h: Harness) -> None:
+def test_grouped_sessions_go_to_the_group_topic(h: Harness) -> None:
     app = h.app(group_size=2)
     groups = app.liverl_topics["groups"].get_topic_name()
 
     async def run() -> None:
-        async with app.liverl_agents[2].test_context() as agent:
-            await feed_session(agent, [(1, [1], 0.0)], group_id="task-1")
+        async with agent_named(app, "session").test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0, group_id="task-1", session_done=True))
+            await flush(agent, names.INTERACTIONS)
 
     asyncio.run(run())
-    assert h.topics() == [names.REWARDS, groups]
-    _, key, value = h.sent[1]
+    assert h.topics()[-2:] == [names.REWARDS, groups]
+    _, key, value = h.sent[-1]
     body = orjson.loads(value)
     assert key == b"task-1" and body["kind"] == "session" and body["session_id"] == SID
-    assert [(s["turn"], s["reward"], s["group_id"]) for s in body["samples"]] == [
-        (0, 1.0, "task-1")
-    ]
+    assert [(s["turn"], s["group_id"]) for s in body["samples"]] == [(0, "task-1")]
 
 
 def test_legacy_sampling_group_id_is_still_read(h: Harness) -> None:
@@ -374,11 +402,13 @@ def test_legacy_sampling_group_id_is_still_read(h: Harness) -> None:
     legacy = {"temperature": 0.7, "group_id": "task-old"}
 
     async def run() -> None:
-        async with app.liverl_agents[2].test_context() as agent:
-            await feed_session(agent, [(1, [1], 0.0)], sampling=legacy)
+        async with agent_named(app, "session").test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0, sampling=legacy, session_done=True))
+            await flush(agent, names.INTERACTIONS)
 
     asyncio.run(run())
-    assert [(t, k) for t, k, _ in h.sent] == [(names.REWARDS, SID.encode()), (groups, b"task-old")]
+    assert [(t, k) for t, k, _ in h.sent][-2:] == [(names.REWARDS, SID.encode()),
+                                                   (groups, b"task-old")]
 
 
 # ---- group -----------------------------------------------------------------------------------
@@ -408,7 +438,7 @@ def test_group_agent_zscores_within_group_and_step_once_complete(h: Harness) -> 
     groups = app.liverl_topics["groups"].get_topic_name()
 
     async def run() -> None:
-        async with app.liverl_agents[3].test_context() as agent:
+        async with agent_named(app, "group").test_context() as agent:
             await put(agent, groups, grouped("t-a", [1.0, -0.5]), b"g")
             await put(agent, groups, grouped("t-a", [1.0, -0.5]), b"g")  # redelivery
             await flush(agent, groups)
@@ -451,7 +481,7 @@ def test_unreadable_held_member_is_dead_lettered_and_the_group_still_emits(h: Ha
     bad["samples"][0]["prompt_token_ids"] = "AQAAAAIAAAA="  # v2 layout, schema_version 1
 
     async def run() -> None:
-        async with app.liverl_agents[3].test_context() as agent:
+        async with agent_named(app, "group").test_context() as agent:
             await put(agent, groups, grouped("t-a", [1.0]), b"g")
             await put(agent, groups, orjson.dumps(bad), b"g")
             await put(agent, groups, grouped("t-b", [0.0]), b"g")
@@ -476,7 +506,7 @@ def test_group_timeout_emits_an_incomplete_group_through_a_sweep_message(h: Harn
     groups = app.liverl_topics["groups"].get_topic_name()
 
     async def run() -> None:
-        async with app.liverl_agents[3].test_context() as agent:
+        async with agent_named(app, "group").test_context() as agent:
             await put(agent, groups, grouped("t-a", [2.0]), b"g")
             await put(agent, groups, grouped("t-b", [4.0]), b"g")
             await flush(agent, groups)
@@ -500,12 +530,10 @@ def test_keyless_records_are_dead_lettered_not_one_empty_key_session(h: Harness)
 
     async def run() -> None:
         app = h.app()
-        async with app.liverl_agents[0].test_context() as agent:  # pairing: interactions
+        async with agent_named(app, "session").test_context() as agent:
             await put(agent, names.INTERACTIONS, events.encode(inter(0)), None)
+            await put(agent, names.NEXT_STATES, events.encode(external(0, "ok")), None)
             await flush(agent, names.INTERACTIONS)
-        async with app.liverl_agents[1].test_context() as agent:  # judge: next states
-            await put(agent, names.NEXT_STATES, events.encode(next_state(0)), None)
-            await eventually(lambda: len(h.out(names.DLQ)) >= 2)
 
     asyncio.run(run())
     letters = h.out(names.DLQ)
@@ -515,27 +543,28 @@ def test_keyless_records_are_dead_lettered_not_one_empty_key_session(h: Harness)
     assert not h.out(names.NEXT_STATES) and not h.out(names.PRM_SCORES)
 
 
-def test_judge_parks_early_next_states_in_a_changelogged_table(h: Harness) -> None:
-    """A next state read before its interaction is written to the ``judge_parked`` table (its
+def test_early_next_states_are_parked_in_a_changelogged_table(h: Harness) -> None:
+    """A next state read before its interaction is written to the ``parked`` table (its
     offset moves on, so the changelog is its only copy across a restart) and removed only once
     its verdict has been sent."""
-    early = next_state(0, content="Thanks, that works")
+    early = external(0, "Thanks, that works")
 
     async def run() -> None:
         app = h.app()
-        async with app.liverl_agents[1].test_context() as agent:
+        async with agent_named(app, "session").test_context() as agent:
             await put(agent, names.NEXT_STATES, early)
-            await eventually(lambda: any(t.endswith("judge_parked") for t, _, _ in h.changelog))
+            await flush(agent, names.INTERACTIONS)
+            assert any(t == "parked" for t, _, _ in h.changelog)
             assert not h.out(names.PRM_SCORES)
             await put(agent, names.INTERACTIONS, inter(0))
-            await eventually(lambda: len(h.out(names.PRM_SCORES)) == 1)
-            await eventually(lambda: h.changelog[-1][2] is None)
+            await flush(agent, names.INTERACTIONS)
 
     asyncio.run(run())
-    parked = [(k, v) for t, k, v in h.changelog if t.endswith("judge_parked")]
+    parked = [(k, v) for t, k, v in h.changelog if t == "parked"]
     key = SID.encode() + b"\0" + early.event_id.encode()
     assert [k for k, _ in parked] == [key, key]
     assert parked[0][1].split(b"\0", 1)[1] == events.encode(early)  # the record, verbatim
     assert parked[1][1] is None  # released after the verdict
-    (prm,) = h.out(names.PRM_SCORES)
-    assert prm.parents == [f"{SID}-i0", early.event_id]  # type: ignore[attr-defined]
+    (prm_ev,) = h.out(names.PRM_SCORES)
+    assert prm_ev.parents == [f"{SID}-i0", early.event_id]  # type: ignore[attr-defined]
+    assert session_states(h)[-1].judging.pending == {}

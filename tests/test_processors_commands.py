@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -96,7 +99,7 @@ def test_next_state_waits_for_its_turn_then_expires():
     work = judging.take_ready(state, ns)
     assert work is not None and work.interaction_id == inter.event_id
     assert work.ctx.request.startswith("The CI job `unit` fails")
-    assert state["pending"] == {}
+    assert state.pending == {}
 
 
 def test_state_retention_must_outlive_live_sessions():
@@ -185,3 +188,180 @@ def test_record_outcome_runs_the_gate_and_records_it(kafka_settings, unique, cod
     tails = found.detail["stdout_tail"] + found.detail["stderr_tail"]
     assert stream in tails and stream in found.content
     assert found.detail["command"] == shlex.join([PY, "-c", code])
+
+
+# ---- workers --processes N: the supervisor (trivial children, no Kafka) -----------------------
+
+
+def _supervisor(argvs, **kw):  # type: ignore[no-untyped-def]
+    import io
+
+    from pipeline.processors.supervisor import Supervisor
+
+    out = io.BytesIO()
+    kw = {"backoff_s": 0.05, "poll_s": 0.05, "stop_grace_s": 10.0, **kw}
+    return Supervisor(argvs, out=out, **kw), out
+
+
+def test_child_command_lines_get_the_options_and_their_own_web_port():
+    from pipeline.processors.supervisor import child_argvs
+
+    web = child_argvs(["--app-id", "a"], 3, 7000, prefix=["--config", "c.toml"], python="py")
+    assert web == [
+        ["py", "-m", "pipeline.cli", "--config", "c.toml", "workers", "--app-id", "a",
+         "--web-port", str(7000 + i)]
+        for i in range(3)
+    ]
+    assert child_argvs(["--no-web"], 2, None, python="py") == [
+        ["py", "-m", "pipeline.cli", "workers", "--no-web"]
+    ] * 2
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--app-id", "a", "--no-web", "--judge", "rules", "-l", "info", "--namespace", "n"],
+         [["--app-id", "a", "--no-web", "--judge", "rules", "--namespace", "n",
+           "--loglevel", "info"]] * 2),
+        (["--web-port", "7100"], [["--web-port", "7100"], ["--web-port", "7101"]]),
+        ([], [["--web-port", "6066"], ["--web-port", "6067"]]),  # web on by default
+    ],
+)
+def test_workers_processes_starts_children_with_the_typed_options(
+    args, expected, tmp_path, monkeypatch
+):
+    from pipeline.processors import supervisor
+
+    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path))
+    monkeypatch.delenv("LIVERL_PROCESSORS_WEB_ENABLED", raising=False)
+    monkeypatch.delenv("LIVERL_PROCESSORS_WEB_PORT", raising=False)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(
+        supervisor.Supervisor, "run", lambda self: seen.extend(c.argv for c in self.children) or 0
+    )
+    result = CliRunner().invoke(workers, [*args, "--processes", "2"])
+    assert result.exit_code == 0, result.output
+    assert [argv[:4] for argv in seen] == [[sys.executable, "-m", "pipeline.cli", "workers"]] * 2
+    assert [argv[4:] for argv in seen] == expected  # never --processes: children are plain
+
+
+def test_workers_processes_passes_the_settings_file_on(tmp_path, monkeypatch):
+    from pipeline.cli import cli
+    from pipeline.processors import supervisor
+
+    config = tmp_path / "liverl.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\n')
+    seen: list[list[str]] = []
+    monkeypatch.setattr(
+        supervisor.Supervisor, "run", lambda self: seen.extend(c.argv for c in self.children) or 1
+    )
+    result = CliRunner().invoke(cli, ["--config", str(config), "workers", "--processes", "2",
+                                      "--no-web"])
+    assert result.exit_code == 1 and "kept dying" in result.output  # run()'s 1 is an error
+    assert seen == [[sys.executable, "-m", "pipeline.cli", "--config", str(config), "workers",
+                     "--no-web"]] * 2
+
+
+def test_workers_processes_checks_the_rules_once_before_starting(tmp_path, monkeypatch):
+    from pipeline.processors import supervisor
+
+    monkeypatch.setattr(supervisor.Supervisor, "run", lambda self: pytest.fail("started"))
+    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path))
+    for rules, message in ((tmp_path / "missing.yaml", "missing.yaml"), (None, "inaction trap")):
+        if rules is None:
+            rules = tmp_path / "rules.yaml"
+            rules.write_text(
+                "version: v\nbeta: 2.0\nrules:\n  - {id: x, kind: forbidden_pattern, "
+                "patterns: [rm], penalty: 0.5, compliance: 0.1}\n"
+            )
+        result = CliRunner().invoke(workers, ["--processes", "2", "--rules", str(rules)])
+        assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_supervisor_restarts_a_dying_child_and_gives_up_when_it_keeps_dying():
+    dies = [PY, "-c", "import sys; print('up', flush=True); sys.exit(3)"]
+    lives = [PY, "-c", "import time; print('alive', flush=True); time.sleep(60)"]
+    sup, out = _supervisor([lives, dies], max_deaths=3, window_s=60)
+    started = time.monotonic()
+    assert sup.run() == 1
+    text = out.getvalue().decode()
+    assert time.monotonic() - started < 20, text
+    assert text.count("[worker 1] up") == 3 and text.count("restarting worker 1") == 2, text
+    assert "worker 1 exited unexpectedly (code 3)" in text
+    assert "worker 1 exited 3 times within 60 s; giving up" in text
+    assert text.count("[worker 0] alive") == 1  # the healthy one was never restarted, but
+    assert sup.children[0].proc is not None and sup.children[0].proc.returncode == -15  # stopped
+
+
+def test_supervisor_keeps_a_restarted_child_and_stops_on_request(tmp_path):
+    marker = tmp_path / "crashed-once"
+    code = (
+        "import pathlib, sys, time\n"
+        f"m = pathlib.Path({str(marker)!r})\n"
+        "if not m.exists():\n    m.touch(); sys.exit(1)\n"
+        "print('alive', flush=True); time.sleep(60)\n"
+    )
+    sup, out = _supervisor([[PY, "-c", code]], max_deaths=2)
+    stopper = threading.Thread(target=_stop_when, args=(sup, out, b"[worker 0] alive"))
+    stopper.start()
+    assert sup.run() == 0
+    stopper.join()
+    text = out.getvalue().decode()
+    assert "exited unexpectedly (code 1)" in text and "restarting worker 0" in text, text
+    assert "giving up" not in text
+
+
+def test_supervisor_kills_a_child_that_ignores_the_stop():
+    deaf = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('deaf', flush=True); time.sleep(60)"]
+    sup, out = _supervisor([deaf], stop_grace_s=0.5)
+    stopper = threading.Thread(target=_stop_when, args=(sup, out, b"[worker 0] deaf"))
+    stopper.start()
+    assert sup.run() == 0
+    stopper.join()
+    assert "did not stop in 0.5 s: killed" in out.getvalue().decode()
+    assert sup.children[0].proc is not None and sup.children[0].proc.returncode == -9
+
+
+def _stop_when(sup, out, seen: bytes, limit_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit_s
+    while seen not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sup.stop()
+
+
+SUPERVISED_CHILD = """
+import pathlib, signal, sys, time
+def bye(signum, _frame):
+    print(f"got {signum}", flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+pathlib.Path(sys.argv[1]).touch()
+time.sleep(60)
+"""
+
+
+def test_supervisor_forwards_sigterm_to_every_child(tmp_path):
+    import os
+    import signal
+
+    ready = [tmp_path / f"ready-{i}" for i in range(2)]
+    argvs = [[PY, "-c", SUPERVISED_CHILD, str(r)] for r in ready]
+    code = ("import sys; from pipeline.processors.supervisor import Supervisor; "
+            f"sys.exit(Supervisor({argvs!r}, poll_s=0.05).run())")
+    sup = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(r.exists() for r in ready), "children did not start within 30 s"
+        os.kill(sup.pid, signal.SIGTERM)
+        output, _ = sup.communicate(timeout=30)
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+            sup.wait()
+    text = output.decode()
+    assert sup.returncode == 0, text
+    assert f"[worker 0] got {int(signal.SIGTERM)}" in text, text
+    assert f"[worker 1] got {int(signal.SIGTERM)}" in text, text
+    assert "restarting" not in text and "stopping 2 worker processes" in text

@@ -13,6 +13,7 @@ no outcome: no RL signal; turn 0 also has a hint, so it becomes an OPD-only samp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -136,10 +137,11 @@ class Collector:
 
 
 def start_worker(
-    app_id: str, sid: str, rules: Path, tmp: Path, **processor_env: str
+    app_id: str, sid: str, rules: Path, tmp: Path, *args: str, **processor_env: str
 ) -> subprocess.Popen:
-    """A worker subprocess; ``processor_env`` sets more ``LIVERL_PROCESSORS_*`` variables.
-    Restarts of the same app id append to one log."""
+    """A worker subprocess; ``args`` are more ``liverl workers`` options, ``processor_env``
+    sets more ``LIVERL_PROCESSORS_*`` variables. Restarts of the same app id append to one
+    log."""
     env = dict(os.environ)
     env.update(
         LIVERL_PROCESSORS_SESSION_PREFIX=sid,
@@ -151,7 +153,7 @@ def start_worker(
     env.update({f"LIVERL_PROCESSORS_{k.upper()}": v for k, v in processor_env.items()})
     code = "from pipeline.processors.commands import workers; workers()"
     return subprocess.Popen(
-        [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn"],
+        [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn", *args],
         env=env,
         stdout=open(tmp / f"{app_id}.log", "ab"),
         stderr=subprocess.STDOUT,
@@ -403,3 +405,80 @@ def test_group_of_two_sessions_is_zscored_within_group_and_step(
     for sid in (sa, sb):
         s1 = samples[(sid, 1)]
         assert s1.masked and s1.reward == pytest.approx(rewards[(sid, 1)])
+
+
+def group_members(settings: Settings, group: str) -> dict[str, set[int]]:
+    """Member id -> the ``interactions`` partitions it holds, in consumer group ``group``."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    return {
+        m.member_id: {tp.partition for tp in m.assignment.topic_partitions
+                      if tp.topic == names.INTERACTIONS}
+        for m in desc.members
+    }
+
+
+def test_two_worker_processes_share_the_partitions_of_one_group(
+    kafka_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    """``liverl workers --processes 2``: both children join the one consumer group (the app
+    id) and each holds some of the partitions; then sessions on every partition (two each,
+    chosen by the murmur2 hash of their ids) get their samples."""
+    from aiokafka.partitioner import murmur2
+
+    prefix = f"ptest-{unique}"
+    app_id = prefix
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    parts = len({p for (t, p) in high_watermarks(kafka_settings) if t == names.SAMPLES})
+    sids: dict[int, list[str]] = defaultdict(list)
+    k = 0
+    while any(len(sids[p]) < 2 for p in range(parts)):
+        sid = f"{prefix}-{k}"
+        k += 1
+        p = (murmur2(sid.encode()) & 0x7FFFFFFF) % parts
+        if len(sids[p]) < 2:
+            sids[p].append(sid)
+    wanted = {sid for group in sids.values() for sid in group}
+    start = high_watermarks(kafka_settings)
+    c = Consumer(kafka_settings.kafka_client_config(**{"group.id": f"collect-{prefix}"}))
+    c.assign([TopicPartition(t, p, o) for (t, p), o in start.items() if t == names.SAMPLES])
+    samples: dict[str, set[int]] = defaultdict(set)
+    members: dict[str, set[int]] = {}
+    proc = start_worker(app_id, prefix, rules, tmp_path, "--processes", "2")
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(Exception):  # the group may not exist yet
+                members = group_members(kafka_settings, app_id)
+            if len(members) == 2 and all(members.values()):
+                break
+            time.sleep(1)
+        split = dict(members)
+        assert len(split) == 2 and all(split.values()), (
+            f"group {app_id}: members and their partitions {split}, wanted 2 each holding some "
+            f"(worker exit {proc.poll()})\n{(tmp_path / f'{app_id}.log').read_text()[-3000:]}"
+        )
+        producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+        for sid in sorted(wanted):
+            for inter in group_session(sid, "", "Thanks, that works"):
+                producer.send(names.INTERACTIONS, dataclasses.replace(inter, group_id=None))
+        producer.flush()
+        deadline = time.monotonic() + 120
+        while (sum(map(len, samples.values())) < 2 * len(wanted)
+               and time.monotonic() < deadline and proc.poll() is None):
+            for msg in c.consume(500, timeout=0.5):
+                key = (msg.key() or b"").decode()
+                if msg.error() is None and key in wanted:
+                    samples[key].add(events.decode(msg.value()).turn)  # type: ignore[attr-defined]
+    finally:
+        stop(proc)
+        c.close()
+        drop_internal_topics(kafka_settings, app_id)
+    log = (tmp_path / f"{app_id}.log").read_text()
+    assert set().union(*split.values()) == set(range(parts)), split
+    missing = sorted(sid for sid in wanted if samples[sid] != {0, 1})
+    assert not missing, f"no samples for {missing} (worker exit {proc.returncode})\n{log[-3000:]}"
+    assert "starting 2 worker processes" in log and "exited unexpectedly" not in log, log[-3000:]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
+from pydantic import TypeAdapter
+
 from pipeline.events import derive_event_id
 from pipeline.processors.config import DEFAULT_RULES
-from pipeline.processors.pairing import Pairer, added_messages
+from pipeline.processors.pairing import Pairer, PairingState, PrevTurn, added_messages
 from pipeline.processors.penalties import load_rules
 from tests.support import examples
 
@@ -70,7 +73,7 @@ def test_session_done_closes_with_session_end_and_replay_is_idempotent():
     (end,) = st.next_states
     assert (end.turn, end.kind, end.content) == (0, "session_end", "")
     assert end.event_id == derive_event_id("next_state", ["i0"], "pairing-1", "session_end")
-    assert st.state["closed"] is True
+    assert st.state.closed is True
     again = p.on_interaction(st.state, turn(0, [SYS, U0], session_done=True))
     assert again.next_states == []  # redelivered turn: nothing new
 
@@ -98,6 +101,24 @@ def test_idle_timeout_closes_once():
         ("session_end", {"reason": "idle_timeout"})
     ]
     assert p.on_idle(closed.state, 9_999, 1_000).next_states == []
+
+
+def test_pairing_state_round_trips_through_its_json():
+    """The session table serialises the state with pydantic: it must come back equal."""
+    p = pairer()
+    call = {"id": "c0", "type": "function",
+            "function": {"name": "shell", "arguments": orjson.dumps({"cmd": "pytest"}).decode()}}
+    first = dataclasses.replace(turn(0, [SYS, U0], ts_ms=1_000), tool_calls=[call])
+    st = p.on_interaction(None, first).state
+    msgs = [SYS, U0, {"role": "assistant", "content": None},
+            {"role": "tool", "tool_call_id": "c0", "content": "error: boom\nexit code: 1"}]
+    second = dataclasses.replace(turn(1, msgs, ts_ms=2_000), tool_calls=[{**call, "id": "c1"}])
+    st = p.on_interaction(st, second).state
+    assert isinstance(st.prev, PrevTurn) and st.prev.tool_calls and st.seen == ["i0", "i1"]
+    assert st.history is not None and st.history["commands"] == [[0, "pytest"]]
+    adapter = TypeAdapter(PairingState)
+    assert adapter.validate_json(adapter.dump_json(st)) == st
+    assert adapter.validate_json(adapter.dump_json(PairingState())) == PairingState()
 
 
 def test_added_messages_falls_back_after_history_rewrite():

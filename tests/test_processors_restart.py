@@ -1,4 +1,5 @@
-"""SIGKILL of the worker loses no verdict (real broker, real worker subprocesses).
+"""SIGKILL of the worker loses no verdict, reward or sample (real broker, real worker
+subprocesses).
 
 Reproduced failure: ``record-outcome --turn 0`` read before its interaction waited in process
 memory only (its offset already committed); a SIGKILL then lost it: no prm_score, no dead
@@ -40,16 +41,27 @@ from .test_processors_integration import (
 pytestmark = pytest.mark.integration
 
 def changelog_size(settings: Settings, app_id: str, table: str) -> int:
-    """Records ever written to a table's changelog (0 before it exists)."""
+    """Records ever written to a table's changelog (0 before it exists). A topic the worker
+    has just created may have no leader yet for a moment: asked again, never guessed."""
+    from confluent_kafka import KafkaException
+
     topic = f"{app_id}-{table}-changelog"
     c = Consumer(settings.kafka_client_config(**{"group.id": "rst-wm"}))
+    deadline = time.monotonic() + 30
     try:
-        meta = c.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return 0
-        return sum(
-            c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in meta.partitions
-        )
+        while True:
+            meta = c.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None:
+                return 0
+            try:
+                return sum(
+                    c.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+                    for p in meta.partitions
+                )
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         c.close()
 
@@ -81,7 +93,7 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
             outcome = outcome_event(sid, True, turn=0)  # liverl record-outcome --turn 0 --passed
             inter = dataclasses.replace(base, event_id=f"{sid}-i0", session_id=sid, turn=0)
             expected[sid] = [inter.event_id, outcome.event_id]
-            before = changelog_size(kafka_settings, app_id, "judging")
+            before = changelog_size(kafka_settings, app_id, "parked")
             producer.send(names.NEXT_STATES, outcome)
             producer.flush()
             early = mode == "early"
@@ -91,14 +103,14 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
                 producer.flush()
             if mode == "parked":
                 parked_by = time.monotonic() + 120
-                while changelog_size(kafka_settings, app_id, "judging") <= before:
+                while changelog_size(kafka_settings, app_id, "parked") <= before:
                     assert proc.poll() is None, f"seed {seed}: worker exited before parking"
                     assert time.monotonic() < parked_by, f"seed {seed}: outcome never parked"
                     time.sleep(0.2)
                 time.sleep(rng.uniform(0.0, 1.0))
             else:
                 time.sleep(rng.uniform(0.5, 10.0))
-            if not early and changelog_size(kafka_settings, app_id, "judging") > before:
+            if not early and changelog_size(kafka_settings, app_id, "parked") > before:
                 parked_at_kill += 1  # the outcome was read (and committed) and now waits
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -108,23 +120,28 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
                 producer.send(names.INTERACTIONS, inter)
                 producer.flush()
 
-        c = Consumer(kafka_settings.kafka_client_config(**{"group.id": f"rst-{unique}"}))
-        c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
-        verdicts: list[events.PrmScore] = []
-        dead: list[events.DeadLetter] = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            for msg in c.consume(500, timeout=0.5):
-                if msg.error() is not None or not (msg.key() or b"").startswith(prefix.encode()):
-                    continue
-                ev = events.decode(msg.value())
-                if isinstance(ev, events.PrmScore):
-                    verdicts.append(ev)
-                elif isinstance(ev, events.DeadLetter):
-                    dead.append(ev)
-            if {v.session_id for v in verdicts} >= set(expected):
-                break
-        c.close()
+        verdicts, dead = collect(kafka_settings, start, prefix, proc, lambda got: {
+            v.session_id for v in got if isinstance(v, events.PrmScore)} >= set(expected))
+        # Phase 2: close every session (turn 1, session_done) and kill the worker at random
+        # points while it pairs, judges and assembles them. Every outcome is committed first,
+        # so no verdict can be read again after the session closed (which would change it).
+        wait_committed(kafka_settings, app_id, names.NEXT_STATES, proc)
+        for sid in expected:
+            closing = dataclasses.replace(base, event_id=f"{sid}-i1", session_id=sid, turn=1,
+                                          session_done=True)
+            producer.send(names.INTERACTIONS, closing)
+        producer.flush()
+        for _ in range(3):
+            time.sleep(rng.uniform(0.0, 4.0))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc = start_worker(app_id, prefix, rules, tmp_path, **env)
+
+        def assembled(got: list[events.Event]) -> bool:
+            return {(e.session_id, e.turn) for e in got if isinstance(e, events.Sample)} >= {
+                (s, t) for s in expected for t in (0, 1)}
+
+        outputs, dead2 = collect(kafka_settings, start, prefix, proc, assembled)
         alive = proc.poll() is None
     finally:
         stop(proc)
@@ -132,17 +149,76 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
     log = (tmp_path / f"{app_id}.log").read_text()[-4000:]
     assert alive, f"seed {seed}: worker exited\n{log}"
     assert parked_at_kill >= 4, f"seed {seed}: only {parked_at_kill} kills with a parked outcome"
-    assert not dead, [d.error for d in dead]
+    assert not dead and not dead2, [d.error for d in dead + dead2]
 
-    # Deduplicate by id, as every downstream consumer must: then exactly one verdict per turn.
-    by_id = {v.event_id: v for v in verdicts}
-    per_turn: dict[tuple[str, int], set[str]] = defaultdict(set)
+    # Deduplicate by id, as every downstream consumer must: then exactly one verdict per next
+    # state, and every outcome has its verdict.
+    by_id = {v.event_id: v for v in verdicts if isinstance(v, events.PrmScore)}
+    per_ns: dict[tuple[str, str], set[str]] = defaultdict(set)
     for v in by_id.values():
-        per_turn[(v.session_id, v.turn)].add(v.event_id)
-    missing = sorted(set(expected) - {s for s, _ in per_turn})
+        per_ns[(v.session_id, v.parents[-1])].add(v.event_id)
+    assert all(len(ids) == 1 for ids in per_ns.values()), (seed, per_ns)
+    outcome_prm = {
+        v.session_id: v.event_id for v in by_id.values() if v.parents == expected[v.session_id]
+    }
+    missing = sorted(set(expected) - set(outcome_prm))
     assert not missing, f"seed {seed}: verdicts lost for {missing}\n{log}"
-    assert {k: len(ids) for k, ids in per_turn.items()} == {(s, 0): 1 for s in expected}
-    for v in by_id.values():
-        assert v.parents == expected[v.session_id]
+    assert all(by_id[i].turn == 0 for i in outcome_prm.values())
     # Duplicates (same id) are allowed, never a second id for the same turn.
     assert len(verdicts) >= len(by_id)
+    # Every closed session: one reward and one sample per turn, by id; the turn-0 reward
+    # counts the outcome's verdict (its parents name it).
+    for kind in (events.Reward, events.Sample):
+        ids: dict[tuple[str, int], set[str]] = defaultdict(set)
+        for e in outputs:
+            if isinstance(e, kind):
+                ids[(e.session_id, e.turn)].add(e.event_id)
+        want = {(s, t): 1 for s in expected for t in (0, 1)}
+        assert {k: len(v) for k, v in ids.items()} == want, (kind.__name__, seed, log)
+    for e in outputs:
+        if isinstance(e, events.Reward) and e.turn == 0:
+            assert outcome_prm[e.session_id] in e.parents, (seed, e.parents)
+
+
+def collect(  # type: ignore[no-untyped-def]
+    settings: Settings, start, prefix: str, proc, done
+) -> tuple[list[events.Event], list[events.DeadLetter]]:
+    """Events of our sessions on the output topics since ``start`` until ``done(events)``."""
+    c = Consumer(settings.kafka_client_config(**{"group.id": f"rst-{prefix}"}))
+    c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
+    got: list[events.Event] = []
+    dead: list[events.DeadLetter] = []
+    deadline = time.monotonic() + 180
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            for msg in c.consume(500, timeout=0.5):
+                if msg.error() is not None or not (msg.key() or b"").startswith(prefix.encode()):
+                    continue
+                ev = events.decode(msg.value())
+                (dead if isinstance(ev, events.DeadLetter) else got).append(ev)  # type: ignore[arg-type]
+            if done(got):
+                break
+    finally:
+        c.close()
+    return got, dead
+
+
+def wait_committed(settings: Settings, group: str, topic: str, proc) -> None:  # type: ignore[no-untyped-def]
+    """Until the worker group's committed offsets on ``topic`` reach its end offsets."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_client_config())
+    c = Consumer(settings.kafka_client_config(**{"group.id": "rst-ends"}))
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+    c.close()
+    deadline = time.monotonic() + 120
+    while True:
+        req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])]
+        (fut,) = admin.list_consumer_group_offsets(req).values()
+        done = {tp.partition: tp.offset for tp in fut.result(30).topic_partitions}
+        if all(done.get(p, -1) >= e for p, e in ends.items() if e > 0):
+            return
+        assert proc.poll() is None and time.monotonic() < deadline, f"not committed: {done}"
+        time.sleep(0.5)

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
+from pydantic import TypeAdapter
 
 from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id
+from pipeline.processors import grouping
 from pipeline.processors.commands import outcome_event
+from pipeline.processors.grouping import GroupIndex
 from pipeline.processors.rewards import (
     Assembler,
+    AssemblyState,
+    AssemblyTurn,
+    KeptInteraction,
+    TokenPayload,
     mask_turns,
     reward_parts,
+    token_payload,
     zscore_by_group_step,
 )
 from tests.support import examples
@@ -271,5 +280,64 @@ def test_turn_scoped_outcome_on_turn_0_is_judged_as_that_turn():
     asm = Assembler()
     state = feed(asm, [(1, [1], 0.0)])
     state = asm.on_next_state(state, outcome_event("s", False, turn=0, ts_ms=5), 10)
-    assert "outcome" not in state  # not taken for the session's outcome
-    assert len(state["turns"]["0"]["next_states"]) == 2
+    assert state.outcome is None  # not taken for the session's outcome
+    assert len(state.turns[0].next_states) == 2
+
+
+def test_tokens_kept_apart_are_taken_from_the_mapping_and_a_missing_one_changes_nothing():
+    asm = Assembler()
+    kept = feed(asm, [(1, [1], 0.0), (-1, [-1], 0.0)])
+    state = None
+    for t, score in enumerate((1, -1)):
+        state = asm.on_interaction(state, inter(t), keep_tokens=False)
+        state = asm.on_next_state(state, ns(t, "session_end" if t else "user_reply"), 0)
+        state = asm.on_prm(state, prm(t, score, [score]))
+        state = asm.on_penalty(state, pen(t, 0.0))
+    assert state.turns[0].interaction.tokens is None
+    assert kept.turns[0].interaction.tokens == token_payload(inter(0))
+    before = copy.deepcopy(state)
+    with pytest.raises(KeyError, match="turn 1 of session s"):
+        asm.complete(state, 1, {0: token_payload(inter(0))})
+    assert state == before  # untouched: the worker retries on its next sweep
+    out = asm.complete(state, 1, {t: token_payload(inter(t)) for t in (0, 1)})
+    assert out.samples == asm.complete(kept, 1).samples
+    assert out.state is state and state.done and state.turns == {}
+
+
+def test_assembly_state_round_trips_through_pydantic_json():
+    asm = Assembler()
+    state = feed(asm, [(1, [1, None, -1], 0.2), (0, [0], -0.1)])
+    state = asm.on_interaction(state, inter(2, group_id="g"))  # tokens kept in the state
+    hint = Hint(
+        event_id="h1", producer=P, parents=["i1", "n1"], session_id="s", turn=1,
+        hint="run pytest first", judge_id="j", rank=0,
+    )
+    state = asm.on_hint(state, hint)
+    state = asm.on_next_state(state, outcome_event("s", True, ts_ms=5), 10)
+    state.turns[3] = AssemblyTurn(skip=True)
+    assert state.outcome is not None and state.group_id == "g" and state.last_turn == 1
+    assert state.turns[1].hints == {"h1": (0, "run pytest first")}
+    tokens = state.turns[2].interaction.tokens
+    assert isinstance(tokens, TokenPayload) and tokens.response_logprobs
+    ta = TypeAdapter(AssemblyState)
+    back = ta.validate_json(ta.dump_json(state))
+    assert back == state
+    assert isinstance(back.turns[1].hints["h1"], tuple) and list(back.turns) == [0, 1, 2, 3]
+    assert isinstance(back.turns[2].interaction, KeptInteraction)
+    assert ta.validate_json(ta.dump_json(AssemblyState())) == AssemblyState()
+
+
+def test_group_index_membership_and_round_trip():
+    index, action = grouping.on_session(None, "s1", 100)
+    assert (index, action) == (GroupIndex(first_ms=100, members=["s1"]), "hold")
+    assert grouping.on_session(index, "s1", 150)[1] == "duplicate"
+    index, action = grouping.on_session(index, "s2", 200)
+    assert action == "hold" and index.members == ["s1", "s2"] and index.first_ms == 100
+    assert not grouping.is_complete(index, 3, 200, 1_000)
+    assert grouping.is_complete(index, 2, 200, 1_000)
+    assert grouping.is_complete(index, 3, 1_100, 1_000)  # timed out with what it has
+    index.done, index.touched_ms = True, 1_100
+    assert not grouping.is_complete(index, 2, 1_100, 1_000)
+    assert grouping.on_session(index, "s3", 1_200)[1] == "late"
+    ta = TypeAdapter(GroupIndex)
+    assert ta.validate_json(ta.dump_json(index)) == index

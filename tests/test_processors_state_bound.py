@@ -12,14 +12,14 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from pipeline.events import Interaction, NextState
 from pipeline.kafka import EventProducer, names
 from pipeline.processors import judging
 from pipeline.processors.config import DEFAULT_RULES, ProcessorSettings
 from pipeline.processors.judges import TurnContext, make_judge
-from pipeline.processors.pairing import Pairer
+from pipeline.processors.pairing import Pairer, PairingState
 from pipeline.processors.penalties import load_rules
 from pipeline.settings import Settings
 from tests.support import examples
@@ -34,6 +34,17 @@ from .test_processors_integration import (
 
 BOUND = ProcessorSettings().state_max_bytes
 RECORD_LIMIT = Settings().kafka.max_record_bytes
+JUDGE_JSON = TypeAdapter(judging.JudgeState)
+PAIRING_JSON = TypeAdapter(PairingState)
+
+
+def judge_bytes(state: judging.JudgeState) -> int:
+    """The state's size as the session table serialises it."""
+    return len(JUDGE_JSON.dump_json(state))
+
+
+def pairing_bytes(state: PairingState) -> int:
+    return len(PAIRING_JSON.dump_json(state))
 
 
 def big_turn(t: int, size: int, **kw: Any) -> Any:
@@ -54,15 +65,16 @@ def reply(t: int, text: str) -> NextState:
 
 
 def test_judge_state_of_many_multi_mb_turns_stays_bounded() -> None:
-    state: dict[str, Any] | None = None
+    state: judging.JudgeState | None = None
     unbounded = 0
     for t in range(300):
         inter = big_turn(t, 200_000)  # 400 KB of text a turn: 120 MB for the session
         unbounded += 400_000
         state = judging.on_interaction(state, inter)
-        assert len(orjson.dumps(state)) <= BOUND
+        assert judge_bytes(state) <= BOUND
     assert unbounded > 8 * RECORD_LIMIT, "the session crosses the record limit many times"
-    kept = sorted(int(t) for t in state["turns"])  # type: ignore[index]
+    assert state is not None
+    kept = sorted(state.turns)
     assert kept == list(range(kept[0], 300)) and 50 < len(kept) < 300, "the newest that fit"
     # judging still works on the newest turn, with the end of its texts
     state, todo = judging.on_next_state(state, reply(299, "Thanks, that works"), 0)
@@ -74,19 +86,33 @@ def test_judge_state_of_many_multi_mb_turns_stays_bounded() -> None:
     assert out.prm.score == 1 and out.prm.parents == ["i299", "ns299"]
     # a next state for a turn that was dropped waits (and is dead-lettered after grace_s)
     state, todo = judging.on_next_state(state, reply(0, "ok"), 0)
-    assert judging.take_ready(state, todo[0]) is None and "ns0" in state["pending"]
+    assert judging.take_ready(state, todo[0]) is None and "ns0" in state.pending
 
 
 def test_judge_state_worst_case_texts_and_ids() -> None:
     """Control characters take 6 bytes in JSON; an event id may be as long as an event."""
-    state: dict[str, Any] | None = None
+    state: judging.JudgeState | None = None
     for t in range(20):
         inter = dataclasses.replace(big_turn(t, 10), response_text="\x01" * 300_000)
         state = judging.on_interaction(state, inter, text_chars=8_192, max_bytes=200_000)
-        assert len(orjson.dumps(state)) <= 200_000
+        assert judge_bytes(state) <= 200_000
     huge = dataclasses.replace(big_turn(20, 10), event_id="x" * 300_000)
     state = judging.on_interaction(state, huge, text_chars=8_192, max_bytes=200_000)
-    assert len(orjson.dumps(state)) <= 200_000 and "20" not in state["turns"]
+    assert judge_bytes(state) <= 200_000 and 20 not in state.turns
+
+
+def test_judge_state_round_trips_through_its_json() -> None:
+    """The session table serialises the state with pydantic: it must come back equal, turn
+    numbers (JSON object keys) included."""
+    state = None
+    for t in (3, 12):
+        inter = dataclasses.replace(big_turn(t, 50), response_text="é\x01 ok")
+        state = judging.on_interaction(state, inter)
+    state, _ = judging.on_next_state(state, reply(40, "later"), 1_000)
+    assert sorted(state.turns) == [3, 12] and state.pending == {"ns40": judging.Pending(1_000, 40)}
+    assert JUDGE_JSON.validate_json(JUDGE_JSON.dump_json(state)) == state
+    empty = judging.JudgeState()
+    assert JUDGE_JSON.validate_json(JUDGE_JSON.dump_json(empty)) == empty
 
 
 def shell(call_id: str, cmd: str) -> dict[str, Any]:
@@ -106,7 +132,7 @@ def tool_turn(t: int, calls: list[dict[str, Any]], result: str | None) -> Any:
 
 def test_pairing_state_of_many_huge_commands_stays_bounded() -> None:
     pairer = Pairer(load_rules(DEFAULT_RULES))
-    state: dict[str, Any] | None = None
+    state: PairingState | None = None
     penalties = []
     for t in range(120):  # a distinct 400 KB failing command each turn: 48 MB of history
         cmd = f"pytest {t} " + "-k x " * 80_000
@@ -114,7 +140,7 @@ def test_pairing_state_of_many_huge_commands_stays_bounded() -> None:
                                                      "error: boom" if t else None))
         state = out.state
         penalties += out.penalties
-        assert len(orjson.dumps(state)) <= BOUND
+        assert pairing_bytes(state) <= BOUND
     assert len(penalties) == 119
     # the same huge call failing over and over is still recognised as the same call
     same = "make build " + "--verbose " * 50_000
@@ -122,9 +148,9 @@ def test_pairing_state_of_many_huge_commands_stays_bounded() -> None:
         out = pairer.on_interaction(state, tool_turn(t, [shell(f"c{t}", same)], "error: boom"))
         state = out.state
         penalties += out.penalties
-        assert len(orjson.dumps(state)) <= BOUND
+        assert pairing_bytes(state) <= BOUND
     out = pairer.on_interaction(state, tool_turn(125, [], "error: boom"))
-    assert len(orjson.dumps(out.state)) <= BOUND
+    assert pairing_bytes(out.state) <= BOUND
     last = [*penalties, *out.penalties][-3:]  # turns 122-124: that call's 3rd-5th failures
     assert all(p.rule_ids == ["repeated-failing-call"] for p in last), last
 
@@ -133,8 +159,8 @@ def test_pairing_keeps_what_fits_of_a_turn_with_thousands_of_calls() -> None:
     pairer = Pairer(load_rules(DEFAULT_RULES), max_bytes=200_000, text_chars=4_096)
     calls = [shell(f"c{i}", f"echo {i} " + "y" * 200) for i in range(5_000)]
     out = pairer.on_interaction(None, tool_turn(0, calls, None))
-    assert len(orjson.dumps(out.state)) <= 200_000
-    assert 0 < len(out.state["prev"]["tool_calls"]) < 5_000
+    assert pairing_bytes(out.state) <= 200_000
+    assert out.state.prev is not None and 0 < len(out.state.prev.tool_calls) < 5_000
 
 
 def test_the_bound_must_hold_two_full_turns() -> None:
@@ -181,8 +207,7 @@ def test_worker_keeps_rewarding_a_long_session_of_large_turns(
         col.poll_until(done, proc, limit_s=240)
         alive = proc.poll() is None
         stop(proc)
-        sizes = {t: changelog_sizes(kafka_settings, f"{app_id}-{t}-changelog", sid)
-                 for t in ("judging", "pairing")}
+        sizes = changelog_sizes(kafka_settings, f"{app_id}-sessions-changelog", sid)
     finally:
         stop(proc)
         col.close()
@@ -196,9 +221,11 @@ def test_worker_keeps_rewarding_a_long_session_of_large_turns(
     samples = {e.turn for e in col.by_topic[names.SAMPLES]}
     assert rewards == samples == set(range(n)), counts
     assert "TooLarge" not in log and "too large" not in log.lower(), log[-3000:]
-    # the setting is what bounds the values: every turn's texts cut to CHARS characters
-    assert max(sizes["judging"]) < n * (2 * CHARS + 200), sizes["judging"][-3:]
-    assert max(sizes["pairing"]) < n * (CHARS + 200) + 4 * CHARS, sizes["pairing"][-3:]
+    # the setting is what bounds the session's value: every turn's texts cut to CHARS
+    # characters (judge: request and answer; pairing: the command, and the command history),
+    # plus ids and votes (assembly), against ~26 MB unbounded
+    assert max(sizes) < n * (2 * CHARS + 200) + n * (CHARS + 200) + 4 * CHARS + n * 1_000, (
+        sizes[-3:])
 
 
 CHARS = 1_000

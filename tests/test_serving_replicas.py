@@ -118,15 +118,6 @@ def test_pairing_takes_a_reused_number_that_comes_later() -> None:
     ]
 
 
-def test_pairing_state_without_timestamp_compares_turn_numbers() -> None:
-    p = pairer()
-    st = p.on_interaction(None, inter("i0", 0, 5_000, 0)).state
-    del st["prev"]["ts_ms"]  # written before timestamps were kept
-    assert p.on_interaction(st, inter("x", 0, 9_000, 0)).next_states == []
-    (ns,) = p.on_interaction(st, inter("i1", 1, 1_000, 1)).next_states
-    assert ns.parents == ["i0", "i1"]
-
-
 def test_assembly_keeps_the_later_of_two_turns_with_one_number() -> None:
     asm = Assembler()
     retry = inter("retry", 0, 3_000, 0)
@@ -135,10 +126,10 @@ def test_assembly_keeps_the_later_of_two_turns_with_one_number() -> None:
         state = None
         for i in order:
             state = asm.on_interaction(state, i)
-        turn0 = state["turns"]["0"]
-        assert turn0["interaction"]["event_id"] == "retry" and "skip" not in turn0
+        turn0 = state.turns[0]
+        assert turn0.interaction.event_id == "retry" and not turn0.skip
     older = inter("older", 0, 1_000, 0)
-    assert asm.on_interaction(state, older)["turns"]["0"]["interaction"]["event_id"] == "retry"
+    assert asm.on_interaction(state, older).turns[0].interaction.event_id == "retry"
 
 
 def test_assembly_is_ready_with_turn_numbers_that_never_existed() -> None:

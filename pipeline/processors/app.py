@@ -1,14 +1,18 @@
-"""The Faust app: thin agents over the pure stage logic.
+"""The Faust app: thin agents over the pure stage logic (session.py, judging.py, grouping.py).
 
-Three agents over co-partitioned topics keyed by session id, each with a per-session table
-(changelogged, so a worker that takes over a partition recovers its sessions), and one keyed by
-group id:
+Agents over co-partitioned topics keyed by session id, with tables changelogged (a worker that
+takes over a partition recovers its sessions), and one keyed by group id:
 
-- ``pairing``  interactions -> next_states + path_penalties (idle sweep closes sessions)
-- ``judge``    interactions + next_states -> prm_scores + hints (batched, bounded concurrency)
-- ``assemble`` interactions + next_states + prm_scores + path_penalties + hints
-               -> rewards + samples once a session is closed and judged; a session with a
-               ``group_id`` goes to the internal topic ``<app id>-groups`` instead, keyed by group
+- ``session``  interactions + next_states + hints -> next_states + path_penalties + prm_scores
+               + hints + rewards + samples: pairing, path penalties, judging and assembly of
+               a session in one place, with one typed state per session (``sessions`` table).
+               A turn is read once; the next state it derives is read back once and skipped.
+               A session with a ``group_id`` goes to the internal topic ``<app id>-groups``
+               instead, keyed by group. The sweep closes idle sessions, dead-letters next
+               states whose turn never came and assembles sessions whose grace is over.
+- ``judge``    only for a judge that is not inline (the LLM PRM: slow, batched, bounded
+               concurrency): interactions + next_states -> prm_scores + hints, which the
+               session agent then reads.
 - ``group``    <app id>-groups -> samples, z-scored within (group, step index) once the group
                has ``group_size`` sessions or ``group_timeout_s`` passed (a group spans
                partitions of the session topics, hence the repartition by group id)
@@ -42,13 +46,15 @@ import base64
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 import orjson
 from aiokafka.partitioner import murmur2
 from faust.types import AgentT, TableT, TopicT
+from pydantic import TypeAdapter, ValidationError
 
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
@@ -58,11 +64,15 @@ from pipeline.kafka.producer import bound_dead_letter
 from pipeline.settings import Settings
 
 from . import grouping, judging
+from . import session as session_mod
 from .config import ProcessorSettings
+from .grouping import GroupIndex
 from .judges import Judge, make_judge
+from .judging import JudgeState
 from .pairing import Pairer
 from .penalties import load_rules
-from .rewards import Assembler, token_payload
+from .rewards import Assembler, TokenPayload, token_payload
+from .session import SessionStage, SessionState, Step, is_derived
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +159,26 @@ class Parked:
         self.headers = [(k, base64.b64decode(v)) for k, v in m["headers"]]
 
 
+@dataclass(slots=True)
+class JudgeAgentState:
+    """The judge agent's value per session (only when the judge is not inline)."""
+
+    judging: JudgeState = field(default_factory=JudgeState)
+    touched_ms: int = 0
+
+
+_JUDGE_STATE: TypeAdapter[JudgeAgentState] = TypeAdapter(JudgeAgentState)
+_GROUP_INDEX: TypeAdapter[GroupIndex] = TypeAdapter(GroupIndex)
+
+
+def touched(raw: bytes) -> int:
+    """When a stored session or judge state was last written."""
+    try:
+        return int(orjson.loads(raw).get("touched_ms", 0))
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 0
+
+
 class ProcessorsApp(faust.App):
     """The Faust app, with handles on what it declared (tests drive the agents and timers;
     :func:`ensure_internal_topics` creates the internal topics)."""
@@ -198,9 +228,11 @@ def create_app(
         broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 4),
     )
     # One session's state is one changelog value: bounded below the record limit (config.py).
-    bound = {"text_chars": cfg.state_text_chars,
-             "max_bytes": min(cfg.state_max_bytes, settings.kafka.max_event_bytes)}
-    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version, **bound)
+    # Pairing and judging share that value: 2/5 of the bound each, the rest is the assembly's
+    # (ids, votes and hints of the session's turns).
+    part_bytes = min(cfg.state_max_bytes, settings.kafka.max_event_bytes) * 2 // 5
+    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version,
+                    text_chars=cfg.state_text_chars, max_bytes=part_bytes)
     assembler = Assembler(
         cfg.reward_version,
         cfg.sample_version,
@@ -208,9 +240,12 @@ def create_app(
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
     )
     judge = build_judge(cfg)
-    # aiokafka logs every produce request at debug; building those records is ~7% of a busy
-    # worker even when the handler drops them.
-    logging.getLogger("aiokafka").setLevel(max(logging.INFO, logging.getLogger().level))
+    stage = SessionStage(pairer, assembler, judge_inline=bool(getattr(judge, "inline", True)),
+                         text_chars=cfg.state_text_chars, judge_max_bytes=part_bytes)
+    # aiokafka and Faust's topics log every produce request at debug; building those records
+    # was ~7% and ~5% of a busy worker even when the handler drops them.
+    for noisy in ("aiokafka", "faust.topics"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
     dlq_producer = Producer(component="processors", version=__version__)
     prefix = cfg.session_prefix.encode() if cfg.session_prefix else b""
 
@@ -239,20 +274,26 @@ def create_app(
             use_partitioner=use_partitioner,
         )
 
-    pair_t, judge_t, asm_t = table("pairing"), table("judging"), table("assembly")
-    # key session\0turn -> token payload, on the partition of the session (not of the key).
-    tok_t = table("tokens")
-    # Faust has no per-table partitioner hook, so the instance's method is replaced.
-    tok_t.partition_for_key = (  # type: ignore[method-assign]
-        lambda key: key_partition(key.split(b"\0", 1)[0], partitions)
-    )
-    # key session\0next-state id -> parked record (see park): next states waiting for their
-    # interaction, on the session's partition. Process memory would lose them on SIGKILL,
-    # their offsets being committed already. Same partitioner as the tokens (no hook: replaced).
-    parked_t = table("judge_parked")
-    parked_t.partition_for_key = tok_t.partition_for_key  # type: ignore[method-assign]
+    def by_session(tbl: TableT) -> TableT:
+        """Keys ``session\\0…`` go to the session's partition, not the key's own. Faust has no
+        per-table partitioner hook, so the instance's method is replaced."""
+        tbl.partition_for_key = (  # type: ignore[method-assign]
+            lambda key: key_partition(key.split(b"\0", 1)[0], partitions)
+        )
+        return tbl
+
+    sess_t = table("sessions")  # session id -> SessionState (session.py)
+    tok_t = by_session(table("tokens"))  # session\0turn -> token payload, written once a turn
+    # session\0next-state id -> parked record (see park): a next state waiting for its
+    # interaction. Its offset is committed already: process memory would lose it on SIGKILL.
+    parked_t = by_session(table("parked"))
+    # The judge agent's own state, when the judge is not inline (session.py).
+    judge_t = judge_parked_t = None
+    if not stage.judge_inline:
+        judge_t = table("judging")  # session id -> JudgeAgentState
+        judge_parked_t = by_session(table("judge_parked"))  # as parked, for the judge agent
     # Written only in the group agent's stream, on the partition of the group id.
-    group_t = table("groups", use_partitioner=False)  # group id -> index
+    group_t = table("groups", use_partitioner=False)  # group id -> GroupIndex
     member_t = table("group_members", use_partitioner=False)  # group\0session -> samples
     timers: dict[str, Callable[[], Awaitable[None]]] = {}
 
@@ -288,29 +329,6 @@ def create_app(
 
         return register
 
-    def load(tbl: TableT, key: bytes) -> dict[str, Any] | None:
-        raw = tbl.get(key)
-        return None if raw is None else orjson.loads(raw)
-
-    def save(tbl: TableT, key: bytes, state: dict[str, Any]) -> None:
-        state["touched_ms"] = now_ms()
-        tbl[key] = orjson.dumps(state)
-
-    @every(max(cfg.sweep_interval_s, min(60.0, cfg.retain_s / 4)))
-    async def expire_state() -> None:
-        """Drop sessions untouched for ``retain_s``: tables stay bounded on long runs."""
-        cutoff = now_ms() - int(cfg.retain_s * 1000)
-        for tbl in (pair_t, judge_t, asm_t):
-            for key, raw in list(tbl.items()):
-                if orjson.loads(raw).get("touched_ms", 0) < cutoff:
-                    del tbl[key]
-        for key in list(tok_t.keys()):  # token payloads of sessions that are gone
-            if key.split(b"\0", 1)[0] not in asm_t:
-                del tok_t[key]
-        for key in list(parked_t.keys()):  # judge_grace dead-letters them long before
-            if key.split(b"\0", 1)[0] not in judge_t:
-                del parked_t[key]
-
     async def send(topic_name: str, ev: Event) -> None:
         v = settings.kafka.codec_version
         await out[topic_name].send(
@@ -338,19 +356,25 @@ def create_app(
         )
         await send(names.DLQ, letter)
 
-    async def dead_letter_state(table_name: str, key: bytes, value: bytes, error: str) -> None:
-        """Dead-letter a table value that cannot be read back (state another code version
-        wrote, or a bug): the agent drops it and goes on instead of crashing on every retry.
-        It has no Kafka coordinates of its own: the letter names the table's changelog and
-        its id derives from the key."""
-        changelog = f"{cfg.app_id}-{table_name}-changelog"
-        letter = DeadLetter.wrap(value, topic=changelog, partition=0, offset=0, error=error,
+    async def dead_letter_value(
+        topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str
+    ) -> None:
+        """Dead-letter bytes that have no Kafka coordinates of their own: a table value that
+        cannot be read back (state another code version wrote, or a bug), or an event this
+        worker derived and cannot use. The letter names the topic (a changelog, or the one the
+        event was published to) and its id derives from ``id_parts``, so a retry writes the
+        same letter."""
+        letter = DeadLetter.wrap(value, topic=topic_name, partition=0, offset=0, error=error,
                                  producer=dlq_producer, key=key)
         letter = dataclasses.replace(letter, event_id=events.derive_event_id(
-            "dlq", [], dlq_producer.version, changelog, key.hex()))
+            "dlq", [], dlq_producer.version, topic_name, *id_parts))
         letter = bound_dead_letter(letter, settings.kafka.max_event_bytes)
-        log.error("dead-lettered %s value for key %r: %s", table_name, key, error[:500])
+        log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await send(names.DLQ, letter)
+
+    async def dead_letter_state(table_name: str, key: bytes, value: bytes, error: str) -> None:
+        changelog = f"{cfg.app_id}-{table_name}-changelog"
+        await dead_letter_value(changelog, key, value, error, key.hex())
 
     async def decode_one(
         ev: faust.EventT, dlq_topics: tuple[str, ...]
@@ -384,218 +408,325 @@ def create_app(
                 await dead_letter(msg, reason)
             return None
 
-    async def decoded(
-        stream: faust.StreamT, dlq_topics: tuple[str, ...]
-    ) -> AsyncIterator[tuple[bytes, Event]]:
-        async for ev in stream.events():
-            item = await decode_one(ev, dlq_topics)
-            if item is not None:
-                yield item
+    # ---- the session agent: pairing, path penalties, judging, assembly --------------------------
 
-    # ---- pairing ------------------------------------------------------------------------------
+    async def read_session(key: bytes, raw: bytes | None = None) -> SessionState:
+        """The session's state; one that cannot be read back is dead-lettered and restarted
+        (never a crash on every redelivery)."""
+        raw = sess_t.get(key) if raw is None else raw
+        if raw is None:
+            return SessionState()
+        try:
+            return session_mod.load(raw)
+        except ValidationError as exc:
+            await dead_letter_state("sessions", key, raw, f"session state unreadable: {exc}")
+            return SessionState()
 
-    async def emit_pairing(result: Any) -> None:
-        for ns in result.next_states:
-            await send(names.NEXT_STATES, ns)
-        for pen in result.penalties:
+    def save_session(key: bytes, state: SessionState) -> None:
+        state.touched_ms = now_ms()
+        sess_t[key] = session_mod.dump(state)
+
+    async def publish(key: bytes, state: SessionState, step: Step) -> None:
+        for nxt in step.next_states:
+            await send(names.NEXT_STATES, nxt)
+        for pen in step.penalties:
             await send(names.PATH_PENALTIES, pen)
+        for nxt in step.parked:
+            if is_derived(nxt):  # its turn was dropped by the state bound
+                await dead_letter_value(
+                    names.resolve(names.NEXT_STATES, ns), key, events.encode(nxt),
+                    f"next state for turn {nxt.turn} of session {nxt.session_id}: the turn "
+                    "is not in the judge state (over state_max_bytes)", nxt.event_id,
+                )
+                state.judging.pending.pop(nxt.event_id, None)
 
-    @app.agent(topic(names.INTERACTIONS), name="pairing")
-    async def pairing(stream: faust.StreamT) -> None:
-        async for key, inter in decoded(stream, (names.INTERACTIONS,)):
-            assert isinstance(inter, events.Interaction)  # decode_one checked the topic's type
-            state = load(pair_t, key)
-            result = pairer.on_interaction(state, inter, now_ms())
-            save(pair_t, key, result.state)
-            await emit_pairing(result)
-
-    @every(cfg.sweep_interval_s)
-    async def idle_sweep() -> None:
-        timeout_ms = int(cfg.idle_timeout_s * 1000)
-        for key, raw in list(pair_t.items()):
-            state = orjson.loads(raw)
-            if state.get("closed"):
-                continue
-            result = pairer.on_idle(state, now_ms(), timeout_ms)
-            if result.state.get("closed"):
-                save(pair_t, key, result.state)
-                await emit_pairing(result)
-
-    # ---- judge --------------------------------------------------------------------------------
-
-    # Next-state ids being judged right now: judge_grace must not dead-letter them meanwhile.
-    in_flight: set[str] = set()
-
-    async def run_judge(work: list[judging.JudgeWork]) -> None:
+    async def judge_all(state: SessionState, work: list[judging.JudgeWork]) -> None:
+        """Judge inline (cheap judges), publish the verdicts and apply them."""
         results = await asyncio.gather(*(judging.judge_one(judge, w) for w in work))
         for res in results:
             await send(names.PRM_SCORES, res.prm)
             for hint in res.hints:
                 await send(names.HINTS, hint)
+            stage.on_verdict(state, res.prm, res.hints)
 
-    async def release_parked(done: list[tuple[bytes, str]]) -> None:
-        """Forget parked next states once their verdicts are acknowledged. Their offsets were
-        committed long ago, so until then the table entry is the only copy; a restart in
-        between judges them again (the same verdict id: downstream deduplicates by id)."""
-        await app.producer.flush()
-        for key, nid in done:
-            state = load(judge_t, key)
-            if state is not None and state.get("pending", {}).pop(nid, None) is not None:
-                save(judge_t, key, state)
-            parked_t.pop(parked_key(key, nid), None)
-            in_flight.discard(nid)
-
-    @app.agent(topic(names.INTERACTIONS, names.NEXT_STATES), name="judge")
-    async def judge_agent(stream: faust.StreamT) -> None:
-        # Batches: every ready next state of a batch is judged concurrently (the judge bounds
-        # its own concurrency); offsets move on only after the batch's verdicts are sent.
-        # Faust's StreamT declares take() but not take_events(), which its Stream has.
-        async for evs in stream.take_events(  # type: ignore[attr-defined]
-            cfg.judge_batch, within=0.1
-        ):
-            batch: list[judging.JudgeWork] = []
-            unparked: list[tuple[bytes, str]] = []
-            for raw_ev in evs:
-                item = await decode_one(raw_ev, (names.NEXT_STATES,))
-                if item is None:
-                    continue
-                key, ev = item
-                state = load(judge_t, key)
-                if isinstance(ev, events.Interaction):
-                    state = judging.on_interaction(state, ev, **bound)
-                    pending = state.get("pending", {})
-                    for nid, entry in list(pending.items()):
-                        raw = parked_t.get(parked_key(key, nid)) if entry[1] == ev.turn else None
-                        if raw is None or nid in in_flight:
-                            continue
-                        ns = events.decode(Parked(raw).value)  # was valid when parked
-                        assert isinstance(ns, events.NextState)  # only next states are parked
-                        work = judging.take_ready(state, ns)
-                        if work:
-                            pending[nid] = entry  # kept until the verdict is acknowledged
-                            in_flight.add(nid)
-                            unparked.append((key, nid))
-                            batch.append(work)
-                elif isinstance(ev, events.NextState):
-                    state, todo = judging.on_next_state(state, ev, now_ms())
-                    for ns in todo:
-                        work = judging.take_ready(state, ns)
-                        if work:
-                            batch.append(work)
-                        else:
-                            parked_t[parked_key(key, ns.event_id)] = park(raw_ev.message)
-                else:  # decode_one let only the two input types through
-                    continue
-                save(judge_t, key, state)
-            if batch:
-                await run_judge(batch)
-            if unparked:
-                await release_parked(unparked)
-
-    @every(cfg.sweep_interval_s)
-    async def judge_grace() -> None:
-        grace_ms = int(cfg.grace_s * 1000)
-        for key, raw in list(judge_t.items()):
-            state = orjson.loads(raw)
-            gone = [n for n in judging.expired(state, now_ms(), grace_ms) if n not in in_flight]
-            if not gone:
+    def unpark(key: bytes, state: SessionState, turn: int) -> list[judging.JudgeWork]:
+        """The parked next states of ``turn``, now that it is known."""
+        work = []
+        for nid in stage.ready_parked(state, turn):
+            raw = parked_t.get(parked_key(key, nid))
+            if raw is None:  # only a state written before its record was parked is durable
+                log.error("next state %s of %r (turn %s) was never parked", nid, key, turn)
+                state.judging.pending.pop(nid, None)
                 continue
-            for nid in gone:
-                _, turn = state["pending"].pop(nid)
-                parked = parked_t.get(parked_key(key, nid))
-                if parked is None:  # only a state written before parking was durable
-                    log.error("next state %s of %r (turn %s) expired unparked", nid, key, turn)
-                    continue
-                rec = Parked(parked)
-                await dead_letter(
-                    rec,
-                    f"next state for unknown turn {turn} of session "
-                    f"{key.decode(errors='replace')}: no interaction within {cfg.grace_s:g}s",
-                )
-                parked_t.pop(parked_key(key, nid), None)
-            save(judge_t, key, state)
+            nxt = events.decode(Parked(raw).value)  # was valid when parked
+            assert isinstance(nxt, events.NextState)  # only next states are parked
+            item = stage.take_parked(state, nxt)
+            if item is not None:
+                work.append(item)
+        return work
 
-    # ---- rewards and samples -----------------------------------------------------------------
-
-    async def maybe_complete(key: bytes, state: dict[str, Any]) -> dict[str, Any]:
+    async def maybe_complete(key: bytes, state: SessionState) -> None:
         now = now_ms()
-        if not assembler.ready(state, now):
-            return state
-        turns = [int(t) for t, info in state.get("turns", {}).items() if "interaction" in info]
+        if not assembler.ready(state.assembly, now):
+            return
+        turns = [t for t, info in state.assembly.turns.items() if info.interaction is not None]
         tokens = {}
         for t in turns:
             raw = tok_t.get(token_key(key, t))
             if raw is not None:
-                tokens[t] = orjson.loads(raw)
-        result = assembler.complete(state, now, tokens)
+                tokens[t] = TokenPayload(**orjson.loads(raw))
+        result = assembler.complete(state.assembly, now, tokens)
         for r in result.rewards:
             await send(names.REWARDS, r)
-        gid = state.get("group_id")
+        gid = state.assembly.group_id
         if gid is None or not result.samples:
             for s in result.samples:
                 await send(names.SAMPLES, s)
         else:  # held by the group stage until its group is complete
             body = {
                 "kind": "session",
-                "session_id": state["session_id"],
+                "session_id": state.assembly.session_id,
                 "samples": [orjson.loads(events.encode(s)) for s in result.samples],
             }
             await group_topic.send(key=gid.encode(), value=orjson.dumps(body))
         for t in turns:
             tok_t.pop(token_key(key, t), None)
-        return result.state
+        state.assembly = result.state
 
-    def kept_interaction(state: dict[str, Any] | None, turn: int) -> str | None:
-        info = (state or {}).get("turns", {}).get(str(turn), {}).get("interaction")
-        return info["event_id"] if info else None
+    async def complete_or_wait(key: bytes, state: SessionState) -> None:
+        try:
+            await maybe_complete(key, state)
+        except KeyError as exc:  # a token payload not (yet) there: the sweep retries
+            log.warning("session %r not assembled yet: %s", key, exc)
 
-    asm_topics = (
-        names.INTERACTIONS,
-        names.NEXT_STATES,
-        names.PRM_SCORES,
-        names.PATH_PENALTIES,
-        names.HINTS,
-    )
+    def keep_tokens(key: bytes, before: str | None, state: SessionState, inter: Any) -> None:
+        """Store the turn's token payload once: when it is new, or replaced another turn of
+        the same number (a retry on another replica)."""
+        info = state.assembly.turns.get(inter.turn)
+        kept = info.interaction.event_id if info and info.interaction else None
+        tkey = token_key(key, inter.turn)
+        if kept == inter.event_id and (before != inter.event_id or tkey not in tok_t):
+            tok_t[tkey] = orjson.dumps(token_payload(inter))
 
-    @app.agent(topic(*asm_topics), name="assemble")
-    async def assemble(stream: faust.StreamT) -> None:
-        dlq = (names.PRM_SCORES, names.PATH_PENALTIES, names.HINTS)
-        async for key, ev in decoded(stream, dlq):
-            state = load(asm_t, key)
+    def kept_interaction(state: SessionState, turn: int) -> str | None:
+        info = state.assembly.turns.get(turn)
+        return info.interaction.event_id if info and info.interaction else None
+
+    # Hints from anywhere count (another judge, a person); verdicts come back through their
+    # topic only from the judge agent.
+    session_inputs: tuple[str, ...] = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
+    if not stage.judge_inline:
+        session_inputs += (names.PRM_SCORES,)
+
+    @app.agent(topic(*session_inputs), name="session")
+    async def session_agent(stream: faust.StreamT) -> None:
+        async for raw_ev in stream.events():
+            item = await decode_one(raw_ev, session_inputs)
+            if item is None:
+                continue
+            key, ev = item
+            state = await read_session(key)
+            work: list[judging.JudgeWork] = []
+            released: list[str] = []
             if isinstance(ev, events.Interaction):
                 before = kept_interaction(state, ev.turn)
-                state = assembler.on_interaction(state, ev, keep_tokens=False)
-                tkey = token_key(key, ev.turn)
-                if kept_interaction(state, ev.turn) == ev.event_id and (
-                    before != ev.event_id or tkey not in tok_t
-                ):  # new, or it replaced another turn of the same number: its tokens
-                    tok_t[tkey] = orjson.dumps(token_payload(ev))
+                step = stage.on_interaction(state, ev, now_ms())
+                keep_tokens(key, before, state, ev)
+                if stage.judge_inline:
+                    work = unpark(key, state, ev.turn)
+                    released = [w.state.event_id for w in work]
             elif isinstance(ev, events.NextState):
-                state = assembler.on_next_state(state, ev, now_ms())
+                step = stage.on_next_state(state, ev, now_ms())
+                if not step.applied:
+                    continue  # our own, read back (or a redelivery): nothing to write
+                for nxt in step.parked:  # this record, waiting for its turn
+                    parked_t[parked_key(key, nxt.event_id)] = park(raw_ev.message)
+                step.parked = []
             elif isinstance(ev, events.PrmScore):
-                state = assembler.on_prm(state, ev)
-            elif isinstance(ev, events.PathPenalty):
-                state = assembler.on_penalty(state, ev)
+                stage.on_verdict(state, ev, [])
+                step = Step()
             elif isinstance(ev, events.Hint):
-                state = assembler.on_hint(state, ev)
-            else:  # decode_one let only the five input types through
+                if not stage.on_hint(state, ev):
+                    continue  # the inline judge's own, read back: applied already
+                step = Step()
+            else:  # decode_one let only the input types through
                 continue
-            state = await maybe_complete(key, state)
-            save(asm_t, key, state)
+            await publish(key, state, step)
+            work = [*step.work, *work]
+            if work:
+                await judge_all(state, work)
+            await complete_or_wait(key, state)
+            if released:  # verdicts acknowledged before the parked records are forgotten
+                await app.producer.flush()
+                for nid in released:
+                    parked_t.pop(parked_key(key, nid), None)
+            save_session(key, state)
 
     @every(cfg.sweep_interval_s)
-    async def assemble_sweep() -> None:
-        for key, raw in list(asm_t.items()):
-            state = orjson.loads(raw)
-            if state.get("done") or state.get("closed_at_ms") is None:
-                continue
-            try:
-                new = await maybe_complete(key, state)
-            except KeyError as exc:  # a token payload not (yet) there: retry next sweep
-                log.warning("session %r not assembled yet: %s", key, exc)
-                continue
-            if new is not state:
-                save(asm_t, key, new)
+    async def session_sweep() -> None:
+        """Close idle sessions, dead-letter next states whose turn never came, and assemble
+        closed sessions whose grace period is over."""
+        idle_ms, grace_ms = int(cfg.idle_timeout_s * 1000), int(cfg.grace_s * 1000)
+        for key, raw in list(sess_t.items()):
+            state = await read_session(key, raw)
+            now = now_ms()
+            was = (state.pairing.closed, state.assembly.done, len(state.judging.pending))
+            step = stage.on_idle(state, now, idle_ms) if not state.pairing.closed else Step()
+            await publish(key, state, step)
+            if step.work:
+                await judge_all(state, step.work)
+            for nid in stage.expired(state, now, grace_ms):
+                parked = parked_t.get(parked_key(key, nid))
+                if parked is None:
+                    log.error("next state %s of %r expired unparked", nid, key)
+                    continue
+                rec = Parked(parked)
+                nxt = events.decode(rec.value)
+                await dead_letter(
+                    rec,
+                    f"next state for unknown turn {getattr(nxt, 'turn', '?')} of session "
+                    f"{key.decode(errors='replace')}: no interaction within {cfg.grace_s:g}s",
+                )
+                parked_t.pop(parked_key(key, nid), None)
+            if not state.assembly.done and state.assembly.closed_at_ms is not None:
+                await complete_or_wait(key, state)
+            if was != (state.pairing.closed, state.assembly.done, len(state.judging.pending)):
+                save_session(key, state)
+
+    @every(max(cfg.sweep_interval_s, min(60.0, cfg.retain_s / 4)))
+    async def expire_state() -> None:
+        """Drop sessions untouched for ``retain_s``: tables stay bounded on long runs."""
+        cutoff = now_ms() - int(cfg.retain_s * 1000)
+        for key, raw in list(sess_t.items()):
+            if touched(raw) < cutoff:
+                del sess_t[key]
+        for tbl in (tok_t, parked_t):  # records of sessions that are gone
+            for key in list(tbl.keys()):
+                if key.split(b"\0", 1)[0] not in sess_t:
+                    del tbl[key]
+        if judge_t is not None and judge_parked_t is not None:
+            for key, raw in list(judge_t.items()):
+                if touched(raw) < cutoff:
+                    del judge_t[key]
+            for key in list(judge_parked_t.keys()):
+                if key.split(b"\0", 1)[0] not in judge_t:
+                    del judge_parked_t[key]
+
+    # ---- the judge agent (judges that are not inline: the LLM PRM) -------------------------------
+
+    if judge_t is not None and judge_parked_t is not None:
+        jt, jpt = judge_t, judge_parked_t
+        # Next-state ids being judged right now: judge_grace must not dead-letter them meanwhile.
+        in_flight: set[str] = set()
+
+        def load_judge(key: bytes) -> JudgeAgentState:
+            raw = jt.get(key)
+            return JudgeAgentState() if raw is None else _JUDGE_STATE.validate_json(raw)
+
+        def save_judge(key: bytes, state: JudgeAgentState) -> None:
+            state.touched_ms = now_ms()
+            jt[key] = _JUDGE_STATE.dump_json(state)
+
+        async def run_judge(work: list[judging.JudgeWork]) -> None:
+            results = await asyncio.gather(*(judging.judge_one(judge, w) for w in work))
+            for res in results:
+                await send(names.PRM_SCORES, res.prm)
+                for hint in res.hints:
+                    await send(names.HINTS, hint)
+
+        async def release_parked(done: list[tuple[bytes, str]]) -> None:
+            """Forget parked next states once their verdicts are acknowledged. Their offsets
+            were committed long ago, so until then the table entry is the only copy; a restart
+            in between judges them again (the same verdict id: downstream drops it by id)."""
+            await app.producer.flush()
+            for key, nid in done:
+                state = load_judge(key)
+                if state.judging.pending.pop(nid, None) is not None:
+                    save_judge(key, state)
+                jpt.pop(parked_key(key, nid), None)
+                in_flight.discard(nid)
+
+        @app.agent(topic(names.INTERACTIONS, names.NEXT_STATES), name="judge")
+        async def judge_agent(stream: faust.StreamT) -> None:
+            # Batches: every ready next state of a batch is judged concurrently (the judge
+            # bounds its own concurrency); offsets move on after the batch's verdicts are sent.
+            # Faust's StreamT declares take() but not take_events(), which its Stream has.
+            async for evs in stream.take_events(  # type: ignore[attr-defined]
+                cfg.judge_batch, within=0.1
+            ):
+                batch: list[judging.JudgeWork] = []
+                unparked: list[tuple[bytes, str]] = []
+                for raw_ev in evs:
+                    item = await decode_one(raw_ev, ())  # the session agent dead-letters
+                    if item is None:
+                        continue
+                    key, ev = item
+                    state = load_judge(key)
+                    if isinstance(ev, events.Interaction):
+                        state.judging = judging.on_interaction(
+                            state.judging, ev, text_chars=cfg.state_text_chars,
+                            max_bytes=part_bytes,
+                        )
+                        for nid, entry in list(state.judging.pending.items()):
+                            if entry.turn != ev.turn or nid in in_flight:
+                                continue
+                            raw = jpt.get(parked_key(key, nid))
+                            if raw is None:
+                                continue
+                            nxt = events.decode(Parked(raw).value)  # was valid when parked
+                            assert isinstance(nxt, events.NextState)  # only these are parked
+                            work = judging.take_ready(state.judging, nxt)
+                            if work:
+                                state.judging.pending[nid] = entry  # kept until acknowledged
+                                in_flight.add(nid)
+                                unparked.append((key, nid))
+                                batch.append(work)
+                    elif isinstance(ev, events.NextState):
+                        state.judging, todo = judging.on_next_state(state.judging, ev, now_ms())
+                        for nxt in todo:
+                            work = judging.take_ready(state.judging, nxt)
+                            if work:
+                                batch.append(work)
+                            else:
+                                jpt[parked_key(key, nxt.event_id)] = park(raw_ev.message)
+                    else:
+                        continue
+                    save_judge(key, state)
+                if batch:
+                    await run_judge(batch)
+                if unparked:
+                    await release_parked(unparked)
+
+        @every(cfg.sweep_interval_s)
+        async def judge_grace() -> None:
+            grace_ms = int(cfg.grace_s * 1000)
+            for key in list(jt.keys()):
+                state = load_judge(key)
+                gone = [
+                    n for n in judging.expired(state.judging, now_ms(), grace_ms)
+                    if n not in in_flight
+                ]
+                if not gone:
+                    continue
+                for nid in gone:
+                    turn = state.judging.pending.pop(nid).turn
+                    parked = jpt.get(parked_key(key, nid))
+                    if parked is None:  # only a state written before parking was durable
+                        log.error("next state %s of %r (turn %s) expired unparked", nid, key,
+                                  turn)
+                        continue
+                    await dead_letter(
+                        Parked(parked),
+                        f"next state for unknown turn {turn} of session "
+                        f"{key.decode(errors='replace')}: no interaction within "
+                        f"{cfg.grace_s:g}s",
+                    )
+                    jpt.pop(parked_key(key, nid), None)
+                save_judge(key, state)
+
+        agents: tuple[AgentT, ...] = (session_agent, judge_agent)
+    else:
+        agents = (session_agent,)
 
     # ---- groups: z-score within (group, step index) across sessions -------------------------
 
@@ -605,9 +736,25 @@ def create_app(
     def member_key(gid: bytes, sid: str) -> bytes:
         return gid + b"\0" + sid.encode()
 
-    async def flush_group(gid: bytes, index: dict[str, Any]) -> None:
+    async def read_group(gid: bytes) -> GroupIndex | None:
+        """The group's index; one that cannot be read back is dead-lettered and dropped."""
+        raw = group_t.get(gid)
+        if raw is None:
+            return None
+        try:
+            return _GROUP_INDEX.validate_json(raw)
+        except ValidationError as exc:
+            await dead_letter_state("groups", gid, raw, f"group index unreadable: {exc}")
+            del group_t[gid]
+            return None
+
+    def save_group(gid: bytes, index: GroupIndex) -> None:
+        index.touched_ms = now_ms()
+        group_t[gid] = _GROUP_INDEX.dump_json(index)
+
+    async def flush_group(gid: bytes, index: GroupIndex) -> None:
         members: dict[str, list[events.Sample]] = {}
-        for sid in index["members"]:
+        for sid in index.members:
             key = member_key(gid, sid)
             raw = member_t.get(key)
             if raw is None:
@@ -619,9 +766,9 @@ def create_app(
                                         f"held samples of group member unreadable: {exc}")
         for s in grouping.normalize(gid.decode(), members, cfg.sample_version):
             await send(names.SAMPLES, s)
-        for sid in index["members"]:
+        for sid in index.members:
             member_t.pop(member_key(gid, sid), None)
-        index["done"] = True
+        index.done = True
 
     @app.agent(group_topic, name="group")
     async def group_agent(stream: faust.StreamT) -> None:
@@ -631,7 +778,7 @@ def create_app(
                 body = orjson.loads(ev.message.value)
             except orjson.JSONDecodeError:
                 continue  # only this app writes the topic: nothing else to do with it
-            index = load(group_t, gid)
+            index = await read_group(gid)
             if body.get("kind") == "session":
                 index, action = grouping.on_session(index, body["session_id"], now)
                 if action == "late":
@@ -651,26 +798,29 @@ def create_app(
                     member_t[member_key(gid, body["session_id"])] = orjson.dumps(body["samples"])
             elif index is None:
                 continue
-            elif index.get("done") and now - index.get("touched_ms", now) >= retain_ms:
+            elif index.done and now - (index.touched_ms or now) >= retain_ms:
                 del group_t[gid]  # sweep of an old tombstone
                 continue
             if grouping.is_complete(index, cfg.group_size, now, group_timeout_ms):
                 await flush_group(gid, index)
-            save(group_t, gid, index)
+            save_group(gid, index)
 
     @every(cfg.sweep_interval_s)
     async def group_sweep() -> None:
         """Ask the group agent to look at groups past their timeout (or long done)."""
         now = now_ms()
         for gid, raw in list(group_t.items()):
-            index = orjson.loads(raw)
-            due = (not index.get("done") and now - index["first_ms"] >= group_timeout_ms) or (
-                index.get("done") and now - index.get("touched_ms", now) >= retain_ms
+            try:
+                index = _GROUP_INDEX.validate_json(raw)
+            except ValidationError:
+                continue  # the agent dead-letters it when the group is next seen
+            due = (not index.done and now - index.first_ms >= group_timeout_ms) or (
+                index.done and now - (index.touched_ms or now) >= retain_ms
             )
             if due:
                 await group_topic.send(key=gid, value=b'{"kind":"sweep"}')
 
-    app.liverl_agents = (pairing, judge_agent, assemble, group_agent)
+    app.liverl_agents = (*agents, group_agent)
     app.liverl_timers = timers
     app.liverl_topics = {**out, "groups": group_topic}
     return app

@@ -1,6 +1,7 @@
 """Click commands for the reward pipeline, registered in ``pipeline.cli``.
 
-``liverl workers``: run a Faust worker (start more processes with the same app id to scale).
+``liverl workers``: run a Faust worker; ``--processes N`` runs N of them under a supervisor
+(``supervisor.py``), one consumer group, so Kafka spreads the partitions over them.
 ``liverl record-outcome``: a quality gate's pass/fail as a ``next_states`` event; with
 ``-- CMD ARGS`` it runs the gate itself and records its exit code and the ends of its output.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 import click
+from click.core import ParameterSource
 
 from pipeline.events import NextState, Producer, new_event_id, now_ms
 from pipeline.events.types import NextStateKind
@@ -28,6 +30,8 @@ from pipeline.settings import Settings, load_settings
 
 from .config import ProcessorSettings
 from .terminal import TAIL_CHARS, tail
+
+MAX_PROCESSES = 64  # `liverl workers --processes`: a sanity bound, far above any partition count
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -53,21 +57,34 @@ def _settings(ctx: click.Context) -> Settings:
     default="warn",
     type=click.Choice(["crit", "error", "warn", "info", "debug"]),
 )
+@click.option(
+    "--processes", default=1, show_default=True, type=click.IntRange(1, MAX_PROCESSES),
+    help="Worker processes on this machine (one core each), one consumer group: Kafka "
+    "spreads the partitions over them; beyond the partition count the rest stay idle. A "
+    "child that dies is restarted; after 5 deaths within 60 s all stop (exit 1). Child i "
+    "serves web/metrics on --web-port + i.",
+)
 @click.pass_context
 def workers(
     ctx: click.Context,
     namespace: str | None,
     loglevel: str,
+    processes: int,
     **options: object,
 ) -> None:
     """Run the reward pipeline worker: pairing, judge + hints, path penalties, rewards, samples.
 
     Settings: LIVERL_PROCESSORS_* (e.g. LIVERL_PROCESSORS_JUDGE=llm,
-    LIVERL_PROCESSORS_LLM_BASE_URL=http://host:8000/v1). Scale out by running more workers
-    with the same app id, up to one per partition.
+    LIVERL_PROCESSORS_LLM_BASE_URL=http://host:8000/v1). Scale out with --processes N on one
+    machine, or by running more workers with the same app id elsewhere, up to one process
+    per partition in all. With --processes N every child gets this command's options (and
+    the same settings file and environment); their output is prefixed [worker i].
     """
     from pipeline.durable import writable_problem
 
+    if processes > 1:
+        _supervise(ctx, processes, options)
+        return
     if namespace or _settings(ctx).kafka.namespace:
         from pipeline.replay.namespace import enter_checked
 
@@ -89,6 +106,72 @@ def workers(
 
     worker = BoundedShutdownWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
+
+
+
+def forwarded_options(ctx: click.Context, skip: tuple[str, ...] = ()) -> list[str]:
+    """The options the user typed for this command, as command-line words again (children
+    re-read defaults, the settings file and the environment themselves)."""
+    words: list[str] = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name in skip or param.name is None:
+            continue
+        if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None):
+            continue
+        value = ctx.params[param.name]
+        flag = max(param.opts, key=len)
+        if param.is_flag:
+            if value == param.flag_value:
+                words.append(flag)
+        elif value is not None:
+            words += [flag, str(value)]
+    return words
+
+
+def _supervise(ctx: click.Context, processes: int, options: dict[str, object]) -> None:
+    """``--processes N``: the settings are checked here (a bad one fails once, not N times
+    five), then the supervisor runs N plain ``liverl workers`` children. They share the
+    Faust datadir <state_dir>/processors/<app_id>: Faust only creates it (no lock; the
+    tables are in memory), so it needs no per-child directory."""
+    from pipeline.durable import writable_problem
+
+    from .penalties import load_rules
+    from .supervisor import Supervisor, child_argvs
+
+    settings = _settings(ctx)
+    try:
+        cfg = merged(settings.processors, ctx, options)
+        load_rules(cfg.rules_path)
+    except (OSError, ValueError) as exc:  # RuleConfigError and pydantic's are ValueErrors
+        raise click.ClickException(str(exc)) from exc
+    if (problem := writable_problem(Path(settings.state_dir) / "processors")) is not None:
+        raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
+    partitions = cfg.partitions or _session_partitions(settings)
+    if partitions is not None and processes > partitions:
+        click.echo(f"note: {processes} processes for {partitions} partitions: "
+                   f"{processes - partitions} will stay idle", err=True)
+    config = ctx.find_root().params.get("config")  # `liverl --config F workers`: children too
+    argvs = child_argvs(
+        forwarded_options(ctx, skip=("processes", "web_port")),
+        processes,
+        cfg.web_port if cfg.web_enabled else None,
+        prefix=["--config", str(config)] if config else [],
+    )
+    code = Supervisor(argvs).run()
+    if code:
+        raise click.ClickException("worker processes kept dying (see their output above)")
+
+
+def _session_partitions(settings: Settings) -> int | None:
+    """The partition count of the session-keyed topics, if topics/ can be read."""
+    from pipeline.kafka import topics as kafka_topics
+
+    try:
+        specs = kafka_topics.load_specs(settings.topics.specs_dir,
+                                        max_record_bytes=settings.kafka.max_record_bytes)
+        return kafka_topics.session_partitions(specs)
+    except Exception:  # noqa: BLE001 - only a note depends on it; the children will say
+        return None
 
 
 @click.command("record-outcome")

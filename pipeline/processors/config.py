@@ -52,12 +52,13 @@ class ProcessorSettings(BaseSettings):
     # Per-session state untouched this long is dropped (bounded memory); must exceed
     # idle_timeout_s + grace_s + outcome_wait_s so that no live session loses its state.
     retain_s: float = 6 * 3600.0
-    # One session's judge and pairing state is one changelog value, so it is bounded whatever
+    # One session's state is one changelog value, so it is bounded whatever
     # the traffic: texts kept per turn (the judge's request and answer: their last characters,
     # of which the LLM judge reads 4,000; a tool call's command and identity) are cut to
     # state_text_chars, and the oldest turns, commands and failure counts are dropped while a
     # value would exceed state_max_bytes (never more than kafka.max_event_bytes, which is below
-    # the record limit). A next state for a dropped turn is dead-lettered after grace_s.
+    # the record limit): pairing and judging get 2/5 of it each, the assembly the rest. A next
+    # state for a dropped turn is dead-lettered.
     state_text_chars: int = Field(default=4_096, ge=256)
     state_max_bytes: int = Field(default=1 << 20, ge=64 * 1024)
     # Judges.
@@ -78,8 +79,9 @@ class ProcessorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _state_holds_a_turn(self) -> ProcessorSettings:
-        # Two turns whose texts are all escapes (6 bytes a character in JSON) must fit.
-        floor = 2 * (2 * 6 * self.state_text_chars + 4096)
+        # Two turns whose texts are all escapes (6 bytes a character in JSON) must fit in the
+        # judge's part of a session's value (2/5 of it, app.py).
+        floor = 5 * (2 * 6 * self.state_text_chars + 4096)
         if self.state_max_bytes < floor:
             raise ValueError(
                 f"state_max_bytes ({self.state_max_bytes}) must be at least {floor} for "

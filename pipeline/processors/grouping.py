@@ -8,43 +8,55 @@ topic and runs this stage there. A group is complete when ``group_size`` distinc
 in, or ``timeout_ms`` after its first session (then it is normalised with what it has). A session
 that arrives after its group was emitted is passed on unchanged: its group cannot be reopened.
 
-Pure state handling: the index per group is a JSON-able dict (a Faust table value); the members'
-samples are stored once each, under their own key, by the worker.
+Pure state handling: the index per group is a :class:`GroupIndex` dataclass (a Faust table
+value; it round-trips exactly through a pydantic ``TypeAdapter`` JSON dump), updated in place and
+returned by :func:`on_session`; the members' samples are stored once each, under their own key,
+by the worker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from pipeline.events import Sample, derive_event_id
 
 from .rewards import zscore_by_group_step
 
-GroupIndex = dict[str, Any]
+
+@dataclass(slots=True)
+class GroupIndex:
+    """A group's members so far (session ids, in arrival order). ``first_ms``: when its first
+    session came (the timeout runs from there); ``done``: emitted, kept as a tombstone so late
+    sessions pass through; ``touched_ms``: last write, set by the worker to expire tombstones."""
+
+    first_ms: int
+    members: list[str] = field(default_factory=list)
+    done: bool = False
+    touched_ms: int = 0
 
 
 def on_session(index: GroupIndex | None, session_id: str, now_ms: int) -> tuple[GroupIndex, str]:
-    """Add a session to its group's index. Returns the new index and what to do with the
-    session's samples: ``hold`` (new member), ``duplicate`` (redelivery: drop) or ``late`` (the
-    group was already emitted: pass the samples on unchanged)."""
-    index = dict(index or {"first_ms": now_ms, "members": [], "done": False})
-    if session_id in index["members"]:
+    """Add a session to its group's index (in place; ``None`` starts one at ``now_ms``). Returns
+    the index and what to do with the session's samples: ``hold`` (new member), ``duplicate``
+    (redelivery: drop) or ``late`` (the group was already emitted: pass the samples on
+    unchanged)."""
+    index = index if index is not None else GroupIndex(first_ms=now_ms)
+    if session_id in index.members:
         return index, "duplicate"
-    if index["done"]:
+    if index.done:
         return index, "late"
-    index["members"] = [*index["members"], session_id]
+    index.members.append(session_id)
     return index, "hold"
 
 
 def is_complete(index: GroupIndex, group_size: int, now_ms: int, timeout_ms: int) -> bool:
     """Enough members (``group_size`` > 0), or the group timed out with at least one member."""
-    if index.get("done") or not index.get("members"):
+    if index.done or not index.members:
         return False
-    if group_size > 0 and len(index["members"]) >= group_size:
+    if group_size > 0 and len(index.members) >= group_size:
         return True
-    return now_ms - index["first_ms"] >= timeout_ms
+    return now_ms - index.first_ms >= timeout_ms
 
 
 def normalize(

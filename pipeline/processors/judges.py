@@ -52,6 +52,10 @@ class Verdict:
 
 
 class Judge(Protocol):
+    """A judge may set ``inline = False`` (the LLM PRM does): the worker then runs it in its
+    own agent, batched and concurrent, instead of awaiting it inside the session agent, which
+    suits judges that answer in microseconds (rules, replies; the default when absent)."""
+
     judge_id: str
     version: str
 
@@ -519,6 +523,7 @@ class LlmJudge:
     """
 
     version = "prm-1"
+    inline = False  # network calls: its own agent, batched (app.py)
 
     def __init__(
         self,

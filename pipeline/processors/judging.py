@@ -1,12 +1,15 @@
 """Judge stage logic: match next states to their turns, judge, and build the output events.
 
-Pure state handling (JSON-able dict per session) plus one async call into the judge. A next
-state for a turn not seen yet waits up to the grace period (interactions and next states are
-different topics, so either may be read first), then goes to the DLQ with the reason.
+Pure state handling (a typed :class:`JudgeState` per session, which the session table's
+pydantic serialiser round-trips exactly) plus one async call into the judge. The state
+functions may update the state they are given in place and return it, so callers always go on
+with the returned object. A next state for a turn not seen yet waits up to the grace period
+(interactions and next states are different topics, so either may be read first), then goes to
+the DLQ with the reason.
 
 The per-session state is a changelog value, so it is bounded whatever the traffic: each turn
 keeps only the last ``text_chars`` characters of its request and answer (the LLM judge reads
-the last 4,000), and the oldest turns are dropped while the turns would take more than
+the last 4,000), and the oldest turns are dropped while the state would take more than
 ``max_bytes`` of JSON. A next state for a dropped turn waits and is dead-lettered like one for
 an unknown turn.
 """
@@ -15,19 +18,47 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
-import orjson
+from pydantic import TypeAdapter
 
 from pipeline.events import Hint, Interaction, NextState, PrmScore, Producer, derive_event_id
 
 from .judges import Judge, TurnContext, Verdict, as_vote
 from .rewards import is_session_outcome
 
-SessionState = dict[str, Any]
 log = logging.getLogger(__name__)
 TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
 STATE_BYTES = 1 << 20
+
+
+@dataclass(slots=True)
+class JudgeTurn:
+    """What the judge needs of a trainable main turn (texts already cut to ``text_chars``)."""
+
+    event_id: str
+    request: str
+    answer: str
+
+
+@dataclass(slots=True)
+class Pending:
+    """A next state waiting for its turn: since when (processing time), and which turn."""
+
+    since_ms: int
+    turn: int
+
+
+@dataclass(slots=True)
+class JudgeState:
+    """One session's judge state; ``JudgeState()`` is a session not seen yet."""
+
+    turns: dict[int, JudgeTurn] = field(default_factory=dict)  # by turn number
+    pending: dict[str, Pending] = field(default_factory=dict)  # by next-state id
+
+
+# Sizes are measured as the session table serialises them (pydantic JSON).
+_TURN_JSON = TypeAdapter(JudgeTurn)
+_STATE_JSON = TypeAdapter(JudgeState)
 
 
 @dataclass
@@ -46,71 +77,67 @@ class JudgeOutput:
 
 
 def on_interaction(
-    state: SessionState | None,
+    state: JudgeState | None,
     inter: Interaction,
     *,
     text_chars: int = TEXT_CHARS,
     max_bytes: int = STATE_BYTES,
-) -> SessionState:
+) -> JudgeState:
     """Remember what the judge needs of a trainable main turn, within the bounds above."""
-    state = dict(state or {})
+    state = JudgeState() if state is None else state
     if inter.turn_type == "side" or not inter.train:
         return state
     ctx = TurnContext.from_interaction(inter)
-    turns = dict(state.get("turns", {}))
-    turns[str(inter.turn)] = [
+    state.turns[inter.turn] = JudgeTurn(
         inter.event_id, ctx.request[-text_chars:], ctx.answer[-text_chars:]
-    ]
-    rest = len(orjson.dumps({k: v for k, v in state.items() if k != "turns"}))
-    state["turns"] = _newest_that_fit(turns, max_bytes - rest, inter)
+    )
+    # Everything but the turns (the state with none: it counts their braces twice, harmlessly).
+    rest = len(_STATE_JSON.dump_json(JudgeState(pending=state.pending)))
+    _newest_that_fit(state.turns, max_bytes - rest, inter)
     return state
 
 
-def _newest_that_fit(
-    turns: dict[str, list[Any]], budget: int, inter: Interaction
-) -> dict[str, list[Any]]:
-    """Drop the oldest turns until the rest encode within ``budget`` bytes."""
-    sizes = {t: len(t) + 4 + len(orjson.dumps(v)) for t, v in turns.items()}
+def _newest_that_fit(turns: dict[int, JudgeTurn], budget: int, inter: Interaction) -> None:
+    """Drop the oldest turns (in place) until the rest encode within ``budget`` bytes."""
+    # "<turn>": value, per turn, in braces
+    sizes = {t: len(str(t)) + 4 + len(_TURN_JSON.dump_json(v)) for t, v in turns.items()}
     total = sum(sizes.values()) + 2
-    for t in sorted(turns, key=int):
+    for t in sorted(turns):
         if total <= budget:
             break
         total -= sizes[t]
         del turns[t]
-        if t == str(inter.turn):
+        if t == inter.turn:
             log.warning(
                 "turn %s of session %r alone exceeds the judge state bound (%d bytes): "
                 "not kept, its next states will be dead-lettered", t, inter.session_id, budget
             )
-    return turns
 
 
 def on_next_state(
-    state: SessionState | None, ns: NextState, now_ms: int
-) -> tuple[SessionState, list[NextState]]:
+    state: JudgeState | None, ns: NextState, now_ms: int
+) -> tuple[JudgeState, list[NextState]]:
     """Add a next state; return the state and the next states now ready to judge."""
-    state = dict(state or {})
+    state = JudgeState() if state is None else state
     if is_session_outcome(ns):
         return state, []  # session outcomes feed the reward, they judge no single turn
-    state.setdefault("pending", {})[ns.event_id] = [now_ms, ns.turn]
+    state.pending[ns.event_id] = Pending(now_ms, ns.turn)
     return state, [ns]
 
 
-def take_ready(state: SessionState, ns: NextState) -> JudgeWork | None:
+def take_ready(state: JudgeState, ns: NextState) -> JudgeWork | None:
     """The judge work for ``ns`` if its turn is known (and drop it from pending)."""
-    turn = state.get("turns", {}).get(str(ns.turn))
+    turn = state.turns.get(ns.turn)
     if turn is None:
         return None
-    state.get("pending", {}).pop(ns.event_id, None)
-    inter_id, request, answer = turn
-    return JudgeWork(TurnContext(ns.session_id, ns.turn, request, answer), inter_id, ns)
+    state.pending.pop(ns.event_id, None)
+    ctx = TurnContext(ns.session_id, ns.turn, turn.request, turn.answer)
+    return JudgeWork(ctx, turn.event_id, ns)
 
 
-def expired(state: SessionState, now_ms: int, grace_ms: int) -> list[str]:
+def expired(state: JudgeState, now_ms: int, grace_ms: int) -> list[str]:
     """Pending next-state ids older than the grace period (to dead-letter)."""
-    return [
-        nid for nid, (since, _) in state.get("pending", {}).items() if now_ms - since > grace_ms
-    ]
+    return [nid for nid, p in state.pending.items() if now_ms - p.since_ms > grace_ms]
 
 
 async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:

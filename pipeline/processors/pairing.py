@@ -4,9 +4,11 @@ and answer is turn t's next state. Tool results that report a shell exit code ma
 judges see a verifiable pass/fail instead of raw tool text. Also evaluates the turn's path
 penalties, because pairing is where a turn's tool calls meet their results, in session order.
 
-:class:`Pairer` is pure: state is a JSON-able dict per session (a Faust table value), and every
-call returns the events to emit. Event ids are derived from the parent interaction ids and the
-config version, so a replay emits the same ids.
+:class:`Pairer` is pure: a session's state is a :class:`PairingState` (typed, so the session
+table's pydantic serialiser round-trips it exactly), and every call returns the events to emit
+with the state. A call may update the state it is given in place and returns it, so callers
+always go on with the returned object. Event ids are derived from the parent interaction ids
+and the config version, so a replay emits the same ids.
 
 Turn order within a session is (``ts_ms``, ``turn``, ``event_id``) of the interactions, not the
 gateway's turn number alone: gateway replicas without sticky sessions stamp each turn with a
@@ -39,7 +41,6 @@ from .judges import content_text
 from .penalties import PathHistory, RuleSet, ToolCall
 from .terminal import combined_exit_code, parse_tool_message
 
-SessionState = dict[str, Any]
 log = logging.getLogger(__name__)
 TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
 STATE_BYTES = 1 << 20
@@ -47,11 +48,35 @@ _ID_CHARS = 256  # tool call ids longer than this are replaced by a digest
 SEEN = 16  # recent interaction ids kept per session (only to name late arrivals in the log)
 
 
+@dataclass(slots=True)
+class PrevTurn:
+    """The session's last turn, as much of it as pairing the next turn needs."""
+
+    event_id: str
+    turn: int
+    ts_ms: int
+    messages_len: int  # its prompt's length: what the next turn adds comes after its answer
+    trainable: bool
+    tool_calls: list[list[str]]  # stored form, see keep_call: what its penalty evaluates
+
+
+@dataclass(slots=True)
+class PairingState:
+    """One session's pairing state; ``PairingState()`` is a session not seen yet."""
+
+    session_id: str = ""
+    last_seen_ms: int | None = None  # processing time of its last turn, for the idle timeout
+    closed: bool = False
+    seen: list[str] = field(default_factory=list)  # the last SEEN turns' ids, oldest first
+    prev: PrevTurn | None = None
+    history: dict[str, Any] | None = None  # PathHistory.to_json(), bounded: see the module doc
+
+
 @dataclass
 class PairOutput:
     """Events to emit for one input, and the session's new state."""
 
-    state: SessionState
+    state: PairingState
     next_states: list[NextState] = field(default_factory=list)
     penalties: list[PathPenalty] = field(default_factory=list)
 
@@ -109,11 +134,8 @@ def keep_call(call: ToolCall, chars: int) -> list[str]:
     ]
 
 
-def kept_call(stored: list[str], result: str | None, chars: int) -> KeptCall:
-    """A stored call back as a :class:`ToolCall` (3 items: written before the bound)."""
-    if len(stored) == 3:
-        cid, name, args = stored
-        stored = keep_call(ToolCall(cid, name, args), chars)
+def kept_call(stored: list[str], result: str | None) -> KeptCall:
+    """A stored call (see :func:`keep_call`) back as a :class:`ToolCall`."""
     cid, name, key, command = stored
     return KeptCall(cid, name, "", result, kept_key=key, kept_command=command)
 
@@ -130,13 +152,9 @@ def added_messages(prev_len: int, messages: list[dict[str, Any]]) -> list[dict[s
     return messages[last + 1 :]
 
 
-def comes_after(inter: Interaction, prev: dict[str, Any]) -> bool:
-    """Whether ``inter`` follows the session's last paired turn (see the module doc). States
-    written before ``ts_ms`` was kept compare by turn number, as they were written."""
-    if "ts_ms" not in prev:
-        return inter.turn > prev["turn"]
-    return (inter.ts_ms, inter.turn, inter.event_id) > (prev["ts_ms"], prev["turn"],
-                                                        prev["event_id"])
+def comes_after(inter: Interaction, prev: PrevTurn) -> bool:
+    """Whether ``inter`` follows the session's last paired turn (see the module doc)."""
+    return (inter.ts_ms, inter.turn, inter.event_id) > (prev.ts_ms, prev.turn, prev.event_id)
 
 
 class Pairer:
@@ -160,43 +178,43 @@ class Pairer:
         self.penalty_producer = Producer(component="penalties", version=rules.version)
 
     def on_interaction(
-        self, state: SessionState | None, inter: Interaction, now_ms: int | None = None
+        self, state: PairingState | None, inter: Interaction, now_ms: int | None = None
     ) -> PairOutput:
         """Pair the previous trainable turn with this one; close on ``session_done``.
 
         ``now_ms`` is processing time for the idle timeout (default: the event's time). The
         worker passes the wall clock, so a replay of old traffic is not all idle at once.
         """
-        state = dict(state or {})
+        state = PairingState() if state is None else state
         out = PairOutput(state)
         if inter.turn_type == "side":
             return out  # served, never recorded, never pairs
-        prev = state.get("prev")
+        prev = state.prev
         if prev is not None and not comes_after(inter, prev):
-            if inter.event_id != prev["event_id"] and inter.event_id not in state.get("seen", ()):
+            if inter.event_id != prev.event_id and inter.event_id not in state.seen:
                 log.warning(
                     "session %r: turn %d (event %s) reached pairing after a later turn of the "
                     "session; not paired (its replica recorded it late)",
                     inter.session_id, inter.turn, inter.event_id,
                 )
             return out  # duplicate or out-of-order redelivery: already paired
-        state["session_id"] = inter.session_id
-        state["last_seen_ms"] = inter.ts_ms if now_ms is None else now_ms
-        if prev is not None and prev["trainable"] and not state.get("closed"):
-            added = added_messages(prev["messages_len"], inter.messages)
+        state.session_id = inter.session_id
+        state.last_seen_ms = inter.ts_ms if now_ms is None else now_ms
+        if prev is not None and prev.trainable and not state.closed:
+            added = added_messages(prev.messages_len, inter.messages)
             out.next_states.append(self._paired(prev, inter, added))
             out.penalties.append(self._penalty(state, prev, added))
-        state["closed"] = False
+        state.closed = False
         # The last few turns' ids: a redelivery is told apart from a turn that arrived late.
-        state["seen"] = [*state.get("seen", ())[-(SEEN - 1):], inter.event_id]
-        state["prev"] = {
-            "event_id": inter.event_id,
-            "turn": inter.turn,
-            "ts_ms": inter.ts_ms,
-            "messages_len": len(inter.messages),
-            "trainable": inter.train,
-            "tool_calls": self._keep_calls(inter),
-        }
+        state.seen = [*state.seen[-(SEEN - 1):], inter.event_id]
+        state.prev = PrevTurn(
+            event_id=inter.event_id,
+            turn=inter.turn,
+            ts_ms=inter.ts_ms,
+            messages_len=len(inter.messages),
+            trainable=inter.train,
+            tool_calls=self._keep_calls(inter),
+        )
         if inter.session_done:
             self._close(state, out, inter.ts_ms, "session_done")
         return out
@@ -219,28 +237,28 @@ class Pairer:
             kept.append(stored)
         return kept
 
-    def on_idle(self, state: SessionState, now_ms: int, idle_timeout_ms: int) -> PairOutput:
+    def on_idle(self, state: PairingState, now_ms: int, idle_timeout_ms: int) -> PairOutput:
         """Close a session idle past the timeout (emits the session_end next state)."""
-        state = dict(state)
         out = PairOutput(state)
-        if not state.get("closed") and now_ms - state.get("last_seen_ms", now_ms) > idle_timeout_ms:
+        last = now_ms if state.last_seen_ms is None else state.last_seen_ms
+        if not state.closed and now_ms - last > idle_timeout_ms:
             self._close(state, out, now_ms, "idle_timeout")
         return out
 
-    def _close(self, state: SessionState, out: PairOutput, ts_ms: int, reason: str) -> None:
-        state["closed"] = True
-        prev = state.get("prev")
-        if prev is None or not prev["trainable"]:
+    def _close(self, state: PairingState, out: PairOutput, ts_ms: int, reason: str) -> None:
+        state.closed = True
+        prev = state.prev
+        if prev is None or not prev.trainable:
             return
-        parents = [prev["event_id"]]
+        parents = [prev.event_id]
         out.next_states.append(
             NextState(
                 event_id=derive_event_id("next_state", parents, self.version, "session_end"),
                 ts_ms=ts_ms,
                 producer=self.producer,
                 parents=parents,
-                session_id=state["session_id"],
-                turn=prev["turn"],
+                session_id=state.session_id,
+                turn=prev.turn,
                 kind="session_end",
                 content="",
                 source="pairing",
@@ -250,7 +268,7 @@ class Pairer:
         out.penalties.append(self._penalty(state, prev, []))
 
     def _paired(
-        self, prev: dict[str, Any], inter: Interaction, added: list[dict[str, Any]]
+        self, prev: PrevTurn, inter: Interaction, added: list[dict[str, Any]]
     ) -> NextState:
         roles = [m.get("role") for m in added]
         kind: NextStateKind = "user_reply" if "user" in roles or not roles else "tool_result"
@@ -263,14 +281,14 @@ class Pairer:
             if exit_code is not None:
                 kind = "terminal"
                 detail["terminal"] = [r.to_json() for r in shells]
-        parents = [prev["event_id"], inter.event_id]
+        parents = [prev.event_id, inter.event_id]
         return NextState(
             event_id=derive_event_id("next_state", parents, self.version, kind),
             ts_ms=inter.ts_ms,
             producer=self.producer,
             parents=parents,
             session_id=inter.session_id,
-            turn=prev["turn"],
+            turn=prev.turn,
             kind=kind,
             role=role,
             content="\n".join(content_text(m.get("content")) for m in added),
@@ -280,27 +298,24 @@ class Pairer:
         )
 
     def _penalty(
-        self, state: SessionState, prev: dict[str, Any], added: list[dict[str, Any]]
+        self, state: PairingState, prev: PrevTurn, added: list[dict[str, Any]]
     ) -> PathPenalty:
         results = {
             bounded_id(str(m.get("tool_call_id")), _ID_CHARS): content_text(m.get("content"))
             for m in added
             if m.get("role") == "tool"
         }
-        calls = [
-            kept_call(c, results.get(bounded_id(c[0], _ID_CHARS)), self.text_chars)
-            for c in prev["tool_calls"]
-        ]
-        history = PathHistory.from_json(state.get("history"))
-        result = self.rules.evaluate(prev["turn"], calls, history)
-        state["history"] = self._bounded_history(history)
-        parents = [prev["event_id"]]
+        calls = [kept_call(c, results.get(bounded_id(c[0], _ID_CHARS))) for c in prev.tool_calls]
+        history = PathHistory.from_json(state.history)
+        result = self.rules.evaluate(prev.turn, calls, history)
+        state.history = self._bounded_history(history)
+        parents = [prev.event_id]
         return PathPenalty(
             event_id=derive_event_id("path_penalty", parents, self.rules.version),
             producer=self.penalty_producer,
             parents=parents,
-            session_id=state["session_id"],
-            turn=prev["turn"],
+            session_id=state.session_id,
+            turn=prev.turn,
             rule_ids=result.rule_ids,
             penalty=result.phi,
             compliance_bonus=result.compliance_bonus,

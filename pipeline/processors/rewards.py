@@ -21,6 +21,12 @@ stay a small share of the outcome, never flip it).
 Token payloads (prompt/response ids, log-probs) are the bulk of a session; the worker keeps them
 out of the per-session state (``on_interaction(..., keep_tokens=False)``) and hands them to
 :meth:`Assembler.complete` from a table written once per turn.
+
+State: a session's :class:`AssemblyState` is a typed dataclass (turn numbers are ``int`` keys)
+that round-trips exactly through a pydantic ``TypeAdapter`` JSON dump, so the worker can store it
+as part of a table value. The ``Assembler.on_*`` methods and :meth:`Assembler.complete` update
+the state they are given in place and return it (``None`` starts an empty one); callers always
+use the returned object.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pipeline.events import (
     Hint,
@@ -43,7 +48,6 @@ from pipeline.events import (
     derive_event_id,
 )
 
-SessionState = dict[str, Any]
 OUTCOME_KINDS = ("test_result", "feedback")
 
 
@@ -63,13 +67,23 @@ def group_of(inter: Interaction) -> str | None:
     return legacy if isinstance(legacy, str) and legacy else None
 
 
-def token_payload(inter: Interaction) -> dict[str, Any]:
+@dataclass(slots=True)
+class TokenPayload:
+    """What a sample needs of an interaction's tokens: the bulk of a session, so the worker
+    stores it once per turn outside the session state (see :func:`token_payload`)."""
+
+    prompt_token_ids: list[int] = field(default_factory=list)
+    response_token_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+
+
+def token_payload(inter: Interaction) -> TokenPayload:
     """What a sample needs of an interaction's tokens (stored once per turn by the worker)."""
-    return {
-        "prompt_token_ids": inter.prompt_token_ids,
-        "response_token_ids": inter.response_token_ids,
-        "response_logprobs": inter.response_logprobs,
-    }
+    return TokenPayload(
+        prompt_token_ids=inter.prompt_token_ids,
+        response_token_ids=inter.response_token_ids,
+        response_logprobs=inter.response_logprobs,
+    )
 
 
 def outcome_value(ns: NextState) -> float:
@@ -165,16 +179,89 @@ def zscore_by_group_step(
     return out
 
 
+# ---- session state ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class KeptInteraction:
+    """What assembly keeps of a turn's interaction; ``tokens`` only with ``keep_tokens=True``
+    (the worker stores them apart, see :func:`token_payload`)."""
+
+    event_id: str
+    policy_id: str
+    weight_version: int
+    group_id: str | None
+    ts_ms: int
+    tokens: TokenPayload | None = None
+
+
+@dataclass(slots=True)
+class PrmEntry:
+    """A judge verdict on one next state of a turn."""
+
+    event_id: str
+    score: int
+    votes: list[int | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PenaltyEntry:
+    """A turn's path penalty: ``phi`` is Phi and ``beta`` its weight in R = O + beta * Phi."""
+
+    event_id: str
+    phi: float
+    beta: float
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The session's outcome; the latest by (ts_ms, event id) wins."""
+
+    event_id: str
+    ts_ms: int
+    value: float
+
+
+@dataclass(slots=True)
+class AssemblyTurn:
+    """Everything recorded for one turn number. ``next_states``: next-state id -> kind;
+    ``prm``: verdicts keyed by the next-state id they judge; ``hints``: hint id -> (rank, hint);
+    ``skip``: the turn opted out of training (never a sample, but it does not hold the session
+    back)."""
+
+    interaction: KeptInteraction | None = None
+    next_states: dict[str, str] = field(default_factory=dict)
+    prm: dict[str, PrmEntry] = field(default_factory=dict)
+    penalty: PenaltyEntry | None = None
+    hints: dict[str, tuple[int, str]] = field(default_factory=dict)
+    skip: bool = False
+
+
+@dataclass(slots=True)
+class AssemblyState:
+    """One session's assembly state. ``closed_at_ms``/``last_turn`` are set by its
+    ``session_end``; ``done`` marks a tombstone (turns emptied, stragglers ignored)."""
+
+    session_id: str = ""
+    turns: dict[int, AssemblyTurn] = field(default_factory=dict)
+    outcome: Outcome | None = None
+    closed_at_ms: int | None = None
+    last_turn: int | None = None
+    done: bool = False
+    group_id: str | None = None
+
+
 @dataclass
 class Assembly:
-    state: SessionState
+    state: AssemblyState
     rewards: list[Reward] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class Assembler:
-    """Collects a session's turn events (JSON-able state) and emits rewards and samples."""
+    """Collects a session's turn events (typed state, updated in place) and emits rewards and
+    samples."""
 
     reward_version: str = "reward-1"
     sample_version: str = "samples-1"
@@ -187,107 +274,103 @@ class Assembler:
         self.reward_producer = Producer(component="rewards", version=self.reward_version)
         self.sample_producer = Producer(component="samples", version=self.sample_version)
 
-    # ---- inputs (each returns the new state; idempotent on redelivery) -----------------------
+    # ---- inputs (each returns the state; idempotent on redelivery) ---------------------------
 
     @staticmethod
-    def _turn(state: SessionState, session_id: str, turn: int) -> dict[str, Any]:
-        state.setdefault("session_id", session_id)
-        turns = state.setdefault("turns", {})
-        return turns.setdefault(
-            str(turn), {"next_states": {}, "prm": {}, "penalty": None, "hints": {}}
-        )
+    def _turn(state: AssemblyState, session_id: str, turn: int) -> AssemblyTurn:
+        if not state.session_id:
+            state.session_id = session_id
+        info = state.turns.get(turn)
+        if info is None:
+            info = state.turns[turn] = AssemblyTurn()
+        return info
 
     def on_interaction(
-        self, state: SessionState | None, inter: Interaction, keep_tokens: bool = True
-    ) -> SessionState:
+        self, state: AssemblyState | None, inter: Interaction, keep_tokens: bool = True
+    ) -> AssemblyState:
         """Record a main-line turn; with ``keep_tokens=False`` its token payload is left out of
         the state (the caller stores :func:`token_payload` and passes it to :meth:`complete`)."""
-        state = dict(state or {})
-        if inter.turn_type == "side" or state.get("done"):
+        state = state if state is not None else AssemblyState()
+        if inter.turn_type == "side" or state.done:
             return state
         turn = self._turn(state, inter.session_id, inter.turn)
-        kept = turn.get("interaction")
+        kept = turn.interaction
         if not inter.train:
             if kept is None:  # opted out (aborted): never a sample, but accounted for
-                turn["skip"] = True
+                turn.skip = True
             return state
-        if kept is not None and (kept.get("ts_ms", 0), kept["event_id"]) > (
-            inter.ts_ms, inter.event_id
-        ):
+        if kept is not None and (kept.ts_ms, kept.event_id) > (inter.ts_ms, inter.event_id):
             return state  # a number used twice (a retry on another replica): the later turn
-        turn.pop("skip", None)
-        turn["interaction"] = {
-            "event_id": inter.event_id,
-            "policy_id": inter.policy_id,
-            "weight_version": inter.weight_version,
-            "group_id": group_of(inter),
-            "ts_ms": inter.ts_ms,
-            **(token_payload(inter) if keep_tokens else {}),
-        }
-        if turn["interaction"]["group_id"] is not None:
-            state["group_id"] = turn["interaction"]["group_id"]
+        turn.skip = False
+        turn.interaction = KeptInteraction(
+            event_id=inter.event_id,
+            policy_id=inter.policy_id,
+            weight_version=inter.weight_version,
+            group_id=group_of(inter),
+            ts_ms=inter.ts_ms,
+            tokens=token_payload(inter) if keep_tokens else None,
+        )
+        if turn.interaction.group_id is not None:
+            state.group_id = turn.interaction.group_id
         return state
 
-    def on_next_state(self, state: SessionState | None, ns: NextState, now_ms: int) -> SessionState:
-        state = dict(state or {})
-        state.setdefault("session_id", ns.session_id)
+    def on_next_state(
+        self, state: AssemblyState | None, ns: NextState, now_ms: int
+    ) -> AssemblyState:
+        state = state if state is not None else AssemblyState()
+        if not state.session_id:
+            state.session_id = ns.session_id
         if is_session_outcome(ns):
-            prev = state.get("outcome")
-            if prev is None or (ns.ts_ms, ns.event_id) > (prev["ts_ms"], prev["event_id"]):
-                state["outcome"] = {
-                    "event_id": ns.event_id,
-                    "ts_ms": ns.ts_ms,
-                    "value": outcome_value(ns),
-                }
+            prev = state.outcome
+            if prev is None or (ns.ts_ms, ns.event_id) > (prev.ts_ms, prev.event_id):
+                state.outcome = Outcome(
+                    event_id=ns.event_id, ts_ms=ns.ts_ms, value=outcome_value(ns)
+                )
             return state
-        if state.get("done"):
+        if state.done:
             return state
-        self._turn(state, ns.session_id, ns.turn)["next_states"][ns.event_id] = ns.kind
-        if ns.kind == "session_end" and state.get("closed_at_ms") is None:
-            state["closed_at_ms"] = now_ms
-            state["last_turn"] = ns.turn
+        self._turn(state, ns.session_id, ns.turn).next_states[ns.event_id] = ns.kind
+        if ns.kind == "session_end" and state.closed_at_ms is None:
+            state.closed_at_ms = now_ms
+            state.last_turn = ns.turn
         return state
 
-    def on_prm(self, state: SessionState | None, prm: PrmScore) -> SessionState:
-        state = dict(state or {})
-        if state.get("done"):
+    def on_prm(self, state: AssemblyState | None, prm: PrmScore) -> AssemblyState:
+        state = state if state is not None else AssemblyState()
+        if state.done:
             return state
         # parents are [interaction id, next state id]: key the verdict by its next state.
-        self._turn(state, prm.session_id, prm.turn)["prm"][prm.parents[-1]] = {
-            "event_id": prm.event_id,
-            "score": prm.score,
-            "votes": prm.votes,
-        }
+        self._turn(state, prm.session_id, prm.turn).prm[prm.parents[-1]] = PrmEntry(
+            event_id=prm.event_id, score=prm.score, votes=list(prm.votes)
+        )
         return state
 
-    def on_penalty(self, state: SessionState | None, pen: PathPenalty) -> SessionState:
-        state = dict(state or {})
-        self._turn(state, pen.session_id, pen.turn)["penalty"] = {
-            "event_id": pen.event_id,
-            "phi": pen.penalty,
-            "beta": pen.beta,
-        }
+    def on_penalty(self, state: AssemblyState | None, pen: PathPenalty) -> AssemblyState:
+        state = state if state is not None else AssemblyState()
+        self._turn(state, pen.session_id, pen.turn).penalty = PenaltyEntry(
+            event_id=pen.event_id, phi=pen.penalty, beta=pen.beta
+        )
         return state
 
-    def on_hint(self, state: SessionState | None, hint: Hint) -> SessionState:
-        state = dict(state or {})
-        self._turn(state, hint.session_id, hint.turn)["hints"][hint.event_id] = [
+    def on_hint(self, state: AssemblyState | None, hint: Hint) -> AssemblyState:
+        state = state if state is not None else AssemblyState()
+        self._turn(state, hint.session_id, hint.turn).hints[hint.event_id] = (
             hint.rank,
             hint.hint,
-        ]
+        )
         return state
 
     # ---- completion --------------------------------------------------------------------------
 
-    def ready(self, state: SessionState, now_ms: int) -> bool:
+    def ready(self, state: AssemblyState, now_ms: int) -> bool:
         """Closed, every turn judged and penalised (or the grace period is over), and the
         outcome is in (or no outcome is awaited / the wait is over)."""
-        closed = state.get("closed_at_ms")
-        if state.get("done") or closed is None:
-            return False
+        closed = state.closed_at_ms
+        if state.done or closed is None or state.last_turn is None:
+            return False  # last_turn is set with closed_at_ms
         if (
             self.outcome_wait_ms
-            and "outcome" not in state
+            and state.outcome is None
             and now_ms - closed < self.outcome_wait_ms
         ):
             return False
@@ -298,51 +381,57 @@ class Assembler:
         # conversation positions, so some may never exist (a turn that opted out of training,
         # assistant messages in the first prompt); a trainable one cannot be missing
         # altogether: pairing wrote its next state before the session_end, on this partition.
-        turns = state.get("turns", {})
-        for t in range(state["last_turn"] + 1):
-            info = turns.get(str(t))
+        for t in range(state.last_turn + 1):
+            info = state.turns.get(t)
             if info is None:
                 continue
-            if info.get("skip"):
+            if info.skip:
                 continue
-            if "interaction" not in info or info["penalty"] is None or not info["next_states"]:
+            if info.interaction is None or info.penalty is None or not info.next_states:
                 return False
-            if any(ns not in info["prm"] for ns in info["next_states"]):
+            if any(ns not in info.prm for ns in info.next_states):
                 return False
         return True
 
     def complete(
         self,
-        state: SessionState,
+        state: AssemblyState,
         now_ms: int,
-        tokens: Mapping[int, dict[str, Any]] | None = None,
+        tokens: Mapping[int, TokenPayload] | None = None,
     ) -> Assembly:
         """The session's rewards and samples (call when :meth:`ready`). ``tokens``: turn ->
         :func:`token_payload`, for turns recorded with ``keep_tokens=False``. Samples are not
-        z-scored here: a session is one member of its group (see the worker's group stage)."""
-        state = dict(state)
+        z-scored here: a session is one member of its group (see the worker's group stage).
+
+        Turns the state into a tombstone in place (``done``, turns emptied), but only once
+        nothing can fail: a missing token payload raises ``KeyError`` with the state untouched,
+        so the caller can retry later."""
         out = Assembly(state)
-        sid = state["session_id"]
-        outcome = state.get("outcome")
-        o_val = None if outcome is None else float(outcome["value"])
+        sid = state.session_id
+        outcome = state.outcome
+        o_val = None if outcome is None else float(outcome.value)
         rewards: dict[int, Reward] = {}
         signal: dict[int, bool] = {}
-        turns = {int(k): v for k, v in state.get("turns", {}).items() if "interaction" in v}
+        turns = {t: v for t, v in state.turns.items() if v.interaction is not None}
         for t in sorted(turns):
-            if t > state.get("last_turn", t):
+            if state.last_turn is not None and t > state.last_turn:
                 continue
             info = turns[t]
-            judged = [info["prm"][n] for n in sorted(info["next_states"]) if n in info["prm"]]
+            judged = [info.prm[n] for n in sorted(info.next_states) if n in info.prm]
             if not judged:
                 signal[t] = False
                 continue
-            pen = info["penalty"] or {"event_id": None, "phi": 0.0, "beta": 0.0}
-            votes = [v for j in judged for v in j["votes"]]
+            pen = info.penalty
+            votes = [v for j in judged for v in j.votes]
             o, prm, penalty, total = reward_parts(
-                [j["score"] for j in judged], votes, o_val, pen["beta"], pen["phi"]
+                [j.score for j in judged],
+                votes,
+                o_val,
+                pen.beta if pen else 0.0,
+                pen.phi if pen else 0.0,
             )
-            parents = [j["event_id"] for j in judged] + [
-                x for x in (pen["event_id"], outcome and outcome["event_id"]) if x
+            parents = [j.event_id for j in judged] + [
+                x for x in (pen and pen.event_id, outcome and outcome.event_id) if x
             ]
             rewards[t] = Reward(
                 event_id=derive_event_id("reward", parents, self.reward_version),
@@ -361,14 +450,15 @@ class Assembler:
         masked = mask_turns(signal)
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
-            inter = turns[t]["interaction"]
-            tok = inter if "response_token_ids" in inter else (tokens or {}).get(t)
+            inter = turns[t].interaction
+            assert inter is not None  # turns holds only turns with an interaction
+            tok = inter.tokens if inter.tokens is not None else (tokens or {}).get(t)
             if tok is None:
                 raise KeyError(f"no token payload for turn {t} of session {sid}")
             reward = rewards.get(t)
-            parents = [inter["event_id"]] + ([reward.event_id] if reward else [])
-            n = len(tok["response_token_ids"])
-            hints = [h for _, h in sorted(turns[t]["hints"].values())]
+            parents = [inter.event_id] + ([reward.event_id] if reward else [])
+            n = len(tok.response_token_ids)
+            hints = [h for _, h in sorted(turns[t].hints.values())]
             # OPD trains wherever there is a hint, whatever the score (OpenClaw-RL's OPD-only
             # samples); "masked" is left for samples neither term trains.
             no_grad = masked[t] and not hints
@@ -380,21 +470,21 @@ class Assembler:
                     parents=parents,
                     session_id=sid,
                     turn=t,
-                    policy_id=inter["policy_id"],
-                    prompt_token_ids=tok["prompt_token_ids"],
-                    response_token_ids=tok["response_token_ids"],
+                    policy_id=inter.policy_id,
+                    prompt_token_ids=tok.prompt_token_ids,
+                    response_token_ids=tok.response_token_ids,
                     loss_mask=[0 if masked[t] else 1] * n,
-                    behavior_logprobs=tok["response_logprobs"],
+                    behavior_logprobs=tok.response_logprobs,
                     reward=reward.total if reward else 0.0,
                     hints=hints,
-                    behavior_weight_version=inter["weight_version"],
+                    behavior_weight_version=inter.weight_version,
                     masked=no_grad,
-                    group_id=inter["group_id"],
+                    group_id=inter.group_id,
                     step_index=t,
                     opd_mask=[1 if hints else 0] * n,
                     penalty=reward.penalty if reward else 0.0,
                 )
             )
-        state["done"] = True
-        state["turns"] = {}  # keep the tombstone small: done sessions ignore stragglers
+        state.done = True
+        state.turns = {}  # keep the tombstone small: done sessions ignore stragglers
         return out
