@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -181,11 +182,12 @@ def test_train_maps_options_like_every_command(
     assert cfg.weights_root == tmp_path / "state" / "weights"
 
 
-def test_up_passes_the_file_settings_to_its_children(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
-) -> None:
-    """`liverl up` used to pass its option defaults (--method rl, --port 8000) to the trainer
-    and the gateway, overriding a `[trainer] method` in the file."""
+@pytest.fixture
+def up_children(
+    monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> Callable[..., dict[str, list[str]]]:
+    """``liverl up`` with these settings and options, stopped before it starts anything:
+    the command line of each component, by command name."""
     from pipeline import cli, stack
 
     started: list[list[str]] = []
@@ -197,17 +199,28 @@ def test_up_passes_the_file_settings_to_its_children(
     monkeypatch.setattr(stack, "start", fake_start)
     monkeypatch.setattr(cli, "_pull_model", lambda model: None)
     monkeypatch.setattr(cli, "topics_apply", lambda **_: None)
+
+    def children(settings: Settings, *args: str) -> dict[str, list[str]]:
+        started.clear()
+        result = CliRunner().invoke(cli.up, list(args), obj={"settings": settings})
+        assert isinstance(result.exception, _Stop), result.output
+        return {a[0]: a for a in started}
+
+    return children
+
+
+def test_up_passes_the_file_settings_to_its_children(
+    tmp_path: Path, up_children: Callable[..., dict[str, list[str]]]
+) -> None:
+    """`liverl up` used to pass its option defaults (--method rl, --port 8000) to the trainer
+    and the gateway, overriding a `[trainer] method` in the file."""
     settings = _settings_from(
         tmp_path, "[kafka]\nbootstrap = 'k:9092'\n[trainer]\nmethod = 'opd'\npolicy = 'p1'\n"
         "[serve]\nport = 8123\n",
     )
 
     def children(*args: str) -> dict[str, list[str]]:
-        started.clear()
-        result = CliRunner().invoke(cli.up, ["--without", "archive", "--without", "workers",
-                                             *args], obj={"settings": settings})
-        assert isinstance(result.exception, _Stop), result.output
-        return {a[0]: a for a in started}
+        return up_children(settings, "--without", "archive", "--without", "workers", *args)
 
     got = children()
     assert got["train"][got["train"].index("--method") + 1] == "opd"
@@ -219,31 +232,14 @@ def test_up_passes_the_file_settings_to_its_children(
 
 
 def test_up_runs_the_reward_workers_as_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
+    tmp_path: Path, up_children: Callable[..., dict[str, list[str]]]
 ) -> None:
     """`liverl up --worker-processes N` starts `liverl workers --processes N`; one by default."""
-    from pipeline import cli, stack
+    from pipeline import cli
 
-    started: list[list[str]] = []
-
-    def fake_start(settings: Settings, components: list[stack.Component]) -> None:
-        started.extend(c.args for c in components)
-        raise _Stop
-
-    monkeypatch.setattr(stack, "start", fake_start)
-    monkeypatch.setattr(cli, "_pull_model", lambda model: None)
-    monkeypatch.setattr(cli, "topics_apply", lambda **_: None)
     settings = _settings_from(tmp_path, "[kafka]\nbootstrap = 'k:9092'\n")
-
-    def workers(*args: str) -> list[str]:
-        started.clear()
-        result = CliRunner().invoke(cli.up, ["--without", "archive", *args],
-                                    obj={"settings": settings})
-        assert isinstance(result.exception, _Stop), result.output
-        (argv,) = [a for a in started if a[0] == "workers"]
-        return argv
-
-    assert workers() == ["workers"]
-    assert workers("--worker-processes", "3") == ["workers", "--processes", "3"]
+    assert up_children(settings, "--without", "archive")["workers"] == ["workers"]
+    got = up_children(settings, "--without", "archive", "--worker-processes", "3")
+    assert got["workers"] == ["workers", "--processes", "3"]
     result = CliRunner().invoke(cli.up, ["--worker-processes", "0"], obj={"settings": settings})
     assert result.exit_code == 2 and "--worker-processes" in result.output
