@@ -420,6 +420,7 @@ def create_app(
             return session_mod.load(raw)
         except ValidationError as exc:
             await dead_letter_state("sessions", key, raw, f"session state unreadable: {exc}")
+            del sess_t[key]  # or every sweep would dead-letter it again
             return SessionState()
 
     def save_session(key: bytes, state: SessionState) -> None:
@@ -502,10 +503,10 @@ def create_app(
     def keep_tokens(key: bytes, before: str | None, state: SessionState, inter: Any) -> None:
         """Store the turn's token payload once: when it is new, or replaced another turn of
         the same number (a retry on another replica)."""
-        info = state.assembly.turns.get(inter.turn)
-        kept = info.interaction.event_id if info and info.interaction else None
         tkey = token_key(key, inter.turn)
-        if kept == inter.event_id and (before != inter.event_id or tkey not in tok_t):
+        if kept_interaction(state, inter.turn) == inter.event_id and (
+            before != inter.event_id or tkey not in tok_t
+        ):
             tok_t[tkey] = orjson.dumps(token_payload(inter))
 
     def kept_interaction(state: SessionState, turn: int) -> str | None:
@@ -575,16 +576,14 @@ def create_app(
             await publish(key, state, step)
             if step.work:
                 await judge_all(state, step.work)
-            for nid in stage.expired(state, now, grace_ms):
+            for nid, turn in stage.expired(state, now, grace_ms).items():
                 parked = parked_t.get(parked_key(key, nid))
                 if parked is None:
                     log.error("next state %s of %r expired unparked", nid, key)
                     continue
-                rec = Parked(parked)
-                nxt = events.decode(rec.value)
                 await dead_letter(
-                    rec,
-                    f"next state for unknown turn {getattr(nxt, 'turn', '?')} of session "
+                    Parked(parked),
+                    f"next state for unknown turn {turn} of session "
                     f"{key.decode(errors='replace')}: no interaction within {cfg.grace_s:g}s",
                 )
                 parked_t.pop(parked_key(key, nid), None)
@@ -619,9 +618,18 @@ def create_app(
         # Next-state ids being judged right now: judge_grace must not dead-letter them meanwhile.
         in_flight: set[str] = set()
 
-        def load_judge(key: bytes) -> JudgeAgentState:
+        async def load_judge(key: bytes) -> JudgeAgentState:
+            """Like :func:`read_session`: a value another code version wrote (the four-agent
+            pipeline kept dicts in this table) is dead-lettered, never a crash loop."""
             raw = jt.get(key)
-            return JudgeAgentState() if raw is None else _JUDGE_STATE.validate_json(raw)
+            if raw is None:
+                return JudgeAgentState()
+            try:
+                return _JUDGE_STATE.validate_json(raw)
+            except ValidationError as exc:
+                await dead_letter_state("judging", key, raw, f"judge state unreadable: {exc}")
+                del jt[key]
+                return JudgeAgentState()
 
         def save_judge(key: bytes, state: JudgeAgentState) -> None:
             state.touched_ms = now_ms()
@@ -640,7 +648,7 @@ def create_app(
             in between judges them again (the same verdict id: downstream drops it by id)."""
             await app.producer.flush()
             for key, nid in done:
-                state = load_judge(key)
+                state = await load_judge(key)
                 if state.judging.pending.pop(nid, None) is not None:
                     save_judge(key, state)
                 jpt.pop(parked_key(key, nid), None)
@@ -661,7 +669,7 @@ def create_app(
                     if item is None:
                         continue
                     key, ev = item
-                    state = load_judge(key)
+                    state = await load_judge(key)
                     if isinstance(ev, events.Interaction):
                         state.judging = judging.on_interaction(
                             state.judging, ev, text_chars=cfg.state_text_chars,
@@ -701,7 +709,7 @@ def create_app(
         async def judge_grace() -> None:
             grace_ms = int(cfg.grace_s * 1000)
             for key in list(jt.keys()):
-                state = load_judge(key)
+                state = await load_judge(key)
                 gone = [
                     n for n in judging.expired(state.judging, now_ms(), grace_ms)
                     if n not in in_flight

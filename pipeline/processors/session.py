@@ -155,12 +155,13 @@ class SessionStage:
     def take_parked(self, state: SessionState, ns: NextState) -> JudgeWork | None:
         return judging.take_ready(state.judging, ns)
 
-    def expired(self, state: SessionState, now_ms: int, grace_ms: int) -> list[str]:
-        """Parked next-state ids past the grace period (to dead-letter), dropped from the state."""
-        gone = judging.expired(state.judging, now_ms, grace_ms)
-        for nid in gone:
-            state.judging.pending.pop(nid, None)
-        return gone
+    def expired(self, state: SessionState, now_ms: int, grace_ms: int) -> dict[str, int]:
+        """Parked next states past the grace period (id -> turn, to dead-letter), dropped from
+        the state."""
+        return {
+            nid: state.judging.pending.pop(nid).turn
+            for nid in judging.expired(state.judging, now_ms, grace_ms)
+        }
 
     def on_verdict(self, state: SessionState, prm: PrmScore, hints: list[Hint]) -> None:
         state.assembly = self.assembler.on_prm(state.assembly, prm)
