@@ -116,6 +116,30 @@ def high_watermarks(settings: Settings) -> dict[tuple[str, int], int]:
     return marks
 
 
+def input_ends(settings: Settings) -> dict[tuple[str, int], int]:
+    """End offsets of the worker's input topics."""
+    c = Consumer(settings.kafka_client_config(**{"group.id": "hw-probe"}))
+    marks = {}
+    for topic in (names.INTERACTIONS, names.NEXT_STATES, names.HINTS):
+        for p in c.list_topics(topic, timeout=10).topics[topic].partitions:
+            marks[(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+    c.close()
+    return marks
+
+
+def start_group_at(settings: Settings, group: str, offsets: dict[tuple[str, int], int]) -> None:
+    """A fresh worker group reads only what the test wrote, not the broker's history: read
+    first, history could decide in which order the topics' records meet (a hint read after
+    its session was assembled is not in its sample)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    tps = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+    admin = AdminClient(settings.kafka_client_config())
+    (fut,) = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)]).values()
+    fut.result(60)
+
+
 class Collector:
     """Reads the output topics from given offsets, keeping this session's events."""
 
@@ -194,20 +218,11 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     start = high_watermarks(kafka_settings)
+    inputs = input_ends(kafka_settings)
     producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
     turns = script(sid)
-    side = dataclasses.replace(turns[1], event_id=f"{sid}-side", turn_type="side", turn=2)
-    for inter in turns[:2] + [side] + turns[2:]:
-        producer.send(names.INTERACTIONS, inter)
-    producer.send_raw(names.INTERACTIONS, b'{"type": "interaction", "turn": ', key=sid)
-    stray = dataclasses.replace(
-        examples.examples()["next_state"],
-        event_id=f"{sid}-stray",
-        session_id=sid,
-        turn=9,
-        source="feedback-endpoint",
-    )
-    producer.send(names.NEXT_STATES, stray)
+    # An outside hint counts only if it is read before its session is assembled: sent
+    # first (the session agent assembles as soon as the last turn is judged).
     hint = events.Hint(
         event_id=f"{sid}-hint0",
         producer=events.Producer(component="itest", version="1"),
@@ -220,11 +235,25 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     )
     producer.send(names.HINTS, hint)
     producer.flush()
+    side = dataclasses.replace(turns[1], event_id=f"{sid}-side", turn_type="side", turn=2)
+    for inter in turns[:2] + [side] + turns[2:]:
+        producer.send(names.INTERACTIONS, inter)
+    producer.send_raw(names.INTERACTIONS, b'{"type": "interaction", "turn": ', key=sid)
+    stray = dataclasses.replace(
+        examples.examples()["next_state"],
+        event_id=f"{sid}-stray",
+        session_id=sid,
+        turn=9,
+        source="feedback-endpoint",
+    )
+    producer.send(names.NEXT_STATES, stray)
+    producer.flush()
 
     runs = []
     for run in range(2):
         # Each run reads only what it wrote itself: from the end of what was there before it.
         col = Collector(kafka_settings, sid, start if run == 0 else high_watermarks(kafka_settings))
+        start_group_at(kafka_settings, f"itest-{unique}-{run}", inputs)
         proc = start_worker(f"itest-{unique}-{run}", sid, rules, tmp_path)
         try:
             col.poll_until(complete, proc)
