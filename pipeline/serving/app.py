@@ -44,6 +44,7 @@ from .errors import ApiError
 from .feedback import FeedbackRequest, handle_feedback
 from .hooks import HookPayload, handle_hook
 from .metrics import Metrics
+from .prompt_cache import PromptCache
 from .protocol import ChatRequest, check_depth, parse_request
 from .recorder import Recorder
 from .sessions import Sessions, TurnInfo, conversation_position
@@ -93,6 +94,7 @@ class Gateway:
         self.auth = Authenticator(cfg.api_key_hashes)
         self.limiter = RateLimiter(cfg.rate_limit_per_min, cfg.rate_limit_burst)
         self.sessions = Sessions(cfg.session_prefix_messages, cfg.max_sessions)
+        self._prompts: PromptCache | None = None
         self.model_name = cfg.served_model_name or backend.policy_id
         self.metrics.bind(
             lambda: float(backend.version),
@@ -164,7 +166,9 @@ class Gateway:
         messages = [m.to_record() for m in req.messages]
         info = self.sessions.resolve(request.headers, doc, key_id, messages)
         self._check_recording(info)
-        prompt_ids = render_prompt(self.backend.tokenizer, messages, req.tools)
+        prompt_ids = render_prompt(
+            self.backend.tokenizer, messages, req.tools, self._encoder(info)
+        )
         ctx = self.backend.context_length
         if len(prompt_ids) >= ctx:
             raise ApiError(
@@ -183,6 +187,27 @@ class Gateway:
             seed=req.seed,
         )
         return Turn(req, info, prompt_ids, params, time.perf_counter(), messages=messages)
+
+    @property
+    def prompts(self) -> PromptCache:
+        """The session prompt cache of the backend's current tokenizer."""
+        tokenizer = self.backend.tokenizer
+        if self._prompts is None or self._prompts.tokenizer is not tokenizer:
+            self._prompts = PromptCache(tokenizer, self.cfg.prompt_cache_mb << 20)
+        return self._prompts
+
+    def close_session(self, session_id: str) -> None:
+        """Forget a finished session: its turn numbering and its cached prompt."""
+        self.sessions.close(session_id)
+        if self._prompts is not None:
+            self._prompts.forget(session_id)
+
+    def _encoder(self, info: TurnInfo) -> Callable[[str], list[int]]:
+        # Main turns only: a side turn's prompt (e.g. a summary request) would replace the
+        # session's main prompt and make its next turn tokenize in full.
+        sid = info.session_id if info.turn_type == "main" else None
+        cache = self.prompts
+        return lambda text: cache.encode(sid, text)
 
     def _check_recording(self, info: TurnInfo) -> None:
         """Refuse a turn that would train but cannot be recorded (unless configured not to)."""
@@ -233,7 +258,7 @@ class Gateway:
                 self.recorder.record(self.cfg.interactions_topic, event)
                 self.metrics.recorded.inc()
         if turn.info.done:
-            self.sessions.close(turn.info.session_id)
+            self.close_session(turn.info.session_id)
         return content, calls, finish
 
     def abort(self, turn: Turn) -> None:
@@ -250,7 +275,7 @@ class Gateway:
             self.recorder.record(self.cfg.interactions_topic, event)
             self.metrics.recorded.inc()
         if turn.info.done:
-            self.sessions.close(turn.info.session_id)
+            self.close_session(turn.info.session_id)
 
     def _event(
         self,

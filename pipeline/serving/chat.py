@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .errors import ApiError
@@ -14,8 +15,14 @@ TOOL_OPEN = "<tool_call>"
 _TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list | None) -> list[int]:
-    """Token ids of the prompt, rendered once by the model's own chat template."""
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list | None,
+    encode: Callable[[str], list[int]] | None = None,
+) -> list[int]:
+    """Token ids of the prompt, rendered once by the model's own chat template; ``encode``
+    (default: the tokenizer, no special tokens added) turns the rendered text into ids."""
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
     messages, tools = for_template(messages, tools, template)
     try:
@@ -25,6 +32,8 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list | 
     except Exception as exc:  # jinja errors from odd but schema-valid messages
         raise ApiError(400, f"messages cannot be rendered by the chat template: {exc}",
                        param="messages") from None
+    if encode is not None:
+        return encode(text)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

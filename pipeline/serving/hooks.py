@@ -176,7 +176,7 @@ async def handle_hook(gateway: Gateway, event: str, request: Request) -> JSONRes
     body, ns = handler(gateway, sid, payload)
     recorded = record(gateway, ns) if ns is not None else False
     if event == "stop":
-        gateway.sessions.close(sid)
+        gateway.close_session(sid)
     from .app import header_safe  # the app imports this module
 
     headers = {

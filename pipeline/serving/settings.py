@@ -63,6 +63,12 @@ class ServeSettings(BaseModel):
         "the JSON encoder of recorded events stops at 254 levels, so deeper input must never be "
         "served and then fail to record.",
     )
+    prompt_cache_mb: int = Field(
+        default=64,
+        ge=0,
+        description="Memory for each session's last prompt, so a new turn tokenizes only "
+        "what follows it (0: off; least recently used sessions are dropped first).",
+    )
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="A request's headers must arrive within this (else closed)."
     )
