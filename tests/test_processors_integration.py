@@ -511,3 +511,73 @@ def test_two_worker_processes_share_the_partitions_of_one_group(
     missing = sorted(sid for sid in wanted if samples[sid] != {0, 1})
     assert not missing, f"no samples for {missing} (worker exit {proc.returncode})\n{log[-3000:]}"
     assert "starting 2 worker processes" in log and "exited unexpectedly" not in log, log[-3000:]
+
+
+def outside_hint(sid: str, turn: int, text: str, parent: str) -> events.Hint:
+    return events.Hint(
+        event_id=f"{sid}-hint-{turn}",
+        producer=events.Producer(component="itest", version="1"),
+        parents=[parent],
+        session_id=sid,
+        turn=turn,
+        hint=text,
+        judge_id="itest",
+        rank=0,
+    )
+
+
+def test_hints_after_close_wait_for_hint_wait_s_then_are_dead_lettered(
+    kafka_settings, unique, tmp_path
+):
+    """A closed session waits ``hint_wait_s`` for outside hints; one that comes after its
+    samples left is dead-lettered with the reason, never dropped in silence."""
+    sid = f"ihint-{unique}"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    col = Collector(kafka_settings, sid, high_watermarks(kafka_settings))
+    app_id = f"ihint-{unique}"
+    start_group_at(kafka_settings, app_id, input_ends(kafka_settings))
+    proc = start_worker(app_id, sid, rules, tmp_path, hint_wait_s="5")
+    producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+    turns = script(sid)
+    try:
+        for inter in turns:
+            producer.send(names.INTERACTIONS, inter)
+        producer.flush()
+
+        def closed(by_topic) -> bool:  # type: ignore[no-untyped-def]
+            ends = by_topic[names.NEXT_STATES]
+            return any(getattr(e, "kind", None) == "session_end" for e in ends)
+
+        col.poll_until(closed, proc)
+        assert closed(col.by_topic), (tmp_path / f"{app_id}.log").read_text()[-3000:]
+        assert not col.by_topic[names.SAMPLES]  # closed, and waiting for hints
+        early = outside_hint(sid, 1, "Read the failing test before running it again.",
+                             turns[1].event_id)
+        producer.send(names.HINTS, early)
+        producer.flush()
+        col.poll_until(lambda b: len(b[names.SAMPLES]) >= 5, proc)
+        samples = {e.turn: e for e in col.by_topic[names.SAMPLES]}
+        assert sorted(samples) == [0, 1, 2, 3, 4], (tmp_path / f"{app_id}.log").read_text()[-3000:]
+        assert early.hint in samples[1].hints
+
+        late = outside_hint(sid, 2, "Too late for this session.", turns[2].event_id)
+        producer.send(names.HINTS, late)
+        producer.flush()
+
+        def late_letter(by_topic) -> list[events.DeadLetter]:  # type: ignore[no-untyped-def]
+            return [d for d in by_topic[names.DLQ] if "after the session was assembled" in d.error]
+
+        col.poll_until(lambda b: bool(late_letter(b)), proc, limit_s=60)
+        letters = late_letter(col.by_topic)
+        # Only the late outside hint: the judge's own hints, read back after the session was
+        # assembled, are not letters.
+        assert len({d.event_id for d in letters}) == 1, letters
+        assert events.decode(letters[0].original()) == late
+        assert {e.event_id for e in col.by_topic[names.SAMPLES]} == {
+            s.event_id for s in samples.values()
+        }
+    finally:
+        stop(proc)
+        col.close()
+        drop_internal_topics(kafka_settings, app_id)

@@ -341,3 +341,44 @@ def test_group_index_membership_and_round_trip():
     assert grouping.on_session(index, "s3", 1_200)[1] == "late"
     ta = TypeAdapter(GroupIndex)
     assert ta.validate_json(ta.dump_json(index)) == index
+
+
+def outside_hint(turn: int, event_id: str, component: str = "person") -> Hint:
+    return Hint(
+        event_id=event_id, producer=Producer(component=component, version="1"),
+        parents=[f"i{turn}"], session_id="s", turn=turn, hint=f"hint {event_id}",
+        judge_id="j", rank=0,
+    )
+
+
+def test_hint_wait_holds_a_closed_session_for_outside_hints():
+    asm = Assembler(hint_wait_ms=2_000)
+    state = feed(asm, [(1, [1], 0.0), (0, [0], 0.0)])  # closed at 0, everything judged
+    assert not asm.ready(state, 1_999)
+    state = asm.on_hint(state, outside_hint(0, "h0"))
+    assert asm.ready(state, 2_000)
+    out = asm.complete(state, 2_000)
+    assert [s.hints for s in out.samples] == [["hint h0"], []]
+    assert Assembler().ready(feed(Assembler(), [(1, [1], 0.0)]), 0)  # no wait by default
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_session_stage_applies_hints_and_reports_late_ones(inline: bool):
+    from pipeline.processors.config import DEFAULT_RULES
+    from pipeline.processors.judging import JUDGE_COMPONENT
+    from pipeline.processors.pairing import Pairer
+    from pipeline.processors.penalties import load_rules
+    from pipeline.processors.session import SessionStage, SessionState
+
+    asm = Assembler()
+    stage = SessionStage(Pairer(load_rules(DEFAULT_RULES)), asm, judge_inline=inline)
+    state = SessionState(assembly=feed(asm, [(1, [1], 0.0), (0, [0], 0.0)]))
+    assert stage.on_hint(state, outside_hint(0, "h0")) == "applied"
+    assert stage.on_hint(state, outside_hint(0, "h0")) is None  # read again: nothing new
+    state.assembly = asm.complete(state.assembly, 1).state
+    assert state.assembly.done
+    assert stage.on_hint(state, outside_hint(1, "h1")) == "late"
+    judges_own = outside_hint(1, "h2", component=JUDGE_COMPONENT)
+    # The inline judge's hints were applied before assembly and come back afterwards; an
+    # LLM judge's hints are only applied from the topic, so after assembly they are late.
+    assert stage.on_hint(state, judges_own) == (None if inline else "late")

@@ -238,6 +238,7 @@ def create_app(
         cfg.sample_version,
         grace_ms=int(cfg.grace_s * 1000),
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
+        hint_wait_ms=int(cfg.hint_wait_s * 1000),
     )
     judge = build_judge(cfg)
     stage = SessionStage(pairer, assembler, judge_inline=bool(getattr(judge, "inline", True)),
@@ -547,7 +548,15 @@ def create_app(
                 stage.on_verdict(state, ev, [])
                 step = Step()
             elif isinstance(ev, events.Hint):
-                if not stage.on_hint(state, ev):
+                outcome = stage.on_hint(state, ev)
+                if outcome == "late":
+                    await dead_letter(
+                        raw_ev.message,
+                        f"hint for turn {ev.turn} of session {ev.session_id} arrived after the "
+                        "session was assembled (its samples have left; processors.hint_wait_s "
+                        "makes closed sessions wait for hints)",
+                    )
+                if outcome != "applied":
                     continue  # the inline judge's own, read back: applied already
                 step = Step()
             else:  # decode_one let only the input types through

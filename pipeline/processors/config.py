@@ -44,13 +44,18 @@ class ProcessorSettings(BaseSettings):
     grace_s: float = 30.0
     # After a session closes, how long to wait for an outcome (record-outcome) before assembling.
     outcome_wait_s: float = 0.0
+    # After a session closes, how long to wait for hints from outside the judge (another
+    # judge, a person writing to the hints topic) before assembling. A hint for an assembled
+    # session is dead-lettered: its sample has left already.
+    hint_wait_s: float = Field(default=0.0, ge=0.0)
     # Groups (sessions sharing a group_id, RLAnything z-scoring within (group, step index)):
     # a group is complete with this many sessions (0: only the timeout completes it) or this
     # long after its first session was assembled.
     group_size: int = Field(default=0, ge=0)
     group_timeout_s: float = Field(default=600.0, gt=0)
     # Per-session state untouched this long is dropped (bounded memory); must exceed
-    # idle_timeout_s + grace_s + outcome_wait_s so that no live session loses its state.
+    # idle_timeout_s + grace_s + max(outcome_wait_s, hint_wait_s) so that no live session
+    # loses its state.
     retain_s: float = 6 * 3600.0
     # One session's state is one changelog value, so it is bounded whatever
     # the traffic: texts kept per turn (the judge's request and answer: their last characters,
@@ -91,10 +96,12 @@ class ProcessorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _retain_outlives_sessions(self) -> ProcessorSettings:
-        floor = self.idle_timeout_s + self.grace_s + self.outcome_wait_s
+        wait = max(self.outcome_wait_s, self.hint_wait_s)
+        floor = self.idle_timeout_s + self.grace_s + wait
         if self.retain_s <= floor:
             raise ValueError(
                 f"retain_s ({self.retain_s:g}) must exceed idle_timeout_s + grace_s + "
-                f"outcome_wait_s ({floor:g}), or live sessions would lose their state"
+                f"max(outcome_wait_s, hint_wait_s) ({floor:g}), or live sessions would lose "
+                "their state"
             )
         return self

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
 STATE_BYTES = 1 << 20
 
+JUDGE_COMPONENT = "judge"  # the producer of verdicts and their hints
+
 
 @dataclass(slots=True)
 class JudgeTurn:
@@ -158,7 +160,7 @@ async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:
             verdict = Verdict(0, [], error=f"judge returned {bad[0]!r}, not a vote (-1, 0, 1)")
     ns = work.state
     parents = [work.interaction_id, ns.event_id]
-    producer = Producer(component="judge", version=judge.version)
+    producer = Producer(component=JUDGE_COMPONENT, version=judge.version)
     prm = PrmScore(
         event_id=derive_event_id("prm_score", parents, judge.version),
         producer=producer,

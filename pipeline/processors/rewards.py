@@ -267,6 +267,7 @@ class Assembler:
     sample_version: str = "samples-1"
     grace_ms: int = 30_000
     outcome_wait_ms: int = 0
+    hint_wait_ms: int = 0
     reward_producer: Producer = field(init=False)
     sample_producer: Producer = field(init=False)
 
@@ -363,8 +364,8 @@ class Assembler:
     # ---- completion --------------------------------------------------------------------------
 
     def ready(self, state: AssemblyState, now_ms: int) -> bool:
-        """Closed, every turn judged and penalised (or the grace period is over), and the
-        outcome is in (or no outcome is awaited / the wait is over)."""
+        """Closed, every turn judged and penalised (or the grace period is over), the outcome
+        is in (or no outcome is awaited / the wait is over) and the hint wait is over."""
         closed = state.closed_at_ms
         if state.done or closed is None or state.last_turn is None:
             return False  # last_turn is set with closed_at_ms
@@ -374,6 +375,8 @@ class Assembler:
             and now_ms - closed < self.outcome_wait_ms
         ):
             return False
+        if now_ms - closed < self.hint_wait_ms:
+            return False  # hints from outside the judge may still come
         if now_ms - closed >= self.grace_ms:
             return True
         # Topics are read interleaved, so a replay may deliver a turn's verdicts before its

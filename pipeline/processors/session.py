@@ -30,7 +30,7 @@ from pydantic import TypeAdapter
 from pipeline.events import Hint, Interaction, NextState, PathPenalty, PrmScore
 
 from . import judging
-from .judging import JudgeState, JudgeWork
+from .judging import JUDGE_COMPONENT, JudgeState, JudgeWork
 from .pairing import Pairer, PairingState
 from .rewards import Assembler, AssemblyState
 
@@ -168,11 +168,16 @@ class SessionStage:
         for hint in hints:
             state.assembly = self.assembler.on_hint(state.assembly, hint)
 
-    def on_hint(self, state: SessionState, hint: Hint) -> bool:
+    def on_hint(self, state: SessionState, hint: Hint) -> str | None:
         """A hint read from the topic: another judge's or a person's (the inline judge's
-        own come back too). False when it changes nothing: known already, or too late."""
+        own come back too). Returns "applied", None when it changes nothing (known already:
+        the inline judge's own, read back) or "late" when its session was assembled without
+        it (the caller dead-letters it)."""
         turn = state.assembly.turns.get(hint.turn)
-        if state.assembly.done or (turn is not None and hint.event_id in turn.hints):
-            return False
+        if turn is not None and hint.event_id in turn.hints:
+            return None
+        if state.assembly.done:
+            own = self.judge_inline and hint.producer.component == JUDGE_COMPONENT
+            return None if own else "late"
         state.assembly = self.assembler.on_hint(state.assembly, hint)
-        return True
+        return "applied"
