@@ -97,11 +97,11 @@ def serve_fake(port: int, answer: list[int]) -> None:
 # ---- the gateway (its own process) -----------------------------------------------------------
 
 
-def serve_gateway(port: int, backend_url: str, record: bool, spool: str) -> None:
+def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: str) -> None:
     import uvicorn
 
     from pipeline.serving.build import build_app
-    from pipeline.serving.commands import server_config
+    from pipeline.serving.commands import _h11_header_timeout, server_config
     from pipeline.serving.settings import ServeSettings
     from pipeline.settings import Settings
 
@@ -110,7 +110,11 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str) -> None
         record=record, reload=False, spool_dir=Path(spool), interactions_topic=TOPIC,
         turn_recovery_s=0,
     )
-    server = uvicorn.Server(server_config(build_app(cfg, Settings()), cfg))
+    # "py": uvicorn's pure-Python stack (h11, asyncio's loop), the gateway's before httptools
+    # and uvloop, for an A/B in the same run.
+    py = {"http": _h11_header_timeout(cfg.header_timeout_s), "loop": "asyncio"}
+    server = uvicorn.Server(server_config(build_app(cfg, Settings()), cfg,
+                                          **(py if stack == "py" else {})))
     out = os.environ.get("GATEWAY_BENCH_CPROFILE")
     if not out:
         server.run()
@@ -219,12 +223,12 @@ def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc:
     d_lat, d_rps = asyncio.run(load(f"{furl}/generate", direct, conc, dh))
     c0 = cpu_s(gw_pid)
     g_lat, g_rps = asyncio.run(load(f"{gurl}/v1/chat/completions", chat, conc, gh))
-    if mode == "on":  # count the recorder's work for these requests too
+    if mode.startswith("on"):  # count the recorder's work for these requests too
         wait_delivered(gurl)
     g_cpu = (cpu_s(gw_pid) - c0) / n * 1000
     dp50, dp99 = statistics.median(d_lat), pct(d_lat, 0.99)
     gp50, gp99 = statistics.median(g_lat), pct(g_lat, 0.99)
-    print(f"record {mode:<5}{conc:>5}{dp50:>12.2f}{dp99:>8.2f}{gp50:>9.2f}{gp99:>8.2f}"
+    print(f"record {mode:<7}{conc:>5}{dp50:>12.2f}{dp99:>8.2f}{gp50:>9.2f}{gp99:>8.2f}"
           f"{gp50 - dp50:>11.2f}{gp99 - dp99:>8.2f}{d_rps:>12.0f}{g_rps:>9.0f}"
           f"{g_rps / d_rps:>7.2f}{g_cpu:>8.2f}", flush=True)
 
@@ -236,6 +240,9 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", choices=["off", "on"], default=["off", "on"])
     ap.add_argument("--conc", nargs="+", type=int, default=[1, 16])
     ap.add_argument("--rounds", type=int, default=1, help="cells repeated, interleaved")
+    ap.add_argument("--stacks", nargs="+", choices=["c", "py"], default=["c"],
+                    help="gateway HTTP stack: c = httptools + uvloop (production), py = h11 + "
+                    "asyncio (before); several: an A/B in the same run")
     ap.add_argument("--profile", default=None,
                     help="py-spy record the gateway into this file (speedscope .json or .svg)")
     ap.add_argument("--_fake", type=int, default=None, help=argparse.SUPPRESS)
@@ -244,12 +251,14 @@ def main() -> None:
     ap.add_argument("--_backend", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_record", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_spool", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_stack", default="c", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._fake is not None:
         serve_fake(args._fake, [int(t) for t in args._answer.split(",")])
         return
     if args._gateway is not None:
-        serve_gateway(args._gateway, args._backend, bool(args._record), args._spool)
+        serve_gateway(args._gateway, args._backend, bool(args._record), args._spool,
+                      args._stack)
         return
 
     from transformers import AutoTokenizer
@@ -270,40 +279,50 @@ def main() -> None:
     print(f"fake SGLang backend, tiny tokenizer, {len(prompt)} prompt tokens, answer of "
           f"{min(len(answer), args.max_tokens)} tokens; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'mode':<12}{'conc':>5}{'direct p50':>12}{'p99':>8}{'gw p50':>9}{'p99':>8}"
+    print(f"{'mode':<14}{'conc':>5}{'direct p50':>12}{'p99':>8}{'gw p50':>9}{'p99':>8}"
           f"{'added p50':>11}{'p99':>8}{'direct r/s':>12}{'gw r/s':>9}{'ratio':>7}"
           f"{'gw CPU':>8}")
     try:
-        for mode in args.modes:
-            with tempfile.TemporaryDirectory() as tmp:
-                gport = free_port()
-                gw = spawn("--_gateway", str(gport), "--_backend", furl, "--_record",
-                           str(int(mode == "on")), "--_spool", str(Path(tmp) / "spool"))
-                gurl = f"http://127.0.0.1:{gport}"
-                wait_up(f"{gurl}/healthz", gw)
-                spy = None
-                try:
-                    for rnd in range(args.rounds):
-                        for conc in args.conc:
-                            if args.profile and spy is None and conc == max(args.conc):
-                                spy = start_profile(args.profile, gw.pid)
-                            cell(tok, furl, gurl, gw.pid, mode, rnd, conc, args)
-                    if spy is not None:
-                        spy.send_signal(signal.SIGINT)
-                        spy.wait(timeout=60)
-                        spy = None
-                    if mode == "on":
-                        backlog = wait_delivered(gurl)
-                        print(f"  record on: backlog after the run {backlog} (0: all in Kafka)")
-                finally:
-                    if spy is not None:
-                        spy.kill()
-                    stop(gw)
+        for rnd in range(args.rounds):
+            for mode in args.modes:
+                for stack in args.stacks:
+                    run_gateway(tok, furl, f"{mode} {stack}" if len(args.stacks) > 1 else mode,
+                                mode == "on", stack, rnd, args)
     finally:
         stop(fake)
     print(f"latencies in ms at load average {os.getloadavg()[0]:.1f}; 'added' = gateway minus "
           "direct; ratio = gateway req/s / direct req/s; gw CPU = gateway process CPU ms per "
           "request (all threads, recording included)")
+
+
+def run_gateway(tok: Any, furl: str, label: str, record: bool, stack: str, rnd: int,
+                args: argparse.Namespace) -> None:
+    """One gateway process: every concurrency's cell against it."""
+    from tests.support.serving import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        gport = free_port()
+        gw = spawn("--_gateway", str(gport), "--_backend", furl, "--_record", str(int(record)),
+                   "--_spool", str(Path(tmp) / "spool"), "--_stack", stack)
+        gurl = f"http://127.0.0.1:{gport}"
+        wait_up(f"{gurl}/healthz", gw)
+        spy = None
+        try:
+            for conc in args.conc:
+                if args.profile and spy is None and rnd == 0 and conc == max(args.conc):
+                    spy = start_profile(args.profile, gw.pid)
+                cell(tok, furl, gurl, gw.pid, label, rnd, conc, args)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(timeout=60)
+                spy = None
+            if record:
+                backlog = wait_delivered(gurl)
+                print(f"  {label}: backlog after the run {backlog} (0: all in Kafka)")
+        finally:
+            if spy is not None:
+                spy.kill()
+            stop(gw)
 
 
 def wait_delivered(gurl: str) -> int:

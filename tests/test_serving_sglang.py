@@ -212,3 +212,17 @@ def test_lora_versions_use_dynamic_adapter_loading(sglang, tmp_path: Path) -> No
         await backend.close()
 
     asyncio.run(go())
+
+
+def test_env_proxy_is_read_once_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.serving.backends.sglang import env_proxy
+
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                 "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_proxy("http://sglang:30000") is None
+    monkeypatch.setenv("http_proxy", "http://proxy.internal:3128")
+    monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")
+    assert env_proxy("http://sglang:30000") == "http://proxy.internal:3128"
+    assert env_proxy("https://sglang:30000") is None  # no https_proxy set
+    assert env_proxy("http://127.0.0.1:30000") is None  # bypassed

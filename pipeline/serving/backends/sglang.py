@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -65,6 +67,7 @@ class SGLangBackend:
         self.timeout_s = timeout_s
         self._http: aiohttp.ClientSession | None = None  # made in (and bound to) a running loop
         self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._proxy: str | None = None
 
     @property
     def version(self) -> int:
@@ -163,8 +166,12 @@ class SGLangBackend:
         the gateway runs one)."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http.closed or self._http_loop is not loop:
-            self._http = aiohttp.ClientSession(  # proxies from the environment, as httpx did
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s), trust_env=True
+            # Proxies from the environment (as httpx did), looked up once here: aiohttp's
+            # trust_env looks them and ~/.netrc up on a worker thread for every request, two
+            # thread hops that cost ~0.3 ms of latency each on a busy 2-core machine.
+            self._proxy = env_proxy(self.url)
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
             )
             self._http_loop = loop
         return self._http
@@ -172,8 +179,9 @@ class SGLangBackend:
     async def _post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         """Status and body of a JSON POST; transport failures and timeouts are SGLangError."""
         try:
-            async with self._session().post(
-                self.url + path, data=orjson.dumps(body), headers=_JSON
+            session = self._session()
+            async with session.post(
+                self.url + path, data=orjson.dumps(body), headers=_JSON, proxy=self._proxy
             ) as resp:
                 return resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -194,6 +202,14 @@ class SGLangBackend:
         if self._http is not None and self._http_loop is asyncio.get_running_loop():
             await self._http.close()
         self._http = None
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy that ``http_proxy``/``https_proxy``/``no_proxy`` name for ``url``."""
+    parts = urlsplit(url)
+    if parts.hostname and urllib.request.proxy_bypass(parts.hostname):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
 
 
 def _text(raw: bytes) -> str:
