@@ -348,8 +348,20 @@ def test_session_with_an_llm_judge_waits_for_verdicts_from_the_judge_agent(h: Ha
             assert not h.out(names.REWARDS)  # turn 1's session_end is not judged yet
             await put(agent, names.PRM_SCORES, prm(1, -1, [-1], ns[1].event_id))
             await flush(agent, names.INTERACTIONS)
+            # The judge agent's hint for that verdict is read after it: the session waits.
+            assert not h.out(names.REWARDS)
+            await put(agent, names.HINTS, judge_hint)
+            await flush(agent, names.INTERACTIONS)
+        h.clock += 1_000  # JUDGE_AGENT_HINT_WAIT_S after the last verdict
+        await app.liverl_timers["session_sweep"]()
 
+    judge_hint = events.Hint(
+        event_id="jh1", producer=events.Producer(component="judge", version="llm-1"),
+        parents=[f"{SID}-i1"], session_id=SID, turn=1, hint="Say what you changed.",
+        judge_id="llm", rank=0,
+    )
     asyncio.run(run())
+    assert [s.hints for s in h.out(names.SAMPLES)] == [[], ["Say what you changed."]]  # type: ignore[attr-defined]
     pens = h.out(names.PATH_PENALTIES)
     totals = [r.total for r in h.out(names.REWARDS)]  # type: ignore[attr-defined]
     assert totals == pytest.approx([1 + pens[0].beta * pens[0].penalty,  # type: ignore[attr-defined]

@@ -221,8 +221,9 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     inputs = input_ends(kafka_settings)
     producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
     turns = script(sid)
-    # An outside hint counts only if it is read before its session is assembled: sent
-    # first (the session agent assembles as soon as the last turn is judged).
+    # An outside hint counts only if it is read before its session is assembled; the worker
+    # reads the hints and interactions topics interleaved, in no set order, and with the
+    # inline judge assembles as soon as the last turn is judged: hint_wait_s holds it open.
     hint = events.Hint(
         event_id=f"{sid}-hint0",
         producer=events.Producer(component="itest", version="1"),
@@ -254,7 +255,7 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
         # Each run reads only what it wrote itself: from the end of what was there before it.
         col = Collector(kafka_settings, sid, start if run == 0 else high_watermarks(kafka_settings))
         start_group_at(kafka_settings, f"itest-{unique}-{run}", inputs)
-        proc = start_worker(f"itest-{unique}-{run}", sid, rules, tmp_path)
+        proc = start_worker(f"itest-{unique}-{run}", sid, rules, tmp_path, hint_wait_s="2")
         try:
             col.poll_until(complete, proc)
         finally:

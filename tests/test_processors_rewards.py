@@ -382,3 +382,29 @@ def test_session_stage_applies_hints_and_reports_late_ones(inline: bool):
     # The inline judge's hints were applied before assembly and come back afterwards; an
     # LLM judge's hints are only applied from the topic, so after assembly they are late.
     assert stage.on_hint(state, judges_own) == (None if inline else "late")
+
+
+def test_hint_wait_counts_from_the_latest_verdict():
+    """A judge agent's hints travel beside its verdict on another topic: the session waits
+    ``hint_wait_ms`` after the last verdict, not only after the close."""
+    asm = Assembler(hint_wait_ms=1_000)
+    state = asm.on_interaction(None, inter(0))
+    state = asm.on_next_state(state, ns(0, "session_end"), now_ms=0)
+    state = asm.on_penalty(state, pen(0, 0.0))
+    assert not asm.ready(state, 5_000)  # the verdict is missing
+    state = asm.on_prm(state, prm(0, 1, [1]), now_ms=5_000)
+    assert state.verdict_at_ms == 5_000
+    assert not asm.ready(state, 5_999)
+    state = asm.on_hint(state, outside_hint(0, "judge-hint", component="judge"))
+    assert asm.ready(state, 6_000)
+    assert asm.complete(state, 6_000).samples[0].hints == ["hint judge-hint"]
+
+
+def test_hint_wait_defaults_by_judge_kind():
+    from pipeline.processors.config import JUDGE_AGENT_HINT_WAIT_S, ProcessorSettings
+
+    assert ProcessorSettings().hint_wait(judge_inline=True) == 0.0
+    assert ProcessorSettings().hint_wait(judge_inline=False) == JUDGE_AGENT_HINT_WAIT_S
+    assert ProcessorSettings(hint_wait_s=3).hint_wait(judge_inline=True) == 3.0
+    with pytest.raises(ValueError, match="retain_s"):
+        ProcessorSettings(idle_timeout_s=10, grace_s=0, hint_wait_s=100, retain_s=50)

@@ -231,6 +231,8 @@ def create_app(
     # Pairing and judging share that value: 2/5 of the bound each, the rest is the assembly's
     # (ids, votes and hints of the session's turns).
     part_bytes = min(cfg.state_max_bytes, settings.kafka.max_event_bytes) * 2 // 5
+    judge = build_judge(cfg)
+    inline = bool(getattr(judge, "inline", True))
     pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version,
                     text_chars=cfg.state_text_chars, max_bytes=part_bytes)
     assembler = Assembler(
@@ -238,10 +240,9 @@ def create_app(
         cfg.sample_version,
         grace_ms=int(cfg.grace_s * 1000),
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
-        hint_wait_ms=int(cfg.hint_wait_s * 1000),
+        hint_wait_ms=int(cfg.hint_wait(inline) * 1000),
     )
-    judge = build_judge(cfg)
-    stage = SessionStage(pairer, assembler, judge_inline=bool(getattr(judge, "inline", True)),
+    stage = SessionStage(pairer, assembler, judge_inline=inline,
                          text_chars=cfg.state_text_chars, judge_max_bytes=part_bytes)
     # aiokafka and Faust's topics log every produce request at debug; building those records
     # was ~7% and ~5% of a busy worker even when the handler drops them.
@@ -449,7 +450,7 @@ def create_app(
             await send(names.PRM_SCORES, res.prm)
             for hint in res.hints:
                 await send(names.HINTS, hint)
-            stage.on_verdict(state, res.prm, res.hints)
+            stage.on_verdict(state, res.prm, res.hints, now_ms())
 
     def unpark(key: bytes, state: SessionState, turn: int) -> list[judging.JudgeWork]:
         """The parked next states of ``turn``, now that it is known."""
@@ -545,7 +546,7 @@ def create_app(
                     parked_t[parked_key(key, nxt.event_id)] = park(raw_ev.message)
                 step.parked = []
             elif isinstance(ev, events.PrmScore):
-                stage.on_verdict(state, ev, [])
+                stage.on_verdict(state, ev, [], now_ms())
                 step = Step()
             elif isinstance(ev, events.Hint):
                 outcome = stage.on_hint(state, ev)

@@ -13,6 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_RULES = Path(__file__).with_name("rules") / "default.yaml"
 
+JUDGE_AGENT_HINT_WAIT_S = 1.0  # hint_wait_s default with a judge agent (LLM)
+
 
 class ProcessorSettings(BaseSettings):
     """Everything the reward workers need besides the cluster address."""
@@ -44,10 +46,18 @@ class ProcessorSettings(BaseSettings):
     grace_s: float = 30.0
     # After a session closes, how long to wait for an outcome (record-outcome) before assembling.
     outcome_wait_s: float = 0.0
-    # After a session closes, how long to wait for hints from outside the judge (another
-    # judge, a person writing to the hints topic) before assembling. A hint for an assembled
-    # session is dead-lettered: its sample has left already.
-    hint_wait_s: float = Field(default=0.0, ge=0.0)
+    # How long a closed session waits for hints after its close and after its latest verdict
+    # before assembling: hints from outside the judge (another judge, a person writing to the
+    # hints topic), and a judge agent's own (the LLM judge sends a verdict's hints beside it,
+    # on another topic). None: 0 with an inline judge, 1 s with a judge agent. A hint for an
+    # assembled session is dead-lettered: its samples have left already.
+    hint_wait_s: float | None = Field(default=None, ge=0.0)
+
+    def hint_wait(self, judge_inline: bool) -> float:
+        """``hint_wait_s``, or its default for this kind of judge."""
+        if self.hint_wait_s is not None:
+            return self.hint_wait_s
+        return 0.0 if judge_inline else JUDGE_AGENT_HINT_WAIT_S
     # Groups (sessions sharing a group_id, RLAnything z-scoring within (group, step index)):
     # a group is complete with this many sessions (0: only the timeout completes it) or this
     # long after its first session was assembled.
@@ -96,7 +106,7 @@ class ProcessorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _retain_outlives_sessions(self) -> ProcessorSettings:
-        wait = max(self.outcome_wait_s, self.hint_wait_s)
+        wait = max(self.outcome_wait_s, self.hint_wait(judge_inline=False))
         floor = self.idle_timeout_s + self.grace_s + wait
         if self.retain_s <= floor:
             raise ValueError(

@@ -249,6 +249,9 @@ class AssemblyState:
     last_turn: int | None = None
     done: bool = False
     group_id: str | None = None
+    # When the latest verdict was applied (processing time): a judge that is not inline
+    # sends a verdict's hints beside it on another topic, so they may be read just after it.
+    verdict_at_ms: int = 0
 
 
 @dataclass
@@ -336,10 +339,13 @@ class Assembler:
             state.last_turn = ns.turn
         return state
 
-    def on_prm(self, state: AssemblyState | None, prm: PrmScore) -> AssemblyState:
+    def on_prm(
+        self, state: AssemblyState | None, prm: PrmScore, now_ms: int = 0
+    ) -> AssemblyState:
         state = state if state is not None else AssemblyState()
         if state.done:
             return state
+        state.verdict_at_ms = max(state.verdict_at_ms, now_ms)
         # parents are [interaction id, next state id]: key the verdict by its next state.
         self._turn(state, prm.session_id, prm.turn).prm[prm.parents[-1]] = PrmEntry(
             event_id=prm.event_id, score=prm.score, votes=list(prm.votes)
@@ -365,7 +371,8 @@ class Assembler:
 
     def ready(self, state: AssemblyState, now_ms: int) -> bool:
         """Closed, every turn judged and penalised (or the grace period is over), the outcome
-        is in (or no outcome is awaited / the wait is over) and the hint wait is over."""
+        is in (or no outcome is awaited / the wait is over) and the hint wait, counted from the
+        close or the latest verdict, is over."""
         closed = state.closed_at_ms
         if state.done or closed is None or state.last_turn is None:
             return False  # last_turn is set with closed_at_ms
@@ -375,8 +382,8 @@ class Assembler:
             and now_ms - closed < self.outcome_wait_ms
         ):
             return False
-        if now_ms - closed < self.hint_wait_ms:
-            return False  # hints from outside the judge may still come
+        if now_ms - max(closed, state.verdict_at_ms) < self.hint_wait_ms:
+            return False  # hints may still come: from outside, or the judge's own
         if now_ms - closed >= self.grace_ms:
             return True
         # Topics are read interleaved, so a replay may deliver a turn's verdicts before its

@@ -163,8 +163,10 @@ class SessionStage:
             for nid in judging.expired(state.judging, now_ms, grace_ms)
         }
 
-    def on_verdict(self, state: SessionState, prm: PrmScore, hints: list[Hint]) -> None:
-        state.assembly = self.assembler.on_prm(state.assembly, prm)
+    def on_verdict(
+        self, state: SessionState, prm: PrmScore, hints: list[Hint], now_ms: int
+    ) -> None:
+        state.assembly = self.assembler.on_prm(state.assembly, prm, now_ms)
         for hint in hints:
             state.assembly = self.assembler.on_hint(state.assembly, hint)
 
