@@ -45,7 +45,28 @@ def session(client: httpx.Client, url: str, model: str, sid: str) -> float:
     return ended
 
 
-def measure(idle_s: float, load_clients: int, sessions: int, policy: str) -> list[float]:
+def trainer_figures(lake: Path, policy: str) -> str:
+    """Steps, samples per step and samples trained per second (first to last step) from the
+    Delta ``gradient_steps`` table: what the batching rule did to throughput."""
+    from deltalake import DeltaTable
+
+    uri = str(lake / "gradient_steps")
+    if not DeltaTable.is_deltatable(uri):
+        return "no steps"
+    import pyarrow.compute as pc
+
+    rows = DeltaTable(uri).to_pyarrow_dataset().to_table(
+        columns=["samples", "ts_ms"], filter=pc.field("policy_id") == policy).to_pylist()
+    if not rows:
+        return "no steps"
+    n = sum(r["samples"] for r in rows)
+    span = (max(r["ts_ms"] for r in rows) - min(r["ts_ms"] for r in rows)) / 1000
+    rate = f", {n / span:.1f} samples/s trained" if span > 0 else ""
+    return f"{len(rows)} steps, {n / len(rows):.1f} samples/step{rate}"
+
+
+def measure(idle_s: float, load_clients: int, sessions: int,
+            policy: str) -> tuple[list[float], str]:
     settings = Settings()
     state = Path(settings.state_dir)
     lake = Path(settings.trainer.under_state_dir(state).lake_root)
@@ -113,7 +134,7 @@ def measure(idle_s: float, load_clients: int, sessions: int, policy: str) -> lis
         v = consumed.get(sid)
         if v is not None and v in first_seen and first_seen[v] >= at:
             out.append(first_seen[v] - at)
-    return out
+    return out, trainer_figures(lake, policy)
 
 
 def main() -> None:
@@ -127,14 +148,14 @@ def main() -> None:
     for load in (0, args.load_clients):
         for idle_s in args.idle:
             policy = f"bench-fresh-i{idle_s:g}-l{load}-{time.strftime('%H%M%S')}"
-            fresh = measure(idle_s, load, args.sessions, policy)
+            fresh, trained = measure(idle_s, load, args.sessions, policy)
             what = "alone" if not load else f"under load ({load} clients)"
             if not fresh:
                 print(f"batch_idle_s {idle_s:<4g} {what:<24} no session measured")
                 continue
             print(f"batch_idle_s {idle_s:<4g} {what:<24} freshness p50 "
                   f"{statistics.median(fresh):.2f} s, max {max(fresh):.2f} s "
-                  f"({len(fresh)}/{args.sessions} sessions)", flush=True)
+                  f"({len(fresh)}/{args.sessions} sessions); trainer: {trained}", flush=True)
 
 
 if __name__ == "__main__":

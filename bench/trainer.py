@@ -98,10 +98,13 @@ def bench_core(model: Path, data: list[Sample], batch: int, method: str, nproc: 
 
 
 def bench_kafka(
-    model: Path, data: list[Sample], batch: int, publish_every: str, nproc: int = 1
+    model: Path, data: list[Sample], batch: int, publish_every: str, nproc: int = 1,
+    batch_idle_s: float | None = None,
 ) -> None:
     """``publish_every``: ``default`` (the settings' cadence) or N (every N steps, no
-    overhead budget: the pre-budget behaviour); ``nproc``: ranks, as ``liverl train``."""
+    overhead budget: the pre-budget behaviour); ``nproc``: ranks, as ``liverl train``;
+    ``batch_idle_s``: the idle trigger (None: the settings' default). The samples are all in
+    the topic before the trainer starts: a backlog, the trainer's load at its limit."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from pipeline.kafka import EventProducer
@@ -128,6 +131,8 @@ def bench_kafka(
             )
             if publish_every != "default":
                 cfg.publish_every_steps, cfg.publish_max_overhead = int(publish_every), 1.0
+            if batch_idle_s is not None:
+                cfg.batch_idle_s = batch_idle_s
             marks: dict[str, float] = {}
 
             def echo(line: str) -> None:
@@ -146,9 +151,12 @@ def bench_kafka(
         label = (
             "default cadence" if publish_every == "default" else f"publish/{publish_every} steps"
         )
+        if batch_idle_s is not None:
+            label += f", idle {batch_idle_s:g} s"
         report(f"kafka loop, {label}, nproc {nproc}", stats.samples, tokens, wall, compute)
         print(
-            f"{'':<28} {stats.published} versions, {stats.steps} steps; publishing "
+            f"{'':<28} {stats.published} versions, {stats.steps} steps "
+            f"({stats.samples / max(1, stats.steps):.1f} samples each); publishing "
             f"{100 * t['publish_s'] / wall:.1f}% ({1000 * t['publish_s'] / stats.published:.0f} "
             f"ms/version), polling {100 * t['poll_s'] / wall:.1f}% of wall"
         )
@@ -166,6 +174,9 @@ def main() -> None:
     ap.add_argument("--publish-every", nargs="+", default=["default", "1"],
                     help="'default' (settings cadence) and/or step counts")
     ap.add_argument("--no-kafka", action="store_true")
+    ap.add_argument("--batch-idle", nargs="+", type=float, default=None,
+                    help="batch_idle_s values to compare on the Kafka backlog (e.g. 0 0.3: "
+                    "does the idle trigger shrink batches when the input is never idle?)")
     ap.add_argument("--model", default="tiny", help="tiny or a store model (LoRA)")
     ap.add_argument("--methods", nargs="+", default=["rl", "hybrid"])
     ap.add_argument("--nproc", nargs="+", type=int, default=[1],
@@ -192,7 +203,8 @@ def main() -> None:
         if not args.no_kafka:
             for every in args.publish_every:
                 for nproc in args.nproc:
-                    bench_kafka(model, data, args.batch, every, nproc)
+                    for idle in args.batch_idle or [None]:
+                        bench_kafka(model, data, args.batch, every, nproc, idle)
 
 
 if __name__ == "__main__":
