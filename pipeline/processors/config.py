@@ -52,12 +52,6 @@ class ProcessorSettings(BaseSettings):
     # on another topic). None: 0 with an inline judge, 1 s with a judge agent. A hint for an
     # assembled session is dead-lettered: its samples have left already.
     hint_wait_s: float | None = Field(default=None, ge=0.0)
-
-    def hint_wait(self, judge_inline: bool) -> float:
-        """``hint_wait_s``, or its default for this kind of judge."""
-        if self.hint_wait_s is not None:
-            return self.hint_wait_s
-        return 0.0 if judge_inline else JUDGE_AGENT_HINT_WAIT_S
     # Groups (sessions sharing a group_id, RLAnything z-scoring within (group, step index)):
     # a group is complete with this many sessions (0: only the timeout completes it) or this
     # long after its first session was assembled.
@@ -115,3 +109,9 @@ class ProcessorSettings(BaseSettings):
                 "their state"
             )
         return self
+
+    def hint_wait(self, judge_inline: bool) -> float:
+        """``hint_wait_s``, or its default for this kind of judge."""
+        if self.hint_wait_s is not None:
+            return self.hint_wait_s
+        return 0.0 if judge_inline else JUDGE_AGENT_HINT_WAIT_S
