@@ -100,7 +100,9 @@ class ProcessorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _retain_outlives_sessions(self) -> ProcessorSettings:
-        wait = max(self.outcome_wait_s, self.hint_wait(judge_inline=False))
+        # The judge agent's default hint wait (1 s) is left out: a bound that small matters to
+        # no real retain_s, and the judge's kind is only known once it is built.
+        wait = max(self.outcome_wait_s, self.hint_wait_s or 0.0)
         floor = self.idle_timeout_s + self.grace_s + wait
         if self.retain_s <= floor:
             raise ValueError(
