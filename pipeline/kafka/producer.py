@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
+LIBRDKAFKA_LOG = logging.getLogger("pipeline.kafka.librdkafka")
+
+
 class DeliveryError(RuntimeError):
     """One or more records were not acknowledged by the cluster."""
 
@@ -72,6 +75,10 @@ class EventProducer:
                 # headers always fits; the broker and every topic accept the same size.
                 "message.max.bytes": kafka.max_record_bytes,
                 "error_cb": self._on_client_error,
+                # librdkafka's own log lines through Python logging, served by poll/flush:
+                # not raw stderr lines, and none from a producer nobody polls any more (one
+                # left to the garbage collector would print every reconnect attempt).
+                "logger": LIBRDKAFKA_LOG,
             }
         )
         if transactional_id:
