@@ -169,3 +169,12 @@ def test_gateway_sessions_use_the_cache(tok: Any, tiny_backend: Any) -> None:
         )
         assert r.status_code == 200, r.text
     assert "cached" not in gw.prompts._entries  # a closed session's prompt is dropped
+
+
+def test_no_cache_when_special_tokens_are_split_as_text(tok: Any) -> None:
+    import copy
+
+    split = copy.deepcopy(tok)
+    split.split_special_tokens = True
+    assert not PromptCache(split).enabled
+    assert PromptCache(tok).enabled

@@ -173,10 +173,16 @@ def _shared_cut(entry: _Entry, text: str) -> int:
 
 def _fast_backend(tokenizer: Any) -> Any:
     """The tokenizers-library object behind a fast tokenizer, when encoding with it directly
-    gives what ``tokenizer(text)`` gives (no truncation or padding configured)."""
+    gives what ``tokenizer(text)`` gives (no truncation or padding configured, special tokens
+    matched as tokens)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "get_added_tokens_decoder"):
         return None
     if backend.truncation is not None or backend.padding is not None:
+        return None
+    # A tokenizer told to split its special tokens as text has no added-token cuts to use.
+    if getattr(tokenizer, "split_special_tokens", False) or getattr(
+        backend, "encode_special_tokens", False
+    ):
         return None
     return backend
