@@ -313,9 +313,9 @@ def test_session_header_length_and_utf8(fake_served: tuple[str, FakeRecorder]) -
 
 
 @contextmanager
-def served_with_timeouts(app: FastAPI, cfg: ServeSettings) -> Iterator[int]:
+def served_with_timeouts(app: FastAPI, cfg: ServeSettings, **overrides: Any) -> Iterator[int]:
     port = free_port()
-    server = uvicorn.Server(server_config(app, cfg, port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(app, cfg, port=port, log_level="warning", **overrides))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     assert wait(lambda: server.started, 60)
@@ -365,8 +365,13 @@ def test_slow_headers_stay_open_without_the_timeout(tiny: HFBackend) -> None:
     assert closed is None
 
 
-def test_slow_headers_and_bodies_are_closed(tiny: HFBackend) -> None:
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_slow_headers_and_bodies_are_closed(tiny: HFBackend, parser: str) -> None:
+    """Both header-timeout protocols: httptools (production) and the h11 fallback."""
+    from pipeline.serving.commands import _h11_header_timeout
+
     cfg = ServeSettings(header_timeout_s=1.0, body_timeout_s=1.5)
+    fallback = {"http": _h11_header_timeout(cfg.header_timeout_s)} if parser == "h11" else {}
     app = create_app(Gateway(cfg, tiny, FakeRecorder()))  # type: ignore[arg-type]
     results: list[tuple[str, float | None, bytes]] = []
 
@@ -374,7 +379,7 @@ def test_slow_headers_and_bodies_are_closed(tiny: HFBackend) -> None:
         head, drip = (HEAD, b"X-A: b\r\n") if kind == "header" else (BODY_HEAD, b" ")
         results.append((kind, *dribble(port, head, drip, 8.0)))
 
-    with served_with_timeouts(app, cfg) as port:
+    with served_with_timeouts(app, cfg, **fallback) as port:
         threads = [threading.Thread(target=one, args=(k, port))
                    for k in ("header", "body") for _ in range(4)]
         for t in threads:

@@ -558,7 +558,7 @@ def create_app(
                         "makes closed sessions wait for hints)",
                     )
                 if outcome != "applied":
-                    continue  # the inline judge's own, read back: applied already
+                    continue  # known already (the inline judge's own), or dead-lettered
                 step = Step()
             else:  # decode_one let only the input types through
                 continue

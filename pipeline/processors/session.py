@@ -24,6 +24,7 @@ once) produces the same events again, which every consumer drops by id.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import TypeAdapter
 
@@ -170,7 +171,7 @@ class SessionStage:
         for hint in hints:
             state.assembly = self.assembler.on_hint(state.assembly, hint)
 
-    def on_hint(self, state: SessionState, hint: Hint) -> str | None:
+    def on_hint(self, state: SessionState, hint: Hint) -> Literal["applied", "late"] | None:
         """A hint read from the topic: another judge's or a person's (the inline judge's
         own come back too). Returns "applied", None when it changes nothing (known already:
         the inline judge's own, read back) or "late" when its session was assembled without

@@ -36,7 +36,9 @@ def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
 
 
 class _HeaderTimer:
-    """The clock of :func:`header_timeout_protocol`, mixed into a uvicorn protocol class."""
+    """The clock of :func:`header_timeout_protocol`, mixed in before a uvicorn protocol
+    class: it runs from connecting, and again from a request's first byte, until the
+    request's headers are complete (``_headers_pending``)."""
 
     loop: Any
     transport: Any
@@ -45,6 +47,21 @@ class _HeaderTimer:
 
     def _headers_pending(self) -> bool:
         raise NotImplementedError
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]  # (the parser's callbacks run here)
+        if self._headers_pending():
+            self._arm()
+        else:
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm(self) -> None:
         if self._header_timer is None:
@@ -78,17 +95,6 @@ def header_timeout_protocol(timeout_s: float) -> type:
         def _headers_pending(self) -> bool:
             return self._awaiting_headers
 
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)  # the parser callbacks below run inside this call
-            if self._awaiting_headers:
-                self._arm()
-            else:
-                self._disarm()
-
         def on_message_begin(self) -> None:
             self._awaiting_headers = True
             super().on_message_begin()
@@ -96,10 +102,6 @@ def header_timeout_protocol(timeout_s: float) -> type:
         def on_headers_complete(self) -> None:
             self._awaiting_headers = False
             super().on_headers_complete()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
     HeaderTimeoutHttpTools.timeout_s = timeout_s
     return HeaderTimeoutHttpTools
@@ -112,21 +114,6 @@ def _h11_header_timeout(timeout_s: float) -> type:
     class HeaderTimeoutH11(_HeaderTimer, H11Protocol):
         def _headers_pending(self) -> bool:
             return self.conn.their_state is h11.IDLE  # part of a request line or headers
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self._headers_pending():
-                self._arm()
-            else:
-                self._disarm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
     HeaderTimeoutH11.timeout_s = timeout_s
     return HeaderTimeoutH11

@@ -73,24 +73,21 @@ class PromptCache:
             self._bytes -= entry.nbytes
         k = _shared_cut(entry, text) if entry is not None else -1
         if entry is None or k < 0:
-            ids, offsets = self._encode_offsets(text)
-            self._store(session_id, text, array("I", ids), offsets, 0, 0, entry, -1)
-            return ids
+            return self._encode_and_store(session_id, text)
         if not self._starts_cut(text, entry.cuts[k]) and k > 0:
             k -= 1  # the new text differs right at the last shared cut: take the one before
         start, kept = entry.cuts[k], entry.cut_tokens[k]
         tail, offsets = self._encode_offsets(text[start:])
         if not tail or self._cut_ids.get(tail[0]) is None or offsets[0][0] != 0:
             # no added token starts the tail after all: no split there, encode in full
-            ids_full, offsets_full = self._encode_offsets(text)
-            self._store(session_id, text, array("I", ids_full), offsets_full, 0, 0, None, -1)
-            return ids_full
+            return self._encode_and_store(session_id, text)
         joined = entry.ids[:kept]
         joined.extend(tail)
         out = joined.tolist()
         if self._verified < VERIFY_HITS:
             self._verified += 1
-            if out != self._full(text):
+            full = self._full(text)
+            if out != full:
                 log.warning(
                     "prompt cache disabled: this tokenizer does not split exactly at its "
                     "added tokens; every prompt is now tokenized in full"
@@ -98,10 +95,11 @@ class PromptCache:
                 self._backend = None
                 self._entries.clear()
                 self._bytes = 0
-                return self._full(text)
+                return full
         self.hits += 1
         self.saved_chars += start
-        self._store(session_id, text, joined, offsets, start, kept, entry, k)
+        self._store(session_id, text, joined, offsets, start,
+                    entry.cuts[: k + 1], entry.cut_tokens[: k + 1])
         return out
 
     def forget(self, session_id: str) -> None:
@@ -121,6 +119,11 @@ class PromptCache:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def _encode_and_store(self, session_id: str, text: str) -> list[int]:
+        ids, offsets = self._encode_offsets(text)
+        self._store(session_id, text, array("I", ids), offsets, 0, [], [])
+        return ids
+
     def _encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self._backend.encode(text, add_special_tokens=False)
         return list(enc.ids), enc.offsets
@@ -132,12 +135,12 @@ class PromptCache:
         ids: array,
         tail_offsets: list[tuple[int, int]],
         start: int,
-        kept: int,
-        old: _Entry | None,
-        k: int,
+        cuts: list[int],
+        cut_tokens: list[int],
     ) -> None:
-        cuts = old.cuts[: k + 1] if old is not None and k >= 0 else []
-        cut_tokens = old.cut_tokens[: k + 1] if old is not None and k >= 0 else []
+        """Keep ``text`` and its ``ids``: the prefix up to char ``start`` (whose cuts are
+        given) reused, the rest encoded with ``tail_offsets`` (relative to ``start``)."""
+        kept = len(ids) - len(tail_offsets)
         for j, tok in enumerate(ids[kept:]):
             content = self._cut_ids.get(tok)
             if content is None:
