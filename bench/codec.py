@@ -1,5 +1,6 @@
 """Event codec cost on a realistic interaction (2,048 prompt tokens, 512 response tokens with
-log-probs, tool-use messages: ~31 KB of JSON in v1), codec v1 and v2 side by side. Prints
+log-probs, tool-use messages: ~31 KB of JSON in v1), codec v1 and v2 side by side. The event
+is built from lists, as the gateway builds it; "re-encode" takes the event as decoded. Prints
 figures; asserts nothing.
 
 The two versions are measured in alternating rounds of the same run and each case reports the
@@ -47,6 +48,7 @@ def main() -> None:
     event = interaction(prompt_tokens=2048, response_tokens=512, text_repeat=5)
     raws = {v: encode(event, validate=True, version=v) for v in (1, 2)}
     docs = {v: orjson.loads(raw) for v, raw in raws.items()}
+    decoded = {v: decode(raw) for v, raw in raws.items()}
     for raw in raws.values():
         assert decode(raw) == event
 
@@ -56,6 +58,9 @@ def main() -> None:
             ("encode", lambda: encode(event, version=v), n),
             ("decode (parse + validate + typed event)", lambda: decode(raw), n),
             ("encode + decode", lambda: decode(encode(event, version=v)), n),
+            # A decoded event holds what its version decodes to: lists from v1, packed
+            # arrays from v2 (what the processors, replay and the trainer re-send).
+            ("re-encode a decoded event", lambda: encode(decoded[v], version=v), n),
             ("encode(validate=True)", lambda: encode(event, validate=True, version=v), n),
             ("orjson loads only, no validation", lambda: orjson.loads(raw), n),
             ("stdlib json round trip, no checks", lambda: json.loads(json.dumps(doc)), n),

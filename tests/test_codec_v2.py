@@ -24,6 +24,7 @@ from typing import Any
 import fastjsonschema
 import numpy as np
 import orjson
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from jsonschema import Draft7Validator
@@ -92,11 +93,14 @@ def test_round_trip_in_each_version(type_: str, version: int) -> None:
 
 
 @pytest.mark.parametrize("type_", sorted(CHANGED))
-def test_v2_decodes_to_lists_of_python_numbers(type_: str) -> None:
+def test_v2_decodes_to_packed_arrays_of_python_numbers(type_: str) -> None:
     back = events.decode(events.encode(EXAMPLES[type_], version=2))
-    for name in binary.layout(V2[type_]):
+    packed = {"uint32": events.U32Array, "uint8": events.U8Array, "float64": events.F64Array}
+    for name, f in binary.layout(V2[type_]).items():
         values = getattr(back, name)
-        assert type(values) is list and values == getattr(EXAMPLES[type_], name)
+        assert type(values) is packed[f.dtype], name
+        assert values == getattr(EXAMPLES[type_], name)
+        assert values.tolist() == list(getattr(EXAMPLES[type_], name))
         kind = float if "logprobs" in name else int
         assert all(type(v) is kind for v in values), name
 
@@ -133,7 +137,7 @@ def test_to_dict_keeps_lists_whatever_the_codec(restore_codec_version: None) -> 
     assert doc["schema_version"] == 1 and isinstance(doc["loss_mask"], list)
 
 
-def test_trainer_trajectory_rows_get_lists_from_v2_samples() -> None:
+def test_trainer_trajectory_rows_from_v2_samples_are_native_list_columns() -> None:
     sample = events.decode(events.encode(EXAMPLES["sample"], version=2), "sample")
     record = events_record(sample)
     result = StepResult(
@@ -147,11 +151,12 @@ def test_trainer_trajectory_rows_get_lists_from_v2_samples() -> None:
             return " ".join(map(str, ids))
 
     rows = trajectory_rows([record], result, Tokenizer())
+    table = T.to_table(T.TRAJECTORIES, rows)  # as written to Delta: the rows hold packed arrays
     for name in ("prompt_token_ids", "response_token_ids", "loss_mask", "opd_mask"):
-        assert type(rows[0][name]) is list and rows[0][name] == getattr(EXAMPLES["sample"], name)
-    assert type(rows[0]["behavior_logprobs"]) is list
-    table = T.to_table(T.TRAJECTORIES, rows)  # list columns, as written to Delta
-    assert table.column("loss_mask").to_pylist() == [EXAMPLES["sample"].loss_mask]  # type: ignore[attr-defined]
+        assert pa.types.is_list(table.schema.field(name).type), name
+        assert table.column(name).to_pylist() == [getattr(EXAMPLES["sample"], name)], name
+    logprobs = table.column("behavior_logprobs").to_pylist()[0]  # float32 in the table
+    assert logprobs == pytest.approx(EXAMPLES["sample"].behavior_logprobs, rel=1e-6)  # type: ignore[attr-defined]
 
 
 def events_record(event: events.Event) -> Any:
@@ -554,5 +559,7 @@ def test_topic_with_v1_and_v2_records_is_consumed_in_order(
     assert [dict(r.headers)[events.VERSION_HEADER] for r in records] == [
         str(v).encode() for v in versions
     ]
-    assert all(type(r.event.prompt_token_ids) is list for r in records[:-1])  # type: ignore[attr-defined]
+    # v1 decodes to lists, v2 to packed arrays; both compared equal to the sent lists above
+    kinds = [type(r.event.prompt_token_ids) for r in records[:-1]]  # type: ignore[attr-defined]
+    assert kinds == [list, events.U32Array] * 4
     assert dead == 1  # the value says 2, its header 1

@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import orjson
 import pytest
 from pydantic import TypeAdapter
 
-from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id
+from pipeline import events
+from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id, json_default
 from pipeline.processors import grouping
 from pipeline.processors.commands import outcome_event
 from pipeline.processors.grouping import GroupIndex
@@ -408,3 +410,27 @@ def test_hint_wait_defaults_by_judge_kind():
     assert ProcessorSettings(hint_wait_s=3).hint_wait(judge_inline=True) == 3.0
     with pytest.raises(ValueError, match="retain_s"):
         ProcessorSettings(idle_timeout_s=10, grace_s=0, hint_wait_s=100, retain_s=50)
+
+
+def test_token_payload_table_value_round_trips_and_reads_the_older_json() -> None:
+    tokens = token_payload(examples.interaction(prompt_tokens=40, response_tokens=8))
+    raw = tokens.to_bytes()
+    # tag + three uint32 lengths, then 4 bytes per id and 8 per log-prob
+    assert len(raw) == 16 + 4 * 40 + 4 * 8 + 8 * 8 and raw[:4] == b"LTP1"
+    back = TokenPayload.from_bytes(raw)
+    assert back == tokens and back.to_bytes() == raw
+    older = orjson.dumps(tokens, default=json_default)  # what workers wrote before
+    assert TokenPayload.from_bytes(older) == tokens
+    with pytest.raises(ValueError, match="expected"):
+        TokenPayload.from_bytes(raw[:-1])
+    with pytest.raises(ValueError, match="not a token payload"):
+        TokenPayload.from_bytes(b"XXXX" + raw[4:])
+    empty = TokenPayload()
+    assert TokenPayload.from_bytes(empty.to_bytes()) == empty
+
+
+def test_assembly_state_dumps_packed_token_arrays_as_lists() -> None:
+    tokens = token_payload(events.decode(events.encode(inter(0))))  # decoded: packed arrays
+    assert type(tokens.prompt_token_ids) is events.U32Array
+    ta = TypeAdapter(TokenPayload)
+    assert ta.validate_json(ta.dump_json(tokens)) == tokens

@@ -1,5 +1,6 @@
 """liverl events: typed envelopes, wire codec and validation against `schemas/`."""
 
+from .arrays import F64Array, U8Array, U32Array, json_default
 from .codec import (
     CODEC_VERSIONS,
     DEFAULT_CODEC_VERSION,
@@ -42,6 +43,7 @@ __all__ = [
     "CODEC_VERSIONS",
     "DEFAULT_CODEC_VERSION",
     "EVENT_TYPES",
+    "F64Array",
     "SCHEMA_VERSION",
     "TYPE_HEADER",
     "VERSION_HEADER",
@@ -60,6 +62,8 @@ __all__ = [
     "Sample",
     "ServingStatus",
     "TurnEvent",
+    "U8Array",
+    "U32Array",
     "WeightFile",
     "WeightsPublished",
     "codec_version",
@@ -68,6 +72,7 @@ __all__ = [
     "encode",
     "from_dict",
     "headers",
+    "json_default",
     "key",
     "load_schema",
     "new_event_id",

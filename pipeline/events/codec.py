@@ -6,18 +6,21 @@ arrays (`binary.py`); every other type stays v1. Readers take both, whatever the
 so a topic may hold both. The version written is ``kafka.codec_version`` (settings): passed
 explicitly by the writers that hold settings (EventProducer, the gateway's recorder, the Faust
 agents), else the process default that the CLI sets from the settings
-(:func:`set_codec_version`). Typed events in memory are the same for both (lists;
-``schema_version`` 1): the wire version is only a property of the bytes.
+(:func:`set_codec_version`). Typed events in memory are the same for both (``schema_version``
+1; token fields are lists or the packed arrays of `arrays.py`, which decoding gives and which
+compare equal to the lists): the wire version is only a property of the bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from . import binary
+from .arrays import json_default
 from .errors import EventValidationError
 from .types import EVENT_TYPES, DeadLetter, Event, Producer, ServingStatus, TurnEvent
 from .validation import binary_layout, check
@@ -68,7 +71,7 @@ def encode(event: Event, validate: bool = False, *, version: int | None = None) 
         if fields:
             raw = orjson.dumps(_binary_document(event, wire, fields), option=_ENCODE_OPTS)
         else:
-            raw = orjson.dumps(event, option=_ENCODE_OPTS)
+            raw = orjson.dumps(event, default=json_default, option=_ENCODE_OPTS)
     except orjson.JSONEncodeError as exc:
         raise EventValidationError(f"cannot encode: {exc}", schema=f"{event.type}.v{wire}") from exc
     if validate:
@@ -168,9 +171,9 @@ def to_dict(event: Event) -> dict[str, Any]:
     return orjson.loads(encode(event, version=1))
 
 
-def _build(obj: dict[str, Any], arrays: dict[str, list[Any]]) -> Event:
+def _build(obj: dict[str, Any], arrays: Mapping[str, Sequence[Any]]) -> Event:
     # Only called on valid documents, whose keys are exactly the dataclass fields; a v2
-    # document's base64 fields are replaced by their decoded lists.
+    # document's base64 fields are replaced by their decoded arrays.
     kwargs = {k: v for k, v in obj.items() if k not in _FIXED}
     kwargs.update(arrays)
     kwargs["producer"] = Producer(**obj["producer"])

@@ -1,5 +1,8 @@
 """Typed events: one dataclass per event type, mirroring `schemas/<type>.v1.json`.
 
+Token ids, log-probs and masks are ``Sequence`` fields: writers pass lists (or anything the
+codec can pack), decoding gives the packed arrays of `arrays.py`.
+
 Field names and optionality match the schema files exactly (a test checks it):
 fields without a default are required by the schema; `type` and
 `schema_version` are fixed per class and filled in automatically.
@@ -8,7 +11,7 @@ fields without a default are required by the schema; `type` and
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypedDict
 
@@ -75,9 +78,9 @@ class Interaction(TurnEvent):
     weight_version: int
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_logprobs: list[float]
+    prompt_token_ids: Sequence[int]
+    response_token_ids: Sequence[int]
+    response_logprobs: Sequence[float]
     response_text: str
     sampling: dict[str, Any] = field(default_factory=dict)
     finish_reason: FinishReason
@@ -160,10 +163,10 @@ class Sample(TurnEvent):
 
     type: str = field(default="sample", init=False)
     policy_id: str
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    loss_mask: list[int]
-    behavior_logprobs: list[float]
+    prompt_token_ids: Sequence[int]
+    response_token_ids: Sequence[int]
+    loss_mask: Sequence[int]
+    behavior_logprobs: Sequence[float]
     reward: float
     hints: list[str] = field(default_factory=list)
     behavior_weight_version: int
@@ -172,12 +175,12 @@ class Sample(TurnEvent):
     step_index: int | None = None
     # Added to v1 (optional): the OPD mask apart from the RL one, so a hinted turn with a
     # neutral score still trains through its hint; empty = the loss mask (older events).
-    opd_mask: list[int] = field(default_factory=list)
+    opd_mask: Sequence[int] = field(default_factory=list)
     # The path part (RLVP beta * Phi) contained in ``reward``; group normalisation scales it
     # on its own (0 in older events: the whole reward is normalised, as before).
     penalty: float = 0.0
 
-    def opd_token_mask(self) -> list[int]:
+    def opd_token_mask(self) -> Sequence[int]:
         """Per response token, 1 where the OPD term may train: ``opd_mask``, or ``loss_mask``
         for events written before the field (OPD then followed the RL mask)."""
         return self.opd_mask if self.opd_mask else self.loss_mask

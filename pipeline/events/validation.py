@@ -21,10 +21,10 @@ import copy
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastjsonschema
 import orjson
@@ -220,7 +220,7 @@ def validate(obj: Any) -> None:
     check(obj)
 
 
-def check(obj: Any) -> tuple[int, dict[str, list[Any]]]:
+def check(obj: Any) -> tuple[int, dict[str, Sequence[Any]]]:
     """:func:`validate`, returning the document's schema version and the decoded items of its
     binary array fields ({} for v1), so a decoder does not decode them twice."""
     if not isinstance(obj, dict):
@@ -233,29 +233,38 @@ def check(obj: Any) -> tuple[int, dict[str, list[Any]]]:
     version = obj.get("schema_version")
     if isinstance(version, float) and version.is_integer():
         version = int(version)  # JSON Schema treats 1.0 as the integer 1; so do we.
-    files = schema_files()
-    if not any(t == type_ for t, _ in files):
-        raise EventValidationError(f"unknown event type {type_!r}", field="type")
-    if isinstance(version, bool) or not isinstance(version, int) or (type_, version) not in files:
-        reason = (
-            "required field is missing"
-            if "schema_version" not in obj
-            else f"unsupported version {version!r}"
-        )
-        raise EventValidationError(reason, field="schema_version", schema=type_)
-    fast, full, fields = _validator(type_, version)
-    schema = f"{type_}.v{version}"
+    root = schemas_dir()
+    # Hot path: a (type, version) already compiled is known to have its file.
+    entry = _compiled.get((root, type_, version)) if type(version) is int else None
+    if entry is None:
+        files = _schema_files(root)
+        if not any(t == type_ for t, _ in files):
+            raise EventValidationError(f"unknown event type {type_!r}", field="type")
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or (type_, version) not in files
+        ):
+            reason = (
+                "required field is missing"
+                if "schema_version" not in obj
+                else f"unsupported version {version!r}"
+            )
+            raise EventValidationError(reason, field="schema_version", schema=type_)
+        entry = _validator(type_, version)
+    fast, full, fields = entry
+    version = cast(int, version)
     try:
         fast(obj)
         if not fields:
             return version, {}
         try:
-            return version, binary.unpack(obj, fields, schema)
+            return version, binary.unpack(obj, fields, f"{type_}.v{version}")
         except EventValidationError:
             full(obj)  # the schema's verdict comes first (e.g. a character outside base64)
             raise
     except fastjsonschema.JsonSchemaValueException as exc:
-        raise _translate(exc, schema) from None
+        raise _translate(exc, f"{type_}.v{version}") from None
 
 
 def _json_kind(value: Any) -> str:

@@ -199,7 +199,9 @@ def summary(row: TapRow) -> str:
         return f"{e.replica_id} {e.policy_id} v{e.version} {state} ({_num(e.reload_ms)} ms)"
     if t == "dlq":
         return f"{e.source_topic}[{e.source_partition}]@{e.source_offset}: {_head(e.error)}"
-    return _head(orjson.dumps(row.event).decode(), 100)  # pragma: no cover - new types
+    from pipeline.events import json_default  # pragma: no cover - new types
+
+    return _head(orjson.dumps(row.event, default=json_default).decode(), 100)  # pragma: no cover
 
 
 def _fmt_ts(ms: int) -> str:

@@ -477,7 +477,7 @@ def create_app(
         for t in turns:
             raw = tok_t.get(token_key(key, t))
             if raw is not None:
-                tokens[t] = TokenPayload(**orjson.loads(raw))
+                tokens[t] = TokenPayload.from_bytes(raw)
         result = assembler.complete(state.assembly, now, tokens)
         for r in result.rewards:
             await send(names.REWARDS, r)
@@ -509,7 +509,7 @@ def create_app(
         if kept_interaction(state, inter.turn) == inter.event_id and (
             before != inter.event_id or tkey not in tok_t
         ):
-            tok_t[tkey] = orjson.dumps(token_payload(inter))
+            tok_t[tkey] = token_payload(inter).to_bytes()
 
     def kept_interaction(state: SessionState, turn: int) -> str | None:
         info = state.assembly.turns.get(turn)

@@ -206,7 +206,7 @@ class TrainerCore:
     # ---- the step -------------------------------------------------------------------------
 
     def _response_logits(
-        self, model: Any, prompts: Sequence[list[int]], responses: Sequence[list[int]]
+        self, model: Any, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
     ) -> torch.Tensor:
         """Logits predicting each response token, ``[B, R_max, V]`` (right-padded)."""
         return scoring.response_logits(model, prompts, responses, pad_id=self.pad_id,
@@ -227,7 +227,7 @@ class TrainerCore:
         stays within the batch token bound (hints make prompts longer than the student's)."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         group: list[int] = []
-        seqs: list[tuple[list[int], list[int]]] = []
+        seqs: list[tuple[Sequence[int], Sequence[int]]] = []
 
         def flush() -> None:
             if not seqs:
@@ -514,7 +514,7 @@ class TrainerCore:
         return torch.tensor([bool(s.hints) for s in samples], device=self.device).float()
 
     @staticmethod
-    def _opd_mask_of(sample: Sample) -> list[int]:
+    def _opd_mask_of(sample: Sample) -> Sequence[int]:
         """The sample's OPD mask; ``loss_mask`` for older events or a mask of the wrong length
         (``check_sample`` validates ``loss_mask`` only)."""
         mask = sample.opd_token_mask()

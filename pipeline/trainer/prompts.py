@@ -10,6 +10,7 @@ goes before the final assistant header, or at the end of the prompt as a last re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ class ChatMarkers:
         )
 
 
-def hint_insert_position(prompt: list[int], markers: ChatMarkers) -> int:
+def hint_insert_position(prompt: Sequence[int], markers: ChatMarkers) -> int:
     """Index in ``prompt`` where the hint tokens go (see module docstring)."""
     start, end, user = markers.im_start, markers.im_end, markers.user
     if start is not None and end is not None:
@@ -51,7 +52,7 @@ def hint_insert_position(prompt: list[int], markers: ChatMarkers) -> int:
 
 
 def teacher_prompt(
-    prompt: list[int], hint: str, tokenizer: Any, markers: ChatMarkers
+    prompt: Sequence[int], hint: str, tokenizer: Any, markers: ChatMarkers
 ) -> list[int]:
     """The prompt with ``hint`` appended to its last user message."""
     at = hint_insert_position(prompt, markers)

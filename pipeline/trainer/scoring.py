@@ -23,8 +23,8 @@ def is_held_out(event_id: str, fraction: float) -> bool:
 
 def response_logits(
     model: Any,
-    prompts: Sequence[list[int]],
-    responses: Sequence[list[int]],
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
     *,
     pad_id: int,
     device: torch.device,
@@ -32,17 +32,18 @@ def response_logits(
 ) -> torch.Tensor:
     """Logits predicting each response token, ``[B, R_max, V]`` (right-padded), from one
     padded forward pass over prompt + response."""
-    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-    length = max(len(s) for s in seqs)
+    pairs = list(zip(prompts, responses, strict=True))
+    length = max(len(p) + len(r) for p, r in pairs)
     rmax = max(len(r) for r in responses)
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), length), dtype=torch.long)
-    pos = torch.zeros((len(seqs), rmax), dtype=torch.long)
-    for b, (p, s) in enumerate(zip(prompts, seqs, strict=True)):
-        ids[b, : len(s)] = torch.tensor(s)
-        attn[b, : len(s)] = 1
-        r = len(s) - len(p)
-        pos[b, :r] = torch.arange(len(p) - 1, len(p) - 1 + r)
+    ids = torch.full((len(pairs), length), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(pairs), length), dtype=torch.long)
+    pos = torch.zeros((len(pairs), rmax), dtype=torch.long)
+    for b, (p, r) in enumerate(pairs):
+        n, m = len(p), len(r)  # lists or packed arrays: filled in place, never concatenated
+        ids[b, :n] = torch.tensor(p)
+        ids[b, n : n + m] = torch.tensor(r)
+        attn[b, : n + m] = 1
+        pos[b, :m] = torch.arange(n - 1, n - 1 + m)
     ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
     ctx = (contextlib.nullcontext() if autocast_dtype is None
            else torch.autocast(device.type, dtype=autocast_dtype))
