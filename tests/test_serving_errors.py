@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from fastapi import Request, Response
 from fastapi.testclient import TestClient
 
 from pipeline.serving.app import Gateway, create_app
@@ -147,3 +148,23 @@ def test_unknown_route_and_method(backend: HFBackend) -> None:
     c = client(backend)
     _err(c.get("/v1/nothing"), 404)
     _err(c.get(URL), 405)
+
+
+def test_chat_route_is_served_directly_and_stays_documented(backend: HFBackend) -> None:
+    app = create_app(Gateway(ServeSettings(record=False, reload=False), backend))
+    c = TestClient(app, raise_server_exceptions=False)
+    spec = c.get("/openapi.json").json()
+    assert "requestBody" in spec["paths"][URL]["post"]  # declared for clients and fuzzers
+    assert c.post(URL, json=OK).status_code == 200
+    _err(c.post(URL, content=b"{"), 400)
+    _err(c.get(URL), 405)  # other methods go through FastAPI, still OpenAI-shaped
+    seen: list[str] = []
+
+    async def stub(request: Request) -> Response:
+        seen.append(request.url.path)
+        assert request.app is app  # handlers reach app.state as under FastAPI
+        return Response(b"direct")
+
+    app.fast_routes[("POST", URL)] = stub  # the dispatch, not FastAPI's router, picks it
+    assert c.post(URL, json=OK).text == "direct" and seen == [URL]
+    assert c.get("/v1/models").status_code == 200
