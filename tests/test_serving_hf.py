@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from starlette.requests import ClientDisconnect
 
 from pipeline import events
 from pipeline.serving.app import Gateway, create_app
@@ -276,3 +278,61 @@ def write_version(root: Path, backend: HFBackend, version: int, scale: float = 1
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"))
     return out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("client_gone", [False, True])
+def test_turn_is_recorded_after_its_answer_even_when_sending_fails(
+    backend: HFBackend, stream: bool, client_gone: bool
+) -> None:
+    """The recorder gets the turn once the answer is out (its threads then cost the next
+    request, not this one), and still gets it when the last send fails."""
+    import asyncio
+
+    sent: list[dict[str, Any]] = []
+    sent_when_recorded: list[int] = []
+
+    class Ordered(FakeRecorder):
+        def record(self, topic: str, event: events.Event) -> None:
+            sent_when_recorded.append(len(sent))
+            super().record(topic, event)
+
+    rec = Ordered()
+    app = create_app(Gateway(ServeSettings(record=False, reload=False), backend, rec))  # type: ignore[arg-type]
+    body = json.dumps({
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "stream": stream,
+    }).encode()  # fmt: skip
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions", "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }  # fmt: skip
+
+    async def drive() -> None:
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            await asyncio.sleep(3600)  # the client stays
+            return {"type": "http.disconnect"}
+
+        async def send(msg: dict[str, Any]) -> None:
+            last = msg["type"] == "http.response.body" and not msg.get("more_body", False)
+            if client_gone and last:
+                raise OSError("connection reset by peer")
+            sent.append(msg)
+
+        with contextlib.suppress(OSError, ClientDisconnect):
+            await app(scope, receive, send)
+
+    asyncio.run(drive())
+    assert len(rec.interactions()) == 1 and rec.interactions()[0].response_token_ids
+    # every part of the answer was out before the recorder saw the turn (a stream's closing
+    # empty message may follow: it is sent once the generator, which hands over, is done)
+    with_data = [i for i, m in enumerate(sent) if m.get("body")]
+    assert len(sent_when_recorded) == 1 and sent_when_recorded[0] > max(with_data, default=-1)
+    assert sent[0]["status"] == 200

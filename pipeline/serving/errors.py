@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from fastapi.responses import JSONResponse
 
-
-class JsonResponse(JSONResponse):
-    """A JSON answer rendered by orjson (Starlette's stdlib ``json.dumps`` costs more per
-    answer than the rest of building it)."""
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+from .responses import JsonResponse
 
 
 class ApiError(Exception):
