@@ -218,3 +218,31 @@ def test_a_drainer_that_keeps_failing_on_the_spool_is_reported(tmp_path: Path) -
         assert rec.quarantined == 1
     finally:
         rec.close(timeout=1.0)
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 0.3])
+def test_sparse_events_share_a_spool_batch_after_the_linger(
+    tmp_path: Path, linger_s: float
+) -> None:
+    appends: list[int] = []
+
+    class Counting(Spool):
+        def append(self, payloads: list[bytes]) -> None:
+            appends.append(len(payloads))
+            super().append(payloads)
+
+    # No broker here: the drainer's delivery is not what this looks at (the spool keeps all).
+    unreachable = Settings(kafka={"bootstrap": f"127.0.0.1:{free_port()}"})  # type: ignore[arg-type]
+    rec = Recorder(unreachable, Counting(tmp_path / "spool"), linger_s=linger_s)
+    rec.start()
+    try:
+        for i in range(4):  # one every 20 ms: each alone in the queue when the writer looks
+            rec.record("t", dataclasses.replace(examples.interaction(), event_id=f"e{i}"))
+            time.sleep(0.02)
+        assert _wait(lambda: sum(appends) == 4, 5.0), appends
+    finally:
+        rec.close(timeout=0.5)
+    if linger_s:  # the first event waited for the other three
+        assert appends == [4]
+    else:  # nothing waits: a lone event is written at once (a slow fsync may pair two)
+        assert len(appends) >= 2 and appends[0] == 1

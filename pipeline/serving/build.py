@@ -76,6 +76,7 @@ def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = Non
             Spool(cfg.spool_dir, cfg.spool_segment_bytes),
             delivery_timeout_s=cfg.delivery_timeout_s,
             client_id=f"liverl-{cfg.replica_id}",
+            linger_s=cfg.record_linger_ms / 1000,
         )
     gateway = Gateway(cfg, backend, recorder)
     reloader: list[Reloader] = []
