@@ -22,6 +22,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -582,3 +583,33 @@ def test_hints_after_close_wait_for_hint_wait_s_then_are_dead_lettered(
         stop(proc)
         col.close()
         drop_internal_topics(kafka_settings, app_id)
+
+
+def test_changelogs_are_compacted_within_bounded_time(
+    kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path
+) -> None:
+    """A restarted worker reads its changelogs back: they must not keep every stale value
+    for the 7 days of Kafka's default segments. New changelogs get the bounds, and so do
+    changelogs created before them (an upgraded deployment)."""
+    from confluent_kafka.admin import ConfigResource, NewTopic
+
+    from pipeline.processors.app import CHANGELOG_COMPACTION, create_app, ensure_internal_topics
+
+    app_id = f"compact-{unique}"
+    settings = kafka_settings.model_copy(update={
+        "state_dir": tmp_path,
+        "processors": kafka_settings.processors.model_copy(
+            update={"app_id": app_id, "web_enabled": False}),
+    })  # fmt: skip
+    older = f"{app_id}-tokens-changelog"  # as an earlier release created it: no bounds
+    created = admin.create_topics([NewTopic(older, 6, 1, config={"cleanup.policy": "compact"})])
+    created[older].result(30)
+    app = create_app(settings, settings.processors)
+    ensure_internal_topics(app, settings)
+    names_ = [f"{app_id}-{t}-changelog" for t in ("sessions", "tokens", "parked")]
+    configs = admin.describe_configs([ConfigResource("topic", n) for n in names_])
+    for res, fut in configs.items():
+        got = {k: v.value for k, v in fut.result(30).items()}
+        assert {k: got[k] for k in CHANGELOG_COMPACTION} == CHANGELOG_COMPACTION, res.name
+        assert got["cleanup.policy"] == "compact", res.name
+    assert int(CHANGELOG_COMPACTION["max.compaction.lag.ms"]) <= 3_600_000
