@@ -580,3 +580,44 @@ def test_early_next_states_are_parked_in_a_changelogged_table(h: Harness) -> Non
     (prm_ev,) = h.out(names.PRM_SCORES)
     assert prm_ev.parents == [f"{SID}-i0", early.event_id]  # type: ignore[attr-defined]
     assert session_states(h)[-1].judging.pending == {}
+
+
+def hint_for(t: int, text: str, sid: str = SID) -> events.Hint:
+    return events.Hint(event_id=f"{sid}-h{t}", producer=EXT, session_id=sid, turn=t,
+                       hint=text, judge_id="person", rank=0)
+
+
+def test_hints_whose_turn_never_comes_are_dead_lettered_not_dropped(h: Harness) -> None:
+    """A hint may arrive before its turn, so it waits in the state; if the session is
+    assembled without that turn, or its state expires, the hint goes to the DLQ."""
+
+    async def run() -> None:
+        app = h.app(retain_s=7200)
+        async with agent_named(app, "session").test_context() as agent:
+            await put(agent, names.HINTS, hint_for(3, "run the tests first"))  # turn 3 never comes
+            await put(agent, names.HINTS, hint_for(0, "read the error"))  # before its turn
+            await put(agent, names.INTERACTIONS, inter(0))
+            await put(agent, names.INTERACTIONS, inter(1, session_done=True))
+            # a session that only ever got a hint (e.g. its state expired long ago)
+            await put(agent, names.HINTS, hint_for(0, "check the logs first", sid="t-gone"), b"t-gone")
+            await flush(agent, names.INTERACTIONS)
+        assert [d.error for d in h.out(names.DLQ)] == [  # type: ignore[attr-defined]
+            f"hint {SID}-h3 for turn 3 of session {SID}: the session was assembled and that "
+            "turn's interaction never arrived"
+        ]
+        h.clock += 7201 * 1000
+        await app.liverl_timers["expire_state"]()
+
+    asyncio.run(run())
+    samples = h.out(names.SAMPLES)
+    assert [(s.turn, s.hints) for s in samples] == [(0, ["read the error"]), (1, [])]  # type: ignore[attr-defined]
+    first, gone = h.out(names.DLQ)
+    assert orjson.loads(first.original()) == {  # type: ignore[attr-defined]
+        "session_id": SID, "turn": 3, "hint_id": f"{SID}-h3", "rank": 0,
+        "hint": "run the tests first",
+    }
+    assert first.source_topic == names.HINTS  # type: ignore[attr-defined]
+    assert gone.error == (  # type: ignore[attr-defined]
+        "hint t-gone-h0 for turn 0 of session t-gone: the session state expired "
+        "(processors.retain_s 7200s) before that turn's interaction arrived"
+    )

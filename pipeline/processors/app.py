@@ -71,7 +71,7 @@ from .judges import Judge, make_judge
 from .judging import JudgeState
 from .pairing import Pairer
 from .penalties import load_rules
-from .rewards import Assembler, TokenPayload, token_payload
+from .rewards import Assembler, TokenPayload, UnmatchedHint, token_payload, unmatched_hints
 from .session import SessionStage, SessionState, Step, is_derived
 
 log = logging.getLogger(__name__)
@@ -378,6 +378,17 @@ def create_app(
         log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await send(names.DLQ, letter)
 
+    async def dead_letter_hints(key: bytes, hints: list[UnmatchedHint], why: str) -> None:
+        """Hints that no sample will carry: the letter holds what the state kept of each."""
+        sid = key.decode(errors="replace")
+        for h in hints:
+            doc = {"session_id": sid, "turn": h.turn, "hint_id": h.hint_id, "rank": h.rank,
+                   "hint": h.hint}
+            await dead_letter_value(
+                names.HINTS, key, orjson.dumps(doc),
+                f"hint {h.hint_id} for turn {h.turn} of session {sid}: {why}", h.hint_id,
+            )
+
     async def dead_letter_state(table_name: str, key: bytes, value: bytes, error: str) -> None:
         changelog = f"{cfg.app_id}-{table_name}-changelog"
         await dead_letter_value(changelog, key, value, error, key.hex())
@@ -496,6 +507,10 @@ def create_app(
                 "samples": [orjson.loads(events.encode(s)) for s in result.samples],
             }
             await group_topic.send(key=gid.encode(), value=orjson.dumps(body))
+        await dead_letter_hints(
+            key, result.unmatched_hints,
+            "the session was assembled and that turn's interaction never arrived",
+        )
         for t in turns:
             tok_t.pop(token_key(key, t), None)
         state.assembly = result.state
@@ -612,7 +627,14 @@ def create_app(
         cutoff = now_ms() - int(cfg.retain_s * 1000)
         for key, raw in list(sess_t.items()):
             if touched(raw) < cutoff:
-                del sess_t[key]
+                state = await read_session(key, raw)  # an unreadable one is dead-lettered
+                if not state.assembly.done:
+                    await dead_letter_hints(
+                        key, unmatched_hints(state.assembly),
+                        f"the session state expired (processors.retain_s {cfg.retain_s:g}s) "
+                        "before that turn's interaction arrived",
+                    )
+                sess_t.pop(key, None)
         for tbl in (tok_t, parked_t):  # records of sessions that are gone
             for key in list(tbl.keys()):
                 if key.split(b"\0", 1)[0] not in sess_t:

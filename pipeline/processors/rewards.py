@@ -314,6 +314,28 @@ class Assembly:
     state: AssemblyState
     rewards: list[Reward] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    # Hints held for turns whose interaction never came: no sample can carry them.
+    unmatched_hints: list[UnmatchedHint] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class UnmatchedHint:
+    turn: int
+    hint_id: str
+    rank: int
+    hint: str
+
+
+def unmatched_hints(state: AssemblyState) -> list[UnmatchedHint]:
+    """Hints of turns without an interaction, in turn and id order. A hint may come before
+    its turn (topics are read in no fixed order), so it waits in the state; when the session
+    is assembled or expires without that turn, the worker dead-letters these."""
+    return [
+        UnmatchedHint(t, hid, rank, text)
+        for t, info in sorted(state.turns.items())
+        if info.interaction is None
+        for hid, (rank, text) in sorted(info.hints.items())
+    ]
 
 
 @dataclass(eq=False)
@@ -550,6 +572,7 @@ class Assembler:
                     penalty=reward.penalty if reward else 0.0,
                 )
             )
+        out.unmatched_hints = unmatched_hints(state)
         state.done = True
         state.turns = {}  # keep the tombstone small: done sessions ignore stragglers
         return out
