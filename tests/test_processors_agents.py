@@ -599,7 +599,8 @@ def test_hints_whose_turn_never_comes_are_dead_lettered_not_dropped(h: Harness) 
             await put(agent, names.INTERACTIONS, inter(0))
             await put(agent, names.INTERACTIONS, inter(1, session_done=True))
             # a session that only ever got a hint (e.g. its state expired long ago)
-            await put(agent, names.HINTS, hint_for(0, "check the logs first", sid="t-gone"), b"t-gone")
+            gone = hint_for(0, "check the logs first", sid="t-gone")
+            await put(agent, names.HINTS, gone, b"t-gone")
             await flush(agent, names.INTERACTIONS)
         assert [d.error for d in h.out(names.DLQ)] == [  # type: ignore[attr-defined]
             f"hint {SID}-h3 for turn 3 of session {SID}: the session was assembled and that "
