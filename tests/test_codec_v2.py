@@ -246,6 +246,25 @@ def test_non_finite_floats_are_rejected_in_both_versions(type_: str, name: str, 
     assert str(err).startswith(f"{type_}.v2: field '{name}'")
 
 
+@pytest.mark.parametrize(
+    "edge",
+    # Finite doubles whose last byte is 0x7F or 0xFF, like NaN's and infinity's: the byte
+    # scan cannot clear them, so the item-by-item look must, and accept them.
+    [1.7976931348623157e308, -1.7976931348623157e308, 2.0**1009, -(2.0**1015), 2.0**1020],
+)
+def test_huge_finite_floats_pass_the_finite_check(edge: float) -> None:
+    import struct
+
+    assert struct.pack("<d", edge)[7] in (0x7F, 0xFF)  # the case the fast scan defers
+    event = EXAMPLES["interaction"]
+    values = list(event.response_logprobs)
+    values[-1] = edge
+    decoded = events.decode(events.encode(dataclasses.replace(event, response_logprobs=values),
+                                          version=2))  # fmt: skip
+    assert isinstance(decoded, events.Interaction)
+    assert decoded.response_logprobs[-1] == edge
+
+
 def test_length_ties_are_checked_with_clear_errors() -> None:
     sample = EXAMPLES["sample"]
     n = len(sample.response_token_ids)  # type: ignore[attr-defined]

@@ -36,6 +36,7 @@ class _Packed:
 
     __slots__ = ()
     TYPECODE: ClassVar[str]
+    ITEMSIZE: ClassVar[int]  # bytes per item, on the wire and in memory
 
     def __new__(cls: type[_A], values: Iterable[Any] = ()) -> _A:
         return array.__new__(cls, cls.TYPECODE, values)  # type: ignore[type-var]
@@ -95,6 +96,7 @@ class U32Array(_Packed, _IntArray):
 
     __slots__ = ()
     TYPECODE = _U32
+    ITEMSIZE = 4
 
 
 class U8Array(_Packed, _IntArray):
@@ -102,6 +104,7 @@ class U8Array(_Packed, _IntArray):
 
     __slots__ = ()
     TYPECODE = "B"
+    ITEMSIZE = 1
 
 
 class F64Array(_Packed, _FloatArray):
@@ -109,6 +112,7 @@ class F64Array(_Packed, _FloatArray):
 
     __slots__ = ()
     TYPECODE = "d"
+    ITEMSIZE = 8
 
 
 PACKED_TYPES: dict[str, type[_Packed]] = {"uint32": U32Array, "uint8": U8Array, "float64": F64Array}

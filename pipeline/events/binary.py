@@ -44,7 +44,7 @@ class ArrayField:
 
     @property
     def itemsize(self) -> int:
-        return PACKED_TYPES[self.dtype]().itemsize  # type: ignore[attr-defined]
+        return PACKED_TYPES[self.dtype].ITEMSIZE
 
 
 def layout(schema: Mapping[str, Any]) -> dict[str, ArrayField]:
@@ -96,6 +96,16 @@ def pack(values: Iterable[Any], f: ArrayField, schema: str) -> str:
     return pybase64.b64encode_as_string(packed.le_bytes())
 
 
+def _surely_finite(raw: bytes) -> bool:
+    """True if no little-endian float64 in ``raw`` can be NaN or infinite, False = look closer.
+
+    A non-finite double has all 11 exponent bits set, so its last byte (sign + the exponent's
+    top 7 bits) is 0x7F or 0xFF. Two byte scans in C decide for any log-prob; summing the
+    items instead built a Python float per item (~9 µs an interaction)."""
+    top = raw[7::8]
+    return b"\x7f" not in top and b"\xff" not in top
+
+
 def unpack(
     obj: Mapping[str, Any], fields: Mapping[str, ArrayField], schema: str
 ) -> dict[str, Sequence[Any]]:
@@ -132,9 +142,7 @@ def unpack(
                 f"item {index} is {raw[index]}, must be one of {allowed}", name, schema
             )
         arr: Sequence[Any] = PACKED_TYPES[f.dtype].from_le_bytes(raw)  # type: ignore[assignment]
-        # A finite sum proves every item finite (a NaN or infinity always spoils it); only an
-        # overflowing sum of finite items needs the item-by-item look.
-        if f.dtype == "float64" and not math.isfinite(sum(arr)):
+        if f.dtype == "float64" and not _surely_finite(raw):
             bad = next((i for i, x in enumerate(arr) if not math.isfinite(x)), None)
             if bad is not None:
                 raise EventValidationError(

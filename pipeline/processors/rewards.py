@@ -112,9 +112,9 @@ class TokenPayload:
         tag, n_prompt, n_response, n_logprobs = _PAYLOAD_HEAD.unpack_from(raw)
         if tag != _PAYLOAD_TAG:
             raise ValueError(f"not a token payload (tag {tag!r})")
-        at = _PAYLOAD_HEAD.size
-        ends = (at + 4 * n_prompt, at + 4 * (n_prompt + n_response))
-        end = ends[1] + 8 * n_logprobs
+        at, ids, lps = _PAYLOAD_HEAD.size, U32Array.ITEMSIZE, F64Array.ITEMSIZE
+        ends = (at + ids * n_prompt, at + ids * (n_prompt + n_response))
+        end = ends[1] + lps * n_logprobs
         if end != len(raw):
             raise ValueError(f"token payload of {len(raw)} bytes, expected {end}")
         return cls(
