@@ -274,7 +274,8 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
     """Two users' sessions recorded through the real gateway, archived, in trajectories, in a
     trainer version folder and in the processors' changelogs."""
     from pipeline.processors.app import create_app as processors_app
-    from pipeline.processors.app import ensure_internal_topics, key_partition
+    from pipeline.processors.internal_topics import ensure_internal_topics
+    from pipeline.processors.records import key_partition
 
     inter, nexts, dlq = (f"forget-{unique}.{n}" for n in ("interactions", "next_states", "dlq"))
     for t in (inter, nexts):

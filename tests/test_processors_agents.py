@@ -31,6 +31,7 @@ from pipeline import events
 from pipeline.events import PathPenalty, PrmScore, Producer
 from pipeline.kafka import names
 from pipeline.processors import app as app_mod
+from pipeline.processors import runtime
 from pipeline.processors.commands import outcome_event
 from pipeline.processors.config import ProcessorSettings
 from pipeline.settings import Settings
@@ -60,7 +61,7 @@ class Harness:
 
         monkeypatch.setattr(faust.topics.Topic, "send", fake_send)
         monkeypatch.setattr(faust.tables.base.Collection, "send_changelog", fake_changelog)
-        monkeypatch.setattr(app_mod, "now_ms", lambda: harness.clock)
+        monkeypatch.setattr(runtime, "now_ms", lambda: harness.clock)
 
     def app(self, **overrides: Any) -> faust.App:
         cfg = ProcessorSettings(

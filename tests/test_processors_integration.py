@@ -593,7 +593,8 @@ def test_changelogs_are_compacted_within_bounded_time(
     changelogs created before them (an upgraded deployment)."""
     from confluent_kafka.admin import ConfigResource, NewTopic
 
-    from pipeline.processors.app import CHANGELOG_COMPACTION, create_app, ensure_internal_topics
+    from pipeline.processors.app import create_app
+    from pipeline.processors.internal_topics import CHANGELOG_COMPACTION, ensure_internal_topics
 
     app_id = f"compact-{unique}"
     settings = kafka_settings.model_copy(update={

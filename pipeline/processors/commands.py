@@ -92,7 +92,8 @@ def workers(
         ctx.obj = {**obj, "settings": enter_checked(_settings(ctx), namespace)}
     if (problem := writable_problem(Path(_settings(ctx).state_dir) / "processors")) is not None:
         raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
-    from .app import create_app, ensure_internal_topics
+    from .app import create_app
+    from .internal_topics import ensure_internal_topics
     from .penalties import RuleConfigError
 
     try:

@@ -1,0 +1,218 @@
+"""What every agent of the processors app shares: topics, tables, timers, sends, dead letters.
+
+The agents (`session_agent.py`, `judge_agent.py`, `group_agent.py`) hold their own tables and
+logic; this is the plumbing between them and Faust. One rule runs through it: a record is
+never a reason to stop a worker. Bad input goes to the DLQ with its reason (:meth:`decode_one`,
+:meth:`dead_letter`), table values that cannot be read back are dead-lettered and dropped
+(:meth:`dead_letter_state`), and a timer's error is logged and retried next interval
+(:meth:`every`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import faust
+import orjson
+from faust.types import TableT, TopicT
+
+from pipeline import __version__, events
+from pipeline.events import DeadLetter, Event, Producer
+from pipeline.kafka import names
+from pipeline.kafka.producer import bound_dead_letter
+from pipeline.settings import Settings
+
+from .config import ProcessorSettings
+from .records import key_partition, session_of
+from .rewards import UnmatchedHint
+
+log = logging.getLogger(__name__)
+
+Timer = Callable[[], Awaitable[None]]
+
+
+def now_ms() -> int:
+    """The agents' clock (unit tests replace it)."""
+    return time.time_ns() // 1_000_000
+
+
+class Runtime:
+    """Faust plumbing for one processors app (see the module docstring)."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        settings: Settings,
+        cfg: ProcessorSettings,
+        *,
+        partitions: int,
+        expected: dict[str, str],
+        outputs: tuple[str, ...],
+    ) -> None:
+        self.app, self.settings, self.cfg = app, settings, cfg
+        self.ns = settings.kafka.namespace
+        self.partitions = partitions
+        self.expected = expected  # live topic name -> the event type it carries
+        self.prefix = cfg.session_prefix.encode() if cfg.session_prefix else b""
+        self.dlq_producer = Producer(component="processors", version=__version__)
+        self.timers: dict[str, Timer] = {}
+        self.out: dict[str, TopicT] = {n: self.topic(n) for n in outputs}
+
+    # ---- declarations -------------------------------------------------------------------
+
+    def topic(self, *names_: str) -> TopicT:
+        resolved = [names.resolve(n, self.ns) for n in names_]
+        return self.app.topic(*resolved, value_type=bytes, value_serializer="raw",
+                              key_type=bytes)  # fmt: skip
+
+    def table(self, name: str, use_partitioner: bool = True) -> TableT:
+        """A bytes -> bytes table co-partitioned with the session topics. ``use_partitioner``:
+        timers (idle sweep, grace) may write a session outside a stream."""
+        return self.app.Table(
+            name,
+            default=None,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=self.partitions,
+            use_partitioner=use_partitioner,
+        )
+
+    def session_table(self, name: str) -> TableT:
+        """A table whose keys ``session\\0…`` go to the session's partition, not the key's own.
+        Faust has no per-table partitioner hook, so the instance's method is replaced."""
+        tbl = self.table(name)
+        partitions = self.partitions
+        tbl.partition_for_key = (  # type: ignore[method-assign]
+            lambda key: key_partition(session_of(key), partitions)
+        )
+        return tbl
+
+    def tables_ready(self) -> bool:
+        """Tables are recovered and no rebalance is under way: timers may read them (a sweep
+        during recovery once saw a session without its token payloads and killed the worker)."""
+        # Faust's TableManagerT omits recovery, which its TableManager has.
+        recovery = self.app.tables.recovery  # type: ignore[attr-defined]
+        return (
+            recovery.completed.is_set() and not recovery.in_recovery and not self.app.rebalancing
+        )
+
+    def every(self, interval: float, fn: Timer) -> None:
+        """``app.timer`` that also keeps the bare coroutine function under its name (unit
+        tests call it). The scheduled timer skips its turn until :meth:`tables_ready`, and
+        logs an error instead of raising it (Faust stops the worker on a timer's exception)."""
+        name = fn.__name__
+        self.timers[name] = fn
+
+        async def guarded() -> None:
+            if not self.tables_ready():
+                return
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - next interval retries
+                log.exception("timer %s failed; retrying next interval", name)
+
+        guarded.__name__ = guarded.__qualname__ = name
+        self.app.timer(interval)(guarded)
+
+    # ---- output ---------------------------------------------------------------------------
+
+    async def send(self, topic_name: str, ev: Event) -> None:
+        v = self.settings.kafka.codec_version
+        await self.out[topic_name].send(
+            key=events.key(ev),
+            value=events.encode(ev, version=v),
+            headers=events.headers(ev, version=v),
+        )
+
+    async def dead_letter(self, msg: Any, error: str) -> None:
+        """Dead-letter a consumed record (a Faust message or a parked one)."""
+        letter = DeadLetter.wrap(
+            msg.value,
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            error=error,
+            producer=self.dlq_producer,
+            key=msg.key,
+            headers=list(msg.headers or []),
+        )
+        # Cut to the codec limit: a letter is base64, 4/3 of the record it carries.
+        letter = bound_dead_letter(letter, self.settings.kafka.max_event_bytes)
+        log.warning(
+            "dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error[:500]
+        )
+        await self.send(names.DLQ, letter)
+
+    async def dead_letter_value(
+        self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str
+    ) -> None:
+        """Dead-letter bytes that have no Kafka coordinates of their own: a table value that
+        cannot be read back (state another code version wrote, or a bug), or an event this
+        worker derived and cannot use. The letter names the topic (a changelog, or the one the
+        event was published to) and its id derives from ``id_parts``, so a retry writes the
+        same letter."""
+        producer = self.dlq_producer
+        letter = DeadLetter.wrap(value, topic=topic_name, partition=0, offset=0, error=error,
+                                 producer=producer, key=key)  # fmt: skip
+        letter = dataclasses.replace(letter, event_id=events.derive_event_id(
+            "dlq", [], producer.version, topic_name, *id_parts))  # fmt: skip
+        letter = bound_dead_letter(letter, self.settings.kafka.max_event_bytes)
+        log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
+        await self.send(names.DLQ, letter)
+
+    async def dead_letter_hints(self, key: bytes, hints: list[UnmatchedHint], why: str) -> None:
+        """Hints that no sample will carry: the letter holds what the state kept of each."""
+        sid = key.decode(errors="replace")
+        for h in hints:
+            doc = {"session_id": sid, "turn": h.turn, "hint_id": h.hint_id, "rank": h.rank,
+                   "hint": h.hint}  # fmt: skip
+            await self.dead_letter_value(
+                names.HINTS, key, orjson.dumps(doc),
+                f"hint {h.hint_id} for turn {h.turn} of session {sid}: {why}", h.hint_id,
+            )  # fmt: skip
+
+    async def dead_letter_state(self, table_name: str, key: bytes, value: bytes,
+                                error: str) -> None:  # fmt: skip
+        changelog = f"{self.cfg.app_id}-{table_name}-changelog"
+        await self.dead_letter_value(changelog, key, value, error, key.hex())
+
+    # ---- input ----------------------------------------------------------------------------
+
+    async def decode_one(
+        self, ev: faust.EventT, dlq_topics: tuple[str, ...]
+    ) -> tuple[bytes, Event] | None:
+        """The event if it is valid and one of our sessions; invalid or keyless ones of
+        ``dlq_topics`` go to the DLQ (other agents reading the same topic skip them silently;
+        the letter's id comes from the record's coordinates, so workers of other app ids or
+        prefixes that dead-letter the same record write the same letter)."""
+        msg = ev.message
+        key = msg.key
+        source = names.live(msg.topic, self.ns)  # expected and dlq_topics hold live names
+        if not key:  # every input topic is keyed by session: all such records would share
+            if source in dlq_topics:  # one empty-key session state
+                await self.dead_letter(msg, "no Kafka key: this topic is keyed by session id")
+            return None
+        if self.prefix and not key.startswith(self.prefix):
+            return None
+        try:
+            return key, events.decode(
+                msg.value,
+                expected_type=self.expected.get(source),
+                max_bytes=self.settings.kafka.max_event_bytes,
+            )
+        except Exception as exc:  # noqa: BLE001 - EventValidationError, or anything else:
+            if source in dlq_topics:  # one record must never stop an agent
+                reason = (
+                    str(exc)
+                    if isinstance(exc, events.EventValidationError)
+                    else (f"cannot decode: {type(exc).__name__}: {exc}"[:2000])
+                )
+                await self.dead_letter(msg, reason)
+            return None

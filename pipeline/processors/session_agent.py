@@ -1,0 +1,279 @@
+"""The session agent: pairing, path penalties, judging and assembly of a session in one place.
+
+It reads interactions, next states and hints (and, with a judge that is not inline, the judge
+agent's verdicts) keyed by session id, keeps one typed state per session (`session.py`, the
+``sessions`` table) and publishes what the stages derive: next states, path penalties, PRM
+scores, hints, rewards and samples. A turn is read once; the next state it derives is read
+back once and skipped. A session with a ``group_id`` goes to the group agent instead of the
+samples topic. Its timers close idle sessions, dead-letter next states whose turn never came,
+assemble sessions whose grace is over and drop state untouched for ``retain_s``.
+
+Token payloads (ids, log-probs: nearly all of an interaction's bytes) are written once per turn
+to their own table (``tokens``) instead of being re-serialised with every update of the
+session's state; a next state that arrives before its interaction waits, as the record
+itself, in ``parked``. Both are changelogged, so SIGKILL loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import faust
+import orjson
+from faust.types import TopicT
+from pydantic import ValidationError
+
+from pipeline import events
+from pipeline.events import Interaction
+from pipeline.kafka import names
+
+from . import judging, runtime
+from . import session as session_mod
+from .judges import Judge
+from .records import Parked, park, parked_key, parked_next_state, session_of, token_key, touched
+from .rewards import Assembler, TokenPayload, token_payload, unmatched_hints
+from .runtime import Runtime
+from .session import SessionStage, SessionState, Step, is_derived
+
+log = logging.getLogger(__name__)
+
+
+class SessionAgent:
+    """The agent body and its timers over three tables (see the module docstring)."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        stage: SessionStage,
+        assembler: Assembler,
+        judge: Judge,
+        group_topic: TopicT,
+    ) -> None:
+        self.rt, self.stage, self.assembler, self.judge = rt, stage, assembler, judge
+        self.group_topic = group_topic
+        self.sessions = rt.table("sessions")  # session id -> SessionState (session.py)
+        self.tokens = rt.session_table("tokens")  # session\0turn -> token payload
+        # session\0next-state id -> parked record: a next state waiting for its interaction.
+        # Its offset is committed already: process memory would lose it on SIGKILL.
+        self.parked = rt.session_table("parked")
+        # Hints from anywhere count (another judge, a person); verdicts come back through
+        # their topic only from the judge agent.
+        inputs: tuple[str, ...] = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
+        self.inputs = inputs if stage.judge_inline else (*inputs, names.PRM_SCORES)
+
+    # ---- state ----------------------------------------------------------------------------
+
+    async def read(self, key: bytes, raw: bytes | None = None) -> SessionState:
+        """The session's state; one that cannot be read back is dead-lettered and restarted
+        (never a crash on every redelivery)."""
+        raw = self.sessions.get(key) if raw is None else raw
+        if raw is None:
+            return SessionState()
+        try:
+            return session_mod.load(raw)
+        except ValidationError as exc:
+            await self.rt.dead_letter_state("sessions", key, raw,
+                                            f"session state unreadable: {exc}")  # fmt: skip
+            del self.sessions[key]  # or every sweep would dead-letter it again
+            return SessionState()
+
+    def save(self, key: bytes, state: SessionState) -> None:
+        state.touched_ms = runtime.now_ms()
+        self.sessions[key] = session_mod.dump(state)
+
+    def kept_interaction(self, state: SessionState, turn: int) -> str | None:
+        info = state.assembly.turns.get(turn)
+        return info.interaction.event_id if info and info.interaction else None
+
+    def keep_tokens(self, key: bytes, before: str | None, state: SessionState,
+                    inter: Interaction) -> None:  # fmt: skip
+        """Store the turn's token payload once: when it is new, or replaced another turn of
+        the same number (a retry on another replica)."""
+        tkey = token_key(key, inter.turn)
+        if self.kept_interaction(state, inter.turn) == inter.event_id and (
+            before != inter.event_id or tkey not in self.tokens
+        ):
+            self.tokens[tkey] = token_payload(inter).to_bytes()
+
+    # ---- the stages' output ---------------------------------------------------------------
+
+    async def publish(self, key: bytes, state: SessionState, step: Step) -> None:
+        rt = self.rt
+        for nxt in step.next_states:
+            await rt.send(names.NEXT_STATES, nxt)
+        for pen in step.penalties:
+            await rt.send(names.PATH_PENALTIES, pen)
+        for nxt in step.parked:
+            if is_derived(nxt):  # its turn was dropped by the state bound
+                await rt.dead_letter_value(
+                    names.resolve(names.NEXT_STATES, rt.ns), key, events.encode(nxt),
+                    f"next state for turn {nxt.turn} of session {nxt.session_id}: the turn "
+                    "is not in the judge state (over state_max_bytes)", nxt.event_id,
+                )  # fmt: skip
+                state.judging.pending.pop(nxt.event_id, None)
+
+    async def judge_all(self, state: SessionState, work: list[judging.JudgeWork]) -> None:
+        """Judge inline (cheap judges), publish the verdicts and apply them."""
+        results = await asyncio.gather(*(judging.judge_one(self.judge, w) for w in work))
+        for res in results:
+            await self.rt.send(names.PRM_SCORES, res.prm)
+            for hint in res.hints:
+                await self.rt.send(names.HINTS, hint)
+            self.stage.on_verdict(state, res.prm, res.hints, runtime.now_ms())
+
+    def unpark(self, key: bytes, state: SessionState, turn: int) -> list[judging.JudgeWork]:
+        """The parked next states of ``turn``, now that it is known."""
+        work = []
+        for nid in self.stage.ready_parked(state, turn):
+            raw = self.parked.get(parked_key(key, nid))
+            if raw is None:  # only a state written before its record was parked is durable
+                log.error("next state %s of %r (turn %s) was never parked", nid, key, turn)
+                state.judging.pending.pop(nid, None)
+                continue
+            item = self.stage.take_parked(state, parked_next_state(raw))
+            if item is not None:
+                work.append(item)
+        return work
+
+    async def maybe_complete(self, key: bytes, state: SessionState) -> None:
+        now = runtime.now_ms()
+        if not self.assembler.ready(state.assembly, now):
+            return
+        turns = [t for t, info in state.assembly.turns.items() if info.interaction is not None]
+        tokens = {}
+        for t in turns:
+            raw = self.tokens.get(token_key(key, t))
+            if raw is not None:
+                tokens[t] = TokenPayload.from_bytes(raw)
+        result = self.assembler.complete(state.assembly, now, tokens)
+        for r in result.rewards:
+            await self.rt.send(names.REWARDS, r)
+        gid = state.assembly.group_id
+        if gid is None or not result.samples:
+            for s in result.samples:
+                await self.rt.send(names.SAMPLES, s)
+        else:  # held by the group agent until its group is complete
+            body = {
+                "kind": "session",
+                "session_id": state.assembly.session_id,
+                "samples": [orjson.loads(events.encode(s)) for s in result.samples],
+            }
+            await self.group_topic.send(key=gid.encode(), value=orjson.dumps(body))
+        await self.rt.dead_letter_hints(
+            key, result.unmatched_hints,
+            "the session was assembled and that turn's interaction never arrived",
+        )  # fmt: skip
+        for t in turns:
+            self.tokens.pop(token_key(key, t), None)
+        state.assembly = result.state
+
+    async def complete_or_wait(self, key: bytes, state: SessionState) -> None:
+        try:
+            await self.maybe_complete(key, state)
+        except KeyError as exc:  # a token payload not (yet) there: the sweep retries
+            log.warning("session %r not assembled yet: %s", key, exc)
+
+    # ---- the agent --------------------------------------------------------------------------
+
+    async def process(self, stream: faust.StreamT) -> None:
+        rt, stage = self.rt, self.stage
+        async for raw_ev in stream.events():
+            item = await rt.decode_one(raw_ev, self.inputs)
+            if item is None:
+                continue
+            key, ev = item
+            state = await self.read(key)
+            work: list[judging.JudgeWork] = []
+            released: list[str] = []
+            if isinstance(ev, events.Interaction):
+                before = self.kept_interaction(state, ev.turn)
+                step = stage.on_interaction(state, ev, runtime.now_ms())
+                self.keep_tokens(key, before, state, ev)
+                if stage.judge_inline:
+                    work = self.unpark(key, state, ev.turn)
+                    released = [w.state.event_id for w in work]
+            elif isinstance(ev, events.NextState):
+                step = stage.on_next_state(state, ev, runtime.now_ms())
+                if not step.applied:
+                    continue  # our own, read back (or a redelivery): nothing to write
+                for nxt in step.parked:  # this record, waiting for its turn
+                    self.parked[parked_key(key, nxt.event_id)] = park(raw_ev.message)
+                step.parked = []
+            elif isinstance(ev, events.PrmScore):
+                stage.on_verdict(state, ev, [], runtime.now_ms())
+                step = Step()
+            elif isinstance(ev, events.Hint):
+                outcome = stage.on_hint(state, ev)
+                if outcome == "late":
+                    await rt.dead_letter(
+                        raw_ev.message,
+                        f"hint for turn {ev.turn} of session {ev.session_id} arrived after the "
+                        "session was assembled (its samples have left; processors.hint_wait_s "
+                        "makes closed sessions wait for hints)",
+                    )
+                if outcome != "applied":
+                    continue  # known already (the inline judge's own), or dead-lettered
+                step = Step()
+            else:  # decode_one let only the input types through
+                continue
+            await self.publish(key, state, step)
+            work = [*step.work, *work]
+            if work:
+                await self.judge_all(state, work)
+            await self.complete_or_wait(key, state)
+            if released:  # verdicts acknowledged before the parked records are forgotten
+                await rt.app.producer.flush()
+                for nid in released:
+                    self.parked.pop(parked_key(key, nid), None)
+            self.save(key, state)
+
+    # ---- timers -----------------------------------------------------------------------------
+
+    async def session_sweep(self) -> None:
+        """Close idle sessions, dead-letter next states whose turn never came, and assemble
+        closed sessions whose grace period is over."""
+        cfg, stage = self.rt.cfg, self.stage
+        idle_ms, grace_ms = int(cfg.idle_timeout_s * 1000), int(cfg.grace_s * 1000)
+        for key, raw in list(self.sessions.items()):
+            state = await self.read(key, raw)
+            now = runtime.now_ms()
+            was = (state.pairing.closed, state.assembly.done, len(state.judging.pending))
+            step = stage.on_idle(state, now, idle_ms) if not state.pairing.closed else Step()
+            await self.publish(key, state, step)
+            if step.work:
+                await self.judge_all(state, step.work)
+            for nid, turn in stage.expired(state, now, grace_ms).items():
+                parked = self.parked.get(parked_key(key, nid))
+                if parked is None:
+                    log.error("next state %s of %r expired unparked", nid, key)
+                    continue
+                await self.rt.dead_letter(
+                    Parked(parked),
+                    f"next state for unknown turn {turn} of session "
+                    f"{key.decode(errors='replace')}: no interaction within {cfg.grace_s:g}s",
+                )
+                self.parked.pop(parked_key(key, nid), None)
+            if not state.assembly.done and state.assembly.closed_at_ms is not None:
+                await self.complete_or_wait(key, state)
+            if was != (state.pairing.closed, state.assembly.done, len(state.judging.pending)):
+                self.save(key, state)
+
+    async def expire_state(self) -> None:
+        """Drop sessions untouched for ``retain_s``: tables stay bounded on long runs."""
+        retain_s = self.rt.cfg.retain_s
+        cutoff = runtime.now_ms() - int(retain_s * 1000)
+        for key, raw in list(self.sessions.items()):
+            if touched(raw) < cutoff:
+                state = await self.read(key, raw)  # an unreadable one is dead-lettered
+                if not state.assembly.done:
+                    await self.rt.dead_letter_hints(
+                        key, unmatched_hints(state.assembly),
+                        f"the session state expired (processors.retain_s {retain_s:g}s) "
+                        "before that turn's interaction arrived",
+                    )  # fmt: skip
+                self.sessions.pop(key, None)
+        for tbl in (self.tokens, self.parked):  # records of sessions that are gone
+            for key in list(tbl.keys()):
+                if session_of(key) not in self.sessions:
+                    del tbl[key]
