@@ -45,7 +45,12 @@ _DEFAULT_DIR = Path(__file__).resolve().parents[2] / "schemas"  # resolved once:
 def schemas_dir() -> Path:
     """Folder holding `<type>.v<N>.json`; `LIVERL_SCHEMAS_DIR` overrides the repo's `schemas/`."""
     override = os.environ.get("LIVERL_SCHEMAS_DIR")
-    return Path(override) if override else _DEFAULT_DIR
+    return _override_dir(override) if override else _DEFAULT_DIR
+
+
+@cache
+def _override_dir(override: str) -> Path:  # every encode asks: no Path built per event
+    return Path(override)
 
 
 @cache
@@ -77,7 +82,13 @@ def load_schema(type: str, version: int = SCHEMA_VERSION) -> dict[str, Any]:
 def wire_version(type: str, requested: int) -> int:
     """The version a writer asking for ``requested`` writes ``type`` in: the newest of the
     type's schema files up to it (types whose layout did not change stay at 1)."""
-    files = schema_files()
+    return _wire_version(schemas_dir(), type, requested)
+
+
+@cache
+def _wire_version(root: Path, type: str, requested: int) -> int:
+    # Asked twice per event sent (value and headers); the files of a folder do not change.
+    files = _schema_files(root)
     for version in range(requested, 1, -1):
         if (type, version) in files:
             return version
