@@ -117,9 +117,9 @@ def create_app(
         producer_max_request_size=settings.kafka.max_record_bytes,
         consumer_max_fetch_size=settings.kafka.max_fetch_bytes,
         # aiokafka's 16 KB batches held one token payload or sample each, so every record
-        # was its own produce request; 1 MiB batches and a 5 ms linger share them.
+        # was its own produce request; 1 MiB batches and a linger share them.
         producer_max_batch_size=1 << 20,
-        producer_linger=0.005,
+        producer_linger=cfg.produce_linger_ms / 1000,
         # A restarted worker waits this long for its killed predecessor to leave the group.
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 4),
