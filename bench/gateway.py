@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -90,8 +91,9 @@ def fake_sglang_app(answer: list[int]) -> Any:
 def serve_fake(port: int, answer: list[int]) -> None:
     import uvicorn
 
-    uvicorn.run(fake_sglang_app(answer), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False)
+    with contextlib.suppress(KeyboardInterrupt):  # stopped by the bench's SIGINT
+        uvicorn.run(fake_sglang_app(answer), host="127.0.0.1", port=port,
+                    log_level="warning", access_log=False)
 
 
 # ---- the gateway (its own process) -----------------------------------------------------------
@@ -116,16 +118,18 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
     server = uvicorn.Server(server_config(build_app(cfg, Settings()), cfg,
                                           **(py if stack == "py" else {})))
     out = os.environ.get("GATEWAY_BENCH_CPROFILE")
-    if not out:
-        server.run()
-        return
-    import cProfile
+    # uvicorn shuts down on the bench's SIGINT (stop()), then re-raises it: not an error here.
+    with contextlib.suppress(KeyboardInterrupt):
+        if not out:
+            server.run()
+            return
+        import cProfile
 
-    prof = cProfile.Profile(time.thread_time)  # CPU of the event loop thread, not wall time
-    try:
-        prof.runcall(server.run)
-    finally:
-        prof.dump_stats(out)
+        prof = cProfile.Profile(time.thread_time)  # CPU of the event loop thread, not wall time
+        try:
+            prof.runcall(server.run)
+        finally:
+            prof.dump_stats(out)
 
 
 # ---- the client --------------------------------------------------------------------------------
