@@ -10,6 +10,13 @@ buffered once the input has been idle for ``batch_idle_s`` (the default); each w
 measured sessions alone, and under load (background clients keep closing sessions).
 Prints figures; asserts nothing.
 
+The loop's workers are the default processors group (``liverl-rewards``), so they first work
+through whatever backlog that group has on the broker: after other benchmarks wrote to the
+live topics (``bench/rewards.py`` does), no session is measured until that is done. Use a
+broker without that history (``liverl broker down``; remove ``.liverl/kafka/data`` and, since
+the archiver refuses a lake ahead of the broker, ``.liverl/lake``; ``liverl broker up &&
+liverl topics apply``); ``liverl status`` shows the group's lag.
+
     .venv/bin/python bench/freshness.py [--sessions 12] [--load-clients 3] [--idle 0 0.3]
 """
 
