@@ -62,7 +62,9 @@ def trainer_figures(lake: Path, policy: str) -> str:
         return "no steps"
     import pyarrow.compute as pc
 
-    rows = DeltaTable(uri).to_pyarrow_dataset().to_table(
+    from pipeline.lake.reading import dataset
+
+    rows = dataset(uri).to_table(
         columns=["samples", "ts_ms"], filter=pc.field("policy_id") == policy).to_pylist()
     if not rows:
         return "no steps"

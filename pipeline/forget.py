@@ -441,8 +441,7 @@ def session_mask(batch: pa.RecordBatch | pa.Table, sessions: list[str], archive:
 
 def session_tables(root: Path) -> dict[str, Path]:
     """Tables under ``root`` with a ``session_id`` column (the log excluded), by label."""
-    from deltalake import DeltaTable
-
+    from pipeline.lake.reading import dataset as delta_dataset
     from pipeline.lake.sql import find_tables
 
     out: dict[str, Path] = {}
@@ -450,7 +449,7 @@ def session_tables(root: Path) -> dict[str, Path]:
         label = path.relative_to(root).as_posix()
         if label == FORGET_LOG:
             continue
-        schema = DeltaTable(str(path)).to_pyarrow_dataset().schema
+        schema = delta_dataset(path).schema
         if "session_id" in schema.names:
             out[label] = path
     return out
@@ -459,9 +458,9 @@ def session_tables(root: Path) -> dict[str, Path]:
 def _matches(path: Path, sessions: list[str], extra: list[str]) -> tuple[pa.Table, bool]:
     """The sessions' rows of a table: ``session_id`` (and ``key``) plus the ``extra`` columns
     the table has; and whether it is an archive table."""
-    from deltalake import DeltaTable
+    from pipeline.lake.reading import dataset as delta_dataset
 
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    dataset = delta_dataset(path)
     archive = _is_archive(dataset.schema)
     names_ = ["session_id", *(["key"] if archive else []), *extra]
     cols = [c for c in dict.fromkeys(names_) if c in dataset.schema.names]
@@ -494,13 +493,13 @@ def archive_sessions_of(settings: Settings, lake: Path, user: str) -> set[str]:
     """Sessions whose archived interactions carry ``user_id == user`` (every archive table of
     every lake holding ``interaction`` events; the payload is read, since the archive keeps
     no user column)."""
-    from deltalake import DeltaTable
+    from pipeline.lake.reading import dataset as delta_dataset
 
     needle = orjson.dumps(user)
     found: set[str] = set()
     for _prefix, root in lakes(settings, lake):
         for path in session_tables(root).values():
-            dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+            dataset = delta_dataset(path)
             if not {"event_type", "payload"} <= set(dataset.schema.names):
                 continue
             scanner = dataset.scanner(columns=["event_type", "session_id", "payload"])
@@ -554,6 +553,8 @@ def delete_rows(hit: DeltaHit, sessions: list[str]) -> int:
     from deltalake import DeltaTable, write_deltalake
     from deltalake.exceptions import CommitFailedError
 
+    from pipeline.lake.reading import dataset as delta_dataset
+
     for attempt in range(_COMMIT_ATTEMPTS):
         table = DeltaTable(str(hit.path))
         parts = list(table.metadata().partition_columns)
@@ -561,7 +562,7 @@ def delete_rows(hit: DeltaHit, sessions: list[str]) -> int:
         if not found.num_rows:
             return 0
         combos = list(zip(*(found.column(c).to_pylist() for c in parts), strict=True))
-        dataset = table.to_pyarrow_dataset()
+        dataset = delta_dataset(table)
         scanner = dataset.scanner(filter=_partition_filter(parts, combos) if parts else None)
         removed = [0]
         kept = _without(scanner.to_batches(), sessions, archive, removed)

@@ -99,12 +99,14 @@ def read_columns(
     """
     from deltalake import DeltaTable
 
+    from pipeline.lake.reading import dataset
+
     if not DeltaTable.is_deltatable(uri):
         return None, []
     table = DeltaTable(uri)
     present = {f.name for f in table.schema().fields}
     old = [c for c in legacy or [] if c in present]
-    data = table.to_pyarrow_table(columns=[c for c in columns if c in present] + old)
+    data = dataset(table).to_table(columns=[c for c in columns if c in present] + old)
     missing = [c for c in columns if c not in present]
     schema = T.SCHEMAS[name]
     for column in missing:

@@ -94,10 +94,12 @@ def _archived(lake: Path, topic: str) -> list[dict[str, Any]] | None:
     """Decoded payloads of an archived topic (None: not archived)."""
     from deltalake import DeltaTable
 
+    from pipeline.lake.reading import dataset
+
     uri = str(lake / "events" / topic)
     if not DeltaTable.is_deltatable(uri):
         return None
-    payloads = DeltaTable(uri).to_pyarrow_table(columns=["payload"]).column("payload")
+    payloads = dataset(uri).to_table(columns=["payload"]).column("payload")
     out = []
     for raw in payloads.to_pylist():
         try:

@@ -293,7 +293,9 @@ def consumed_versions(lake: Path, policy: str) -> dict[str, int]:
         return {}
     import pyarrow.compute as pc
 
-    ds = DeltaTable(uri).to_pyarrow_dataset()
+    from pipeline.lake.reading import dataset
+
+    ds = dataset(uri)
     flt = (pc.field("policy_id") == policy) & (pc.field("turn") == 0)
     rows = ds.to_table(columns=["session_id", "weight_version"], filter=flt).to_pylist()
     return {r["session_id"]: r["weight_version"] for r in rows if r["weight_version"] is not None}

@@ -135,10 +135,12 @@ def read_archived(
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
+    from .reading import dataset as delta_dataset
+
     path = archive_path(lake_root, topic)
     if not DeltaTable.is_deltatable(str(path)):
         raise ArchiveError(f"{topic} is not archived: no Delta table at {path} (`liverl archive`)")
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    dataset = delta_dataset(path)
     conds: list[ds.Expression] = []
     if since_ms is not None:
         conds += [ds.field("day") >= day_of(since_ms), ds.field("timestamp_ms") >= since_ms]

@@ -55,7 +55,8 @@ def find_tables(lake: Path) -> dict[str, Path]:
 def connect(lake: Path) -> tuple[Any, dict[str, Path]]:
     """A DuckDB connection with every table of the lake registered as a view."""
     import duckdb
-    from deltalake import DeltaTable
+
+    from .reading import dataset as delta_dataset
 
     tables = find_tables(lake)
     if not tables:
@@ -66,7 +67,7 @@ def connect(lake: Path) -> tuple[Any, dict[str, Path]]:
     con = duckdb.connect(":memory:")
     for name, path in tables.items():
         try:
-            dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+            dataset = delta_dataset(path)
         except Exception as exc:  # noqa: BLE001 - one unreadable table must not hide the rest
             click.echo(f"warning: skipping {path}: {type(exc).__name__}: {exc}", err=True)
             continue

@@ -37,6 +37,7 @@ import torch
 from deltalake import DeltaTable
 
 from pipeline.durable import atomic_write
+from pipeline.lake.reading import dataset
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer import losses as L
 from pipeline.trainer.config import TrainerSettings
@@ -91,7 +92,7 @@ class Gate:
         self.rows.clear()
         uri = str(Path(self.cfg.lake_root) / "trajectories")
         if DeltaTable.is_deltatable(uri):
-            ds = DeltaTable(uri).to_pyarrow_dataset()
+            ds = dataset(uri)
             flt = (
                 (pc.field("policy_id") == self.cfg.policy)
                 & (pc.field("status") == HELD_OUT)

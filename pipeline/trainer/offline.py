@@ -58,6 +58,8 @@ def select(lake_root: Path, table: str, where: str | None, *,
     import duckdb
     from deltalake import DeltaTable
 
+    from pipeline.lake.reading import dataset
+
     if table not in TABLES:
         raise OfflineInputError(f"--from-delta {table!r}: only {', '.join(TABLES)} can be "
                                 "trained from")
@@ -67,7 +69,7 @@ def select(lake_root: Path, table: str, where: str | None, *,
     delta = DeltaTable(uri, version=version)
     con = duckdb.connect(":memory:")
     try:
-        con.register("source", delta.to_pyarrow_dataset())
+        con.register("source", dataset(delta))
         filtered = f"SELECT * FROM source WHERE {where}" if where else "SELECT * FROM source"
         query = (
             "SELECT * EXCLUDE (_rank) FROM (SELECT *, row_number() OVER (PARTITION BY event_id "
