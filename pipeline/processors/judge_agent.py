@@ -24,7 +24,7 @@ from pipeline.kafka import names
 from . import judging, runtime
 from .judges import Judge
 from .judging import JudgeState
-from .records import Parked, park, parked_key, parked_next_state, session_of, touched
+from .records import park, parked_key, parked_next_state, session_of, touched
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -147,16 +147,7 @@ class JudgeAgent:
                 continue
             for nid in gone:
                 turn = state.judging.pending.pop(nid).turn
-                parked = self.parked.get(parked_key(key, nid))
-                if parked is None:  # only a state written before parking was durable
-                    log.error("next state %s of %r (turn %s) expired unparked", nid, key, turn)
-                    continue
-                await self.rt.dead_letter(
-                    Parked(parked),
-                    f"next state for unknown turn {turn} of session "
-                    f"{key.decode(errors='replace')}: no interaction within {grace_s:g}s",
-                )
-                self.parked.pop(parked_key(key, nid), None)
+                await self.rt.dead_letter_parked(self.parked, key, nid, turn)
             self.save(key, state)
 
     async def expire_judge_state(self) -> None:

@@ -28,7 +28,7 @@ from pipeline.kafka.producer import bound_dead_letter
 from pipeline.settings import Settings
 
 from .config import ProcessorSettings
-from .records import key_partition, session_of
+from .records import Parked, key_partition, parked_key, session_of
 from .rewards import UnmatchedHint
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,21 @@ class Runtime:
         letter = bound_dead_letter(letter, self.settings.kafka.max_event_bytes)
         log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await self.send(names.DLQ, letter)
+
+    async def dead_letter_parked(self, table: TableT, key: bytes, nid: str, turn: int) -> None:
+        """A parked next state whose turn never came within ``grace_s``: dead-lettered as the
+        record it was, then forgotten."""
+        pkey = parked_key(key, nid)
+        parked = table.get(pkey)
+        if parked is None:  # only a state written before its record was parked is durable
+            log.error("next state %s of %r (turn %s) expired unparked", nid, key, turn)
+            return
+        await self.dead_letter(
+            Parked(parked),
+            f"next state for unknown turn {turn} of session "
+            f"{key.decode(errors='replace')}: no interaction within {self.cfg.grace_s:g}s",
+        )
+        table.pop(pkey, None)
 
     async def dead_letter_hints(self, key: bytes, hints: list[UnmatchedHint], why: str) -> None:
         """Hints that no sample will carry: the letter holds what the state kept of each."""

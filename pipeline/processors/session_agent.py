@@ -31,7 +31,7 @@ from pipeline.kafka import names
 from . import judging, runtime
 from . import session as session_mod
 from .judges import Judge
-from .records import Parked, park, parked_key, parked_next_state, session_of, token_key, touched
+from .records import park, parked_key, parked_next_state, session_of, token_key, touched
 from .rewards import Assembler, TokenPayload, token_payload, unmatched_hints
 from .runtime import Runtime
 from .session import SessionStage, SessionState, Step, is_derived
@@ -244,16 +244,7 @@ class SessionAgent:
             if step.work:
                 await self.judge_all(state, step.work)
             for nid, turn in stage.expired(state, now, grace_ms).items():
-                parked = self.parked.get(parked_key(key, nid))
-                if parked is None:
-                    log.error("next state %s of %r expired unparked", nid, key)
-                    continue
-                await self.rt.dead_letter(
-                    Parked(parked),
-                    f"next state for unknown turn {turn} of session "
-                    f"{key.decode(errors='replace')}: no interaction within {cfg.grace_s:g}s",
-                )
-                self.parked.pop(parked_key(key, nid), None)
+                await self.rt.dead_letter_parked(self.parked, key, nid, turn)
             if not state.assembly.done and state.assembly.closed_at_ms is not None:
                 await self.complete_or_wait(key, state)
             if was != (state.pairing.closed, state.assembly.done, len(state.judging.pending)):
