@@ -583,6 +583,74 @@ def test_early_next_states_are_parked_in_a_changelogged_table(h: Harness) -> Non
     assert session_states(h)[-1].judging.pending == {}
 
 
+class BatchJudge:
+    """A judge that is not inline, as the LLM PRM: its own agent judges in batches. Votes -1
+    with a hint when the reply starts with "no", else +1."""
+
+    inline = False
+    judge_id = "fake-llm"
+    version = "fake-llm-1"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def judge(self, ctx: Any, state: events.NextState) -> Any:
+        from pipeline.processors.judges import Verdict
+
+        self.seen.append(state.event_id)
+        if state.content.startswith("no"):
+            return Verdict(-1, [-1], "complaint", ["Say what you changed."])
+        return Verdict(1, [1], "thanks")
+
+
+def test_judge_agent_judges_in_batches_parks_early_states_and_expires_strays(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge agent (a judge with ``inline = False``): a next state is judged once its
+    turn is known, one that comes first waits in ``judge_parked`` and leaves it once its
+    verdict is sent, and one whose turn never comes is dead-lettered after ``grace_s``."""
+    judge = BatchJudge()
+    monkeypatch.setattr(app_mod, "build_judge", lambda cfg: judge)
+    app = h.app()
+    early = external(1, "no, that is the wrong file")
+    thanks = external(0, "thanks, works")
+    stray = external(7, "what about turn seven")
+
+    async def run() -> None:
+        async with agent_named(app, "judge").test_context() as agent:
+            await put(agent, names.NEXT_STATES, early)  # before its interaction
+            await put(agent, names.INTERACTIONS, inter(0))
+            await put(agent, names.NEXT_STATES, thanks)
+            await put(agent, names.NEXT_STATES, stray)
+            await put(agent, names.INTERACTIONS, inter(1))
+            await eventually(lambda: len(h.out(names.PRM_SCORES)) == 2)
+            await eventually(lambda: sum(t == "judge_parked" and v is None
+                                         for t, _, v in h.changelog) == 1)  # fmt: skip
+        await app.liverl_timers["judge_grace"]()
+        assert not h.out(names.DLQ)  # the stray's grace is not over
+        h.clock += 31_000
+        await app.liverl_timers["judge_grace"]()
+
+    asyncio.run(run())
+    assert sorted(judge.seen) == sorted([early.event_id, thanks.event_id])
+    scores = {e.parents[-1]: (e.turn, e.score, e.parents[0])  # type: ignore[attr-defined]
+              for e in h.out(names.PRM_SCORES)}  # fmt: skip
+    assert scores == {thanks.event_id: (0, 1, f"{SID}-i0"), early.event_id: (1, -1, f"{SID}-i1")}
+    (hint,) = h.out(names.HINTS)
+    assert (hint.turn, hint.hint, hint.parents) == (  # type: ignore[attr-defined]
+        1, "Say what you changed.", [f"{SID}-i1", early.event_id])
+    (letter,) = h.out(names.DLQ)
+    assert letter.error == (  # type: ignore[attr-defined]
+        f"next state for unknown turn 7 of session {SID}: no interaction within 30s")
+    assert letter.original() == events.encode(stray)  # type: ignore[attr-defined]
+    parked = [(k, v) for t, k, v in h.changelog if t == "judge_parked"]
+    keys = {n: SID.encode() + b"\0" + n.encode() for n in (early.event_id, stray.event_id)}
+    # Each was written once, then removed: after its verdict, or after its dead letter.
+    assert [(k, v is None) for k, v in parked] == [
+        (keys[early.event_id], False), (keys[stray.event_id], False),
+        (keys[early.event_id], True), (keys[stray.event_id], True)]
+
+
 def hint_for(t: int, text: str, sid: str = SID) -> events.Hint:
     return events.Hint(event_id=f"{sid}-h{t}", producer=EXT, session_id=sid, turn=t,
                        hint=text, judge_id="person", rank=0)
