@@ -12,7 +12,6 @@ batch's verdicts are sent.
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 
 import faust
@@ -26,8 +25,6 @@ from .judges import Judge
 from .judging import JudgeState
 from .records import park, parked_key, parked_next_state, session_of, touched
 from .runtime import Runtime
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
