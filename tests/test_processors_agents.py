@@ -651,6 +651,43 @@ def test_judge_agent_judges_in_batches_parks_early_states_and_expires_strays(
         (keys[early.event_id], True), (keys[stray.event_id], True)]
 
 
+def test_unreadable_states_are_dead_lettered_dropped_and_started_over(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table value this code cannot read back (another version wrote it) goes to the DLQ
+    with its changelog's name and is replaced: the session, the judge agent's state and the
+    group index each start over instead of crashing the agent on every record."""
+    monkeypatch.setattr(app_mod, "build_judge", lambda cfg: BatchJudge())
+    app = h.app()
+    old = {"sessions": b'{"pairing": 5}', "judging": b'{"judging": "?"}', "groups": b"[1]"}
+    for name, raw in old.items():  # as restored from a changelog, not written by an agent
+        app.tables[name].data[b"g" if name == "groups" else SID.encode()] = raw
+    groups = app.liverl_topics["groups"].get_topic_name()
+
+    async def run() -> None:
+        async with agent_named(app, "judge").test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await eventually(lambda: len(h.out(names.DLQ)) == 1)
+        async with agent_named(app, "session").test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await flush(agent, names.INTERACTIONS)
+        async with agent_named(app, "group").test_context() as agent:
+            await put(agent, groups, b'{"kind": "sweep"}', b"g")
+            await put(agent, groups, b'{"kind": "sweep"}', b"flush")
+
+    asyncio.run(run())
+    letters = h.out(names.DLQ)
+    what = {"judging": "judge state", "sessions": "session state", "groups": "group index"}
+    assert [(d.source_topic, d.original()) for d in letters] == [  # type: ignore[attr-defined]
+        (f"{app.conf.id}-{name}-changelog", old[name]) for name in what]
+    for letter, text in zip(letters, what.values(), strict=True):
+        assert letter.error.startswith(f"{text} unreadable: ")  # type: ignore[attr-defined]
+    # Replaced by a readable state (the judge's and the session's) or dropped (the group's).
+    assert session_states(h)[-1].assembly.turns[0].interaction is not None
+    assert "0" in orjson.loads(app.tables["judging"].data[SID.encode()])["judging"]["turns"]
+    assert b"g" not in app.tables["groups"].data
+
+
 def hint_for(t: int, text: str, sid: str = SID) -> events.Hint:
     return events.Hint(event_id=f"{sid}-h{t}", producer=EXT, session_id=sid, turn=t,
                        hint=text, judge_id="person", rank=0)

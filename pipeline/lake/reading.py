@@ -4,7 +4,7 @@
 Python (deltalake's ``DeltaStorageHandler`` in a ``PyFileSystem``), which Arrow's IO threads
 call back into. When the interpreter exits with those threads still around, the process
 aborts after its work is done: "terminate called without an active exception", exit 134
-(delta-rs #2184; seen here at the end of ``bench/freshness.py``, about one run in three of a
+(delta-rs #2184; seen here at the end of ``bench/freshness.py``, and in 2 of 71 runs of a small
 filtered scan). The lake is always a local folder (``trainer.lake_root``), so Arrow's
 ``LocalFileSystem`` under the table's root reads the same files with no Python in its
 threads. Partition values still come from the Delta log, as before.

@@ -43,15 +43,7 @@ class GroupAgent:
 
     async def read(self, gid: bytes) -> GroupIndex | None:
         """The group's index; one that cannot be read back is dead-lettered and dropped."""
-        raw = self.groups.get(gid)
-        if raw is None:
-            return None
-        try:
-            return _INDEX.validate_json(raw)
-        except ValidationError as exc:
-            await self.rt.dead_letter_state("groups", gid, raw, f"group index unreadable: {exc}")
-            del self.groups[gid]
-            return None
+        return await self.rt.read_state(self.groups, gid, _INDEX.validate_json, "group index")
 
     def save(self, gid: bytes, index: GroupIndex) -> None:
         index.touched_ms = runtime.now_ms()

@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import faust
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from pipeline import events
 from pipeline.kafka import names
@@ -23,7 +23,7 @@ from pipeline.kafka import names
 from . import judging, runtime
 from .judges import Judge
 from .judging import JudgeState
-from .records import park, parked_key, parked_next_state, session_of, touched
+from .records import park, parked_key, parked_next_state, touched
 from .runtime import Runtime
 
 
@@ -51,15 +51,8 @@ class JudgeAgent:
     async def load(self, key: bytes) -> JudgeAgentState:
         """Like the session agent's: a value another code version wrote (the four-agent
         pipeline kept dicts in this table) is dead-lettered, never a crash loop."""
-        raw = self.states.get(key)
-        if raw is None:
-            return JudgeAgentState()
-        try:
-            return _STATE.validate_json(raw)
-        except ValidationError as exc:
-            await self.rt.dead_letter_state("judging", key, raw, f"judge state unreadable: {exc}")
-            del self.states[key]
-            return JudgeAgentState()
+        state = await self.rt.read_state(self.states, key, _STATE.validate_json, "judge state")
+        return JudgeAgentState() if state is None else state
 
     def save(self, key: bytes, state: JudgeAgentState) -> None:
         state.touched_ms = runtime.now_ms()
@@ -153,6 +146,4 @@ class JudgeAgent:
         for key, raw in list(self.states.items()):
             if touched(raw) < cutoff:
                 del self.states[key]
-        for key in list(self.parked.keys()):
-            if session_of(key) not in self.states:
-                del self.parked[key]
+        self.rt.drop_orphans(self.parked, self.states)

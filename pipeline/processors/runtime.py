@@ -15,11 +15,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 import orjson
 from faust.types import TableT, TopicT
+from pydantic import ValidationError
 
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
@@ -34,6 +35,7 @@ from .rewards import UnmatchedHint
 log = logging.getLogger(__name__)
 
 Timer = Callable[[], Awaitable[None]]
+S = TypeVar("S")
 
 
 def now_ms() -> int:
@@ -197,6 +199,38 @@ class Runtime:
                                 error: str) -> None:  # fmt: skip
         changelog = f"{self.cfg.app_id}-{table_name}-changelog"
         await self.dead_letter_value(changelog, key, value, error, key.hex())
+
+    # ---- state ----------------------------------------------------------------------------
+
+    async def read_state(
+        self,
+        table: TableT,
+        key: bytes,
+        parse: Callable[[bytes], S],
+        what: str,
+        raw: bytes | None = None,
+    ) -> S | None:
+        """``table[key]`` (or ``raw``, its value already in hand) parsed, None when absent.
+        A value that cannot be read back (another code version wrote it, or a bug) is
+        dead-lettered as "``what`` unreadable" and dropped: never a crash on every
+        redelivery, nor a letter on every sweep."""
+        raw = table.get(key) if raw is None else raw
+        if raw is None:
+            return None
+        try:
+            return parse(raw)
+        except ValidationError as exc:
+            await self.dead_letter_state(table.name, key, raw, f"{what} unreadable: {exc}")
+            del table[key]
+            return None
+
+    @staticmethod
+    def drop_orphans(table: TableT, owners: TableT) -> None:
+        """Delete the ``session\0…`` entries of ``table`` whose session ``owners`` no longer
+        holds (records of sessions that are gone)."""
+        for key in list(table.keys()):
+            if session_of(key) not in owners:
+                del table[key]
 
     # ---- input ----------------------------------------------------------------------------
 

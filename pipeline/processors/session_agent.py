@@ -22,7 +22,6 @@ import logging
 import faust
 import orjson
 from faust.types import TopicT
-from pydantic import ValidationError
 
 from pipeline import events
 from pipeline.events import Interaction
@@ -31,7 +30,7 @@ from pipeline.kafka import names
 from . import judging, runtime
 from . import session as session_mod
 from .judges import Judge
-from .records import park, parked_key, parked_next_state, session_of, token_key, touched
+from .records import park, parked_key, parked_next_state, token_key, touched
 from .rewards import Assembler, TokenPayload, token_payload, unmatched_hints
 from .runtime import Runtime
 from .session import SessionStage, SessionState, Step, is_derived
@@ -67,16 +66,9 @@ class SessionAgent:
     async def read(self, key: bytes, raw: bytes | None = None) -> SessionState:
         """The session's state; one that cannot be read back is dead-lettered and restarted
         (never a crash on every redelivery)."""
-        raw = self.sessions.get(key) if raw is None else raw
-        if raw is None:
-            return SessionState()
-        try:
-            return session_mod.load(raw)
-        except ValidationError as exc:
-            await self.rt.dead_letter_state("sessions", key, raw,
-                                            f"session state unreadable: {exc}")  # fmt: skip
-            del self.sessions[key]  # or every sweep would dead-letter it again
-            return SessionState()
+        state = await self.rt.read_state(self.sessions, key, session_mod.load, "session state",
+                                         raw)  # fmt: skip
+        return SessionState() if state is None else state
 
     def save(self, key: bytes, state: SessionState) -> None:
         state.touched_ms = runtime.now_ms()
@@ -264,7 +256,5 @@ class SessionAgent:
                         "before that turn's interaction arrived",
                     )  # fmt: skip
                 self.sessions.pop(key, None)
-        for tbl in (self.tokens, self.parked):  # records of sessions that are gone
-            for key in list(tbl.keys()):
-                if session_of(key) not in self.sessions:
-                    del tbl[key]
+        for tbl in (self.tokens, self.parked):
+            self.rt.drop_orphans(tbl, self.sessions)
