@@ -5,7 +5,7 @@ the compliant alternative to a violation (the forbidden rule here lists none) an
 turn 0  grep, ok                  -> nothing (no bonus for an unrelated call)   Phi  0
 turn 1  pytest, fails             -> 1st failure, allowed                       Phi  0
 turn 2  pytest again, fails       -> repeated (N=1) -0.2                        Phi -0.2
-turn 3  git push --force, ok      -> forbidden -0.3, recovery from turn 2 +0.05 Phi -0.25
+turn 3  pytest && git push --force, ok -> forbidden -0.3, pytest recovered +0.05 Phi -0.25
 turn 4  git commit (session done) -> tests ran +0.05                            Phi  0.05
 Rule judge: tool results 0, "Thanks, that works" +1, session end 0. Turns 0 and 1 total 0 with
 no outcome: no RL signal; turn 0 also has a hint, so it becomes an OPD-only sample that trains.
@@ -78,7 +78,8 @@ def script(sid: str) -> list[events.Interaction]:
         ("grep -rn parse_config .", [("tool", "app/cli.py:3:from app.settings import x")]),
         ("pytest -q", [("tool", "ImportError: cannot import\n1 failed")]),
         ("pytest -q", [("tool", "ImportError: cannot import\n1 failed")]),
-        ("git push --force origin main", [("tool", "done"), ("user", "Thanks, that works")]),
+        ("pytest -q && git push --force origin main",
+         [("tool", "done"), ("user", "Thanks, that works")]),
         ("git commit -am fix", []),
     ]
     out = []

@@ -60,7 +60,7 @@ def call(cmd: str, result: str | None = "ok", cid: str = "c") -> ToolCall:
 
 def test_default_rules_load():
     rs = load_rules(DEFAULT_RULES)
-    assert rs.beta == 0.5 and rs.version == "rules-1"
+    assert rs.beta == 0.5 and rs.version == "rules-2"
 
 
 def test_forbidden_command_and_its_compliance_bonus():
@@ -86,10 +86,13 @@ def test_identical_failing_calls_beyond_n():
     third = rs.evaluate(2, [fail], h)  # 3rd identical failing call: -lambda
     assert third.phi == pytest.approx(-0.2)
     assert third.hits[0] == {"rule_id": "rep", "detail": 'shell:{"cmd":"make"} failed 3 times'}
-    # A different call that succeeds after the failure recovers from it: +0.05, once.
-    changed = rs.evaluate(3, [call("make clean")], h)
-    assert changed.phi == pytest.approx(0.05) and changed.compliance_bonus == pytest.approx(0.05)
-    assert rs.evaluate(4, [call("make clean")], h).phi == 0.0
+    # A different goal that succeeds after the failure is no recovery; a retry of the same
+    # goal (same program and first argument) that succeeds is: +0.05, once per goal.
+    assert rs.evaluate(3, [call("make clean")], h).phi == 0.0
+    fixed = rs.evaluate(4, [call("make -j1")], h)
+    assert fixed.phi == pytest.approx(0.05) and fixed.compliance_bonus == pytest.approx(0.05)
+    assert rs.evaluate(5, [call("make", "error")], h).phi == pytest.approx(-0.2)  # 4th identical
+    assert rs.evaluate(6, [call("make")], h).phi == 0.0  # that goal was already paid
     assert ToolCall("a", "f", '{"x": 1, "y": 2}').key == ToolCall("b", "f", '{"y": 2, "x": 1}').key
 
 
@@ -98,17 +101,69 @@ def test_bonuses_on_a_session_with_a_failure_a_recovery_and_unrelated_calls():
     phis = [
         rs.evaluate(0, [call("ls"), call("cat a.py")], h).phi,  # unrelated: 0
         rs.evaluate(1, [call("pytest", "Error: 1 failed")], h).phi,  # a failure: 0 (1st)
-        rs.evaluate(2, [call("pytest -x")], h).phi,  # the call after it, different, ok: +0.05
-        rs.evaluate(3, [call("ls")], h).phi,  # unrelated, after the recovery: 0
+        rs.evaluate(2, [call("vim a.py")], h).phi,  # another goal: 0
+        rs.evaluate(3, [call("pytest -x")], h).phi,  # the same goal, now ok: +0.05
+        rs.evaluate(4, [call("ls")], h).phi,  # unrelated, after the recovery: 0
         # failure and recovery within one turn: +0.05; the unrelated call after it: nothing
-        rs.evaluate(4, [call("make", "error"), call("make -j1"), call("ls -la")], h).phi,
-        rs.evaluate(5, [call("make -j1", "error"), call("make -j1", "error")], h).phi,  # 0
+        rs.evaluate(5, [call("make", "error"), call("make -j1"), call("touch x")], h).phi,
+        rs.evaluate(6, [call("make -j1", "error"), call("make -j1", "error")], h).phi,  # 0
+        rs.evaluate(7, [call("make -j2")], h).phi,  # make was recovered once already: 0
     ]
-    # Before: 0.02 per turn for "no forbidden command" and 0.05 for every new call after any
-    # failure: [0.02, 0.02, 0.07, 0.07, 0.07, 0.02].
-    assert phis == pytest.approx([0.0, 0.0, 0.05, 0.0, 0.05, 0.0])
-    assert h.unrecovered == call("make -j1").key  # still pending: the next different call
-    assert rs.evaluate(6, [call("make -j2")], h).phi == pytest.approx(0.05)
+    assert phis == pytest.approx([0.0, 0.0, 0.0, 0.05, 0.0, 0.05, 0.0, 0.0])
+    assert h.failed_goals == []
+
+
+def test_recovery_bonus_cannot_be_farmed_with_a_failing_call_then_true():
+    """Audit repro: every turn holds a deliberately failing call followed by `true`; before,
+    each turn earned +0.05 (the first failure of each new call is never penalised)."""
+    rs, h = rules(failure_patterns=["(?i)error", "(?i)command not found"]), PathHistory()
+    phis = [
+        rs.evaluate(t, [call(f"nosuchcmd{t}", "sh: nosuchcmd: command not found"),
+                        call("true", "")], h).phi
+        for t in range(6)
+    ]
+    assert phis == [0.0] * 6
+
+
+def test_no_bonus_for_read_only_commands():
+    rs, h = RuleSet.from_dict({**copy.deepcopy(BASE), "rules": [
+        {**BASE["rules"][0]},
+        {"id": "bad", "kind": "forbidden_pattern", "patterns": ["git reset --hard"],
+         "alternatives": ["git\\s+stash(\\s|$)"], "penalty": 0.3, "compliance": 0.02},
+    ]}), PathHistory()
+    # Audit repro: read-only `git stash list -n k` variants paid +0.02 per turn.
+    assert [rs.evaluate(t, [call(f"git stash list -n {t}")], h).phi for t in range(4)] == [0.0] * 4
+    assert rs.is_read_only("git stash list -n 3") and rs.is_read_only("ls -la | grep x && pwd")
+    assert not rs.is_read_only("echo x > file") and not rs.is_read_only("ls && rm -rf build")
+    # the real alternative pays once, and its variants do not pay again
+    assert rs.evaluate(5, [call("git stash")], h).phi == pytest.approx(0.02)
+    assert rs.evaluate(6, [call("git stash push -m wip")], h).phi == 0.0
+    # a read-only goal that fails and then succeeds is no recovery either
+    assert rs.evaluate(7, [call("cat a.txt", "error: no such file")], h).phi == 0.0
+    assert rs.evaluate(8, [call("cat a.txt", "hello")], h).phi == 0.0
+
+
+def test_recovery_needs_a_verified_result():
+    """Audit repro: failing pytest on turn 0, then `rm -f build.log` on the closing turn, which
+    is scored with no result: +0.05 "recovered". No result is not a success."""
+    rs, h = rules(), PathHistory()
+    assert rs.evaluate(0, [call("pytest", "Error: 2 failed")], h).phi == 0.0
+    assert rs.evaluate(1, [call("rm -f build.log", None)], h).phi == 0.0
+    assert rs.evaluate(2, [call("pytest", None)], h).phi == 0.0  # the same goal, unverified
+    assert h.failed_goals == ["shell:pytest"]
+    assert rs.evaluate(3, [call("pytest", "5 passed")], h).phi == pytest.approx(0.05)
+
+
+def test_goal_of_a_call():
+    from pipeline.processors.penalties import goal_of
+
+    assert goal_of(call("pytest -x")) == goal_of(call("pytest")) == "shell:pytest"
+    assert goal_of(call("/usr/bin/make -j2 all")) == "shell:make all"
+    assert goal_of(call("CI=1 npm test")) == "shell:npm test"
+    assert goal_of(call("nosuchcmd")) != goal_of(call("true"))
+    assert goal_of(call("cd app && pytest -q && git push")) == "shell:pytest"
+    other = ToolCall("c", "edit", '{"path": "a.py"}', "ok")
+    assert goal_of(other) == other.key
 
 
 def test_required_step_within_a_window():
@@ -118,6 +173,8 @@ def test_required_step_within_a_window():
     rs.evaluate(1, [call("pytest -q")], h)
     done = rs.evaluate(2, [call("git commit -m y")], h)
     assert done.phi == pytest.approx(0.05)
+    again = rs.evaluate(3, [call("git commit -m y2")], h)  # the same test run: no 2nd bonus
+    assert again.phi == 0.0
     stale = rs.evaluate(5, [call("git commit -m z")], h)  # pytest was 4 turns ago > 2
     assert stale.phi == pytest.approx(-0.2)
     same_turn = rs.evaluate(9, [call("pytest"), call("git commit")], PathHistory())
@@ -128,7 +185,7 @@ def test_history_round_trips_as_json():
     rs, h = rules(), PathHistory()
     rs.evaluate(0, [call("make", "error")], h)
     assert PathHistory.from_json(h.to_json()) == h
-    assert h.unrecovered is not None
+    assert h.failed_goals == ["shell:make"]
     # state written before the recovery/credit fields existed
     assert PathHistory.from_json({"failures": {}, "commands": []}) == PathHistory()
 

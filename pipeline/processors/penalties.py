@@ -4,10 +4,13 @@ R = O + beta * Phi with Phi = -lambda per violated rule (at most once per rule a
 path part is bounded) + mu per verified compliance. A compliance bonus rewards the compliant
 alternative to a specific violation, never mere absence of one (RLVP: avoiding the bad move must
 not be worth more than the outcome): a forbidden pattern pays mu only for a call matching one of
-its ``alternatives`` (each distinct call once per session), a required step for the trigger done
-after its requirement, and a repeated failing call once, for the first different call that
-succeeds after a failure (the recovery from that failure). Validation enforces RLVP's four design
-rules (docs/architecture.md#path-penalties):
+its ``alternatives`` (each alternative once per session), a required step for the trigger done
+after its requirement, and a repeated failing call for a *recovery*: a goal (program and first
+argument, see :func:`goal_of`) that failed and then verifiably succeeded (a result that is not a
+failure; no result is not a success), once per goal per session. Read-only commands (``ls``,
+``git stash list``, ...: ``read_only_patterns``) never earn a bonus: they cost nothing, so a bonus
+for them could be farmed. Validation enforces RLVP's four design rules
+(docs/architecture.md#path-penalties):
 (1) only verifiable bad actions, never lack of progress; (2) the outcome stays the main driver;
 (3) every penalty is paired with a compliance reward; (4) the compliant path is reachable and
 the rule cannot be farmed.
@@ -16,6 +19,7 @@ the rule cannot be farmed.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +34,17 @@ from pipeline.events import RuleHit
 VERIFIABLE_KINDS = ("repeated_failing_call", "forbidden_pattern", "required_step")
 # Kinds people reach for that reward or punish (lack of) progress: rule (1) forbids them.
 PROGRESS_KINDS = ("no_progress", "idle", "too_many_turns", "slow", "length", "inaction")
+# Commands that change nothing: no bonus may be paid for them (design rule 4). Matched at the
+# start of each part of a command line (split on ;, &&, ||, |); a line is read-only when
+# every part is.
+DEFAULT_READ_ONLY = (
+    r"^(ls|cat|head|tail|less|more|echo|printf|pwd|true|false|:|which|type|whoami|id|env"
+    r"|printenv|grep|egrep|fgrep|rg|wc|stat|file|du|df|date|uname|tree|test|\[)(\s|$)",
+    r"^git\s+(status|log|diff|show|blame|rev-parse|ls-files|describe|shortlog|reflog"
+    r"|stash\s+(list|show)|branch(\s+(-a|-r|-v|-vv|--list))*\s*$|remote(\s+-v)?\s*$"
+    r"|config\s+--get)(\s|$)",
+)
+_SEPARATORS = re.compile(r"\s*(?:;|&&|\|\||\|)\s*")
 
 
 class RuleConfigError(ValueError):
@@ -63,6 +78,10 @@ class RuleSetSpec(BaseModel):
     outcome_scale: float = Field(default=1.0, gt=0)
     max_path_share: float = Field(default=0.5, gt=0, lt=1)
     failure_patterns: list[str] = Field(default_factory=list)
+    read_only_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_READ_ONLY),
+        description="Commands that change nothing; they never earn a compliance bonus.",
+    )
     rules: list[RuleSpec] = Field(default_factory=list)
 
 
@@ -101,18 +120,19 @@ class ToolCall:
 @dataclass
 class PathHistory:
     """Per-session memory the rules need (JSON-able): failure counts, recent commands, the
-    failed call still awaiting its recovery, and the alternatives already credited."""
+    goals that failed and still await their recovery, and the bonuses already credited
+    (``"<rule id> <alternative index>"``, ``"<rule id> recovered <goal>"``)."""
 
     failures: dict[str, int] = field(default_factory=dict)
     commands: list[tuple[int, str]] = field(default_factory=list)
-    unrecovered: str | None = None  # key of the last failed call, until a recovery
-    credited: list[str] = field(default_factory=list)  # "<rule id> <call key>"
+    failed_goals: list[str] = field(default_factory=list)  # failed, not yet recovered
+    credited: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "failures": self.failures,
             "commands": [list(c) for c in self.commands],
-            "unrecovered": self.unrecovered,
+            "failed_goals": self.failed_goals,
             "credited": self.credited,
         }
 
@@ -123,7 +143,9 @@ class PathHistory:
         return cls(
             dict(obj["failures"]),
             [(int(t), str(c)) for t, c in obj["commands"]],
-            obj.get("unrecovered"),
+            # States written before goals kept no goal (their "unrecovered" was a call key):
+            # a recovery from them is not verifiable, so none is paid.
+            list(obj.get("failed_goals", [])),
             list(obj.get("credited", [])),
         )
 
@@ -160,6 +182,7 @@ class RuleSet:
         self.version = spec.version
         self.beta = spec.beta
         self._failure = [re.compile(p) for p in spec.failure_patterns]
+        self._read_only = [re.compile(p) for p in spec.read_only_patterns]
         self._compiled = {
             r.id: _Compiled(
                 patterns=[re.compile(p) for p in r.patterns],
@@ -181,11 +204,23 @@ class RuleSet:
     def is_failure(self, result: str | None) -> bool:
         return result is not None and any(p.search(result) for p in self._failure)
 
+    def is_success(self, result: str | None) -> bool:
+        """Verified success: a result came back and it is not a failure. A call whose result
+        never came (a session's last turn) is neither."""
+        return result is not None and not self.is_failure(result)
+
+    def is_read_only(self, command: str) -> bool:
+        """Every part of the command line changes nothing (and none writes a file by ``>``)."""
+        parts = [p for p in _SEPARATORS.split(command.strip()) if p]
+        return bool(parts) and all(
+            ">" not in p and any(rx.search(p) for rx in self._read_only) for p in parts
+        )
+
     def evaluate(self, turn: int, calls: Sequence[ToolCall], history: PathHistory) -> PathResult:
         """Score one turn's tool calls and update ``history`` (call once per turn, in order)."""
         hits: list[RuleHit] = []
         phi = bonus = 0.0
-        recovery, unrecovered = self._recovery(calls, history.unrecovered)
+        recovery = self._recovery(calls, history)
         for rule in self.spec.rules:
             outcome = self._apply(rule, turn, calls, history, recovery)
             if outcome is None:
@@ -202,26 +237,27 @@ class RuleSet:
             history.commands.append((turn, call.command))
             if self.is_failure(call.result):
                 history.failures[call.key] = history.failures.get(call.key, 0) + 1
-        history.unrecovered = unrecovered
         del history.commands[:-200]
         del history.credited[:-200]
+        del history.failed_goals[:-50]
         return PathResult(round(phi, 10), round(bonus, 10), hits)
 
-    def _recovery(
-        self, calls: Sequence[ToolCall], unrecovered: str | None
-    ) -> tuple[ToolCall | None, str | None]:
-        """The call (if any) that recovers from the pending failure, and what is pending after
-        this turn. Calls are taken in order: a failing call becomes the pending failure; the
-        first later call that differs from it and does not fail recovers from it, once."""
+    def _recovery(self, calls: Sequence[ToolCall], history: PathHistory) -> str | None:
+        """The goal this turn recovered (if any), updating the goals still failed. Calls are
+        taken in order: a failing call's goal becomes failed; a later call of a failed goal
+        that verifiably succeeds recovers it. Read-only calls are neither."""
         recovered = None
         for call in calls:
-            failed = self.is_failure(call.result)
-            if unrecovered is not None and call.key != unrecovered and not failed:
-                recovered = recovered or call
-                unrecovered = None
-            if failed:
-                unrecovered = call.key
-        return recovered, unrecovered
+            if self.is_read_only(call.command):
+                continue
+            goal = goal_of(call)
+            if self.is_failure(call.result):
+                if goal not in history.failed_goals:
+                    history.failed_goals.append(goal)
+            elif self.is_success(call.result) and goal in history.failed_goals:
+                history.failed_goals.remove(goal)
+                recovered = recovered or goal
+        return recovered
 
     def _apply(
         self,
@@ -229,7 +265,7 @@ class RuleSet:
         turn: int,
         calls: Sequence[ToolCall],
         history: PathHistory,
-        recovery: ToolCall | None = None,
+        recovery: str | None = None,
     ) -> tuple[bool, str] | None:
         """(violated, detail), (False, detail) for a verified compliance, or None when the
         rule does not apply to this turn."""
@@ -238,13 +274,16 @@ class RuleSet:
             for call in calls:
                 if any(p.search(call.command) for p in c.patterns):
                     return True, call.command[:200]
-            for call in calls:  # the compliant alternative, each distinct call credited once
-                tag = f"{rule.id} {call.key}"
-                if tag not in history.credited and any(
-                    p.search(call.command) for p in c.alternatives
-                ):
-                    history.credited.append(tag)
-                    return False, f"compliant alternative: {call.command[:160]}"
+            # The compliant alternative, each one credited once per session (variants of one
+            # call are still one alternative) and never for a read-only command.
+            for call in calls:
+                if self.is_read_only(call.command):
+                    continue
+                for i, alt in enumerate(c.alternatives):
+                    tag = f"{rule.id} {i}"
+                    if tag not in history.credited and alt.search(call.command):
+                        history.credited.append(tag)
+                        return False, f"compliant alternative: {call.command[:160]}"
             return None
         if rule.kind == "repeated_failing_call":
             assert rule.max_repeats is not None
@@ -252,25 +291,55 @@ class RuleSet:
                 before = history.failures.get(call.key, 0)
                 if before >= rule.max_repeats and self.is_failure(call.result):
                     return True, f"{call.key[:160]} failed {before + 1} times"
-            if recovery is not None:
-                return False, f"recovered from a failure with a different call: {recovery.name}"
+            tag = f"{rule.id} recovered {recovery}"
+            if recovery is not None and tag not in history.credited:
+                history.credited.append(tag)
+                return False, f"recovered: {recovery[:160]} failed, then succeeded"
             return None
         if rule.kind == "required_step":
             trigger, requires = c.trigger, c.requires
             assert trigger is not None and requires is not None  # validate_spec checks both
-            for call in calls:
+            for at, call in enumerate(calls):
                 if trigger.search(call.command):
                     window = rule.within_turns
-                    done = any(
-                        requires.search(cmd)
-                        for t, cmd in history.commands
-                        if window is None or turn - t <= window
-                    )
-                    earlier = [x.command for x in calls[: calls.index(call)]]
-                    done = done or any(requires.search(cmd) for cmd in earlier)
-                    return (not done), call.command[:200]
+                    runs = [
+                        f"{t} {cmd[:80]}" for t, cmd in history.commands
+                        if requires.search(cmd) and (window is None or turn - t <= window)
+                    ] + [f"{turn} {x.command[:80]}" for x in calls[:at]
+                         if requires.search(x.command)]
+                    if not runs:
+                        return True, call.command[:200]
+                    # One bonus per run of the requirement: committing twice after one test
+                    # run pays once (design rule 4), and the second commit is not a violation.
+                    tag = f"{rule.id} after {runs[-1]}"
+                    if tag in history.credited:
+                        return None
+                    history.credited.append(tag)
+                    return False, call.command[:200]
             return None
         raise RuleConfigError(f"rule {rule.id}: unknown kind {rule.kind!r}")
+
+
+def goal_of(call: ToolCall) -> str:
+    """What a call tries to do, so a retry with other flags is the same goal: for a command,
+    the tool, the program (path and ``VAR=`` assignments dropped) and its first argument that
+    is not a flag (``pytest -x`` and ``pytest`` are one goal, ``nosuchcmd`` and ``true`` two);
+    the first part of a command line that is not a ``cd``; for other calls, the call itself."""
+    command = call.command
+    if command == call.arguments:  # not a shell call: only an identical call is a retry
+        return call.key
+    parts = [p for p in _SEPARATORS.split(command.strip()) if p]
+    line = next((p for p in parts if not re.match(r"^cd(\s|$)", p)), command)
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        words = line.split()
+    words = [w for w in words if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)] or words
+    if not words:
+        return call.key
+    program = words[0].rsplit("/", 1)[-1]
+    first = next((w for w in words[1:] if not w.startswith("-")), "")
+    return f"{call.name}:{program} {first}".rstrip()
 
 
 def validate_spec(spec: RuleSetSpec) -> None:
@@ -281,6 +350,10 @@ def validate_spec(spec: RuleSetSpec) -> None:
         problems.append("rule ids must be unique")
     for p in spec.failure_patterns:
         _compile(p, "failure_patterns", problems)
+    for p in spec.read_only_patterns:
+        rx = _compile(p, "read_only_patterns", problems)
+        if rx is not None and rx.search("") is not None:
+            problems.append(f"read_only_patterns: {p!r} matches every command")
     for r in spec.rules:
         where = f"rule {r.id!r}"
         if r.kind in PROGRESS_KINDS:
