@@ -389,7 +389,9 @@ def test_closed_session_without_verdicts_is_assembled_after_the_grace_period(h: 
         (s.turn, s.masked, s.reward, s.response_token_ids)  # type: ignore[attr-defined]
         for s in h.out(names.SAMPLES)
     ]
-    assert (turn, masked, reward, ids) == (0, False, 0.0, [100, 200])  # ... but one sample kept
+    # ... and its sample is bookkeeping only: trained at a made-up 0 it would outrank a judged
+    # failure of its group (issue 23)
+    assert (turn, masked, reward, ids) == (0, True, 0.0, [100, 200])
 
 
 def test_grouped_sessions_go_to_the_group_topic(h: Harness) -> None:
@@ -475,7 +477,7 @@ def test_group_agent_zscores_within_group_and_step_once_complete(h: Harness) -> 
         ("t-c", 0, 3.0),  # its group was already emitted: passed on unchanged
     ]
     assert samples[0].event_id == events.derive_event_id(
-        "sample", ["t-a-i0", "t-a-r0"], "samples-1", False, "group", "g", ["t-a", "t-b"]
+        "sample", ["t-a-i0", "t-a-r0"], "samples-2", False, "group", "g", ["t-a", "t-b"]
     )
     assert samples[4].event_id == "t-c-s0"
     members = [(k, v is None) for t, k, v in h.changelog if t == "group_members"]

@@ -187,7 +187,7 @@ def test_session_assembly_masks_zero_reward_turns():
         (2, False, [1, 1], pytest.approx(-0.9)),
     ]
     r0 = out.rewards[0]
-    assert r0.event_id == derive_event_id("reward", ["p0", "x0"], "reward-1")
+    assert r0.event_id == derive_event_id("reward", ["p0", "x0"], "reward-2")
     assert out.samples[0].parents == ["i0", r0.event_id]
     assert out.samples[0].behavior_logprobs == inter(0).response_logprobs
     assert out.samples[0].behavior_weight_version == 12
@@ -237,7 +237,8 @@ def test_not_ready_until_every_turn_is_in_then_grace():
     assert not asm.ready(state, 10)
     assert asm.ready(state, 1_000)  # grace over: assemble what exists
     out = asm.complete(state, 1_000)
-    assert [(s.turn, s.masked, s.reward) for s in out.samples] == [(0, False, 0.0)]
+    # no verdict and no outcome: nothing is known of the turn, so it is not kept for RL
+    assert [(s.turn, s.masked, s.reward) for s in out.samples] == [(0, True, 0.0)]
 
 
 def test_session_outcome_applies_rlanything_step_reward():
@@ -434,3 +435,86 @@ def test_assembly_state_dumps_packed_token_arrays_as_lists() -> None:
     assert type(tokens.prompt_token_ids) is events.U32Array
     ta = TypeAdapter(TokenPayload)
     assert ta.validate_json(ta.dump_json(tokens)) == tokens
+
+
+# ---- issue 23: no failed session gets a positive advantage ----------------------------------
+
+
+def grouped_session(
+    sid: str, scores: list[int | None], outcome: bool | None = None, phis: list[float] | None = None
+) -> list[events.Sample]:
+    """One session of group ``g``: per turn a verdict score (None: the judge never answered),
+    an optional session outcome and path Phi per turn."""
+    asm = Assembler()
+    state = None
+    for t, score in enumerate(scores):
+        i = dataclasses.replace(inter(t), event_id=f"{sid}-i{t}", session_id=sid, group_id="g")
+        state = asm.on_interaction(state, i)
+        kind = "session_end" if t == len(scores) - 1 else "user_reply"
+        n = dataclasses.replace(ns(t, kind), event_id=f"{sid}-n{t}", session_id=sid)
+        state = asm.on_next_state(state, n, 0)
+        if score is not None:
+            p = dataclasses.replace(prm(t, score, [score]), event_id=f"{sid}-p{t}",
+                                    session_id=sid, parents=[i.event_id, n.event_id])
+            state = asm.on_prm(state, p)
+        if phis is not None:
+            state = asm.on_penalty(state, dataclasses.replace(pen(t, phis[t]), session_id=sid))
+    if outcome is not None:
+        o = dataclasses.replace(outcome_event(sid, outcome, ts_ms=5), event_id=f"{sid}-o")
+        state = asm.on_next_state(state, o, 10)
+    assert state is not None
+    return asm.complete(state, 11).samples
+
+
+def test_unjudged_failed_session_takes_its_outcome_and_never_a_positive_advantage():
+    """Audit repro: a failed session whose judge never answered was kept at reward 0 and, in a
+    group with a judged failed session (total -2), normalised to +1.0."""
+    judged = grouped_session("a", [-1], outcome=False)  # -1 + (-1) = -2
+    unjudged = grouped_session("b", [None], outcome=False)  # the outcome alone: -1
+    assert [(s.reward, s.outcome, s.loss_mask) for s in unjudged] == [(-1.0, -1.0, [1, 1])]
+    out = grouping.normalize("g", {"a": judged, "b": unjudged}, "samples-2")
+    # z = (-2 + 1.5) / 0.5 = -1 for a; +1 for b, bounded to 0: a failure is never encouraged
+    assert [s.reward for s in out] == pytest.approx([-1.0, 0.0], abs=1e-5)
+    assert all(s.reward <= 0 for s in out)
+
+
+def test_unjudged_session_without_outcome_is_masked_not_trained_at_zero():
+    judged = grouped_session("a", [-1])
+    unjudged = grouped_session("b", [None, None])
+    assert [(s.masked, s.loss_mask) for s in unjudged] == [(True, [0, 0]), (True, [0, 0])]
+    out = grouping.normalize("g", {"a": judged, "b": unjudged}, "samples-2")
+    # a alone in its bucket keeps -1; b trains nothing
+    assert [(s.session_id, s.reward, s.rl_trainable()) for s in out] == [
+        ("a", -1.0, True), ("b", 0.0, False), ("b", 0.0, False)]
+
+
+def test_a_failed_session_with_a_bonus_is_bounded_at_zero():
+    # outcome -1, vote +1, Phi +0.05 (beta 0.5): total = -1 + 1 + 0.025 = 0.025 -> sample 0;
+    # the bound is kept out of the outcome+PRM part (reward - penalty = -1 + 1 = 0)
+    (s,) = grouped_session("a", [1], outcome=False, phis=[0.05])
+    assert s.reward == 0.0 and s.penalty == pytest.approx(-0.0) and s.outcome == -1.0
+    assert s.reward - s.penalty == pytest.approx(0.0)
+
+
+def test_group_of_failures_ranks_them_but_none_goes_above_zero():
+    # outcome -1 for all; votes +1, 0, -1 -> totals 0, -1, -2 -> z = +1.22, 0, -1.22 -> bounded
+    out = grouping.normalize("g", {
+        "a": grouped_session("a", [1], outcome=False),
+        "b": grouped_session("b", [0], outcome=False),
+        "c": grouped_session("c", [-1], outcome=False),
+    }, "samples-2")
+    assert [s.reward for s in out] == pytest.approx([0.0, 0.0, -1.224744], abs=1e-5)
+
+
+def test_stepwise_zscore_without_outcome_keeps_zero_score_turns():
+    """Audit repro: scores [1, 0, 0, -1] in one (group, step) bucket were z-scored as ±1 of two
+    samples (zero-score turns masked at assembly); population z is [1.41, 0, 0, -1.41]."""
+    members = {sid: grouped_session(sid, [score]) for sid, score in
+               zip("abcd", [1, 0, 0, -1], strict=True)}
+    out = grouping.normalize("g", members, "samples-2")
+    # mean 0, population std sqrt(2/4) = 0.707107: z = ±1 / 0.707107 = ±1.414214
+    assert [s.reward for s in out] == pytest.approx([1.414214, 0.0, 0.0, -1.414214], abs=1e-5)
+    assert all(s.rl_trainable() for s in out)
+    # a zero score alone in its bucket says nothing and leaves the RL term
+    alone = grouping.normalize("g", {"a": grouped_session("a", [0])}, "samples-2")
+    assert [s.rl_trainable() for s in alone] == [False]

@@ -179,6 +179,9 @@ class Sample(TurnEvent):
     # The path part (RLVP beta * Phi) contained in ``reward``; group normalisation scales it
     # on its own (0 in older events: the whole reward is normalised, as before).
     penalty: float = 0.0
+    # The session's verified outcome, if any: a failed session's sample never carries a
+    # positive reward or advantage (see processors/rewards.py: outcome_bound).
+    outcome: float | None = None
 
     def opd_token_mask(self) -> Sequence[int]:
         """Per response token, 1 where the OPD term may train: ``opd_mask``, or ``loss_mask``

@@ -42,8 +42,8 @@ class ProcessorSettings(BaseSettings):
     produce_linger_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # Config versions enter every derived event id: change them when the logic changes.
     pairing_version: str = "pairing-1"
-    reward_version: str = "reward-1"
-    sample_version: str = "samples-1"
+    reward_version: str = "reward-2"
+    sample_version: str = "samples-2"
     # Pairing.
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 5.0

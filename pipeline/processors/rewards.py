@@ -5,11 +5,14 @@ Why per session: "each session keeps at least one sample" and the step-wise outc
 therefore delays a session's samples, never a user's answer.
 
 Per turn: O = session outcome (0 when none), prm = mean of the turn's judge scores, or with an
-outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. The RL mask
-(``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no next state, or a
-total of exactly 0 without a session outcome, has no RL signal (RL-masked, except that the
-session's last turn is kept when every turn would be); a total of 0 *with* an outcome is a real
-value and stays (it matters once the group is z-scored). A turn with an accepted hint trains OPD
+outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. A turn the
+judge never scored takes the session's outcome alone (prm 0); without an outcome it has no
+reward. The RL mask (``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no
+reward, or a total of exactly 0 without a session outcome outside a group, has no RL signal
+(RL-masked, except that the session's last *judged* turn is kept when every turn would be); a
+total of 0 *with* an outcome, or in a group, is a real value and stays (it is ranked when the
+group is z-scored). A failed session (outcome < 0) never carries a positive reward or advantage
+(:func:`outcome_bound`, here and after z-scoring). A turn with an accepted hint trains OPD
 whatever its score (OpenClaw-RL's OPD-only samples); ``masked`` means neither term trains.
 
 Groups (RLAnything): sessions whose interactions carry a ``group_id`` are attempts at the same
@@ -169,12 +172,27 @@ def reward_parts(
     return o, prm, pen, o + prm + pen
 
 
-def mask_turns(has_signal: dict[int, bool]) -> dict[int, bool]:
-    """turn -> masked. Turns without signal are masked; if all are, the last one is kept."""
+def mask_turns(
+    has_signal: dict[int, bool], keepable: set[int] | None = None
+) -> dict[int, bool]:
+    """turn -> masked. Turns without signal are masked; if all are, the last ``keepable`` one
+    (default: any) is kept. Only a judged turn is keepable: an unjudged one has no reward, and
+    training it at 0 would rank it above a judged failure in its group."""
     masked = {t: not ok for t, ok in has_signal.items()}
     if masked and all(masked.values()):
-        masked[max(masked)] = False
+        candidates = [t for t in masked if keepable is None or t in keepable]
+        if candidates:
+            masked[max(candidates)] = False
     return masked
+
+
+def outcome_bound(value: float, outcome: float | None) -> float:
+    """A failed session (outcome < 0) never gets a positive reward or advantage: the judge's
+    votes, a bonus or the group's z-score may rank its turns, never above zero. A successful
+    session is not bounded (a worse turn of a success may still be discouraged)."""
+    if outcome is not None and outcome < 0:
+        return min(value, 0.0)
+    return value
 
 
 PATH_SHARE = 0.25
@@ -214,24 +232,32 @@ def zscore_by_group_step(
             groups[(s.group_id, s.step_index)].append(i)
     out = list(samples)
     for idx in groups.values():
-        if len(idx) < 2:
-            continue
         base = [samples[i].reward - samples[i].penalty for i in idx]
+        if len(idx) < 2:
+            # No spread to rank against: a zero score without an outcome says nothing (it
+            # takes part only to be ranked in a group), so it leaves the RL term.
+            s = samples[idx[0]]
+            if base[0] == 0 and s.reward == 0 and s.outcome is None:
+                out[idx[0]] = _without_rl(s)
+            continue
         mean = sum(base) / len(base)
         std = math.sqrt(sum((r - mean) ** 2 for r in base) / len(base))
         if std <= 1e-9 * max(1.0, abs(mean)):
             for i in idx:
-                s = samples[i]
-                opd = list(s.opd_token_mask()) if s.hints else [0] * len(s.loss_mask)
-                out[i] = replace(
-                    s, loss_mask=[0] * len(s.loss_mask), opd_mask=opd, masked=not any(opd)
-                )
+                out[i] = _without_rl(samples[i])
             continue
         for i, b in zip(idx, base, strict=True):
             z = (b - mean) / (std + eps)
             adv = path_adjusted(z, samples[i].penalty, path_share, path_scale)
+            adv = outcome_bound(adv, samples[i].outcome)
             out[i] = replace(samples[i], reward=adv, penalty=adv - z)
     return out
+
+
+def _without_rl(s: Sample) -> Sample:
+    """The sample out of the RL term; it still trains OPD where it has hints."""
+    opd = list(s.opd_token_mask()) if s.hints else [0] * len(s.loss_mask)
+    return replace(s, loss_mask=[0] * len(s.loss_mask), opd_mask=opd, masked=not any(opd))
 
 
 # ---- session state ---------------------------------------------------------------------------
@@ -343,8 +369,8 @@ class Assembler:
     """Collects a session's turn events (typed state, updated in place) and emits rewards and
     samples."""
 
-    reward_version: str = "reward-1"
-    sample_version: str = "samples-1"
+    reward_version: str = "reward-2"
+    sample_version: str = "samples-2"
     grace_ms: int = 30_000
     outcome_wait_ms: int = 0
     hint_wait_ms: int = 0
@@ -499,17 +525,27 @@ class Assembler:
         o_val = None if outcome is None else float(outcome.value)
         rewards: dict[int, Reward] = {}
         signal: dict[int, bool] = {}
+        judged_turns: set[int] = set()
         turns = {t: v for t, v in state.turns.items() if v.interaction is not None}
+        # In a group a zero score is a value to rank against the other attempts (RLAnything's
+        # step-wise z-score over [1, 0, 0, -1] is [1.41, 0, 0, -1.41], not ±1 of two samples).
+        grouped = state.group_id is not None or any(
+            v.interaction is not None and v.interaction.group_id is not None
+            for v in turns.values()
+        )
         for t in sorted(turns):
             if state.last_turn is not None and t > state.last_turn:
                 continue
             info = turns[t]
             judged = [info.prm[n] for n in sorted(info.next_states) if n in info.prm]
-            if not judged:
-                signal[t] = False
+            if not judged and o_val is None:
+                signal[t] = False  # no verdict, no outcome: nothing is known about the turn
                 continue
+            if judged:
+                judged_turns.add(t)
             pen = info.penalty
             votes = [v for j in judged for v in j.votes]
+            # An unjudged turn of a session with an outcome takes the outcome alone (prm 0).
             o, prm, penalty, total = reward_parts(
                 [j.score for j in judged],
                 votes,
@@ -533,8 +569,8 @@ class Assembler:
                 total=total,
                 formula_version=self.reward_version,
             )
-            signal[t] = total != 0 or o_val is not None
-        masked = mask_turns(signal)
+            signal[t] = total != 0 or o_val is not None or grouped
+        masked = mask_turns(signal, judged_turns)
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
             inter = turns[t].interaction
@@ -549,6 +585,10 @@ class Assembler:
             # OPD trains wherever there is a hint, whatever the score (OpenClaw-RL's OPD-only
             # samples); "masked" is left for samples neither term trains.
             no_grad = masked[t] and not hints
+            total = reward.total if reward else 0.0
+            bounded = outcome_bound(total, o_val)
+            # The bound is kept out of the outcome+PRM part (reward - penalty) that groups rank.
+            path = (reward.penalty if reward else 0.0) - (total - bounded)
             out.samples.append(
                 Sample(
                     event_id=derive_event_id("sample", parents, self.sample_version, no_grad),
@@ -562,14 +602,15 @@ class Assembler:
                     response_token_ids=tok.response_token_ids,
                     loss_mask=[0 if masked[t] else 1] * n,
                     behavior_logprobs=tok.response_logprobs,
-                    reward=reward.total if reward else 0.0,
+                    reward=bounded,
                     hints=hints,
                     behavior_weight_version=inter.weight_version,
                     masked=no_grad,
                     group_id=inter.group_id,
                     step_index=t,
                     opd_mask=[1 if hints else 0] * n,
-                    penalty=reward.penalty if reward else 0.0,
+                    penalty=path,
+                    outcome=o_val,
                 )
             )
         out.unmatched_hints = unmatched_hints(state)
