@@ -5,12 +5,17 @@ policy, LoRA on SmolLM2-135M-Instruct) runs the demo's sessions; printed per run
 sessions until the moving satisfied share first reaches 50 % and 75 % over a window, the
 held-out satisfied share before and after, and the held-out quality share (answers that are
 on topic, not degenerate, not repeated) next to it, so a gain won by gaming the preference
-shows. OpenClaw-RL's own figures (Qwen3-4B, a simulated user, sessions until the preference
-is met) are printed beside ours; the setups differ (model size, preference, judge), so
-compare orderings, not numbers. Runs are appended to ``--out`` as they finish, so a long
-sweep that is interrupted keeps what it measured. Prints figures; asserts nothing.
+shows. The paper's own metric, sessions until three consecutive sessions satisfy the user
+(the preference met *and* the question answered), is printed per method as the mean over the
+seeds that reached it and how many did, beside OpenClaw-RL's figures (Qwen3-4B, a simulated
+user); the setups differ (model size, preference, judge), so compare orderings, not numbers.
+The capability probe (20 fixed factual questions, never trained on) is printed for every
+run, base vs final: greedy answers correct, and fluency (mean log-prob per token of sampled
+answers under the frozen base model), because one RL step once turned sampled answers into
+gibberish while greedy ones stayed right. Runs are appended to ``--out`` as they finish, so
+a long sweep that is interrupted keeps what it measured. Prints figures; asserts nothing.
 
-    .venv/bin/python bench/learning.py [--methods rl opd hybrid] [--seeds 0 1]
+    .venv/bin/python bench/learning.py [--methods rl opd hybrid] [--seeds 0 1 2]
         [--hint-rates 1.0 0.5] [--kl-coefs 0 0.05] [--rounds 10] [--users 6]
         [--out .liverl/bench-learning.json]
 """
@@ -24,7 +29,12 @@ import time
 from pathlib import Path
 
 from pipeline.demo.loop import LoopConfig, running_loop
-from pipeline.demo.runner import DemoConfig, DemoRunner, sessions_until_met
+from pipeline.demo.runner import (
+    DemoConfig,
+    DemoRunner,
+    sessions_until_consecutive,
+    sessions_until_met,
+)
 from pipeline.settings import Settings
 
 OPENCLAW_RL = {"hybrid": 10.3, "rl": 14.1, "opd": 29.7}  # sessions, Qwen3-4B, their paper
@@ -58,6 +68,33 @@ def _until(runs: list[dict], threshold: float, window: int, most: int) -> str:
     return f"{statistics.mean(reached):.0f} ({len(reached)}/{len(met)})"
 
 
+def _consecutive(runs: list[dict], most: int, k: int = 3) -> str:
+    """The paper's metric: mean sessions until ``k`` satisfied in a row, over the runs that
+    got there (and how many did)."""
+    met = [sessions_until_consecutive(r["train_satisfied"], k) for r in runs]
+    reached = [m for m in met if m is not None]
+    if not reached:
+        return f"not within {most}"
+    return f"{statistics.mean(reached):.1f} ({len(reached)}/{len(met)})"
+
+
+def _probe(p: dict | None) -> str:
+    """``17/20 -1.42``: probe answers correct (greedy) and fluency; ``-`` when not probed."""
+    if not p:
+        return "-"
+    flu = "n/a" if p.get("fluency") is None else f"{p['fluency']:.2f}"
+    return f"{p['correct']}/{p['n']} {flu}"
+
+
+def _probe_mean(runs: list[dict], key: str) -> str:
+    probes = [r[key] for r in runs if r.get(key)]
+    if not probes:
+        return "-"
+    share = statistics.mean(p["correct"] / p["n"] for p in probes if p["n"])
+    flus = [p["fluency"] for p in probes if p.get("fluency") is not None]
+    return f"{share:.0%} {statistics.mean(flus):.2f}" if flus else f"{share:.0%} n/a"
+
+
 def _pct(values: list[float]) -> str:
     mean = statistics.mean(values)
     spread = f" ({min(values):.0%}-{max(values):.0%})" if len(values) > 1 else ""
@@ -67,7 +104,7 @@ def _pct(values: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", nargs="+", default=["rl", "opd", "hybrid"])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--hint-rates", nargs="+", type=float, default=[1.0])
     ap.add_argument("--kl-coefs", nargs="+", type=float, default=[0.0],
                     help="KL-to-reference coefficients to try (trainer --kl-coef)")
@@ -100,12 +137,19 @@ def main() -> None:
                               f"{s['train_satisfied_share']:.0%}, {s['sessions']} sessions, "
                               f"freshness p50 {s['freshness_s']['p50']}, {s['wall_s']:.0f} s",
                               flush=True)
+                        k3 = s["sessions_until_3_consecutive"]
+                        print(f"        3 satisfied in a row: "
+                              f"{'never' if k3 is None else f'after {k3} sessions'}; "
+                              f"probe (correct, fluency) "
+                              f"{_probe(s['probe_before'])} -> {_probe(s['probe_after'])}"
+                              + (f" ({s['probe_note']})" if s.get("probe_note") else ""),
+                              flush=True)
 
     print(f"\nSmolLM2-135M-Instruct + LoRA, {args.users} users per round, preference "
           f"'{args.preference}', moving share over {args.window} sessions")
     print(f"{'method':<8}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}{'until 75 %':>14}"
-          f"{'held-out v0':>13}{'held-out final':>18}{'quality final':>18}"
-          f"{'OpenClaw-RL':>13}")
+          f"{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
+          f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}")
     keys = sorted({(r.get("kl_coef", 0.0), r["hint_rate"], r["method"]) for r in runs},
                   key=lambda k: (k[1] != 1.0, k[0], ["hybrid", "rl", "opd"].index(k[2])
                                  if k[2] in ("hybrid", "rl", "opd") else 9))
@@ -118,10 +162,30 @@ def main() -> None:
         print(f"{method:<8}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
               f"{_until(mine, 0.5, args.window, most):>14}"
               f"{_until(mine, 0.75, args.window, most):>14}"
-              f"{_pct([r['heldout_before']['satisfied'] for r in mine]):>13}"
+              f"{_pct([r['heldout_before']['satisfied'] for r in mine]):>15}"
               f"{_pct([r['heldout_after']['satisfied'] for r in mine]):>18}"
               f"{_pct([r['heldout_after']['quality_ok'] for r in mine]):>18}"
-              f"{OPENCLAW_RL.get(method, float('nan')):>13}")
+              f"{_consecutive(mine, most):>14}"
+              f"{OPENCLAW_RL.get(method, float('nan')):>13}"
+              f"{_probe_mean(mine, 'probe_before'):>14}{_probe_mean(mine, 'probe_after'):>14}")
+    print("3 in a row: sessions until three consecutive satisfied ones, mean over the seeds "
+          "that got there (reached/runs); OpenClaw-RL reports the same count. probe: share "
+          "of 20 fixed questions right (greedy) and fluency (base log-prob/token of sampled "
+          "answers; nearer 0 is more fluent)")
+    print(f"\n{'capability probe per run':<44}{'v0 correct':>12}{'fluency':>9}"
+          f"{'final correct':>15}{'fluency':>9}")
+    for r in runs:
+        b, a = r.get("probe_before"), r.get("probe_after")
+        if not b or not a:
+            continue
+        name = (f"{r['method']} kl {r.get('kl_coef', 0.0):g} hint {r['hint_rate']:g} "
+                f"seed {r['seed']}")
+
+        def flu(p: dict) -> str:
+            return "n/a" if p.get("fluency") is None else f"{p['fluency']:.2f}"
+
+        print(f"{name:<44}{b['correct']:>9}/{b['n']:<2}{flu(b):>9}"
+              f"{a['correct']:>12}/{a['n']:<2}{flu(a):>9}")
     print(f"runs in {args.out}")
 
 

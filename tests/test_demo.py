@@ -1,5 +1,6 @@
-"""`liverl demo`: the curve arithmetic by hand, freshness from the lake, and a short live run
-in which the policy after training beats the initial one on held-out users."""
+"""`liverl demo`: the curve arithmetic by hand, freshness from the lake, the capability probe
+through a fake gateway, and a short live run in which the policy after training beats the
+initial one on held-out users."""
 
 from __future__ import annotations
 
@@ -9,20 +10,27 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from pipeline.demo.plot import write_outputs
 from pipeline.demo.runner import (
+    Capability,
     DemoConfig,
     DemoResult,
+    DemoRunner,
     Evaluation,
     Session,
     freshness,
     moving_share,
+    sessions_until_consecutive,
     sessions_until_met,
 )
+from pipeline.sim import PROBE, ProbeResult
 from pipeline.stack import free_port
 
 
@@ -44,9 +52,22 @@ def test_sessions_until_met_needs_a_full_window() -> None:
     assert sessions_until_met([False] * 10, 4) is None
 
 
-def _session(i: int, sid: str, replied_at: float) -> Session:
+def test_sessions_until_consecutive_by_hand() -> None:
+    T, F = True, False
+    # runs: T,T (broken at 3), T,T,T at sessions 5-7 -> 7
+    assert sessions_until_consecutive([T, T, F, F, T, T, T, T]) == 7
+    assert sessions_until_consecutive([T, T, T]) == 3
+    assert sessions_until_consecutive([F, T, T, F, T, T, F, T, T]) is None  # never three
+    assert sessions_until_consecutive([]) is None
+    assert sessions_until_consecutive([F, T, F, T, T], k=2) == 5
+    assert sessions_until_consecutive([F, F, T], k=1) == 3
+    with pytest.raises(ValueError):
+        sessions_until_consecutive([T], k=0)
+
+
+def _session(i: int, sid: str, replied_at: float, satisfied: bool = False) -> Session:
     return Session(index=i, round=0, user_id="u", session_id=sid, question="q", answer="a",
-                   satisfied=False, meets_preference=False, quality_ok=True, reply="r",
+                   satisfied=satisfied, meets_preference=satisfied, quality_ok=True, reply="r",
                    version=0, asked_at=replied_at - 1, replied_at=replied_at)
 
 
@@ -75,6 +96,84 @@ def test_summary_reports_before_after_and_freshness() -> None:
     assert s["heldout_before"]["satisfied"] == 0.0 and s["heldout_after"]["satisfied"] == 0.5
     assert s["freshness_s"] == {"n": 3, "p50": 4.0, "max": 9.0}
     assert s["sessions_until_met"] is None and s["train_satisfied_share"] == 0.0
+    assert s["sessions_until_3_consecutive"] is None
+    assert s["probe_before"] is None and s["probe_after"] is None  # not probed
+
+
+def _probed_result() -> DemoResult:
+    cfg = DemoConfig(window=2)
+    ev = Evaluation(version=0, satisfied=0.0, meets_preference=0.0, quality_ok=1.0, n=4)
+    flags = [False, True, True, False, True, True, True, False]
+    sessions = [_session(i, f"s{i}", float(i), f) for i, f in enumerate(flags)]
+    before = Capability(0, ProbeResult(18, 20, -1.25, ["Paris"] * 20, ["Paris."] * 20))
+    after = Capability(4, ProbeResult(11, 20, -6.5, ["Paris"] * 20, ["xq zz"] * 20))
+    return DemoResult(cfg, "p", ev, ev, sessions, {0: 0.0}, [], 30.0, before, after)
+
+
+def test_summary_and_outputs_carry_the_probe_and_the_papers_metric(tmp_path: Path) -> None:
+    result = _probed_result()
+    s = result.summary()
+    assert s["sessions_until_3_consecutive"] == 7  # sessions 5, 6, 7
+    assert s["probe_before"] == {"version": 0, "correct": 18, "n": 20, "share": 0.9,
+                                 "fluency": -1.25}
+    assert s["probe_after"]["correct"] == 11 and s["probe_after"]["fluency"] == -6.5
+    assert s["probe_note"] is None
+    png, summary = write_outputs(result, tmp_path / "out")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(summary.read_text())
+    assert doc["probe_after"]["share"] == 0.55
+    assert doc["probe_answers"]["after"]["sampled"][0] == "xq zz"
+
+
+class _FakeCompletions:
+    """Answers like a gateway: right at temperature 0 for the first ``right`` questions."""
+
+    def __init__(self, right: int, version: int) -> None:
+        self.right = {it.question: it.answers[0] for it in PROBE[:right]}
+        self.version = version
+        self.calls: list[dict[str, Any]] = []
+
+    def create(self, **kw: Any) -> Any:
+        self.calls.append(kw)
+        question = kw["messages"][-1]["content"]
+        text = (f"It is {self.right[question]}." if question in self.right
+                and kw["temperature"] == 0 else "Hmm, let me think.")
+        return SimpleNamespace(system_fingerprint=f"liverl-v{self.version}",
+                               choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
+
+
+def _runner(cfg: DemoConfig, fake: _FakeCompletions, events: list[str]) -> DemoRunner:
+    runner = DemoRunner("http://127.0.0.1:9/v1", "p", cfg,
+                        on_progress=lambda kind, _data: events.append(kind))
+    runner.client = SimpleNamespace(chat=SimpleNamespace(completions=fake))  # type: ignore[assignment]
+    return runner
+
+
+def test_capability_probe_goes_through_the_gateway_unrecorded(tmp_path: Path) -> None:
+    from pipeline.models.tiny import ensure_tiny_model
+
+    tiny = ensure_tiny_model(tmp_path / "tiny")
+    fake = _FakeCompletions(right=13, version=2)
+    events: list[str] = []
+    cap = _runner(DemoConfig(model=str(tiny), temperature=0.7), fake, events).capability("after")
+    assert cap.version == 2 and (cap.result.correct, cap.result.n) == (13, 20)
+    assert cap.result.fluency is not None and cap.result.fluency < 0  # scored by the base
+    assert all(c["extra_headers"] == {"X-Liverl-Train": "false"} for c in fake.calls)
+    assert [c["temperature"] for c in fake.calls] == [0.0] * 20 + [0.7] * 20
+    assert "capability" in events and "version" in events
+
+
+def test_capability_probe_without_a_base_model_says_so(tmp_path: Path) -> None:
+    fake = _FakeCompletions(right=20, version=0)
+    events: list[str] = []
+    runner = _runner(DemoConfig(model=str(tmp_path / "missing")), fake, events)
+    cap = runner.capability("before")
+    assert (cap.result.correct, cap.result.fluency) == (20, None)
+    assert len(fake.calls) == 20  # greedy only: no sampled answers nobody can score
+    assert runner.probe_note and "fluency not measured" in runner.probe_note
+    assert events.count("note") == 1
+    runner.capability("after")
+    assert events.count("note") == 1  # loading is tried once
 
 
 @pytest.mark.integration

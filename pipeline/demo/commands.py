@@ -28,8 +28,12 @@ import click
 @click.option("--pace/--no-pace", default=True, show_default=True,
               help="Users wait for the weights trained on a round before the next one "
               "(serving and training share 2 cores; without it rounds run on old weights).")
-@click.option("--model", default=None, help="Model of the demo's loop [default: "
+@click.option("--model", default=None, help="Model of the demo's loop (with --url: the base "
+              "the gateway serves; it scores the probe's fluency) [default: "
               "smollm2-135m-instruct].")
+@click.option("--probe/--no-probe", default=True, show_default=True,
+              help="Ask 20 fixed factual questions (unrecorded) before and after: greedy "
+              "answers checked, sampled ones scored by the base model (fluency).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the PNG and JSON go [default: <state_dir>/demo/<policy>].")
 @click.option("--url", default=None, help="Use a running gateway (…/v1) instead of starting "
@@ -38,14 +42,17 @@ import click
 @click.pass_context
 def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rate: float,
          rounds: int | None, users: int, eval_questions: int | None, seed: int, pace: bool,
-         model: str | None, out: Path | None, url: str | None, policy: str | None) -> None:
+         model: str | None, probe: bool, out: Path | None, url: str | None,
+         policy: str | None) -> None:
     """Simulated users with a hidden preference talk to the live policy through the gateway.
 
     Each user asks a question, checks the answer against their preference (e.g. one short
     sentence) and against answering the question at all, and replies with thanks or a
     correction that often says what they want. Those replies become rewards and hints, the
     trainer publishes LoRA versions, and the gateway serves them while the users keep
-    talking. Before and after, held-out users ask held-out questions (nothing recorded).
+    talking. Before and after, held-out users ask held-out questions, and a fixed probe of
+    factual questions checks that other users' answers stay right and fluent (nothing
+    recorded).
     Writes learning_curve.png and summary.json.
     """
     from pipeline.demo.display import Display
@@ -66,7 +73,7 @@ def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rat
     cfg = DemoConfig(method=method, preference=preference, hint_rate=hint_rate, users=users,
                      rounds=rounds or (10 if quick else 20),
                      eval_questions=eval_questions or (8 if quick else 16), seed=seed,
-                     pace=pace)
+                     pace=pace, probe=probe, model=model)
     policy = policy or f"demo-{method}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = out or Path(settings.state_dir) / "demo" / policy
     lake = Path(settings.trainer.under_state_dir(Path(settings.state_dir)).lake_root)
@@ -82,6 +89,19 @@ def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rat
             f"{a['satisfied']:.0%} (v{a['version']}); answers the question "
             f"{b['quality_ok']:.0%} -> {a['quality_ok']:.0%}"
         )
+        pb, pa = s["probe_before"], s["probe_after"]
+        if pb and pa:
+            def flu(p: dict) -> str:
+                return "n/a" if p["fluency"] is None else f"{p['fluency']:.2f}"
+
+            click.echo(f"capability probe: {pb['correct']}/{pb['n']} -> {pa['correct']}/{pa['n']} "
+                       f"correct (greedy); fluency {flu(pb)} -> {flu(pa)} (mean log-prob per "
+                       f"token of sampled answers under the base model)")
+        if s["probe_note"]:
+            click.echo(s["probe_note"])
+        until = s["sessions_until_3_consecutive"]
+        click.echo("sessions until 3 consecutive satisfied: "
+                   + (str(until) if until is not None else f"not within {s['sessions']}"))
         f = s["freshness_s"]
         if f["n"]:
             click.echo(f"freshness (reply -> first answer from weights trained on it): "

@@ -1,4 +1,5 @@
-"""Live terminal view of a demo: sessions, moving satisfied share, live version, freshness.
+"""Live terminal view of a demo: sessions, moving satisfied share, live version, freshness,
+and the capability probe before and after (a preference won by breaking answers shows).
 
 A rich ``Live`` panel on a terminal; plain progress lines otherwise (logs, CI).
 """
@@ -14,9 +15,17 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pipeline.demo.runner import DemoConfig, Evaluation, Session, moving_share
+from pipeline.demo.runner import Capability, DemoConfig, Evaluation, Session, moving_share
 
 BARS = " ▁▂▃▄▅▆▇█"
+
+
+def describe_capability(cap: Capability) -> str:
+    """``v0: 17/20 correct (greedy), fluency -1.42`` (fluency: mean log-prob per token of
+    sampled answers under the base model; nearer 0 is more fluent)."""
+    r = cap.result
+    flu = f"fluency {r.fluency:.2f}" if r.fluency is not None else "fluency n/a"
+    return f"v{cap.version}: {r.correct}/{r.n} correct (greedy), {flu} (sampled, base-scored)"
 
 
 def sparkline(values: list[float], width: int = 48) -> str:
@@ -34,6 +43,7 @@ class Display:
     sessions: list[Session] = field(default_factory=list, init=False, repr=False)
     version: int | None = field(default=None, init=False)
     evals: dict[str, Evaluation] = field(default_factory=dict, init=False, repr=False)
+    capabilities: dict[str, Capability] = field(default_factory=dict, init=False, repr=False)
     stage: str = field(default="starting", init=False)
     started: float = field(default_factory=time.monotonic, init=False)
     live: Live | None = field(default=None, init=False, repr=False)
@@ -61,6 +71,12 @@ class Display:
             self._line(f"held-out {data['label']}: v{ev.version} {ev.satisfied:.0%} satisfied, "
                        f"{ev.meets_preference:.0%} meet the preference, "
                        f"{ev.quality_ok:.0%} answer the question (n={ev.n})")
+        elif kind == "capability":
+            self.capabilities[data["label"]] = data["capability"]
+            self._line(f"capability probe {data['label']}: "
+                       f"{describe_capability(data['capability'])}")
+        elif kind == "note":
+            self._line(data["text"])
         elif kind == "pace":
             self.stage = f"users wait for v{data['waiting_for']} (trained on their replies)"
         elif kind == "settle":
@@ -98,6 +114,8 @@ class Display:
             table.add_row(f"held-out {label}",
                           f"v{ev.version}: {ev.satisfied:.0%} satisfied, "
                           f"{ev.quality_ok:.0%} on topic")
+        for label, cap in self.capabilities.items():
+            table.add_row(f"probe {label}", describe_capability(cap))
         last = self.sessions[-1] if self.sessions else None
         tail = Text("")
         if last is not None:

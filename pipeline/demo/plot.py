@@ -1,14 +1,17 @@
 """The demo's outputs: a learning-curve PNG and a JSON summary.
 
-Drawn on an explicit Agg figure (no pyplot state), like ``liverl report``.
+Drawn on an explicit Agg figure (no pyplot state), like ``liverl report``. When the capability
+probe ran, a side panel shows it before and after: the curve alone cannot show a preference
+learned by breaking the answers other users get.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from pipeline.demo.runner import DemoResult, moving_share
+from pipeline.demo.runner import Capability, DemoResult, moving_share
 
 
 def write_outputs(result: DemoResult, out: Path) -> tuple[Path, Path]:
@@ -24,6 +27,11 @@ def write_outputs(result: DemoResult, out: Path) -> tuple[Path, Path]:
         for s in result.sessions
     ]
     doc["heldout_answers"] = {"before": result.before.answers, "after": result.after.answers}
+    doc["probe_answers"] = {
+        label: {"greedy": cap.result.answers, "sampled": cap.result.samples}
+        for label, cap in (("before", result.probe_before), ("after", result.probe_after))
+        if cap is not None
+    }
     summary.write_text(json.dumps(doc, indent=2, ensure_ascii=False))
     return png, summary
 
@@ -33,9 +41,14 @@ def plot(result: DemoResult, path: Path) -> None:
     from matplotlib.figure import Figure
 
     cfg = result.config
-    fig = Figure(figsize=(12.0, 6.5), dpi=100)
+    before, after = result.probe_before, result.probe_after
+    probed = before is not None and after is not None
+    fig = Figure(figsize=(15.0 if probed else 12.0, 6.5), dpi=100)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    grid = fig.add_gridspec(1, 2 if probed else 1, width_ratios=[4, 1] if probed else [1])
+    ax = fig.add_subplot(grid[0, 0])
+    if before is not None and after is not None:
+        _plot_probe(fig.add_subplot(grid[0, 1]), before, after, result.probe_note)
     sessions = result.sessions
     x = [s.index + 1 for s in sessions]
     sat = moving_share([s.satisfied for s in sessions], cfg.window)
@@ -78,3 +91,27 @@ def plot(result: DemoResult, path: Path) -> None:
     ax.legend(loc="center left", fontsize=8, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path)
+
+
+def _plot_probe(ax: Any, before: Capability, after: Capability, note: str | None) -> None:
+    """Greedy correct share as bars, fluency written on them, initial vs final version."""
+    for i, (label, cap, color) in enumerate((("initial", before, "#d62728"),
+                                             ("final", after, "#006d2c"))):
+        r = cap.result
+        share = r.correct / r.n if r.n else 0.0
+        ax.bar(i, share, color=color, alpha=0.75, width=0.6)
+        flu = f"{r.fluency:.2f}" if r.fluency is not None else "n/a"
+        ax.text(i, share + 0.02, f"{r.correct}/{r.n}\nfluency {flu}", ha="center",
+                va="bottom", fontsize=9, color=color)
+        ax.text(i, 0.02, f"{label}\nv{cap.version}", ha="center", va="bottom", fontsize=8,
+                color="white")
+    ax.set_xticks([])
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_ylim(0, 1.25)
+    ax.set_ylabel("probe answers correct (greedy)")
+    ax.set_title(f"capability probe, {after.result.n} fixed questions\nfluency: base "
+                 "log-prob/token\nof sampled answers", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    if note:
+        ax.text(0.5, -0.04, "fluency n/a: base model not loaded", transform=ax.transAxes,
+                ha="center", va="top", fontsize=7, color="#777777")

@@ -5,6 +5,9 @@ against a hidden preference (and against answering the question at all), and rep
 reply is the next state that the judge turns into a reward and, when it carries a directive,
 a hint. An *evaluation* asks held-out users held-out questions with ``X-Liverl-Train: false``
 (nothing recorded, nothing trained), once on the initial policy and once on the final one.
+The fixed capability probe (:mod:`pipeline.sim.probe`) runs beside them, also unrecorded:
+greedy factual answers (knowledge kept) and the base model's log-prob of sampled answers
+(language kept), because a preference learned by breaking everyone else's answers is no win.
 
 Freshness is measured per training session: from the moment the user's reply was recorded
 to the first answer the demo saw from the weight version whose step consumed that session
@@ -22,7 +25,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.sim import Question, TurnResult, make_users, run_session, split
+from pipeline.sim import (
+    ProbeResult,
+    Question,
+    TurnResult,
+    make_users,
+    probe_endpoint,
+    run_session,
+    split,
+    weight_version,
+)
+
+PROBE_MAX_TOKENS = 32  # as probe_model's default, so gateway and local figures compare
 
 
 @dataclass
@@ -43,6 +57,8 @@ class DemoConfig:
     # pause generation starves the trainer so rounds run on ever older weights.
     pace: bool = True
     pace_s: float = 180.0  # at most this long per round
+    probe: bool = True  # the capability probe before and after (fluency needs the base model)
+    model: str | None = None  # the loop's model, whose base scores fluency; None: default
 
 
 @dataclass
@@ -53,6 +69,17 @@ class Evaluation:
     quality_ok: float
     n: int
     answers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Capability:
+    """The capability probe on one served version (through the gateway, unrecorded)."""
+
+    version: int | None
+    result: ProbeResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, **self.result.to_dict()}
 
 
 @dataclass
@@ -82,9 +109,13 @@ class DemoResult:
     first_seen: dict[int, float]  # weight version -> when the demo first got an answer from it
     freshness_s: list[float]
     wall_s: float
+    probe_before: Capability | None = None  # None: not probed (DemoConfig.probe off)
+    probe_after: Capability | None = None
+    probe_note: str | None = None  # why fluency is missing, when it is
 
     def summary(self) -> dict[str, Any]:
         fresh = self.freshness_s
+        satisfied = [s.satisfied for s in self.sessions]
         return {
             "policy": self.policy,
             "method": self.config.method,
@@ -97,10 +128,13 @@ class DemoResult:
             "heldout_after": _eval_dict(self.after),
             "train_satisfied_share": _share([s.satisfied for s in self.sessions]),
             "train_quality_share": _share([s.quality_ok for s in self.sessions]),
-            "train_satisfied": [s.satisfied for s in self.sessions],
-            "sessions_until_met": sessions_until_met(
-                [s.satisfied for s in self.sessions], self.config.window
-            ),
+            "train_satisfied": satisfied,
+            "sessions_until_met": sessions_until_met(satisfied, self.config.window),
+            # OpenClaw-RL's figure; `satisfied` = meets the preference and answers the question
+            "sessions_until_3_consecutive": sessions_until_consecutive(satisfied, 3),
+            "probe_before": self.probe_before.to_dict() if self.probe_before else None,
+            "probe_after": self.probe_after.to_dict() if self.probe_after else None,
+            "probe_note": self.probe_note,
             "freshness_s": {
                 "n": len(fresh),
                 "p50": statistics.median(fresh) if fresh else None,
@@ -138,6 +172,20 @@ def sessions_until_met(flags: list[bool], window: int, threshold: float = 0.75) 
     return None
 
 
+def sessions_until_consecutive(flags: list[bool], k: int = 3) -> int | None:
+    """Sessions up to and including the ``k``-th satisfied one in a row (1-based; None:
+    never). OpenClaw-RL's learning metric: a moving share can be met by luck, ``k``
+    consecutive sessions rarely are."""
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    run = 0
+    for i, flag in enumerate(flags):
+        run = run + 1 if flag else 0
+        if run == k:
+            return i + 1
+    return None
+
+
 Progress = Callable[[str, dict[str, Any]], None]
 
 
@@ -162,9 +210,13 @@ class DemoRunner:
         self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed,
                                 shared_history=True)
         self.rng = random.Random(cfg.seed)
+        self._scorer: tuple[Any, Any] | None = None  # (base model, tokenizer), loaded once
+        self.probe_note: str | None = None
 
     def _seen(self, result: TurnResult, at: float) -> None:
-        v = result.weight_version
+        self._seen_version(result.weight_version, at)
+
+    def _seen_version(self, v: int | None, at: float) -> None:
         if v is not None and v not in self.first_seen:
             self.first_seen[v] = at
             self.on_progress("version", {"version": v, "at": at})
@@ -201,6 +253,50 @@ class DemoRunner:
         )
         self.on_progress("eval", {"label": label, "eval": ev})
         return ev
+
+    def scorer(self) -> tuple[Any, Any]:
+        """The frozen base model and its tokenizer, loaded here once: they score the probe's
+        sampled answers, so fluency compares across versions. (None, None) when they cannot
+        be loaded; ``probe_note`` then says why."""
+        if self._scorer is None:
+            try:
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                from pipeline.models.store import resolve
+
+                path = resolve(self.cfg.model)
+                model = AutoModelForCausalLM.from_pretrained(path).eval()
+                self._scorer = (model, AutoTokenizer.from_pretrained(path))
+            except Exception as exc:  # an optional figure: report it missing, go on
+                self._scorer = (None, None)
+                self.probe_note = (f"fluency not measured: the base model "
+                                   f"{self.cfg.model or 'default'} could not be loaded ({exc})")
+                self.on_progress("note", {"text": self.probe_note})
+        return self._scorer
+
+    def capability(self, label: str) -> Capability:
+        """The fixed probe through the gateway, unrecorded: greedy answers checked, sampled
+        answers (the training temperature) scored by the base model."""
+        versions: list[int] = []
+
+        def ask(question: str, temperature: float) -> str:
+            reply = self.client.chat.completions.create(
+                model=self.policy, messages=[{"role": "user", "content": question}],
+                max_tokens=PROBE_MAX_TOKENS, temperature=temperature, seed=self.cfg.seed,
+                extra_headers={"X-Liverl-Train": "false"},
+            )
+            v = weight_version(reply.system_fingerprint)
+            if v is not None:
+                versions.append(v)
+                self._seen_version(v, time.monotonic())
+            return reply.choices[0].message.content or ""
+
+        base, tokenizer = self.scorer()
+        result = probe_endpoint(ask, base_model=base, tokenizer=tokenizer,
+                                temperature=self.cfg.temperature)
+        cap = Capability(max(versions, default=None), result)
+        self.on_progress("capability", {"label": label, "capability": cap})
+        return cap
 
     def train_round(self, round_no: int, start_index: int) -> list[Session]:
         """One session per user, concurrently (as real users would arrive)."""
@@ -239,15 +335,14 @@ class DemoRunner:
         )
         fp = reply.system_fingerprint or ""
         version = int(fp.rsplit("v", 1)[-1]) if fp.startswith("liverl-v") else None
-        if version is not None and version not in self.first_seen:
-            self.first_seen[version] = time.monotonic()
-            self.on_progress("version", {"version": version, "at": self.first_seen[version]})
+        self._seen_version(version, time.monotonic())
         return version
 
     def run(self, lake: Path) -> DemoResult:
         start = time.monotonic()
         self.probe()
         before = self.evaluate("before")
+        probe_before = self.capability("before") if self.cfg.probe else None
         sessions: list[Session] = []
         for round_no in range(self.cfg.rounds):
             live = self.probe() or 0
@@ -256,9 +351,11 @@ class DemoRunner:
                 self._wait_for_newer(live)
         self._settle(lake, sessions)
         after = self.evaluate("after")
+        probe_after = self.capability("after") if self.cfg.probe else None
         fresh = freshness(lake, self.policy, sessions, self.first_seen)
         return DemoResult(self.cfg, self.policy, before, after, sessions, dict(self.first_seen),
-                          fresh, time.monotonic() - start)
+                          fresh, time.monotonic() - start, probe_before, probe_after,
+                          self.probe_note)
 
     def _wait_for_newer(self, live: int) -> None:
         """Until a version newer than ``live`` serves (bounded by ``pace_s``)."""
