@@ -1,18 +1,20 @@
 """The default reply judge: hand-written replies, hint normalisation, and its precision on the
-held-out part of a labelled set of replies (tests/data/replies.jsonl).
+held-out part of a labelled set of replies (tests/data/replies.jsonl), and its hint recall on a
+second set written independently of the patterns (tests/data/replies_independent.jsonl).
 
 The labelled set: ``{"text", "label": -1|0|1, "hint": str|null, "split": "dev"|"heldout"}``.
 The first 290 lines ("dev") were written first and the patterns in
 pipeline/processors/rules/replies.yaml were tuned on them; the 129 "heldout" lines were written
 afterwards, before the judge was first run on them, and were never tuned on. The figures the
 README reports are the floors asserted in :func:`test_heldout_precision_meets_the_reported_figures`;
-``python -m tests.test_processors_reply_judge`` prints them.
+``python -m tests.test_processors_reply_judge`` prints them; ``bench/judge.py`` prints both sets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 from collections import Counter
@@ -34,6 +36,8 @@ from tests.support import examples
 
 DATA = Path(__file__).parent / "data" / "replies.jsonl"
 # What the README reports for the held-out part (floors: the measured values, rounded down).
+# Spurious hints are hints on replies that are not corrections; a correction without a stated
+# directive may carry an implied hint ("Way too many words." -> "Keep the answer short.").
 REPORTED = {
     "precision": {-1: 0.98, 0: 0.64, 1: 1.0},
     "hint_key": 0.88,
@@ -122,11 +126,116 @@ def evaluate(judge: ReplyJudge, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["hint_yield"] = sum(h is not None for _, h in gold) / len(gold)
     out["hint_exact"] = sum(h is not None and _norm(g) == _norm(h) for g, h in gold) / len(gold)
     out["hint_key"] = sum(key_match(g, h) for g, h in gold) / len(gold)
-    out["spurious_hints"] = sum(h is not None for r, h in hinted if not r["hint"])
+    out["spurious_hints"] = sum(h is not None for r, h in hinted if r["label"] != -1)
+    out["implied_hints"] = sum(
+        h is not None for r, h in hinted if r["label"] == -1 and not r["hint"]
+    )
     out["misses"] = [
         (r["text"], r["label"], p.score, r["hint"], p.hints)
         for r, p in zip(rows, pred, strict=True)
         if p.score != r["label"] or (r["hint"] and not key_match(r["hint"], (p.hints or [""])[0]))
+    ]
+    return out
+
+
+# ---- the independent labelled set -------------------------------------------------------------
+#
+# tests/data/replies_independent.jsonl: 227 replies written before the patterns were read,
+# ``{"text", "label": -1|0|1, "hint": category|null, "split": "tune"|"report"}``. The category
+# names the directive the answer should have followed (shorter, longer, simpler, language,
+# format, correction, tone); the split is stratified by (label, category) and fixed by a hash of
+# the text. Patterns may be tuned on "tune" only; "report" is what the README quotes.
+
+INDEPENDENT = Path(__file__).parent / "data" / "replies_independent.jsonl"
+CATEGORIES = ("shorter", "longer", "simpler", "language", "format", "correction", "tone")
+# A hint's category: the first rule whose keywords occur in it (case-insensitive). The order
+# settles overlaps: "Answer in French as a list" is language, "Answer in one line" and "Give
+# only the answer" shorter (but "only the code" format),
+# "Use plain text" format before "plain words" is simpler, "plain English" simpler, not language.
+HINT_CATEGORY: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE))
+    for name, pattern in (
+        (
+            "language",
+            r"\b(language|(?<!plain )(?<!simple )english|french|fran[cç]ais|spanish|espa[ñn]ol"
+            r"|german|deutsch|italian|japanese|chinese|portuguese|dutch|hindi|korean|russian|arabic)\b|中文|英文",
+        ),
+        ("correction", r"\b(correct(ion|ly)?|fact|facts|accurate|actually|wrong|mistake)\b"),
+        (
+            "shorter",
+            r"\b(short|shorter|brief|briefly|concise|succinct|summar\w*|gist|tl;?dr|trim|cut"
+            r"|condense\w*|one (sentence|line)|(two|three|\d+) (sentences|lines|words)"
+            r"|fewer words|to the point|bottom line|less (text|detail|rambling)"
+            r"|(only|just) the answer|answer (only|first))\b|简短|一句话",
+        ),
+        (
+            "longer",
+            r"\b(more (detail|details|depth|context|thorough\w*)|in (more )?(detail|depth)"
+            r"|elaborate|expand|longer|thorough\w*|flesh)\b",
+        ),
+        (
+            "format",
+            r"\b(list|bullets?|bullet points|table|json|yaml|csv|markdown|code block|the code"
+            r"|numbered|step[- ]by[- ]step|headings?|sections?|checklist|per line|plain text"
+            r"|bold|format\w*)\b",
+        ),
+        (
+            "simpler",
+            r"\b(simple|simpler|simply|plain|jargon|technical|five|beginner|layman\W?s?|easy"
+            r"|everyday)\b",
+        ),
+        ("tone", r"\b(formal|casual|polite|apolog\w*|direct|directly|emojis?|tone|friendly)\b"),
+    )
+)
+
+
+def hint_category(hint: str | None) -> str | None:
+    """The category of a hint the judge produced, by :data:`HINT_CATEGORY`; None if none."""
+    if not hint:
+        return None
+    return next((name for name, rx in HINT_CATEGORY if rx.search(hint)), "other")
+
+
+def load_independent(split: str | None = None) -> list[dict[str, Any]]:
+    text = INDEPENDENT.read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line]
+    return [r for r in rows if split is None or r["split"] == split]
+
+
+def evaluate_categories(judge: ReplyJudge, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Vote precision and recall per class, the confusion matrix (gold label -> judged vote),
+    hint recall (share of rows with a gold category whose first hint falls in that category)
+    and spurious hints (hints on rows without a category)."""
+    pred = [judge.read(r["text"]) for r in rows]
+    pairs = list(zip(rows, pred, strict=True))
+    out: dict[str, Any] = {"n": len(rows), "precision": {}, "recall": {}, "said": {}}
+    out["confusion"] = {g: {p: 0 for p in (-1, 0, 1)} for g in (-1, 0, 1)}
+    for r, p in pairs:
+        out["confusion"][r["label"]][p.score] += 1
+    for c in (-1, 0, 1):
+        said = [r for r, p in pairs if p.score == c]
+        gold = [p for r, p in pairs if r["label"] == c]
+        out["said"][c] = len(said)
+        out["precision"][c] = sum(r["label"] == c for r in said) / len(said) if said else 1.0
+        out["recall"][c] = sum(p.score == c for p in gold) / len(gold) if gold else 1.0
+    out["accuracy"] = sum(r["label"] == p.score for r, p in pairs) / len(rows)
+    directed = [(r, hint_category((p.hints or [None])[0])) for r, p in pairs if r["hint"]]
+    out["hint_n"] = len(directed)
+    out["hint_recall"] = sum(r["hint"] == got for r, got in directed) / len(directed)
+    out["hint_by_category"] = {
+        c: (
+            sum(r["hint"] == got for r, got in directed if r["hint"] == c),
+            sum(r["hint"] == c for r, _ in directed),
+        )
+        for c in CATEGORIES
+    }
+    out["spurious_hints"] = sum(bool(p.hints) for r, p in pairs if not r["hint"])
+    out["misses"] = [
+        (r["text"], r["label"], p.score, r["hint"], p.hints)
+        for r, p in pairs
+        if p.score != r["label"]
+        or (r["hint"] and hint_category((p.hints or [None])[0]) != r["hint"])
+        or (p.hints and not r["hint"])
     ]
     return out
 
@@ -157,6 +266,72 @@ def test_heldout_precision_meets_the_reported_figures(judge: ReplyJudge) -> None
     assert got["hint_key"] >= REPORTED["hint_key"], got["misses"]
     assert got["hint_exact"] >= REPORTED["hint_exact"], got["misses"]
     assert got["spurious_hints"] <= REPORTED["spurious_hints"]
+
+
+# The report half's figures (bench/judge.py), less a small margin: precision per vote -1 0.98
+# (48/49), 0 0.48 (20/42), +1 0.90 (18/20); hint recall 0.67 (40/60); 1 spurious hint.
+REPORT_FLOORS = {"precision": {-1: 0.95, 0: 0.45, 1: 0.85}, "hint_recall": 0.62, "spurious": 1}
+# sha1 of the tune half's texts, sorted and joined by newlines: the split never moves silently.
+TUNE_DIGEST = "743e1bf89809288cfad8714123c91f04d6c9e185"
+
+
+def _split_of(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The split rule: per (label, category), order by sha1 of the text, alternate from tune."""
+    groups: dict[tuple[int, str | None], list[str]] = {}
+    for r in rows:
+        groups.setdefault((r["label"], r["hint"]), []).append(r["text"])
+    out = {}
+    for texts in groups.values():
+        ordered = sorted(texts, key=lambda t: hashlib.sha1(t.encode()).hexdigest())
+        out |= {t: "tune" if i % 2 == 0 else "report" for i, t in enumerate(ordered)}
+    return out
+
+
+def test_independent_set_shape_and_split() -> None:
+    rows = load_independent()
+    tune, report = load_independent("tune"), load_independent("report")
+    assert len(rows) >= 200 and len({r["text"] for r in rows}) == len(rows)
+    assert {r["text"] for r in tune}.isdisjoint(r["text"] for r in report)
+    assert len(tune) + len(report) == len(rows)
+    for r in rows:
+        assert set(r) == {"text", "label", "hint", "split"} and r["label"] in (-1, 0, 1)
+        assert r["hint"] is None or (r["label"] == -1 and r["hint"] in CATEGORIES)
+    # Stable: the stored split is the rule's, and the tune half is the one pinned.
+    assert _split_of(rows) == {r["text"]: r["split"] for r in rows}
+    texts = "\n".join(sorted(r["text"] for r in tune))
+    assert hashlib.sha1(texts.encode()).hexdigest() == TUNE_DIGEST
+    # Balanced: each (label, category) is split evenly.
+    for key in {(r["label"], r["hint"]) for r in rows}:
+        n = Counter(r["split"] for r in rows if (r["label"], r["hint"]) == key)
+        assert 0 <= n["tune"] - n["report"] <= 1, key
+
+
+def test_report_half_meets_its_floors(judge: ReplyJudge) -> None:
+    """A regression guard on the half never tuned on (figures in the README)."""
+    got = evaluate_categories(judge, load_independent("report"))
+    for c, floor in REPORT_FLOORS["precision"].items():
+        assert got["precision"][c] >= floor, (c, got["precision"], got["misses"])
+    assert got["hint_recall"] >= REPORT_FLOORS["hint_recall"], got["misses"]
+    assert got["spurious_hints"] <= REPORT_FLOORS["spurious"], got["misses"]
+
+
+@pytest.mark.parametrize(
+    ("hint", "category"),
+    [
+        ("Keep the answer short.", "shorter"),
+        ("Answer in one sentence.", "shorter"),
+        ("Give more detail.", "longer"),
+        ("Answer in French.", "language"),
+        ("Answer in plain English.", "simpler"),
+        ("Format it as a table.", "format"),
+        ("Correction: it's 1945.", "correction"),
+        ("Stop apologizing.", "tone"),
+        ("Use pastel colours.", "other"),
+        (None, None),
+    ],
+)
+def test_hint_category_rule(hint: str | None, category: str | None) -> None:
+    assert hint_category(hint) == category
 
 
 def test_dev_part_is_read_as_labelled(judge: ReplyJudge) -> None:
@@ -210,6 +385,21 @@ def test_dev_part_is_read_as_labelled(judge: ReplyJudge) -> None:
         ("Can you explain the second step?", 0, None),
         ("Ok.", 0, None),
         ("这个参数是什么意思？", 0, None),
+        # Complaints that imply their fix, and the independent set's kinds of directive.
+        ("Too long, didn't read. Short version?", -1, "Keep the answer short."),
+        ("Honestly way too wordy for a simple question.", -1, "Keep the answer short."),
+        ("TL;DR please", -1, "Keep the answer short."),
+        ("Summarise, please.", -1, "Keep the answer short."),  # its own words are too short
+        ("Not too wordy this time, thanks!", 1, None),
+        ("Can you go into more detail?", -1, "Give more detail."),
+        ("Way too complicated, I'm lost.", -1, "Use simple words and no jargon."),
+        ("In Spanish please.", -1, "Answer in spanish."),  # groups are lower-cased
+        ("Reply in Korean, please.", -1, "Reply in Korean."),
+        ("Wrong, the deadline is Friday.", -1, "Correction: the deadline is Friday."),
+        ("That's not right.", -1, "The last answer was wrong: check the question and the facts."),
+        ("Great. Not.", -1, None),  # sarcasm
+        ("Is there a short version of this command?", 0, None),
+        ("How do I say thank you in Korean?", 0, None),
         # Chinese directive.
         ("太长了，请用一句话回答。", -1, "用一句话回答。"),
         # The lexicon where no cue applies.
@@ -286,7 +476,7 @@ def test_verdicts_keep_verifiable_signals_first(judge: ReplyJudge, kw, score, hi
 
 
 def test_hints_only_on_corrections(judge: ReplyJudge) -> None:
-    for row in load():
+    for row in (*load(), *load_independent()):
         r = judge.read(row["text"])
         assert not r.hints or r.score == -1, row
         for h in r.hints:
@@ -337,15 +527,15 @@ def test_patterns_come_from_a_file(tmp_path: Path) -> None:
     text = DEFAULT_REPLY_RULES.read_text(encoding="utf-8")
     custom = tmp_path / "replies.yaml"
     custom.write_text(
-        text.replace("version: replies-2", "version: custom-1").replace(
-            "approvals:\n", 'approvals:\n  - "\\\\bdanke\\\\b"\n', 1
+        text.replace("version: replies-3", "version: custom-1").replace(
+            "approvals:\n", 'approvals:\n  - "\\\\bkiitos\\\\b"\n', 1
         ),
         encoding="utf-8",
     )
     j = ReplyJudge(custom)
     assert j.version == "replies-judge-1/custom-1"
-    assert j.read("Danke!").score == 1
-    assert ReplyJudge(ReplyRules.load(custom)).read("Danke!").score == 1
+    assert j.read("Kiitos!").score == 1 and ReplyJudge().read("Kiitos!").score == 0
+    assert ReplyJudge(ReplyRules.load(custom)).read("Kiitos!").score == 1
 
 
 if __name__ == "__main__":

@@ -201,6 +201,8 @@ CLAUSE = re.compile(r"[,;:，、；：]|\s[-\u2013\u2014]+\s|\u2014")
 PLEASE = re.compile(r"[\s,]*\b(?:please|pls|plz)\b[\s,]*|请", re.IGNORECASE)
 WORD = re.compile(r"[\w']+")
 JUST = re.compile(r"\s*just\b", re.IGNORECASE)
+TLDR = re.compile(r"\btl\s*;\s*dr\b", re.IGNORECASE)  # its ";" is no clause boundary
+CONTRASTIVE_NOT = re.compile(r"\s*not (?:a|an|the)\b", re.IGNORECASE)
 
 
 def _decap(text: str) -> str:
@@ -249,11 +251,26 @@ class ReplyRules:
     positive: float
     negative: float
     question_negative: float
+    implied: tuple[tuple[re.Pattern[str], str], ...] = ()
+    factual: re.Pattern[str] = re.compile(r"(?!)")
+    denial: re.Pattern[str] = re.compile(r"(?!)")
+    fact: re.Pattern[str] = re.compile(r"(?!)")
+    fact_hint: str = "Correction: {0}"
+    factual_hint: str = ""
+    sarcasm: re.Pattern[str] = re.compile(r"(?!)")
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_REPLY_RULES) -> ReplyRules:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         neg, d = raw["negation"], raw["directive"]
+        imp, fx = raw.get("implied", []), raw.get("facts", {})
+        # `LANGUAGES` in a directive pattern stands for the alternation of `languages`.
+        langs = "|".join(raw.get("languages", ["english", "chinese"]))
+        d = {k: v.replace("LANGUAGES", langs) if isinstance(v, str) else v for k, v in d.items()}
+        d["noun_phrases"] = [
+            {**n, "pattern": n["pattern"].replace("LANGUAGES", langs)} for n in d["noun_phrases"]
+        ]
+        never = "(?!)"
         return cls(
             version=str(raw["version"]),
             corrections=tuple(_rx(p) for p in raw["corrections"]),
@@ -283,6 +300,13 @@ class ReplyRules:
             positive=float(raw["sentiment"]["positive"]),
             negative=float(raw["sentiment"]["negative"]),
             question_negative=float(raw["sentiment"]["question_negative"]),
+            implied=tuple((_rx(i["pattern"]), str(i["hint"])) for i in imp),
+            factual=_rx(fx.get("factual", never)),
+            denial=_rx(fx.get("denial", never)),
+            fact=_rx(fx.get("statement", never)),
+            fact_hint=str(fx.get("hint", "Correction: {0}")),
+            factual_hint=str(fx.get("factual_hint", "")),
+            sarcasm=_rx(raw.get("sarcasm", never)),
         )
 
 
@@ -354,19 +378,23 @@ class ReplyJudge:
     # -- reading a reply -----------------------------------------------------------------------
 
     def read(self, text: str) -> Reading:
-        text = " ".join(text.translate(QUOTES).split())
+        text = TLDR.sub("tldr", " ".join(text.translate(QUOTES).split()))
         sentences = [s.strip() for s in SENTENCE.split(text) if s and s.strip()]
         fragments = self.directives(sentences)
         if fragments:
-            return Reading(-1, f"directive {fragments[0]!r}", self._hint(fragments))
+            # A directive too short to be a hint ("Summarize.") still names what it wants.
+            hints = self._hint(fragments) or self._implied(fragments)
+            return Reading(-1, f"directive {fragments[0]!r}", hints)
         found = self.cues(text, sentences)
         cut = max((m.start() for m in self.rules.contrast.finditer(text) if m.start()), default=0)
         late = [c for c in found if c[0] >= cut]
         used = late if cut and late else found
-        bad = [cue for _, pol, cue in used if pol < 0]
-        good = [cue for _, pol, cue in used if pol > 0]
+        bad = [(cue, hint) for _, pol, cue, hint in used if pol < 0]
+        good = [cue for _, pol, cue, _ in used if pol > 0]
+        if not bad and self.rules.sarcasm.search(text):
+            return Reading(-1, "sarcasm: a closing 'not'", [])
         if bad:
-            return Reading(-1, f"correction cue {bad[0]!r}", [])
+            return Reading(-1, f"correction cue {bad[0][0]!r}", self._correction_hint(text, bad))
         if good:
             return Reading(1, f"approval cue {good[0]!r}", [])
         compound = self.sentiment(text)
@@ -377,16 +405,27 @@ class ReplyJudge:
             return Reading(1, f"sentiment {compound:+.2f}", [])
         return Reading(0, f"no cue, sentiment {compound:+.2f}", [])
 
-    def cues(self, text: str, sentences: Sequence[str]) -> list[tuple[int, int, str]]:
-        """(offset, polarity, cue) of every cue, negation applied, cues inside longer cues
-        dropped, approvals inside questions ignored."""
+    def cues(self, text: str, sentences: Sequence[str]) -> list[tuple[int, int, str, str | None]]:
+        """(offset, polarity, cue, implied hint) of every cue, negation applied (a flipped cue
+        implies no hint), cues inside longer cues dropped, approvals inside questions ignored.
+        Implied cues are read per clause, lead and tail stripped, never in a new task."""
         r = self.rules
-        spans: list[tuple[int, int, int]] = []
+        spans: list[tuple[int, int, int, str | None]] = []
         for pol, patterns in ((-1, r.corrections), (1, r.approvals)):
             for pat in patterns:
                 spans += [
-                    (m.start(), m.end(), pol) for m in pat.finditer(text) if m.end() > m.start()
+                    (m.start(), m.end(), pol, None)
+                    for m in pat.finditer(text)
+                    if m.end() > m.start()
                 ]
+        for at, clause in self._clauses(text):
+            if r.new_task.search(clause):
+                continue
+            for pat, template in r.implied:
+                m = pat.search(clause)
+                if m and m.end() > m.start():
+                    parts = [_decap(p or "") for p in (m.group(0), *m.groups())]
+                    spans.append((at + m.start(), at + m.end(), -1, template.format(*parts)))
         kept = [
             s
             for s in spans
@@ -402,18 +441,82 @@ class ReplyJudge:
             if sent.endswith(("?", "？")):
                 questions.append((start, pos))
         out = []
-        for start, end, pol in sorted(set(kept)):
-            if self._negated(text, start):
-                pol = -pol
+        for start, end, pol, hint in sorted(set(kept), key=lambda s: (s[0], s[1], s[2])):
+            if self._negated(text, start, contrastive=hint is not None):
+                pol, hint = -pol, None
             if pol > 0 and any(a <= start < b for a, b in questions):
                 continue
-            out.append((start, pol, text[start:end]))
+            out.append((start, pol, text[start:end], hint))
         return out
 
-    def _negated(self, text: str, start: int) -> bool:
-        before = CLAUSE.split(re.split(r"[.!?。！？]", text[:start])[-1])[-1]
+    def _strip(self, clause: str) -> str:
+        """The clause without its `lead` and `tail` (repeatedly)."""
+        c = clause.strip()
+        while True:
+            stripped = self.rules.tail.sub("", self.rules.lead.sub("", c, count=1), count=1)
+            if stripped.strip() == c:
+                return c
+            c = stripped.strip()
+
+    def _clauses(self, text: str) -> list[tuple[int, str]]:
+        """(offset in ``text``, clause without lead and tail) of every non-empty clause."""
+        out, pos = [], 0
+        for sentence in SENTENCE.split(text):
+            for clause in CLAUSE.split(sentence or ""):
+                start = text.find(clause, pos)
+                if start < 0:
+                    continue
+                pos = start + len(clause)
+                c = self._strip(clause)
+                if c:
+                    out.append((start + clause.find(c), c))
+        return out
+
+    def _implied(self, fragments: Sequence[str]) -> list[str]:
+        """The hint an `implied` pattern gives the first fragment it matches (else none)."""
+        for frag in fragments:
+            for pat, template in self.rules.implied:
+                m = pat.search(frag)
+                if m:
+                    parts = [_decap(p or "") for p in (m.group(0), *m.groups())]
+                    return self._norm([template.format(*parts)])
+        return []
+
+    def _correction_hint(self, text: str, bad: Sequence[tuple[str, str | None]]) -> list[str]:
+        """A correction's hint: what its first implying cue implies ("too wordy": keep it
+        short); else, after a factual cue ("wrong", "no"), the user's statement of the fact
+        ("wrong, it's 1945": correction: it's 1945), or without one a generic fact check."""
+        r = self.rules
+        implied = next((h for _, h in bad if h), None)
+        if implied:
+            return self._norm([implied])
+        factual = bool(r.factual.search(text))
+        if not factual and not any(r.denial.search(c) for c, _ in bad):
+            return []
+        for at, clause in self._clauses(text):
+            if r.fact.match(clause) and not r.factual.search(clause):
+                end = next((m.start() for m in SENTENCE.finditer(text, at)), len(text))
+                return self._norm([r.fact_hint.format(text[at:end].strip())])
+        return self._norm([r.factual_hint]) if factual and r.factual_hint else []
+
+    def _norm(self, hints: Sequence[str]) -> list[str]:
+        r = self.rules
+        out = [normalise_hint(h, min_width=r.min_width, max_chars=r.max_chars) for h in hints]
+        return [h for h in out if h]
+
+    def _negated(self, text: str, start: int, contrastive: bool = False) -> bool:
+        """A negator shortly before the cue in its clause; for an implied cue, not the
+        contrastive "A, not B" ("a quick answer, not an essay" complains about the essay)."""
+        sentence = re.split(r"[.!?。！？]", text[:start])[-1]
+        before = CLAUSE.split(sentence)[-1]
         if CJK.search(text[start : start + 1]):
             return bool(self.rules.negation_zh.search(before[-self.rules.window_chars :]))
+        if (
+            contrastive
+            and before != sentence
+            and CONTRASTIVE_NOT.match(before + text[start : start + 4])
+        ):
+            return False
         words = WORD.findall(before)[-self.rules.window_words :]
         return any(self.rules.negation_en.match(w) for w in words)
 
@@ -431,12 +534,7 @@ class ReplyJudge:
         """The clause as an instruction if it is a directive about the answer's form."""
         r = self.rules
         marker = bool(r.marker.search(clause))
-        c = clause.strip()
-        while True:
-            stripped = r.tail.sub("", r.lead.sub("", c, count=1), count=1).strip()
-            if stripped == c:
-                break
-            c = stripped
+        c = self._strip(clause)
         if not c or r.new_task.search(c) or r.not_directive.search(c):
             return None
         if CJK.search(c):
