@@ -42,7 +42,7 @@ def reject(raw: bytes, **kwargs) -> EventValidationError:
 
 def test_every_type_has_an_example() -> None:
     assert set(EXAMPLES) == set(EVENT_TYPES)
-    assert len(EVENT_TYPES) == 11
+    assert len(EVENT_TYPES) == 12
 
 
 @pytest.mark.parametrize("type_", sorted(EVENT_TYPES))
@@ -113,6 +113,7 @@ def test_headers_and_key() -> None:
     assert key(EXAMPLES["weights"]) == b"qwen3-4b-agent"
     assert key(EXAMPLES["gradient_step"]) == b"qwen3-4b-agent"
     assert key(EXAMPLES["serving_status"]) == b"replica-0"
+    assert key(EXAMPLES["gate_vote"]) == b"qwen3-4b-agent"
     assert key(EXAMPLES["dlq"]) == b"sess-7f3a9c"  # the failed record's own key
 
 
@@ -207,6 +208,9 @@ def test_missing_nested_field_is_named() -> None:
         ("weights", ["status"], "live", "status", "must be one of"),
         ("gradient_step", ["consumed_offsets", "0"], "12", "consumed_offsets.0", "must be integer"),
         ("serving_status", ["ok"], None, "ok", "must be boolean"),
+        ("gate_vote", ["vote"], 2, "vote", "must be one of"),
+        ("gate_vote", ["source"], "live", "source", "must be one of"),
+        ("gate_vote", ["prompt_id"], "not-hex", "prompt_id", "must match pattern"),
         ("dlq", ["original_b64"], "not base64!", "original_b64", "must match pattern"),
         ("reward", ["producer", "component"], 7, "producer.component", "must be string"),
     ],

@@ -46,3 +46,38 @@ def test_a_lake_written_before_a_new_column_accepts_rows_with_it(tmp_path: Path)
     )
     rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["a"])
     assert rows == [{"a": 1, "b": None}, {"a": 2, "b": [1.0]}]
+
+
+def test_gate_vote_rows_round_trip_through_a_partitioned_table(tmp_path: Path) -> None:
+    from pipeline.events import GateVote
+    from pipeline.lake import tables as T
+    from tests.support.examples import examples
+
+    vote = examples()["gate_vote"]
+    assert isinstance(vote, GateVote)
+    tie = GateVote(
+        event_id="e2",
+        ts_ms=vote.ts_ms,
+        producer=vote.producer,
+        policy_id=vote.policy_id,
+        version=13,
+        live_version=0,
+        prompt_id="ab",
+        source="probe",
+        judge="capability",
+        vote=0,
+    )
+    rows = [T.gate_vote_row(vote, "cand answer", "live answer"), T.gate_vote_row(tie, "", "")]
+    assert set(rows[0]) == set(T.GATE_VOTES_SCHEMA.names)
+    uri = str(tmp_path / T.GATE_VOTES)
+    Appender(uri, T.PARTITION_BY[T.GATE_VOTES]).append_once(
+        T.to_table(T.GATE_VOTES, rows), app_id="gate", version=1
+    )
+    dt = DeltaTable(uri)
+    assert dt.metadata().partition_columns == ["day"]
+    got = {r["event_id"]: r for r in dt.to_pyarrow_table().to_pylist()}
+    assert got["e2"]["vote"] == 0 and got["e2"]["live_score"] is None
+    first = got[vote.event_id]
+    assert first["vote"] == 1 and first["candidate_answer"] == "cand answer"
+    assert first["detail"] == '{"metric":"mean_nll","tokens":187}'
+    assert first["day"] == "2026-09-21"

@@ -12,9 +12,10 @@ from click.testing import CliRunner
 
 from pipeline import events
 from pipeline.cli import cli
-from pipeline.kafka.tap import parse_since, resolve_topic, short_name
+from pipeline.kafka.tap import TapRow, parse_since, resolve_topic, short_name, summary
 from pipeline.settings import Settings
 from tests.conftest import create_topic
+from tests.support.examples import examples
 
 KNOWN = ["liverl.interactions.v1", "liverl.next_states.v1", "liverl.rewards.v1"]
 
@@ -37,6 +38,16 @@ def test_resolve_topic_full_short_and_unknown() -> None:
     assert short_name("liverl.next_states.v1") == "next_states"
     with pytest.raises(click.ClickException, match="known topics: interactions"):
         resolve_topic("interaction", KNOWN)
+
+
+def test_every_event_type_has_a_summary() -> None:
+    for type_, event in examples().items():
+        line = summary(TapRow("t", 0, 0, 0, None, event=event))
+        assert line and not line.startswith("{"), type_  # not the generic JSON fallback
+    vote = summary(TapRow("t", 0, 0, 0, None, event=examples()["gate_vote"]))
+    assert vote == (
+        "qwen3-4b-agent v13 vs v12 fluency held_out 9f2c4e1a7b3d vote +1 (-1.92 vs -2.31)"
+    )
 
 
 def test_bad_since_and_unknown_topic_exit_2() -> None:

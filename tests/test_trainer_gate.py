@@ -1,10 +1,16 @@
-"""Promotion gate: held-out split, a good candidate promoted, a regressing one rejected with
-its figures, and exactly-once verdicts across a crash between candidate and verdict
-(in-process, real Delta, a recording producer instead of Kafka)."""
+"""Promotion gate: held-out split, votes and verdicts by hand, the LLM judge against a fake
+server, fresh rollouts, a candidate that improves the task promoted and one that breaks the
+capability probe rejected (with its votes as events and Delta rows, exactly once), rollback to
+the live version after a rejection, and exactly-once verdicts across a crash between candidate
+and verdict (in-process, real Delta, a recording producer instead of Kafka). The real-broker
+path (a rejected version never served) is tests/test_trainer_gate_broker.py."""
 
 from __future__ import annotations
 
+import json
 import random
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +145,124 @@ def toy_batches(
     return out
 
 
-def test_good_candidate_promoted_regressing_one_rejected(tiny: Path, tmp_path: Path) -> None:
-    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_min_samples=8)
+def digit_probe(tmp_path: Path) -> Path:
+    """A probe of the toy task: any digit in the answer is right (base: whitespace)."""
+    path = tmp_path / "probe.jsonl"
+    path.write_text(json.dumps({"question": "Count from one to five:", "pattern": "[0-9]"}) + "\n")
+    return path
+
+
+def test_votes_and_verdict_by_hand(tiny: Path, tmp_path: Path) -> None:
+    cfg = settings(tiny, tmp_path, gate_probe_tolerance=1, gate_fluency_tolerance=0.3)
+    assert (G.vote(1.0, 0.5, 0.1), G.vote(0.5, 1.0, 0.1), G.vote(1.0, 0.95, 0.1)) == (1, -1, 0)
+    assert G.vote(None, 1.0, 0.0) == 0  # a missing score abstains
+    assert (G.tally([1, 0]), G.tally([-1, -1, 1]), G.tally([0, 0]), G.tally([1, -1])) == (
+        1, -1, 0, 0)
+
+    def v(pid: str, vote: int, judge: str = "fluency", source: str = "held_out") -> dict:  # type: ignore[type-arg]
+        return {"prompt_id": pid, "vote": vote, "judge": judge, "source": source}
+
+    votes = [v("a", 1), v("a", 0, "hint"), v("b", -1), v("b", -1, "reward"), v("b", 1, "hint"),
+             v("c", 0), v("a", 1, "capability", "probe")]
+    # a: +1, b: -1, c: 0, (probe, a): +1 -> won 2, lost 1, tied 1: promoted
+    status, fig = G.decide(votes, (12, 12), (-1.0, -1.1), cfg)
+    assert status == "promoted" and (fig["gate_won"], fig["gate_lost"], fig["gate_tied"]) == (
+        2, 1, 1)
+    assert (fig["gate_fluency_for"], fig["gate_fluency_against"]) == (1, 1)
+    assert (fig["gate_hint_for"], fig["gate_reward_against"]) == (1, 1)
+    # a majority against rejects: b and d against, a for
+    status, fig = G.decide([v("a", 1), v("b", -1), v("d", -1)], (12, 12), (None, None), cfg)
+    assert status == "rejected" and fig["gate_reasons"] == ["live preferred on 2 prompt(s), "
+                                                            "candidate on 1"]
+    # capability: one question fewer is within the tolerance of 1, two are not
+    assert G.decide([], (11, 12), (None, None), cfg)[0] == "promoted"
+    status, fig = G.decide([], (10, 12), (None, None), cfg)
+    assert status == "rejected" and "capability probe 10 correct vs live 12" in fig[
+        "gate_reasons"][0]
+    # fluency: 0.3 nats per token below live is the limit
+    assert G.decide([], (12, 12), (-1.29, -1.0), cfg)[0] == "promoted"
+    assert G.decide([], (12, 12), (-1.31, -1.0), cfg)[0] == "rejected"
+
+
+class FakeJudge(BaseHTTPRequestHandler):
+    replies: list[str] = []
+    seen: list[dict] = []  # type: ignore[type-arg]
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeJudge.seen.append(body)
+        text = FakeJudge.replies.pop(0)
+        out = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_llm_judge_votes_through_an_openai_compatible_server() -> None:
+    from pipeline.trainer.gate_llm import LlmJudge
+
+    server = HTTPServer(("127.0.0.1", 0), FakeJudge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        judge = LlmJudge(f"http://127.0.0.1:{server.server_port}/v1", "m", timeout_s=5)
+        # Which side is "A" depends on the question's hash; the vote follows the candidate.
+        q = "What is the capital of France?"
+        flip = __import__("hashlib").sha256(q.encode()).digest()[0] & 1 == 1
+        cand_letter = "B" if flip else "A"
+        live_letter = "A" if flip else "B"
+        FakeJudge.replies = [cand_letter, live_letter, "TIE", "no idea"]
+        assert [judge.compare(q, "Paris.", "Lyon.") for _ in range(4)] == [1, -1, 0, 0]
+        shown = FakeJudge.seen[0]["messages"][0]["content"]
+        first = "Answer A:\nLyon." if flip else "Answer A:\nParis."
+        assert first in shown and FakeJudge.seen[0]["model"] == "m"
+    finally:
+        server.shutdown()
+    # unreachable: it abstains, never fails the gate
+    assert LlmJudge("http://127.0.0.1:9/v1", "m", timeout_s=0.5).compare("q", "a", "b") == 0
+
+
+def test_rollouts_are_deterministic(tiny: Path, tmp_path: Path) -> None:
+    from pipeline.trainer import rollout as R
+
+    core = TrainerCore.load(settings(tiny, tmp_path, lr=5e-2))
+    for recs in toy_batches(core, 3, 0, random.Random(0)):  # move off the all-whitespace base
+        core.train_step([r.event for r in recs], 0)
+    prompts = [prompt_ids(core.tokenizer), [1, 50, 60, 2], [1, 70, 2]]
+    kw: dict[str, Any] = dict(pad_id=core.pad_id, eos_ids=[core.tokenizer.eos_token_id],
+                              device=core.device, max_new_tokens=6)
+    sampled = R.generate(core.model, prompts, temperature=0.7, seed=3, **kw)
+    assert sampled == R.generate(core.model, prompts, temperature=0.7, seed=3, **kw)
+    assert sampled != R.generate(core.model, prompts, temperature=0.7, seed=4, **kw)
+    batched = R.generate(core.model, prompts, **kw)
+    alone = [R.generate(core.model, [p], **kw)[0] for p in prompts]
+    assert batched == alone  # left padding does not change a greedy answer
+    # mean log-prob per token of the greedy answers, checked against one plain forward pass
+    got = R.mean_logprobs(core.model, prompts, batched, pad_id=core.pad_id, device=core.device)
+    for p, a, lp in zip(prompts, batched, got, strict=True):
+        with torch.no_grad():
+            logits = core.model(input_ids=torch.tensor([p + a])).logits[0].float()
+        want = sum(torch.log_softmax(logits[len(p) - 1 + t], -1)[tok].item()
+                   for t, tok in enumerate(a)) / len(a)
+        assert lp == pytest.approx(want, abs=1e-4)
+    assert R.mean_logprobs(core.model, [[1, 2]], [[]], pad_id=0, device=core.device) == [None]
+
+
+def test_improving_candidate_promoted_probe_breaking_one_rejected(
+    tiny: Path, tmp_path: Path
+) -> None:
+    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
+                   gate_probe_tolerance=0)
     core = TrainerCore.load(cfg)
     producer = Recorder()
     pub = Publisher(cfg, producer, gate=G.Gate(cfg))  # type: ignore[arg-type]
     rng = random.Random(1)
 
-    publish(cfg, core, pub, 1, toy_batches(core, 6, 0, rng))
-    publish(cfg, core, pub, 2, toy_batches(core, 6, 1000, rng, invert=True))
+    publish(cfg, core, pub, 1, toy_batches(core, 6, 0, rng))  # learns to answer with numbers
+    publish(cfg, core, pub, 2, toy_batches(core, 6, 1000, rng, invert=True))  # unlearns them
     assert pub.verdicts == {1: "promoted", 2: "rejected"}
 
     v1, v2 = (producer.weights(v) for v in (1, 2))
@@ -157,15 +272,30 @@ def test_good_candidate_promoted_regressing_one_rejected(tiny: Path, tmp_path: P
         assert verdict.event_id != cand.event_id and verdict.parents == [cand.event_id]
         assert verdict.uri == cand.uri and verdict.files == cand.files
     good, bad = v1[1].metrics, v2[1].metrics
-    assert good["gate_live_version"] == 0 and good["gate_delta"] > 0
+    assert good["gate_live_version"] == 0 and good["gate_probe_correct"] == 1
+    assert good["gate_live_probe_correct"] == 0 and good["gate_capability_for"] == 1
     assert bad["gate_live_version"] == 1  # compared with the promoted v1, not the base
-    assert bad["gate_delta"] < -cfg.gate_tolerance
-    assert bad["gate_samples"] >= 8 and bad["gate_tokens"] > 0
+    assert (bad["gate_probe_correct"], bad["gate_live_probe_correct"]) == (0, 1)
+    assert any("capability probe 0 correct vs live 1" in r for r in bad["gate_reasons"])
 
-    rows = sorted((r["version"], r["status"]) for r in table(cfg, "weights"))
-    assert rows == [(1, "candidate"), (1, "promoted"), (2, "candidate"), (2, "rejected")]
-    held = [r for r in table(cfg, "trajectories") if r["status"] == "held_out"]
-    assert len(held) == bad["gate_samples"] and len(held) >= 8
+    # Every vote is an event (sent before its verdict) and a Delta row, once each.
+    stored = G.read_verdict(ck.version_dir(cfg.weights_root, "p", 2))
+    assert stored is not None and stored["votes"]
+    sent = [e for t, e in producer.sent if t == names.GATE_VOTES and e.version == 2]
+    assert len(sent) == len(stored["votes"]) == len({e.event_id for e in sent})
+    assert {(e.judge, e.source, e.vote) for e in sent} >= {("capability", "probe", -1)}
+    order = [e.event_id for _, e in producer.sent]
+    assert max(order.index(e.event_id) for e in sent) < order.index(v2[1].event_id)
+    rows = [r for r in table(cfg, "gate_votes") if r["version"] == 2]
+    assert sorted(r["event_id"] for r in rows) == sorted(e.event_id for e in sent)
+    probe_row = next(r for r in rows if r["judge"] == "capability")
+    assert probe_row["live_version"] == 1 and probe_row["session_id"] is None
+    assert any(ch.isdigit() for ch in probe_row["live_answer"])
+    held = [r for r in rows if r["source"] == "held_out"]
+    assert held and all(r["session_id"] for r in held)  # forget erases them with the session
+
+    weights = sorted((r["version"], r["status"]) for r in table(cfg, "weights"))
+    assert weights == [(1, "candidate"), (1, "promoted"), (2, "candidate"), (2, "rejected")]
 
     # A restarted trainer (fresh gate, seeded from Delta) reproduces the stored verdict and
     # writes or sends nothing twice.
@@ -173,20 +303,53 @@ def test_good_candidate_promoted_regressing_one_rejected(tiny: Path, tmp_path: P
     core2 = TrainerCore.load(cfg, d2, step=core.step)
     gate2 = G.Gate(cfg)
     gate2.seed(core2, 1)
-    assert gate2.baseline_version == 1 and len(gate2.rows) == len(held) - sum(
-        r["weight_version"] == 2 for r in held
-    )
+    assert gate2.baseline_version == 1
     again = Publisher(cfg, producer, gate=gate2)  # type: ignore[arg-type]
     again.complete(d2, core2)
     assert again.verdicts == {2: "rejected"}
     assert len(table(cfg, "weights")) == 4
+    assert len([r for r in table(cfg, "gate_votes") if r["version"] == 2]) == len(rows)
     assert len(producer.weights(2)) == 2
-    # recomputing from scratch (verdict file removed) gives the same figures
+    # recomputing from scratch (verdict file removed) gives the same verdict and figures
     (d2 / "trainer" / G.VERDICT_FILE).unlink()
     fresh = G.Gate(cfg)
     fresh.seed(core2, 1)
-    fresh.add([r for r in held if r["weight_version"] == 2])
-    assert fresh.evaluate(core2, 2)["metrics"]["gate_delta"] == pytest.approx(bad["gate_delta"])
+    fresh.add([r for r in table(cfg, "trajectories") if r["weight_version"] == 2])
+    redo = fresh.evaluate(core2, 2)
+    assert redo is not None and redo["status"] == "rejected"
+    assert redo["metrics"]["gate_fluency"] == pytest.approx(bad["gate_fluency"])
+
+
+def test_a_rejected_candidate_is_not_the_parent_of_the_next(tiny: Path, tmp_path: Path) -> None:
+    from pipeline.settings import Settings
+    from pipeline.trainer.loop import TrainerLoop
+
+    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
+                   gate_probe_tolerance=0)
+    core = TrainerCore.load(cfg)
+    pub = Publisher(cfg, Recorder(), gate=G.Gate(cfg))  # type: ignore[arg-type]
+    rng = random.Random(1)
+    publish(cfg, core, pub, 1, toy_batches(core, 6, 0, rng))
+    publish(cfg, core, pub, 2, toy_batches(core, 6, 1000, rng, invert=True))
+    assert pub.verdicts == {1: "promoted", 2: "rejected"}
+    loop = TrainerLoop(Settings(), cfg, echo=lambda _m: None)
+    step = core.step
+    back, version = loop._after_verdict(core, 2, pub)
+    assert version == 1 and back is not core and back.step == step
+    v1 = TrainerCore.load(cfg, ck.version_dir(cfg.weights_root, "p", 1), step=step)
+    for a, b in zip(back.model.state_dict().values(), v1.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)  # the live version's weights ...
+    saved = back.optimizer.state_dict()["state"]
+    assert saved and all(  # ... and its optimizer state, not the rejected candidate's
+        torch.equal(x["exp_avg"], y["exp_avg"])
+        for x, y in zip(saved.values(), v1.optimizer.state_dict()["state"].values(), strict=True)
+    )
+    # a promoted version, or the operator's "continue", keeps the core as it is
+    assert loop._after_verdict(back, 1, pub) == (back, 1)
+    keep = TrainerLoop(Settings(), cfg.model_copy(update={"gate_on_reject": "continue"}),
+                       echo=lambda _m: None)
+    assert keep._after_verdict(core, 2, pub) == (core, 2)
 
 
 def few(n: int, start: int) -> list[Record]:
@@ -204,10 +367,12 @@ def few(n: int, start: int) -> list[Record]:
 
 
 @pytest.mark.parametrize(
-    "stage", ["after_events", "after_verdict_file", "after_delta_verdict", "after_verdict_event"]
+    "stage", ["after_events", "after_verdict_file", "after_delta_votes", "after_delta_verdict",
+              "after_verdict_event"]
 )
 def test_crash_between_candidate_and_verdict(tiny: Path, tmp_path: Path, stage: str) -> None:
-    cfg = settings(tiny, tmp_path, gate_holdout=0.5, gate_min_samples=1, lr=1e-3)
+    cfg = settings(tiny, tmp_path, gate_holdout=0.5, gate_min_samples=1, lr=1e-3,
+                   gate_probe_file=digit_probe(tmp_path))
     core = TrainerCore.load(cfg)
     producer = Recorder()
     publish(cfg, core, Publisher(cfg, producer, gate=G.Gate(cfg)), 1, [few(6, 0)])  # type: ignore[arg-type]
@@ -249,3 +414,8 @@ def test_crash_between_candidate_and_verdict(tiny: Path, tmp_path: Path, stage: 
     verdicts = [e for e in sent if e.status != "candidate"]
     assert {e.status for e in verdicts} == {stored["status"]}
     assert all(e.metrics == stored["metrics"] for e in verdicts)
+    # and its votes: one row each in Delta, the same ids on Kafka however often re-sent
+    rows = [r for r in table(cfg, "gate_votes") if r["version"] == 2]
+    assert len(rows) == len(stored["votes"]) == len({r["event_id"] for r in rows})
+    votes = {e.event_id for t, e in producer.sent if t == names.GATE_VOTES and e.version == 2}
+    assert votes == {r["event_id"] for r in rows}

@@ -106,6 +106,10 @@ def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rat
         if f["n"]:
             click.echo(f"freshness (reply -> first answer from weights trained on it): "
                        f"p50 {f['p50']:.1f} s, max {f['max']:.1f} s over {f['n']} sessions")
+        g = s["gate"]
+        if g["promoted"] or g["rejected"]:
+            click.echo(f"promotion gate: {g['promoted']} version(s) promoted, {g['rejected']} "
+                       f"rejected (never served); reject share {g['reject_share']:.0%}")
         click.echo(f"wrote {png} and {summary}")
 
     if url is not None:

@@ -112,6 +112,7 @@ class DemoResult:
     probe_before: Capability | None = None  # None: not probed (DemoConfig.probe off)
     probe_after: Capability | None = None
     probe_note: str | None = None  # why fluency is missing, when it is
+    gate: dict[int, str] = field(default_factory=dict)  # version -> promoted | rejected
 
     def summary(self) -> dict[str, Any]:
         fresh = self.freshness_s
@@ -139,6 +140,12 @@ class DemoResult:
                 "n": len(fresh),
                 "p50": statistics.median(fresh) if fresh else None,
                 "max": max(fresh) if fresh else None,
+            },
+            "gate": {
+                "promoted": sum(v == "promoted" for v in self.gate.values()),
+                "rejected": sum(v == "rejected" for v in self.gate.values()),
+                "reject_share": (sum(v == "rejected" for v in self.gate.values())
+                                 / len(self.gate) if self.gate else None),
             },
             "wall_s": round(self.wall_s, 1),
             "config": asdict(self.config),
@@ -346,24 +353,32 @@ class DemoRunner:
         sessions: list[Session] = []
         for round_no in range(self.cfg.rounds):
             live = self.probe() or 0
-            sessions += self.train_round(round_no, len(sessions))
+            mine = self.train_round(round_no, len(sessions))
+            sessions += mine
             if self.cfg.pace and round_no + 1 < self.cfg.rounds:
-                self._wait_for_newer(live)
+                self._wait_for_newer(live, lake, mine)
         self._settle(lake, sessions)
         after = self.evaluate("after")
         probe_after = self.capability("after") if self.cfg.probe else None
         fresh = freshness(lake, self.policy, sessions, self.first_seen)
         return DemoResult(self.cfg, self.policy, before, after, sessions, dict(self.first_seen),
                           fresh, time.monotonic() - start, probe_before, probe_after,
-                          self.probe_note)
+                          self.probe_note, verdicts(lake, self.policy))
 
-    def _wait_for_newer(self, live: int) -> None:
-        """Until a version newer than ``live`` serves (bounded by ``pace_s``)."""
+    def _wait_for_newer(self, live: int, lake: Path, round_sessions: list[Session]) -> None:
+        """Until a version newer than ``live`` serves, or the version trained on this round
+        was rejected by the promotion gate (it will never serve), bounded by ``pace_s``."""
         deadline = time.monotonic() + self.cfg.pace_s
         self.on_progress("pace", {"waiting_for": live + 1})
+        wanted = {s.session_id for s in round_sessions}
+        checked = 0.0
         while time.monotonic() < deadline:
             if (self.probe() or 0) > live:
                 return
+            if time.monotonic() - checked >= 3.0:  # the lake is slower to read than a probe
+                checked = time.monotonic()
+                if _round_rejected(lake, self.policy, wanted):
+                    return
             time.sleep(1.0)
 
     def _settle(self, lake: Path, sessions: list[Session]) -> None:
@@ -376,9 +391,36 @@ class DemoRunner:
             newest = max((consumed[s] for s in done), default=None)
             version = self.probe()
             self.on_progress("settle", {"trained": len(done), "of": len(wanted)})
-            if len(done) == len(wanted) and newest is not None and (version or 0) >= newest:
+            if len(done) == len(wanted) and newest is not None and (
+                (version or 0) >= newest or verdicts(lake, self.policy).get(newest) == "rejected"
+            ):
                 return
             time.sleep(2)
+
+
+def verdicts(lake: Path, policy: str) -> dict[int, str]:
+    """version -> the promotion gate's verdict (``promoted`` / ``rejected``), Delta weights."""
+    from deltalake import DeltaTable
+
+    uri = str(lake / "weights")
+    if not DeltaTable.is_deltatable(uri):
+        return {}
+    import pyarrow.compute as pc
+
+    from pipeline.lake.reading import dataset
+
+    flt = (pc.field("policy_id") == policy) & pc.field("status").isin(["promoted", "rejected"])
+    rows = dataset(uri).to_table(columns=["version", "status"], filter=flt).to_pylist()
+    return {int(r["version"]): str(r["status"]) for r in rows}
+
+
+def _round_rejected(lake: Path, policy: str, sessions: set[str]) -> bool:
+    """Every session of the round was consumed, and the newest version that consumed them
+    was rejected."""
+    consumed = consumed_versions(lake, policy)
+    if not sessions or not sessions <= set(consumed):
+        return False
+    return verdicts(lake, policy).get(max(consumed[s] for s in sessions)) == "rejected"
 
 
 def consumed_versions(lake: Path, policy: str) -> dict[str, int]:

@@ -24,6 +24,7 @@ NextStateKind = Literal[
 ]
 WeightsStatus = Literal["candidate", "promoted", "rejected"]
 Vote = Literal[-1, 0, 1]  # a PRM score: bad, neutral, good
+GateVoteSource = Literal["held_out", "probe"]
 
 
 class WeightFile(TypedDict):
@@ -240,6 +241,24 @@ class ServingStatus(Event):
 
 
 @dataclass(slots=True, kw_only=True)
+class GateVote(Event):
+    """One judge's vote on one prompt: the candidate version's fresh answer against the live
+    one's. Every vote is its own event so a gate verdict can be recomputed and audited."""
+
+    type: str = field(default="gate_vote", init=False)
+    policy_id: str
+    version: int  # the candidate
+    live_version: int  # what it is compared with (newest promoted, 0 = base)
+    prompt_id: str  # stable id of the prompt (hex digest), the same for every version
+    source: GateVoteSource  # held_out (a recorded prompt never trained on) | probe
+    judge: str  # capability | fluency | hint | reward | llm | ...
+    vote: int  # +1 candidate better, -1 live better, 0 tie or abstain (schema: enum)
+    candidate_score: float | None = None
+    live_score: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
 class DeadLetter(Event):
     """A record that failed processing, kept byte-exact for inspection or replay."""
 
@@ -308,6 +327,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         GradientStep,
         WeightsPublished,
         ServingStatus,
+        GateVote,
         DeadLetter,
     )
 }

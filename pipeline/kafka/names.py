@@ -10,6 +10,7 @@ SAMPLES = "liverl.samples.v1"
 GRADIENT_STEPS = "liverl.gradient_steps.v1"
 WEIGHTS = "liverl.weights.v1"
 SERVING_STATUS = "liverl.serving_status.v1"
+GATE_VOTES = "liverl.gate_votes.v1"
 DLQ = "liverl.dlq.v1"
 
 ALL = (
@@ -23,6 +24,7 @@ ALL = (
     GRADIENT_STEPS,
     WEIGHTS,
     SERVING_STATUS,
+    GATE_VOTES,
     DLQ,
 )
 

@@ -197,6 +197,13 @@ def summary(row: TapRow) -> str:
     if t == "serving_status":
         state = "ok" if e.ok else f"error: {_head(e.error, 40)}"
         return f"{e.replica_id} {e.policy_id} v{e.version} {state} ({_num(e.reload_ms)} ms)"
+    if t == "gate_vote":
+        scores = f" ({_num(e.candidate_score)} vs {_num(e.live_score)})"
+        scores = scores if e.candidate_score is not None or e.live_score is not None else ""
+        return (
+            f"{e.policy_id} v{e.version} vs v{e.live_version} {e.judge} {e.source} "
+            f"{e.prompt_id[:12]} vote {e.vote:+d}{scores}"
+        )
     if t == "dlq":
         return f"{e.source_topic}[{e.source_partition}]@{e.source_offset}: {_head(e.error)}"
     from pipeline.events import json_default  # pragma: no cover - new types

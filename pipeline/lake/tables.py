@@ -9,14 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import orjson
 import pyarrow as pa
+
+from pipeline.events.arrays import json_default
+
+if TYPE_CHECKING:
+    from pipeline.events import GateVote
 
 TRAJECTORIES = "trajectories"
 GRADIENT_STEPS = "gradient_steps"
 WEIGHTS = "weights"
+GATE_VOTES = "gate_votes"
 
 TRAJECTORIES_SCHEMA = pa.schema(
     [
@@ -92,15 +100,42 @@ WEIGHTS_SCHEMA = pa.schema(
     ]
 )
 
+# One row per gate_vote event, with both answers: the event stays small on Kafka, the lake
+# keeps what each judge saw so a verdict can be audited or re-judged offline.
+GATE_VOTES_SCHEMA = pa.schema(
+    [
+        ("policy_id", pa.string()),
+        ("version", pa.int64()),  # the candidate
+        ("live_version", pa.int64()),  # what it was compared with (0 = base)
+        ("prompt_id", pa.string()),
+        ("source", pa.string()),  # held_out | probe
+        ("judge", pa.string()),
+        ("vote", pa.int8()),  # +1 candidate better, -1 live better, 0 tie or abstain
+        ("candidate_score", pa.float64()),
+        ("live_score", pa.float64()),
+        ("candidate_answer", pa.string()),
+        ("live_answer", pa.string()),
+        ("detail", pa.string()),  # JSON of the event's detail
+        # The recorded session a held-out prompt came from (None for the probe): the answers
+        # are about a user's prompt, so `liverl forget` erases them with the session.
+        ("session_id", pa.string()),
+        ("event_id", pa.string()),
+        ("ts_ms", pa.int64()),
+        ("day", pa.string()),  # partition column: the vote's event day (UTC)
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     TRAJECTORIES: TRAJECTORIES_SCHEMA,
     GRADIENT_STEPS: GRADIENT_STEPS_SCHEMA,
     WEIGHTS: WEIGHTS_SCHEMA,
+    GATE_VOTES: GATE_VOTES_SCHEMA,
 }
 PARTITION_BY: dict[str, list[str] | None] = {
     TRAJECTORIES: ["day"],
     GRADIENT_STEPS: None,
     WEIGHTS: None,
+    GATE_VOTES: ["day"],
 }
 
 
@@ -119,3 +154,33 @@ def to_table(name: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     schema = SCHEMAS[name]
     rows = list(rows)
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def _day(ts_ms: int) -> str:
+    """The UTC day of an event time, ``YYYY-MM-DD``: the ``day`` partition value."""
+    return datetime.fromtimestamp(ts_ms / 1000, tz=UTC).strftime("%Y-%m-%d")
+
+
+def gate_vote_row(
+    event: GateVote, candidate_answer: str, live_answer: str, session_id: str | None = None
+) -> dict[str, Any]:
+    """A ``gate_votes`` row: the vote event plus the two answers it judged (they are kept in
+    the lake, not on Kafka, where a vote stays a few hundred bytes)."""
+    return {
+        "policy_id": event.policy_id,
+        "version": event.version,
+        "live_version": event.live_version,
+        "prompt_id": event.prompt_id,
+        "source": event.source,
+        "judge": event.judge,
+        "vote": event.vote,
+        "candidate_score": event.candidate_score,
+        "live_score": event.live_score,
+        "candidate_answer": candidate_answer,
+        "live_answer": live_answer,
+        "detail": orjson.dumps(event.detail, default=json_default).decode(),
+        "session_id": session_id,
+        "event_id": event.event_id,
+        "ts_ms": event.ts_ms,
+        "day": _day(event.ts_ms),
+    }

@@ -92,7 +92,8 @@ def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = Non
                 backend,
                 asyncio.get_running_loop(),
                 replica_id=cfg.replica_id,
-                require_promoted=cfg.require_promoted,
+                require_promoted=(kafka.trainer.gate if cfg.require_promoted is None
+                                  else cfg.require_promoted),
                 emit=recorder.record if recorder is not None else None,
                 on_result=lambda ok: gateway.metrics.reloads.labels(str(ok).lower()).inc(),
             )

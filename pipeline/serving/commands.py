@@ -223,8 +223,9 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
     help="Do not follow liverl.weights.v1.",
 )
 @_serve_option(
-    "require_promoted", "--require-promoted", is_flag=True, show_default=False,
-    help="Load only promoted weight versions.",
+    "require_promoted", "--require-promoted/--any-version", default=None, show_default=False,
+    help="Load only versions the promotion gate promoted, or every new version. Default: "
+    "promoted only while the trainer's gate is on (trainer.gate, on by default).",
 )
 @click.option(
     "--spool-dir",

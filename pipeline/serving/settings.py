@@ -155,7 +155,11 @@ class ServeSettings(BaseModel):
     )
 
     reload: bool = True
-    require_promoted: bool = Field(default=False, description="Load only `promoted` versions.")
+    require_promoted: bool | None = Field(
+        default=None,
+        description="Load only `promoted` versions. None: follow trainer.gate (on by default), "
+        "so a version the promotion gate rejected never reaches a user.",
+    )
 
     @property
     def open_access(self) -> bool:

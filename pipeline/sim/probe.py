@@ -20,7 +20,10 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:  # imported where used: pipeline.sim stays light (no torch) for its users
     import torch
@@ -32,6 +35,9 @@ class ProbeItem:
     # Accepted answers: correct if any appears as whole word(s), case-insensitive, after
     # light normalisation (accents dropped, punctuation as spaces).
     answers: tuple[str, ...]
+    # Or a regular expression the answer must match (case-insensitive): for checks that are
+    # not a word, e.g. "any digit" in a probe of your own (load_probe).
+    pattern: str | None = None
 
 
 def _p(question: str, *answers: str) -> ProbeItem:
@@ -78,6 +84,8 @@ def _words(text: str) -> list[str]:
 def is_correct(item: ProbeItem, answer: str) -> bool:
     """Whether an accepted answer occurs in ``answer`` as whole word(s): "Paris." counts,
     "Parisian" does not (a prefix match would credit near-misses and gibberish)."""
+    if item.pattern is not None and re.search(item.pattern, answer, re.IGNORECASE):
+        return True
     words = _words(answer)
     for accepted in item.answers:
         want = _words(accepted)
@@ -85,6 +93,37 @@ def is_correct(item: ProbeItem, answer: str) -> bool:
         if n and any(words[i : i + n] == want for i in range(len(words) - n + 1)):
             return True
     return False
+
+
+MAX_PROBE_ITEMS = 500
+MAX_QUESTION_CHARS = 2_000
+
+
+def load_probe(path: str | Path) -> tuple[ProbeItem, ...]:
+    """A probe of your own: JSON lines ``{"question": ..., "answers": [...]}`` and/or
+    ``"pattern"`` (a regex). Bounded (items, question length); a bad line names itself."""
+    items = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = orjson.loads(line)
+            question, answers = doc["question"], tuple(doc.get("answers", ()))
+            pattern = doc.get("pattern")
+            if not isinstance(question, str) or not question or len(question) > MAX_QUESTION_CHARS:
+                raise ValueError(f"question must be 1-{MAX_QUESTION_CHARS} characters")
+            if not answers and pattern is None:
+                raise ValueError("needs answers or a pattern")
+            if pattern is not None:
+                re.compile(pattern)
+            items.append(ProbeItem(question, tuple(str(a) for a in answers), pattern))
+        except (ValueError, KeyError, TypeError, re.error) as exc:
+            raise ValueError(f"{path}:{n}: {exc}") from exc
+        if len(items) > MAX_PROBE_ITEMS:
+            raise ValueError(f"{path}: more than {MAX_PROBE_ITEMS} probe items")
+    if not items:
+        raise ValueError(f"{path}: no probe items")
+    return tuple(items)
 
 
 @dataclass

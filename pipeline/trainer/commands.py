@@ -127,15 +127,26 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
          help="Largest share of wall time spent publishing; 1 publishes every due version "
          "at once.")
 @_option("gate", "--gate/--no-gate",
-         help="Promote a version only without regression on held-out turns.")
+         help="Promote a version only by fresh rollouts and judges' votes against the live "
+         "one (held-out prompts and the capability probe); gateways serve promoted versions.")
 @_option("gate_holdout", "--gate-holdout",
          help="Fraction of samples held out from training for the gate.")
 @_option("gate_tolerance", "--gate-tolerance",
-         help="Allowed drop of the gate score (nats per token).")
+         help="Tie margin of the hint and reward judges (nats per token).")
 @_option("gate_eval_samples", "--gate-eval-samples",
-         help="Newest held-out turns the verdict is computed on.")
+         help="Newest distinct held-out prompts each candidate answers freshly.")
 @_option("gate_min_samples", "--gate-min-samples",
-         help="Fewer held-out turns: no verdict yet (the version stays candidate).")
+         help="Fewer held-out prompts: no verdict yet (the version stays candidate).")
+@_option("gate_probe_file", "--gate-probe-file", type=click.Path(dir_okay=False, exists=True,
+         path_type=Path),
+         help="Your own capability probe (JSON lines: question, answers or pattern).")
+@_option("gate_probe_tolerance", "--gate-probe-tolerance",
+         help="Probe questions a candidate may lose against live before it is rejected.")
+@_option("gate_fluency_tolerance", "--gate-fluency-tolerance",
+         help="Fluency drop (nats per token of sampled answers under the base) allowed.")
+@_option("gate_on_reject", "--gate-on-reject",
+         help="rollback: after a rejection, train on from the live version's weights and "
+         "optimizer state; continue: from the rejected candidate.")
 @_option("device", "--device")
 @_option("precision", "--precision")
 @_option("gradient_checkpointing", "--gradient-checkpointing/--no-gradient-checkpointing")

@@ -147,20 +147,63 @@ class TrainerSettings(BaseModel):
     )
     save_optimizer: bool = True
 
-    # promotion gate (off by default): candidates are promoted only without regression on
-    # held-out recorded turns (see pipeline/trainer/gate.py)
-    gate: bool = False
+    # promotion gate (on by default): candidates answer held-out prompts and the capability
+    # probe freshly, judges vote candidate vs live, and only promoted versions are served
+    # (see pipeline/trainer/gate.py)
+    gate: bool = Field(
+        default=True,
+        description="Promote a version only by fresh rollouts and votes; gateways serve "
+        "promoted versions (serve.require_promoted follows this by default).",
+    )
     gate_holdout: float = Field(
         default=0.1, ge=0.0, lt=1.0, description="Fraction of samples held out from training."
     )
     gate_eval_samples: int = Field(
-        default=256, ge=1, description="Newest held-out turns the verdict is computed on."
+        default=8, ge=0,
+        description="Newest distinct held-out prompts answered freshly by each candidate.",
     )
     gate_min_samples: int = Field(
-        default=16, ge=1, description="Fewer held-out turns: no verdict, version stays candidate."
+        default=0, ge=0,
+        description="Fewer held-out prompts: no verdict, version stays candidate (and is not "
+        "served). 0: the capability probe alone can decide.",
     )
     gate_tolerance: float = Field(
-        default=0.01, ge=0.0, description="Allowed drop of the gate score (nats per token)."
+        default=0.01, ge=0.0,
+        description="Tie margin of the hint and reward judges (nats per token).",
+    )
+    gate_probe: bool = Field(
+        default=True, description="Judge candidates on the capability probe too."
+    )
+    gate_probe_file: Path | None = Field(
+        default=None,
+        description="Your own capability probe (JSON lines: question, answers or pattern; "
+        "pipeline/sim/probe.py: load_probe) instead of the built-in 20 questions.",
+    )
+    gate_probe_tolerance: int = Field(
+        default=1, ge=0,
+        description="Largest drop in probe questions answered right vs live before rejection.",
+    )
+    gate_fluency_tolerance: float = Field(
+        default=0.3, ge=0.0,
+        description="Largest drop of mean fluency (log-prob per token of sampled answers under "
+        "the frozen base) vs live before rejection, nats per token.",
+    )
+    gate_fluency_margin: float = Field(
+        default=0.1, ge=0.0, description="Fluency difference per prompt counted as a tie."
+    )
+    gate_max_new_tokens: int = Field(default=32, ge=1, le=512)
+    gate_temperature: float = Field(
+        default=0.7, gt=0.0, description="Sampling temperature of the fluency rollouts."
+    )
+    gate_on_reject: Literal["rollback", "continue"] = Field(
+        default="rollback",
+        description="rollback: the next steps start from the live version's weights and "
+        "optimizer state (a rejected candidate is never a parent); continue: train on from "
+        "the rejected candidate.",
+    )
+    gate_llm_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible base URL of an LLM that votes too (None: no LLM judge).",
     )
 
     # devices
@@ -182,6 +225,8 @@ class TrainerSettings(BaseModel):
     )
     dist_timeout_s: float = Field(
         default=300.0, gt=0.0,
+    gate_llm_model: str = Field(default="default", description="Model name sent to it.")
+    gate_llm_timeout_s: float = Field(default=30.0, gt=0.0)
         description="Longest a rank waits for the others in a gradient all-reduce (a hung "
         "rank) before the step fails.",
     )

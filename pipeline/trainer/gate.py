@@ -1,30 +1,53 @@
-"""Promotion gate: a candidate version is promoted only if it does not regress on held-out turns.
+"""Promotion gate: a candidate version is promoted by fresh rollouts and judges' votes, and only
+promoted versions are served (AIDE 2's pattern: candidates rejected by vote).
 
-Held-out set. With the gate on, a deterministic fraction of samples (``sha256(event_id)``
-below ``gate_holdout``) is never trained on: the step masks it like a no-signal turn and its
-trajectory row says ``status = "held_out"``. The evaluation set for version N is the newest
-``gate_eval_samples`` held-out rows with a non-zero reward published up to N, in a fixed
-order; it is rebuilt from the Delta ``trajectories`` table after a restart, so a recomputed
-verdict sees the same rows as the original one.
+Evaluation set, rebuilt from the Delta ``trajectories`` table after a restart:
 
-Metric. ``score(θ) = Σ_i r_i Σ_t m_it log π_θ(y_it | x_i) / Σ_i Σ_t m_it``: the
-reward-weighted mean log-probability of the recorded response tokens (what Binary RL pushes
-up on good turns and down on bad ones), measured on turns the candidate never saw. The
-candidate is compared with the live version: the newest ``promoted`` one, else the base
-model. Promoted iff ``score(candidate) >= score(live) - gate_tolerance``; otherwise
-rejected. Both scores, the delta, the positive/negative-turn log-probabilities and the
-sample counts go into the verdict's ``metrics``.
+- *held-out prompts*: a deterministic fraction ``gate_holdout`` of samples is never trained on
+  (``sha256(event_id)``; the step masks it and its trajectory row says ``held_out``). The
+  newest ``gate_eval_samples`` distinct prompts among them, with the recorded response, its
+  reward and its hints;
+- *the capability probe* (:mod:`pipeline.sim.probe`, ``gate_probe``): questions with checkable
+  answers that nothing trains on, so a user's preference cannot silently break everyone else's
+  answers.
 
-Limits, stated plainly: this is an off-policy proxy (it scores recorded responses, it does
-not sample and re-judge fresh ones) and it is only as representative as the recent traffic.
+Rollouts: the candidate (``core.model`` as published) and the live version (the newest
+promoted one, else the base) answer every prompt freshly, greedy (read by ``capability``,
+``hint`` and ``llm``) and sampled at ``gate_temperature`` with a fixed seed (read by
+``fluency``: a greedy check alone misses sampled answers collapsing into gibberish). The live
+version's answers and scores are computed once per live version.
 
-The verdict is stored in ``vN/trainer/verdict.json`` before it is appended to Delta and
-sent, so a crash anywhere after that replays the same verdict rather than re-evaluating.
+Judges; each votes +1 (candidate better), −1 (live better) or 0 (tie, or does not apply):
+
+- ``capability`` (probe): one greedy answer is correct (``probe.is_correct``), the other not;
+- ``fluency`` (every prompt): f = mean log-prob per token of the sampled answer under the frozen
+  base; |f_c − f_l| ≤ ``gate_fluency_margin`` is a tie;
+- ``hint`` (held-out prompts whose turn got a hint, the pipeline judge's correction):
+  h = mean_t [log p_base(a_t | prompt + hint) − log p_base(a_t | prompt)] of the greedy
+  answer: how much better the user's hint explains it than the plain prompt (OPD's teacher
+  signal); ties within ``gate_tolerance``;
+- ``reward`` (held-out prompts with a non-zero recorded reward r, the pipeline judge's verdict
+  on the recorded response y): r · (ℓ_c(y) − ℓ_l(y)), ℓ the mean log-prob per token: toward
+  what the user liked, away from what they did not; ties within ``gate_tolerance``;
+- ``llm`` (where ``gate_llm_url`` is set): an OpenAI-compatible model says which greedy answer
+  is better (:mod:`pipeline.trainer.gate_llm`).
+
+Verdict: a prompt goes to the side its votes add up to (0: tied). The candidate is promoted iff
+it wins at least as many prompts as it loses (a majority against it rejects it), its probe score
+is at most ``gate_probe_tolerance`` questions below the live one's, and its mean fluency at most
+``gate_fluency_tolerance`` nats per token below. Every vote is kept in the verdict (``votes``),
+and from there becomes a ``GateVote`` event and a ``gate_votes`` Delta row.
+
+The verdict is stored in ``vN/trainer/verdict.json`` before it is appended to Delta and sent,
+so a crash anywhere after that replays the same verdict rather than re-evaluating. What the
+trainer does after a rejection is the loop's (``gate_on_reject``, see :mod:`loop`).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,22 +56,25 @@ from typing import Any
 
 import orjson
 import pyarrow.compute as pc
-import torch
 from deltalake import DeltaTable
 
 from pipeline.durable import atomic_write
 from pipeline.lake.reading import dataset
+from pipeline.sim import probe as P
 from pipeline.trainer import checkpoint as ck
-from pipeline.trainer import losses as L
+from pipeline.trainer import rollout as R
 from pipeline.trainer.config import TrainerSettings
-from pipeline.trainer.scoring import HELD_OUT, response_logits
+from pipeline.trainer.prompts import teacher_prompt
+from pipeline.trainer.scoring import HELD_OUT
 
 VERDICT_FILE = "verdict.json"
 VERDICT_DONE = "verdict.done"
 _COLUMNS = [
-    "event_id", "prompt_token_ids", "response_token_ids", "loss_mask", "reward",
-    "weight_version", "step", "source_partition", "source_offset",
+    "event_id", "session_id", "prompt_token_ids", "response_token_ids", "loss_mask", "reward",
+    "hints", "weight_version", "step", "source_partition", "source_offset",
 ]
+JUDGES = ("capability", "fluency", "hint", "reward", "llm")
+ANSWER_CHARS = 400  # of each answer kept in a vote (the Delta row, the event's detail)
 
 
 def _order(row: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -66,24 +92,130 @@ def write_verdict(directory: Path, verdict: dict[str, Any]) -> None:
                  orjson.dumps(verdict, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
 
 
+def prompt_id(ids: Sequence[int]) -> str:
+    """Stable id of a prompt: the same for every version, process and replay."""
+    return hashlib.sha256(b"liverl-prompt:" + orjson.dumps(list(ids))).hexdigest()[:24]
+
+
+@dataclass
+class EvalPrompt:
+    """One prompt of the evaluation set."""
+
+    prompt_id: str
+    source: str  # held_out | probe
+    ids: list[int]
+    text: str = ""
+    item: P.ProbeItem | None = None
+    response: list[int] = field(default_factory=list)  # the recorded answer (held-out)
+    reward: float = 0.0
+    hint: str | None = None
+    session_id: str | None = None  # the recorded session of a held-out prompt
+
+
+@dataclass
+class Scored:
+    """One model's fresh answers to the evaluation set and what the judges read of them."""
+
+    greedy: list[list[int]]
+    text: list[str]
+    sampled_text: list[str]
+    correct: list[bool | None]
+    fluency: list[float | None]
+    hint: list[float | None]
+    recorded: list[float | None]  # mean log-prob of the recorded response (reward judge)
+
+
+def tally(values: Sequence[int]) -> int:
+    """A prompt's side: the sign of the sum of its judges' votes."""
+    total = sum(values)
+    return (total > 0) - (total < 0)
+
+
+def vote(candidate: float | None, live: float | None, margin: float) -> int:
+    """+1 / −1 when one score beats the other by more than ``margin``; 0 otherwise or when a
+    score is missing (the judge abstains)."""
+    if candidate is None or live is None:
+        return 0
+    if candidate > live + margin:
+        return 1
+    if candidate < live - margin:
+        return -1
+    return 0
+
+
+def decide(
+    votes: Sequence[dict[str, Any]],
+    probe_correct: tuple[int, int],
+    fluency: tuple[float | None, float | None],
+    cfg: TrainerSettings,
+) -> tuple[str, dict[str, Any]]:
+    """(status, figures) from the votes and the capability checks (see the module docstring)."""
+    by_prompt: dict[tuple[str, str], list[int]] = {}
+    for v in votes:
+        by_prompt.setdefault((v["source"], v["prompt_id"]), []).append(int(v["vote"]))
+    sides = [tally(vs) for vs in by_prompt.values()]
+    won, lost = sides.count(1), sides.count(-1)
+    reasons = []
+    if lost > won:
+        reasons.append(f"live preferred on {lost} prompt(s), candidate on {won}")
+    cand_ok, live_ok = probe_correct
+    if cand_ok < live_ok - cfg.gate_probe_tolerance:
+        reasons.append(f"capability probe {cand_ok} correct vs live {live_ok} "
+                       f"(tolerance {cfg.gate_probe_tolerance})")
+    f_c, f_l = fluency
+    if f_c is not None and f_l is not None and f_c < f_l - cfg.gate_fluency_tolerance:
+        reasons.append(f"fluency {f_c:.3f} vs live {f_l:.3f} nats/token "
+                       f"(tolerance {cfg.gate_fluency_tolerance})")
+    figures: dict[str, Any] = {
+        "gate_prompts": len(by_prompt), "gate_won": won, "gate_lost": lost,
+        "gate_tied": len(sides) - won - lost, "gate_reasons": reasons,
+    }
+    for judge in JUDGES:
+        mine = [int(v["vote"]) for v in votes if v["judge"] == judge]
+        if mine:
+            figures[f"gate_{judge}_for"] = mine.count(1)
+            figures[f"gate_{judge}_against"] = mine.count(-1)
+    return ("rejected" if reasons else "promoted"), figures
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
 @dataclass(eq=False)
 class Gate:
-    """Held-out rows, the live (baseline) model, and the evaluation."""
+    """Held-out rows, the live (baseline) model, its cached answers, and the evaluation."""
 
     cfg: TrainerSettings
     rows: deque[dict[str, Any]] = field(init=False, repr=False)
     baseline: Any | None = field(default=None, init=False, repr=False)
     baseline_version: int = field(default=0, init=False)
     seeded_upto: int | None = field(default=None, init=False)
+    _live: dict[tuple[int, str], tuple[Any, ...]] = field(default_factory=dict, init=False,
+                                                          repr=False)
+    _base: Any | None = field(default=None, init=False, repr=False)
+    llm: Any | None = field(default=None, init=False, repr=False)  # gate_llm.LlmJudge
+
+    probe_items: tuple[P.ProbeItem, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.rows = deque(maxlen=self.cfg.gate_eval_samples)
+        self.probe_items = (P.load_probe(self.cfg.gate_probe_file)
+                            if self.cfg.gate_probe_file else P.PROBE)
+        # Every held-out turn is kept (a prompt is judged freshly, whatever its reward); the
+        # newest distinct prompts are the evaluation set.
+        self.rows = deque(maxlen=max(4 * self.cfg.gate_eval_samples, 64))
+        if self.cfg.gate_llm_url:
+            from pipeline.trainer.gate_llm import LlmJudge
+
+            self.llm = LlmJudge(self.cfg.gate_llm_url, self.cfg.gate_llm_model,
+                                timeout_s=self.cfg.gate_llm_timeout_s)
 
     # ---- state -------------------------------------------------------------------------
 
     def add(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Held-out rows with a reward signal, in the canonical order."""
-        picked = [r for r in rows if r["status"] == HELD_OUT and r["reward"] != 0.0]
+        """Held-out rows, in the canonical order."""
+        picked = [r for r in rows if r["status"] == HELD_OUT]
         self.rows.extend(sorted(picked, key=_order))
 
     def seed(self, core: Any, upto: int) -> None:
@@ -112,6 +244,12 @@ class Gate:
             self.baseline = self._load(core, None)
         self.seeded_upto = upto
 
+    def live_dir(self) -> Path | None:
+        """The live version's folder (None: the base model)."""
+        if self.baseline_version == 0:
+            return None
+        return ck.version_dir(self.cfg.weights_root, self.cfg.policy, self.baseline_version)
+
     def _load(self, core: Any, directory: Path | None) -> Any:
         return core.load_snapshot(directory)
 
@@ -122,73 +260,188 @@ class Gate:
         else:
             self.baseline = copy.deepcopy(core.model).eval().requires_grad_(False)
         self.baseline_version = version
+        self._live.clear()
+
+    # ---- the evaluation set ------------------------------------------------------------
+
+    def prompts(self, core: Any) -> list[EvalPrompt]:
+        """The newest distinct held-out prompts (newest first), then the probe."""
+        out: list[EvalPrompt] = []
+        seen: set[str] = set()
+        for row in reversed(self.rows):
+            if len(out) >= self.cfg.gate_eval_samples:
+                break
+            ids = [int(i) for i in row["prompt_token_ids"]]
+            pid = prompt_id(ids)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            hints = list(row.get("hints") or [])
+            out.append(EvalPrompt(
+                prompt_id=pid, source="held_out", ids=ids,
+                text=core.tokenizer.decode(ids, skip_special_tokens=True)[-300:],
+                response=[int(i) for i in row["response_token_ids"]],
+                reward=float(row["reward"] or 0.0), hint=hints[0] if hints else None,
+                session_id=row.get("session_id"),
+            ))
+        if self.cfg.gate_probe:
+            for item in self.probe_items:
+                ids = P.chat_prompt_ids(core.tokenizer, item.question)
+                out.append(EvalPrompt(prompt_id=prompt_id(ids), source="probe", ids=ids,
+                                      text=item.question, item=item))
+        return out
+
+    # ---- rollouts and scores -----------------------------------------------------------
+
+    def _base_model(self, core: Any) -> tuple[Any, Any]:
+        """The frozen base for scoring, and the context to use it in (LoRA: adapters off)."""
+        import contextlib
+
+        if core.lora:
+            return core.model, core.model.disable_adapter()
+        if core.reference is not None:
+            return core.reference, contextlib.nullcontext()
+        if self._base is None:
+            self._base = core.load_snapshot(None)
+        return self._base, contextlib.nullcontext()
+
+    def _score(self, core: Any, model: Any, prompts: Sequence[EvalPrompt]) -> Scored:
+        cfg = self.cfg
+        ids = [p.ids for p in prompts]
+        kw: dict[str, Any] = {"pad_id": core.pad_id, "device": core.device}
+        eos = _eos_ids(core.tokenizer, model)
+        greedy = R.generate(model, ids, eos_ids=eos, max_new_tokens=cfg.gate_max_new_tokens, **kw)
+        sampled = R.generate(model, ids, eos_ids=eos, max_new_tokens=cfg.gate_max_new_tokens,
+                             temperature=cfg.gate_temperature, seed=cfg.seed, **kw)
+        recorded_at = [i for i, p in enumerate(prompts) if p.response and p.reward != 0.0]
+        recorded: list[float | None] = [None] * len(prompts)
+        if recorded_at:
+            got = R.mean_logprobs(model, [ids[i] for i in recorded_at],
+                                  [prompts[i].response for i in recorded_at], **kw)
+            for i, v in zip(recorded_at, got, strict=True):
+                recorded[i] = v
+        base, ctx = self._base_model(core)
+        hinted_at = [i for i, p in enumerate(prompts) if p.hint and greedy[i]]
+        hint: list[float | None] = [None] * len(prompts)
+        with ctx:
+            fluency = R.mean_logprobs(base, ids, sampled, **kw)
+            if hinted_at:
+                teach = [teacher_prompt(ids[i], prompts[i].hint or "", core.tokenizer,
+                                        core.markers) for i in hinted_at]
+                answers = [greedy[i] for i in hinted_at]
+                with_hint = R.mean_logprobs(base, teach, answers, **kw)
+                plain = R.mean_logprobs(base, [ids[i] for i in hinted_at], answers, **kw)
+                for i, a, b in zip(hinted_at, with_hint, plain, strict=True):
+                    hint[i] = None if a is None or b is None else a - b
+        text = [core.tokenizer.decode(g, skip_special_tokens=True) for g in greedy]
+        return Scored(
+            greedy=greedy, text=text,
+            sampled_text=[core.tokenizer.decode(s, skip_special_tokens=True) for s in sampled],
+            correct=[None if p.item is None else P.is_correct(p.item, t)
+                     for p, t in zip(prompts, text, strict=True)],
+            fluency=fluency, hint=hint, recorded=recorded,
+        )
+
+    def _live_scores(self, core: Any, prompts: Sequence[EvalPrompt]) -> Scored:
+        """The live version's scores, computed once per (live version, prompt)."""
+        missing = [p for p in prompts if (self.baseline_version, p.prompt_id) not in self._live]
+        if missing:
+            got = self._score(core, self.baseline, missing)
+            for i, p in enumerate(missing):
+                self._live[(self.baseline_version, p.prompt_id)] = (
+                    got.greedy[i], got.text[i], got.sampled_text[i], got.correct[i],
+                    got.fluency[i], got.hint[i], got.recorded[i],
+                )
+        rows = [self._live[(self.baseline_version, p.prompt_id)] for p in prompts]
+        cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else [
+            [] for _ in range(7)
+        ]
+        return Scored(*cols)
 
     # ---- evaluation --------------------------------------------------------------------
 
-    @torch.no_grad()
-    def score(self, core: Any, model: Any, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        weighted = tokens = 0.0
-        pos = [0.0, 0.0]  # Σ logp, tokens on positive-reward turns
-        neg = [0.0, 0.0]
-        try:
-            step = max(1, self.cfg.batch_max_samples)
-            for i in range(0, len(rows), step):
-                chunk = rows[i : i + step]
-                logits = response_logits(
-                    model, [r["prompt_token_ids"] for r in chunk],
-                    [r["response_token_ids"] for r in chunk], pad_id=core.pad_id,
-                    device=core.device, autocast_dtype=core.autocast_dtype,
-                )
-                rmax = logits.shape[1]
-                ids = torch.zeros((len(chunk), rmax), dtype=torch.long)
-                mask = torch.zeros((len(chunk), rmax))
-                for b, r in enumerate(chunk):
-                    n = len(r["response_token_ids"])
-                    ids[b, :n] = torch.tensor(r["response_token_ids"])
-                    mask[b, :n] = torch.tensor(r["loss_mask"], dtype=torch.float32)
-                logp = L.token_logprobs(logits, ids.to(logits.device)).cpu() * mask
-                per_seq, n_tok = logp.sum(-1), mask.sum(-1)
-                for b, r in enumerate(chunk):
-                    weighted += r["reward"] * float(per_seq[b])
-                    tokens += float(n_tok[b])
-                    acc = pos if r["reward"] > 0 else neg
-                    acc[0] += float(per_seq[b])
-                    acc[1] += float(n_tok[b])
-        finally:
-            model.train(was_training)
-        return {
-            "score": weighted / max(tokens, 1.0),
-            "tokens": tokens,
-            "logp_pos": pos[0] / pos[1] if pos[1] else 0.0,
-            "logp_neg": neg[0] / neg[1] if neg[1] else 0.0,
-        }
+    def votes(self, prompts: Sequence[EvalPrompt], cand: Scored,
+              live: Scored) -> list[dict[str, Any]]:
+        """Every judge's vote on every prompt it applies to."""
+        cfg = self.cfg
+        out: list[dict[str, Any]] = []
+
+        def add(i: int, judge: str, v: int, c: float | None, li: float | None) -> None:
+            p = prompts[i]
+            out.append({
+                "prompt_id": p.prompt_id, "source": p.source, "judge": judge, "vote": v,
+                "candidate_score": c, "live_score": li,
+                "candidate_answer": cand.text[i][:ANSWER_CHARS],
+                "live_answer": live.text[i][:ANSWER_CHARS], "session_id": p.session_id,
+            })
+
+        for i, p in enumerate(prompts):
+            if p.item is not None:
+                c, li = float(bool(cand.correct[i])), float(bool(live.correct[i]))
+                add(i, "capability", int(c - li), c, li)
+            add(i, "fluency", vote(cand.fluency[i], live.fluency[i], cfg.gate_fluency_margin),
+                cand.fluency[i], live.fluency[i])
+            if p.hint:
+                add(i, "hint", vote(cand.hint[i], live.hint[i], cfg.gate_tolerance),
+                    cand.hint[i], live.hint[i])
+            if cand.recorded[i] is not None and live.recorded[i] is not None:
+                c = p.reward * float(cand.recorded[i] or 0.0)
+                li = p.reward * float(live.recorded[i] or 0.0)
+                add(i, "reward", vote(c, li, cfg.gate_tolerance), c, li)
+            if self.llm is not None:
+                v = self.llm.compare(p.text, cand.text[i], live.text[i])
+                add(i, "llm", v, None, None)
+        return out
 
     def evaluate(self, core: Any, version: int) -> dict[str, Any] | None:
-        """Verdict for ``core.model`` as version ``version`` (None: too few held-out turns)."""
-        rows = list(self.rows)
-        if len(rows) < self.cfg.gate_min_samples:
+        """Verdict for ``core.model`` as version ``version`` (None: too few held-out prompts
+        and no probe to judge on)."""
+        started = time.perf_counter()
+        prompts = self.prompts(core)
+        held = sum(p.source == "held_out" for p in prompts)
+        if held < self.cfg.gate_min_samples or not prompts:
             return None
         assert self.baseline is not None
-        cand = self.score(core, core.model, rows)
-        live = self.score(core, self.baseline, rows)
-        delta = cand["score"] - live["score"]
-        ok = delta >= -self.cfg.gate_tolerance
+        live = self._live_scores(core, prompts)
+        cand = self._score(core, core.model, prompts)
+        votes = self.votes(prompts, cand, live)
+        probe_at = [i for i, p in enumerate(prompts) if p.item is not None]
+        probe = (sum(bool(cand.correct[i]) for i in probe_at),
+                 sum(bool(live.correct[i]) for i in probe_at))
+        fluency = (_mean(cand.fluency), _mean(live.fluency))
+        status, figures = decide(votes, probe, fluency, self.cfg)
         return {
-            "status": "promoted" if ok else "rejected",
+            "status": status,
+            "votes": votes,
             "metrics": {
-                "gate_score": cand["score"],
-                "gate_live_score": live["score"],
-                "gate_delta": delta,
-                "gate_tolerance": self.cfg.gate_tolerance,
+                **figures,
                 "gate_live_version": self.baseline_version,
-                "gate_samples": len(rows),
-                "gate_tokens": int(cand["tokens"]),
-                "gate_logp_pos": cand["logp_pos"],
-                "gate_logp_neg": cand["logp_neg"],
-                "gate_live_logp_pos": live["logp_pos"],
-                "gate_live_logp_neg": live["logp_neg"],
-                "gate_metric": "reward-weighted mean log-prob of held-out response tokens",
+                "gate_held_out_prompts": held,
+                "gate_probe_n": len(probe_at),
+                "gate_probe_correct": probe[0],
+                "gate_live_probe_correct": probe[1],
+                "gate_fluency": fluency[0],
+                "gate_live_fluency": fluency[1],
+                "gate_tolerance": self.cfg.gate_tolerance,
+                "gate_eval_s": round(time.perf_counter() - started, 3),
+                "gate_metric": "fresh rollouts, judges' votes per prompt",
             },
         }
+
+
+def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
+    """Token ids that end an answer: the tokenizer's EOS, the chat template's end of turn, and
+    the model's generation config's."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    end = tokenizer.get_vocab().get("<|im_end|>")
+    if end is not None:
+        ids.add(int(end))
+    gen = getattr(model, "generation_config", None)
+    cfg_eos = getattr(gen, "eos_token_id", None)
+    if isinstance(cfg_eos, int):
+        ids.add(cfg_eos)
+    elif isinstance(cfg_eos, list):
+        ids.update(int(e) for e in cfg_eos)
+    return sorted(ids)

@@ -132,7 +132,8 @@ class TrainerLoop:
             publisher.gate.seed(core, manifest.version - 1)
         publisher.complete(directory, core)
         self.echo(f"resumed from v{manifest.version} (step {manifest.step})")
-        return core, manifest.version, manifest.offsets()
+        core, version = self._after_verdict(core, manifest.version, publisher)
+        return core, version, manifest.offsets()
 
     def _load_core(self, directory: Path | None, step: int) -> TrainerCore:
         """The policy at ``directory`` (None: the base), loaded by every rank."""
@@ -286,6 +287,7 @@ class TrainerLoop:
                 started = time.monotonic()
                 version = self._publish(core, version, polled, batcher, producer, publisher,
                                         traj_rows, step_rows)
+                core, version = self._after_verdict(core, version, publisher)
                 traj_rows, step_rows = [], []
                 last_publish = time.monotonic()
                 next_allowed = last_publish + (last_publish - started) * (1 - f) / f
@@ -300,6 +302,26 @@ class TrainerLoop:
             version = self._publish(core, version, polled, batcher, producer, publisher,
                                     traj_rows, step_rows)
         self.echo(f"stopped at v{version}, step {core.step}")
+
+    def _after_verdict(
+        self, core: TrainerCore, version: int, publisher: Publisher
+    ) -> tuple[TrainerCore, int]:
+        """After a rejection (``gate_on_reject = "rollback"``), train on from the live version:
+        its weights and the optimizer state saved with it (the base and a fresh optimizer
+        when nothing is promoted yet), so a rejected candidate is never the parent of the next
+        version and its Adam moments are dropped. The samples it trained on stay consumed (their
+        rows say so in ``trajectories``); they are not trained again. The loop then passes the
+        live version as the current one, so staleness and drift count from the weights the
+        trainer holds. ``continue`` keeps training the rejected candidate."""
+        gate = publisher.gate
+        if (gate is None or publisher.verdicts.get(version) != "rejected"
+                or self.cfg.gate_on_reject != "rollback"):
+            return core, version
+        live = gate.baseline_version
+        step = core.step
+        core = self._load_core(gate.live_dir(), step)
+        self.echo(f"v{version} rejected: training goes on from live v{live}")
+        return core, live
 
     def _admit(
         self,

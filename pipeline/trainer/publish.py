@@ -9,7 +9,10 @@
 3g. with the promotion gate on (:mod:`gate`): the verdict is computed once and stored in
    ``vN/trainer/verdict.json``, appended to ``weights`` (application transaction
    ``(app_id/gate, N)``) and sent as a second ``WeightsPublished`` for N (``promoted`` or
-   ``rejected``, the figures in ``metrics``, its own deterministic id), then a marker;
+   ``rejected``, the figures in ``metrics``, its own deterministic id), then a marker; the
+   verdict's votes go first: ``gate_votes`` rows (application transaction
+   ``(app_id/gate-votes, N)``) and one ``GateVote`` event each, sent before the verdict
+   event so a reader of the verdict can find every vote behind it;
 4. informational consumer-group offset commit (restart reads the manifest, not the group).
 
 Gradient-step events are sent here, not after each optimizer step: their ids derive from
@@ -36,6 +39,7 @@ import pyarrow.parquet as pq
 from pipeline import __version__
 from pipeline.durable import fsync_path
 from pipeline.events import (
+    GateVote,
     GradientStep,
     Producer,
     Sample,
@@ -141,7 +145,7 @@ class Publisher:
         self.lake = T.LakeTables(cfg.lake_root)
         self.tables = {
             name: Appender(self.lake.uri(name), T.PARTITION_BY[name])
-            for name in (T.TRAJECTORIES, T.GRADIENT_STEPS, T.WEIGHTS)
+            for name in (T.TRAJECTORIES, T.GRADIENT_STEPS, T.WEIGHTS, T.GATE_VOTES)
         }
         self.gate = gate
         self.verdicts: dict[int, str] = {}  # version -> promoted | rejected (this process)
@@ -259,6 +263,17 @@ class Publisher:
             verdict = {**result, "version": manifest.version, "ts_ms": now_ms()}
             G.write_verdict(directory, verdict)
         self.on_stage("after_verdict_file")
+        candidate = self._weights_event(manifest, directory, []).event_id
+        votes = [(self._vote_event(manifest, candidate, v, verdict), v)
+                 for v in verdict.get("votes", [])]
+        if votes:
+            rows = [T.gate_vote_row(e, v.get("candidate_answer", ""), v.get("live_answer", ""),
+                                    v.get("session_id")) for e, v in votes]
+            self.tables[T.GATE_VOTES].append_once(
+                T.to_table(T.GATE_VOTES, rows), app_id=f"{self.cfg.app_id}/gate-votes",
+                version=manifest.version,
+            )
+        self.on_stage("after_delta_votes")
         if verdict["status"] == "promoted" and gate.baseline_version < manifest.version:
             gate.promote(core, manifest.version)
         self.verdicts[manifest.version] = verdict["status"]
@@ -271,7 +286,8 @@ class Publisher:
         self.on_stage("after_delta_verdict")
         done = directory / ck.TRAINER_DIR / G.VERDICT_DONE
         if self.producer is not None and not done.exists():
-            candidate = self._weights_event(manifest, directory, []).event_id
+            for vote_event, _ in votes:
+                self.producer.send(names.GATE_VOTES, vote_event, key=self.cfg.policy)
             event = self._weights_event(
                 manifest, directory, [candidate], status=verdict["status"],
                 metrics=verdict["metrics"], ts_ms=verdict["ts_ms"],
@@ -281,6 +297,31 @@ class Publisher:
             done.write_bytes(b"")
             fsync_path(done.parent)
         self.on_stage("after_verdict_event")
+
+    def _vote_event(
+        self, m: ck.Manifest, candidate: str, vote: dict[str, Any], verdict: dict[str, Any]
+    ) -> GateVote:
+        """One vote of the verdict as an event; its id derives from the candidate's
+        announcement, the prompt (and its source) and the judge, so a re-sent verdict re-sends
+        the same ids."""
+        live = int(verdict.get("metrics", {}).get("gate_live_version", 0))
+        return GateVote(
+            event_id=derive_event_id("gate_vote", [candidate], self.cfg.config_version,
+                                     m.policy_id, m.version, vote["source"], vote["prompt_id"],
+                                     vote["judge"]),
+            ts_ms=int(verdict["ts_ms"]),
+            producer=self.producer_id,
+            parents=[candidate],
+            policy_id=m.policy_id,
+            version=m.version,
+            live_version=live,
+            prompt_id=vote["prompt_id"],
+            source=vote["source"],
+            judge=vote["judge"],
+            vote=int(vote["vote"]),
+            candidate_score=vote.get("candidate_score"),
+            live_score=vote.get("live_score"),
+        )  # the answers (about a user's prompt) stay in the lake, where forget reaches them
 
     def _weights_row(
         self,

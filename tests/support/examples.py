@@ -10,6 +10,7 @@ from pipeline.events.ids import derive_event_id
 from pipeline.events.types import (
     DeadLetter,
     Event,
+    GateVote,
     GradientStep,
     Hint,
     Interaction,
@@ -240,6 +241,23 @@ def examples() -> dict[str, Event]:
             version=13,
             reload_ms=1_840.5,
             ok=True,
+        ),
+        GateVote(
+            event_id=derive_event_id(
+                "gate_vote", [], "gate-1", "qwen3-4b-agent", 13, "9f2c4e1a7b3d5f60", "fluency"
+            ),
+            ts_ms=_TS + 62_000,
+            producer=Producer(component="gate", version="gate-1"),
+            policy_id="qwen3-4b-agent",
+            version=13,
+            live_version=12,
+            prompt_id="9f2c4e1a7b3d5f60",
+            source="held_out",
+            judge="fluency",
+            vote=1,
+            candidate_score=-1.92,
+            live_score=-2.31,
+            detail={"metric": "mean_nll", "tokens": 187},
         ),
         DeadLetter.wrap(
             b'{"type": "interaction", "turn": "three"',
