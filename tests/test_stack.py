@@ -103,24 +103,44 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert any(" train " in c for c in children), children
         assert any(" workers" in c for c in children), children
 
-        # The trainer publishes a version from those samples and the gateway reloads it.
-        served = "liverl-v0"
-        deadline = time.monotonic() + 180
-        while served == "liverl-v0" and time.monotonic() < deadline:
+        from deltalake import DeltaTable
+
+        # The trainer publishes a version from those samples; the promotion gate (on by
+        # default) judges it against v0, and the gateway reloads it only if promoted.
+        weights = str(tmp_path / "state" / "lake" / "weights")
+        verdict = None
+        deadline = time.monotonic() + 420
+        while verdict is None and time.monotonic() < deadline:
             time.sleep(2)
-            served = client.chat.completions.create(
+            if DeltaTable.is_deltatable(weights):
+                found = {r["status"] for r in DeltaTable(weights).to_pyarrow_table().to_pylist()
+                         if r["version"] == 1}
+                verdict = next((v for v in ("promoted", "rejected") if v in found), None)
+        trainer_log = (tmp_path / "state" / "logs" / "trainer.log").read_text()
+        assert verdict is not None, trainer_log
+
+        def served_now() -> str | None:
+            return client.chat.completions.create(
                 model="default",
                 messages=[{"role": "user", "content": "again"}],
                 max_tokens=2,
                 extra_headers={"X-Session-Id": "probe"},
             ).system_fingerprint
-        assert served != "liverl-v0", (tmp_path / "state" / "logs" / "trainer.log").read_text()
+
+        served = served_now()
+        deadline = time.monotonic() + 60
+        while verdict == "promoted" and served == "liverl-v0" and time.monotonic() < deadline:
+            time.sleep(1)
+            served = served_now()
+        if verdict == "promoted":
+            assert served != "liverl-v0", trainer_log
+        else:  # a rejected version never reaches users
+            time.sleep(5)
+            assert served_now() == "liverl-v0" and "v1 rejected" in trainer_log
         # The version is a LoRA adapter, published as the adapter alone.
         version_dir = tmp_path / "state" / "weights" / "default" / "v1"
         servable = sorted(p.name for p in version_dir.iterdir() if p.is_file())
         assert servable == ["adapter_config.json", "adapter_model.safetensors", "manifest.json"]
-
-        from deltalake import DeltaTable
 
         # Sessions close at different moments, so their samples may train in separate steps
         # (and versions): wait until every turn has a trajectory row.
@@ -136,12 +156,10 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         # Produced by v0, consumed by a step that is part of a published version.
         assert all(r["behavior_weight_version"] == 0 for r in rows)
         assert all(r["step"] >= 1 and r["weight_version"] >= 1 for r in rows)
-        # Rule judge: thanks -> +1, a correction -> -1, the closing turn has no verdict.
-        assert {(r["turn"], r["reward"], r["status"]) for r in rows} == {
-            (0, 1.0, "trained"),
-            (1, -1.0, "trained"),
-            (2, 0.0, "masked"),
-        }
+        # Rule judge: thanks -> +1, a correction -> -1, the closing turn has no verdict. A
+        # tenth of samples (by hash of their id) is held out for the gate, never trained.
+        assert {(r["turn"], r["reward"], r["status"].replace("held_out", "trained"))
+                for r in rows} == {(0, 1.0, "trained"), (1, -1.0, "trained"), (2, 0.0, "masked")}
 
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0, log.read_text()
