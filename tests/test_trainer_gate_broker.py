@@ -70,7 +70,7 @@ def test_rejected_candidate_is_never_served(
     policy, topic = f"gate-{unique}", f"test.samples.gate.{unique}"
     create_topic(admin, topic)
     probe = digit_probe(tmp_path)
-    cfg = TrainerSettings(model=str(tiny), device="cpu", gate_holdout=0.3, lr=2e-2)
+    cfg = TrainerSettings(model=str(tiny), device="cpu", gate_holdout=0.3, lr=2e-2, method="rl")
     core = TrainerCore.load(cfg)
     rng = random.Random(1)
     good = [r.event for b in toy_batches(core, 6, 0, rng) for r in b]
@@ -97,7 +97,7 @@ def test_rejected_candidate_is_never_served(
         str(tiny), "--topic", topic, "--weights-root", str(tmp_path / "weights"),
         "--lake-root", str(tmp_path / "lake"), "--batch-samples", "16", "--batch-wait", "0.05",
         "--publish-every-steps", "6", "--publish-max-overhead", "1", "--lr", "2e-2",
-        "--device", "cpu", "--gate-holdout", "0.3", "--gate-probe-file", str(probe),
+        "--device", "cpu", "--method", "rl", "--gate-holdout", "0.3", "--gate-probe-file", str(probe),
         "--gate-probe-tolerance", "0", "--exit-when-idle", "25",
     ]
     log = (tmp_path / "trainer.log").open("wb")  # noqa: SIM115 - the child writes it throughout

@@ -111,6 +111,18 @@ class EvalPrompt:
     hint: str | None = None
     session_id: str | None = None  # the recorded session of a held-out prompt
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What a cached live answer is valid for: the prompt, its source, and what the judges
+        compare it with (the recorded response, the hint)."""
+        extra = hashlib.sha256(orjson.dumps([self.response, self.reward, self.hint])).hexdigest()
+        return (self.source, self.prompt_id, extra[:16])
+
+    @property
+    def seed(self) -> int:
+        """The sampling seed of this prompt's sampled answer, the same in every batch."""
+        return int(self.prompt_id[:8], 16)
+
 
 @dataclass
 class Scored:
@@ -192,10 +204,12 @@ class Gate:
     baseline: Any | None = field(default=None, init=False, repr=False)
     baseline_version: int = field(default=0, init=False)
     seeded_upto: int | None = field(default=None, init=False)
-    _live: dict[tuple[int, str], tuple[Any, ...]] = field(default_factory=dict, init=False,
-                                                          repr=False)
+    _live: dict[tuple[int, tuple[str, str, str]], tuple[Any, ...]] = field(
+        default_factory=dict, init=False, repr=False)
     _base: Any | None = field(default=None, init=False, repr=False)
     llm: Any | None = field(default=None, init=False, repr=False)  # gate_llm.LlmJudge
+    _last: tuple[int, list[EvalPrompt], Scored] | None = field(default=None, init=False,
+                                                              repr=False)
 
     probe_items: tuple[P.ProbeItem, ...] = field(default=(), init=False, repr=False)
 
@@ -261,6 +275,14 @@ class Gate:
             self.baseline = copy.deepcopy(core.model).eval().requires_grad_(False)
         self.baseline_version = version
         self._live.clear()
+        # The candidate's fresh answers are the new live version's: never computed twice.
+        if self._last is not None and self._last[0] == version:
+            _, prompts, scored = self._last
+            for i, p in enumerate(prompts):
+                self._live[(version, p.key)] = (
+                    scored.greedy[i], scored.text[i], scored.sampled_text[i], scored.correct[i],
+                    scored.fluency[i], scored.hint[i], scored.recorded[i],
+                )
 
     # ---- the evaluation set ------------------------------------------------------------
 
@@ -310,9 +332,12 @@ class Gate:
         ids = [p.ids for p in prompts]
         kw: dict[str, Any] = {"pad_id": core.pad_id, "device": core.device}
         eos = _eos_ids(core.tokenizer, model)
-        greedy = R.generate(model, ids, eos_ids=eos, max_new_tokens=cfg.gate_max_new_tokens, **kw)
-        sampled = R.generate(model, ids, eos_ids=eos, max_new_tokens=cfg.gate_max_new_tokens,
-                             temperature=cfg.gate_temperature, seed=cfg.seed, **kw)
+        n = len(ids)
+        both = R.generate(model, [*ids, *ids], eos_ids=eos,
+                          seeds=[0] * n + [cfg.seed * 7919 + p.seed for p in prompts],
+                          max_new_tokens=cfg.gate_max_new_tokens,
+                          temperature=[0.0] * n + [cfg.gate_temperature] * n, **kw)
+        greedy, sampled = both[:n], both[n:]
         recorded_at = [i for i, p in enumerate(prompts) if p.response and p.reward != 0.0]
         recorded: list[float | None] = [None] * len(prompts)
         if recorded_at:
@@ -344,15 +369,15 @@ class Gate:
 
     def _live_scores(self, core: Any, prompts: Sequence[EvalPrompt]) -> Scored:
         """The live version's scores, computed once per (live version, prompt)."""
-        missing = [p for p in prompts if (self.baseline_version, p.prompt_id) not in self._live]
+        missing = [p for p in prompts if (self.baseline_version, p.key) not in self._live]
         if missing:
             got = self._score(core, self.baseline, missing)
             for i, p in enumerate(missing):
-                self._live[(self.baseline_version, p.prompt_id)] = (
+                self._live[(self.baseline_version, p.key)] = (
                     got.greedy[i], got.text[i], got.sampled_text[i], got.correct[i],
                     got.fluency[i], got.hint[i], got.recorded[i],
                 )
-        rows = [self._live[(self.baseline_version, p.prompt_id)] for p in prompts]
+        rows = [self._live[(self.baseline_version, p.key)] for p in prompts]
         cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else [
             [] for _ in range(7)
         ]
@@ -404,6 +429,7 @@ class Gate:
         assert self.baseline is not None
         live = self._live_scores(core, prompts)
         cand = self._score(core, core.model, prompts)
+        self._last = (version, prompts, cand)
         votes = self.votes(prompts, cand, live)
         probe_at = [i for i, p in enumerate(prompts) if p.item is not None]
         probe = (sum(bool(cand.correct[i]) for i in probe_at),
