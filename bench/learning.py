@@ -40,9 +40,14 @@ from pipeline.settings import Settings
 OPENCLAW_RL = {"hybrid": 10.3, "rl": 14.1, "opd": 29.7}  # sessions, Qwen3-4B, their paper
 
 
-def one(method: str, seed: int, hint_rate: float, kl_coef: float,
+def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
         args: argparse.Namespace) -> dict:
     settings = Settings()
+    if kl_coef is None:  # the product default
+        kl_coef = settings.trainer.kl_coef
+        extra: dict[str, str] = {}
+    else:
+        extra = {"LIVERL_TRAINER_KL_COEF": str(kl_coef)}
     state = Path(settings.state_dir)
     lake = Path(settings.trainer.under_state_dir(state).lake_root)
     policy = (f"bench-{method}-kl{kl_coef:g}-s{seed}-h{hint_rate:g}-"
@@ -50,13 +55,16 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float,
     cfg = DemoConfig(method=method, preference=args.preference, hint_rate=hint_rate,
                      users=args.users, rounds=args.rounds, eval_questions=args.eval_questions,
                      seed=seed)
-    extra = {"LIVERL_TRAINER_KL_COEF": str(kl_coef)} if kl_coef else {}
+    if args.gate is not None:  # None: the product default (trainer.gate)
+        extra["LIVERL_TRAINER_GATE"] = "true" if args.gate else "false"
+    extra.update(dict(kv.split("=", 1) for kv in args.env))
     loop = LoopConfig(policy=policy, method=method, state_dir=state,
                       batch_samples=2 * args.users, lr=args.lr, extra_env=extra)
     with running_loop(loop) as running:
         result = DemoRunner(running.url, policy, cfg).run(lake)
     summary = result.summary()
     summary["kl_coef"] = kl_coef
+    summary["env"] = extra
     return summary
 
 
@@ -106,14 +114,19 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["rl", "opd", "hybrid"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--hint-rates", nargs="+", type=float, default=[1.0])
-    ap.add_argument("--kl-coefs", nargs="+", type=float, default=[0.0],
-                    help="KL-to-reference coefficients to try (trainer --kl-coef)")
+    ap.add_argument("--kl-coefs", nargs="+", type=float, default=[None],
+                    help="KL-to-reference coefficients to try (trainer --kl-coef; default: "
+                    "the trainer's default)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--users", type=int, default=6)
     ap.add_argument("--window", type=int, default=12)
     ap.add_argument("--eval-questions", type=int, default=8)
     ap.add_argument("--preference", default="concise")
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                    help="the trainer's promotion gate on/off (default: the product default)")
+    ap.add_argument("--env", nargs="*", default=[], metavar="LIVERL_TRAINER_X=V",
+                    help="extra settings for the loop (e.g. LIVERL_TRAINER_PPO_EPOCHS=1)")
     ap.add_argument("--out", type=Path, default=Path(".liverl/bench-learning.json"))
     ap.add_argument("--table-only", action="store_true",
                     help="print the table from the runs already in --out; run nothing")
@@ -130,7 +143,7 @@ def main() -> None:
                         runs.append(s)
                         args.out.write_text(json.dumps(runs, indent=2))
                         b, a = s["heldout_before"], s["heldout_after"]
-                        print(f"{method:<7} kl {kl_coef:g} seed {seed} hint {hint_rate:g}: "
+                        print(f"{method:<7} kl {s['kl_coef']:g} seed {seed} hint {hint_rate:g}: "
                               f"held-out satisfied {b['satisfied']:.0%} -> "
                               f"{a['satisfied']:.0%}, quality {b['quality_ok']:.0%} -> "
                               f"{a['quality_ok']:.0%}, train satisfied "
@@ -149,7 +162,8 @@ def main() -> None:
           f"'{args.preference}', moving share over {args.window} sessions")
     print(f"{'method':<8}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}{'until 75 %':>14}"
           f"{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
-          f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}")
+          f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}"
+          f"{'wall s':>8}")
     keys = sorted({(r.get("kl_coef", 0.0), r["hint_rate"], r["method"]) for r in runs},
                   key=lambda k: (k[1] != 1.0, k[0], ["hybrid", "rl", "opd"].index(k[2])
                                  if k[2] in ("hybrid", "rl", "opd") else 9))
@@ -167,7 +181,8 @@ def main() -> None:
               f"{_pct([r['heldout_after']['quality_ok'] for r in mine]):>18}"
               f"{_consecutive(mine, most):>14}"
               f"{OPENCLAW_RL.get(method, float('nan')):>13}"
-              f"{_probe_mean(mine, 'probe_before'):>14}{_probe_mean(mine, 'probe_after'):>14}")
+              f"{_probe_mean(mine, 'probe_before'):>14}{_probe_mean(mine, 'probe_after'):>14}"
+              f"{statistics.mean(r['wall_s'] for r in mine):>8.0f}")
     print("3 in a row: sessions until three consecutive satisfied ones, mean over the seeds "
           "that got there (reached/runs); OpenClaw-RL reports the same count. probe: share "
           "of 20 fixed questions right (greedy) and fluency (base log-prob/token of sampled "

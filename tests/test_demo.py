@@ -196,7 +196,7 @@ def test_quick_demo_improves_the_live_policy_on_held_out_users(tmp_path: Path) -
             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     try:
-        assert proc.wait(timeout=1500) == 0, log.read_text()[-4000:]
+        assert proc.wait(timeout=2100) == 0, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -74,7 +74,9 @@ def test_default_model_answers_in_plain_english(backend: HFBackend) -> None:
 def test_lora_step_moves_only_the_adapter_and_the_version_serves_exactly(
     backend: HFBackend, tmp_path: Path
 ) -> None:
-    cfg = TrainerSettings(device="cpu", method="rl", lr=5e-3)
+    # A = r and the full rate at once, so that one step on one sample moves the adapter
+    cfg = TrainerSettings(device="cpu", method="rl", lr=5e-3, rl_baseline="none",
+                          lr_warmup_steps=0)
     core = TrainerCore.load(cfg)
     assert core.lora and cfg.uses_lora
     before = {n: p.detach().clone() for n, p in core.model.named_parameters()}

@@ -18,8 +18,11 @@ import torch
 from pipeline.trainer.losses import (
     Aggregate,
     LossOutput,
+    batch_mean_baseline,
     binary_rl_advantages,
     binary_rl_loss,
+    hybrid_advantage_loss,
+    hybrid_advantages,
     hybrid_loss,
     kl_to_reference,
     masked_aggregate,
@@ -31,6 +34,7 @@ from pipeline.trainer.losses import (
     token_logprobs,
     topk_logprobs,
     topk_opd_loss,
+    warmup_factor,
 )
 
 E01, E05, EM05 = math.exp(0.1), math.exp(0.5), math.exp(-0.5)
@@ -427,3 +431,78 @@ def test_kl_to_reference_by_hand() -> None:
     out.loss.backward()
     assert cur.grad is not None
     assert cur.grad[0].tolist() == pytest.approx([0.25, 0.0, 0.0], abs=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Binary RL baseline, hybrid's added advantages, warm-up (issue 23)
+
+
+def test_batch_mean_baseline_by_hand() -> None:
+    # rows 0, 1, 3 train: b = (1 − 1 − 1) / 3 = −1/3; row 2 (r = 5) does not count
+    r = torch.tensor([1.0, -1.0, 5.0, -1.0])
+    rows = torch.tensor([True, True, False, True])
+    assert float(batch_mean_baseline(r, rows)) == pytest.approx(-1.0 / 3.0)
+    assert float(batch_mean_baseline(r, torch.zeros(4, dtype=torch.bool))) == 0.0
+
+
+def test_baseline_turns_an_all_negative_batch_into_no_push_away() -> None:
+    r = torch.tensor([-1.0, -1.0])
+    m = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    b = batch_mean_baseline(r, m.sum(-1) > 0)  # −1
+    a = binary_rl_advantages(r, m, b)
+    assert torch.equal(a, torch.zeros(2, 2))
+    # without a baseline every sampled token is pushed away (A = −1)
+    assert binary_rl_advantages(r, m).tolist() == [[-1.0, -1.0], [-1.0, 0.0]]
+    # one +1 among three −1: b = −0.5, A = +1.5 for it and −0.5 for the others
+    r2 = torch.tensor([1.0, -1.0, -1.0, -1.0])
+    m2 = torch.ones(4, 1)
+    a2 = binary_rl_advantages(r2, m2, batch_mean_baseline(r2, torch.ones(4, dtype=torch.bool)))
+    assert a2.squeeze(-1).tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5])
+
+
+def test_binary_rl_loss_with_baseline_by_hand() -> None:
+    # ρ = 1 (ℓ_cur = ℓ_old): l_t = −A_t; r = (1, −1), b = 0 → A = (1, −1) with baseline 0,
+    # b = 0.5 → A = (0.5, −1.5); token_mean over 2 tokens each: L = −(0.5·2 − 1.5·2)/4 = 0.5
+    logp = torch.zeros(2, 2)
+    r = torch.tensor([1.0, -1.0])
+    m = torch.ones(2, 2)
+    out = binary_rl_loss(logp, logp, r, m, baseline=0.5)
+    assert float(out.loss) == pytest.approx(0.5)
+    assert out.metrics["mean_advantage"] == pytest.approx(-0.5)
+    assert float(binary_rl_loss(logp, logp, r, m).loss) == pytest.approx(0.0)
+
+
+def test_hybrid_advantages_add_per_token_by_hand() -> None:
+    # row 0: hinted and rewarded r = −1; b = 0 (rows −1 and +1): A_rl = (−1, −1, 0)
+    #        teacher gap ℓ_T − ℓ_old = (2.0, −0.3, 0.4) → clip(·, ±1) = (1.0, −0.3, 0.4)
+    #        opd mask (1, 1, 0): A = w_rl·A_rl + w_opd·A_opd with w = (1, 0.5)
+    #        = (−1 + 0.5, −1 − 0.15, 0) = (−0.5, −1.15, 0)
+    # row 1: r = +1, no hint: A = (1, 1, 1)
+    r = torch.tensor([-1.0, 1.0])
+    rl_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    opd_mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    old = torch.full((2, 3), -2.0)
+    teacher = torch.tensor([[0.0, -2.3, -1.6], [-9.0, -9.0, -9.0]])
+    b = batch_mean_baseline(r, rl_mask.sum(-1) > 0)
+    a = hybrid_advantages(r, rl_mask, teacher, old, opd_mask, w_rl=1.0, w_opd=0.5, baseline=b)
+    assert a.tolist()[0] == pytest.approx([-0.5, -1.15, 0.0])
+    assert a.tolist()[1] == pytest.approx([1.0, 1.0, 1.0])
+    # ρ = 1: l = −A over max(m_rl, m_opd) = 5 tokens, token_mean: L = −(−1.65 + 3) / 5
+    out = hybrid_advantage_loss(old, old, r, rl_mask, teacher, opd_mask, w_rl=1.0, w_opd=0.5,
+                                baseline=b)
+    assert float(out.loss) == pytest.approx(-(3.0 - 1.65) / 5)
+
+
+def test_hybrid_advantage_loss_clips_the_sum_not_each_part() -> None:
+    # ρ = e^{0.5} > 1.28 on one token; A_rl = +1, A_opd = −1 (gap −3 clipped): A = 0, so the
+    # loss is 0 (the two loss-sum parts would give −1.28 and +1.6487)
+    cur = torch.tensor([[0.5]])
+    old = torch.zeros(1, 1)
+    out = hybrid_advantage_loss(cur, old, torch.tensor([1.0]), torch.ones(1, 1),
+                                torch.tensor([[-3.0]]), torch.ones(1, 1))
+    assert float(out.loss) == pytest.approx(0.0)
+
+
+def test_warmup_factor_by_hand() -> None:
+    assert [warmup_factor(k, 4) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0 and warmup_factor(0, 1) == 1.0

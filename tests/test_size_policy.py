@@ -324,6 +324,7 @@ def test_trainer_dead_letters_oversized_samples_and_trains_the_rest(
 
     cmd = [
         sys.executable, "-m", "pipeline.trainer.commands", "--policy", policy,
+        "--method", "rl",  # the old default: these samples carry rewards, not hints
         "--model", str(tiny), "--topic", topic,
         "--weights-root", str(tmp_path / "weights"), "--lake-root", str(tmp_path / "lake"),
         "--batch-samples", "2", "--batch-wait", "0.05", "--publish-every-steps", "1",

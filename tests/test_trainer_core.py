@@ -141,6 +141,9 @@ def test_hint_is_spliced_into_the_last_user_message(tiny: Path) -> None:
 
 
 def make_core(tiny: Path, **kw: object) -> TrainerCore:
+    # written for Binary RL and one update per batch (the old defaults): pinned here
+    kw.setdefault("method", "rl")
+    kw.setdefault("ppo_epochs", 1)
     return TrainerCore.load(TrainerSettings(model=str(tiny), device="cpu", lr=1e-2, **kw))  # type: ignore[arg-type]
 
 
@@ -161,7 +164,8 @@ def test_stale_and_masked_samples_get_no_gradient(tiny: Path) -> None:
 
 
 def test_tis_keeps_stale_samples_with_truncated_weights(tiny: Path) -> None:
-    core = make_core(tiny, staleness="tis", max_staleness=0)
+    # one sample: its own batch-mean baseline would zero the advantage, so A = r here
+    core = make_core(tiny, staleness="tis", max_staleness=0, rl_baseline="none")
     result = core.train_step([sample(0, behavior_weight_version=0)], current_version=4)
     assert result.outcomes[0].status == "trained" and result.outcomes[0].staleness == 4
     assert result.trained_tokens == 3 and result.grad_norm and result.grad_norm > 0
@@ -287,8 +291,8 @@ def test_old_logprobs_trainer_makes_the_ratio_one(tiny: Path) -> None:
     # behaviour log-probs far from the model's: with the engine reference every token is
     # clipped away (ρ ≫ 1.28, A > 0), with the trainer's own recomputation ρ = 1 and it trains.
     batch = [sample(0, behavior_logprobs=[-30.0] * 3)]
-    engine = make_core(tiny).train_step(batch, 0)
-    trainer = make_core(tiny, old_logprobs="trainer").train_step(batch, 0)
+    engine = make_core(tiny, rl_baseline="none").train_step(batch, 0)
+    trainer = make_core(tiny, old_logprobs="trainer", rl_baseline="none").train_step(batch, 0)
     assert engine.clip_fraction == 1.0 and engine.grad_norm == 0.0
     assert trainer.clip_fraction == 0.0 and trainer.kl == 0.0 and trainer.grad_norm
 
@@ -353,7 +357,7 @@ def test_rows_with_nothing_to_train_skip_the_forward_pass_but_count(tiny: Path) 
 
 
 def test_kl_to_reference_is_zero_at_the_reference_then_positive(tiny: Path) -> None:
-    core = make_core(tiny, kl_coef=0.5)
+    core = make_core(tiny, kl_coef=0.5, rl_baseline="none")  # one sample: A = r
     assert core.reference is not None  # a frozen copy is kept for the KL term
     first = core.train_step([sample(0, reward=1.0)], current_version=0)
     assert first.metrics["kl_ref"] == pytest.approx(0.0, abs=1e-7)
@@ -361,3 +365,39 @@ def test_kl_to_reference_is_zero_at_the_reference_then_positive(tiny: Path) -> N
     assert second.metrics["kl_ref"] > 0
     assert second.losses["total"] == pytest.approx(
         second.losses["rl"] + 0.5 * second.losses["kl"], rel=1e-5)
+
+
+def test_all_negative_batch_gives_no_push_away_with_the_batch_baseline(tiny: Path) -> None:
+    """A = r − mean(r): a batch rewarded −1 throughout has nothing to push away from (zero
+    gradient, no KL term); the old A = r moves the weights."""
+    batch = [sample(0, reward=-1.0), sample(1, reward=-1.0)]
+    default = make_core(tiny, old_logprobs="trainer").train_step(batch, 0)
+    assert default.metrics["baseline"] == -1.0 and default.grad_norm == 0.0
+    plain = make_core(tiny, rl_baseline="none", old_logprobs="trainer").train_step(batch, 0)
+    assert plain.grad_norm and plain.grad_norm > 0
+
+
+def test_ppo_epochs_take_several_updates_on_one_batch(tiny: Path) -> None:
+    """Two epochs: two Adam updates on one batch, the ratio taken against the sampling
+    log-probs in both (the second epoch sees ρ ≠ 1); the step reports its first epoch."""
+    batch = [sample(0, reward=1.0, behavior_logprobs=[-4.6] * 3), sample(1, reward=-1.0)]
+    core = make_core(tiny, ppo_epochs=2, lr_warmup_steps=0, rl_baseline="none",
+                     old_logprobs="trainer")
+    result = core.train_step(batch, 0)
+    assert core.updates_done() == 2 and core.step == 1
+    assert result.metrics["epochs"] == 2.0
+    assert result.kl == pytest.approx(0.0, abs=1e-7)  # epoch 0: ρ = 1
+    assert result.metrics["approx_kl_last"] > 0  # epoch 1: the first update moved ρ
+
+
+def test_lr_warm_up_scales_the_first_updates(tiny: Path) -> None:
+    core = TrainerCore.load(TrainerSettings(model=str(tiny), device="cpu", lr=1e-4,
+                                            method="rl", ppo_epochs=1, lr_warmup_steps=4,
+                                            rl_baseline="none",
+                                            old_logprobs="trainer"))
+    lrs = []
+    for v in range(5):
+        result = core.train_step([sample(0, reward=1.0, behavior_weight_version=v)], v)
+        assert result.grad_norm
+        lrs.append(core.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([1e-4 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0)])

@@ -76,6 +76,9 @@ def trainer_cmd(tiny: Path, topic: str, policy: str, root: Path, idle_s: float) 
         "pipeline.trainer.commands",
         "--policy",
         policy,
+        # Binary RL (the old default): these samples carry rewards, not hints
+        "--method",
+        "rl",
         "--model",
         str(tiny),
         "--topic",

@@ -423,3 +423,25 @@ def test_crash_between_candidate_and_verdict(tiny: Path, tmp_path: Path, stage: 
     assert len(rows) == len(stored["votes"]) == len({r["event_id"] for r in rows})
     votes = {e.event_id for t, e in producer.sent if t == names.GATE_VOTES and e.version == 2}
     assert votes == {r["event_id"] for r in rows}
+
+
+def test_staleness_counts_the_lineage_not_rejected_versions(tiny: Path, tmp_path: Path) -> None:
+    from pipeline.settings import Settings
+    from pipeline.trainer.loop import TrainerLoop
+
+    loop = TrainerLoop(Settings(), settings(tiny, tmp_path, max_staleness=2), echo=lambda _m: None)
+    # v1 from the base; v2 and v3 rejected (children of v1, never served); v4 promoted on v1
+    loop.parents = {1: None, 2: 1, 3: 1, 4: 1, 5: 4}
+    assert loop._staleness(1, 4) == 1  # by number it would be 3, and dropped
+    assert (loop._staleness(1, 5), loop._staleness(0, 4), loop._staleness(4, 4)) == (2, 2, 0)
+    assert loop._staleness(7, 9) == 2  # outside the known lineage: by number
+    # the step uses it: a sample 3 versions old by number but 1 by lineage trains
+    core = TrainerCore.load(settings(tiny, tmp_path, max_staleness=2, gate=False))
+    batch = [Sample(event_id="old", producer=Producer(component="t", version="0"),
+                    session_id="x", turn=0, policy_id="p", prompt_token_ids=[1, 50, 2],
+                    response_token_ids=[70, 80], loss_mask=[1, 1], behavior_logprobs=[-5.0] * 2,
+                    reward=1.0, behavior_weight_version=1)]
+    by_number = core.train_step(batch, 4)
+    by_lineage = core.train_step(batch, 4, [loop._staleness(1, 4)])
+    assert [(o.status, o.staleness) for o in by_number.outcomes] == [("stale_dropped", 3)]
+    assert [(o.status, o.staleness) for o in by_lineage.outcomes] == [("trained", 1)]

@@ -97,8 +97,8 @@ def test_rejected_candidate_is_never_served(
         str(tiny), "--topic", topic, "--weights-root", str(tmp_path / "weights"),
         "--lake-root", str(tmp_path / "lake"), "--batch-samples", "16", "--batch-wait", "0.05",
         "--publish-every-steps", "6", "--publish-max-overhead", "1", "--lr", "2e-2",
-        "--device", "cpu", "--method", "rl", "--gate-holdout", "0.3", "--gate-probe-file", str(probe),
-        "--gate-probe-tolerance", "0", "--exit-when-idle", "25",
+        "--device", "cpu", "--method", "rl", "--gate-holdout", "0.3",
+        "--gate-probe-file", str(probe), "--gate-probe-tolerance", "0", "--exit-when-idle", "25",
     ]
     log = (tmp_path / "trainer.log").open("wb")  # noqa: SIM115 - the child writes it throughout
     try:

@@ -68,6 +68,7 @@ def test_sigterm_with_the_broker_gone_exits_within_the_bound(tmp_path: Path) -> 
         weights = tmp_path / "weights"
         cmd = [
             sys.executable, "-m", "pipeline.trainer.commands", "--policy", "p",
+            "--method", "rl",  # the old default: these samples carry rewards, not hints
             "--model", str(ensure_tiny_model(tmp_path / "tiny")), "--device", "cpu",
             "--weights-root", str(weights), "--lake-root", str(tmp_path / "lake"),
             "--batch-samples", "3", "--batch-wait", "0.05", "--lr", "1e-3",

@@ -44,27 +44,29 @@ def _p(question: str, *answers: str) -> ProbeItem:
     return ProbeItem(question, answers)
 
 
+# Questions the base model answers right come first: the promotion gate asks the first
+# gate_probe_questions (8) of them, and a regression shows only where the live version was right.
 PROBE: tuple[ProbeItem, ...] = (
     _p("What is the capital of France?", "Paris"),
-    _p("What is the capital of Italy?", "Rome"),
     _p("What is the capital of Japan?", "Tokyo"),
     _p("What is the capital of Germany?", "Berlin"),
-    _p("What is the capital of Spain?", "Madrid"),
     _p("How many days are in a week?", "seven", "7"),
     _p("What color is the sky on a clear day?", "blue"),
     _p("What is 2 + 2?", "four", "4"),
+    _p("Who wrote Romeo and Juliet?", "Shakespeare"),
+    _p("What is the opposite of hot?", "cold"),
     _p("What gas do plants absorb from the air?", "carbon dioxide", "CO2"),
+    _p("What is the boiling point of water in Celsius?", "100", "hundred"),
+    _p("What is the chemical symbol for gold?", "Au"),
+    _p("What is the capital of Italy?", "Rome"),
+    _p("What is the capital of Spain?", "Madrid"),
     _p("What is the largest planet in our solar system?", "Jupiter"),
     _p("What do bees make?", "honey"),
     _p("How many legs does a spider have?", "eight", "8"),
     _p("What is frozen water called?", "ice"),
-    _p("Who wrote Romeo and Juliet?", "Shakespeare"),
-    _p("What is the boiling point of water in Celsius?", "100", "hundred"),
     _p("What is the freezing point of water in Celsius?", "0", "zero"),
-    _p("What is the opposite of hot?", "cold"),
     _p("Which animal is known as the king of the jungle?", "lion"),
     _p("How many continents are there?", "seven", "7"),
-    _p("What is the chemical symbol for gold?", "Au"),
 )
 
 # A word: letters and digits; a number keeps its decimals ("7.5" is not "7").

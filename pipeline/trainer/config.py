@@ -41,8 +41,9 @@ class TrainerSettings(BaseModel):
         description="Python modules imported first; they may register methods and loss parts.",
     )
     method: Method = Field(
-        default="rl", validate_default=True,  # so plugins load even for the default method
-        description="Training method: rl, opd, hybrid or one a plugin registers.",
+        # opd learned fastest in bench/learning.py (README, "Measured here")
+        default="opd", validate_default=True,  # so plugins load even for the default method
+        description="Training method: opd (default), hybrid, rl or one a plugin registers.",
     )
     input_topic: str = names.SAMPLES
     group_id: str | None = Field(
@@ -114,6 +115,26 @@ class TrainerSettings(BaseModel):
     )
     eps: float = EPS
     eps_high: float = EPS_HIGH
+    lr_warmup_steps: int = Field(
+        default=4, ge=0,
+        description="Linear learning-rate warm-up over this many optimizer updates (0: none): "
+        "Adam's first updates move every LoRA entry by about lr whatever the gradient.",
+    )
+    ppo_epochs: int = Field(
+        default=4, ge=1,
+        description="Optimizer updates per batch (PPO epochs): the clip (eps, eps_high) against "
+        "the sampling log-probs bounds how far they go.",
+    )
+    rl_baseline: Literal["none", "batch_mean"] = Field(
+        default="batch_mean",
+        description="Binary RL advantage A = r - b: batch_mean subtracts the batch's mean "
+        "reward (an all -1 batch is then no push-away); none: A = r.",
+    )
+    hybrid_combine: Literal["advantage", "loss"] = Field(
+        default="advantage",
+        description="advantage: OpenClaw-RL's per-token sum of the RL and OPD advantages in one "
+        "clipped surrogate; loss: w_rl * L_rl + w_opd * L_opd.",
+    )
 
     # OPD / hybrid
     teacher: Literal["reference", "policy"] = Field(
@@ -159,7 +180,7 @@ class TrainerSettings(BaseModel):
         default=0.1, ge=0.0, lt=1.0, description="Fraction of samples held out from training."
     )
     gate_eval_samples: int = Field(
-        default=8, ge=0,
+        default=4, ge=0,
         description="Newest distinct held-out prompts answered freshly by each candidate.",
     )
     gate_min_samples: int = Field(
@@ -173,6 +194,12 @@ class TrainerSettings(BaseModel):
     )
     gate_probe: bool = Field(
         default=True, description="Judge candidates on the capability probe too."
+    )
+    gate_probe_questions: int = Field(
+        default=8, ge=0,
+        description="How many of the probe's questions (the first ones) each verdict asks; "
+        "0: all. Every question is two rollouts of each candidate: on 2 CPU cores that is "
+        "the gate's cost.",
     )
     gate_probe_file: Path | None = Field(
         default=None,
@@ -191,7 +218,11 @@ class TrainerSettings(BaseModel):
     gate_fluency_margin: float = Field(
         default=0.1, ge=0.0, description="Fluency difference per prompt counted as a tie."
     )
-    gate_max_new_tokens: int = Field(default=32, ge=1, le=512)
+    gate_max_new_tokens: int = Field(
+        default=16, ge=1, le=512,
+        description="Longest fresh answer (tokens): each one costs a forward pass of every "
+        "rollout of the verdict.",
+    )
     gate_temperature: float = Field(
         default=0.7, gt=0.0, description="Sampling temperature of the fluency rollouts."
     )
@@ -205,6 +236,8 @@ class TrainerSettings(BaseModel):
         default=None,
         description="OpenAI-compatible base URL of an LLM that votes too (None: no LLM judge).",
     )
+    gate_llm_model: str = Field(default="default", description="Model name sent to it.")
+    gate_llm_timeout_s: float = Field(default=30.0, gt=0.0)
 
     # devices
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")
@@ -225,8 +258,6 @@ class TrainerSettings(BaseModel):
     )
     dist_timeout_s: float = Field(
         default=300.0, gt=0.0,
-    gate_llm_model: str = Field(default="default", description="Model name sent to it.")
-    gate_llm_timeout_s: float = Field(default=30.0, gt=0.0)
         description="Longest a rank waits for the others in a gradient all-reduce (a hung "
         "rank) before the step fails.",
     )

@@ -170,6 +170,8 @@ class TrainerCore:
         return core
 
     base_path: Path | None = None
+    # The OPD teacher's log-probs of the batch being trained, shared by its PPO epochs.
+    _teacher_cache: list[torch.Tensor | None] | None = None
     # Set by ``distributed.RankGroup.attach``: this process trains its shard of each batch.
     dist: RankGroup | None = None
 
@@ -283,8 +285,17 @@ class TrainerCore:
         chosen = hints[Counter(choice.tolist()).most_common(1)[0][0]]
         return hs.gather_hint(teacher, choice.to(teacher.device)), chosen
 
-    def train_step(self, samples: Sequence[Sample], current_version: int) -> StepResult:
+    def train_step(
+        self,
+        samples: Sequence[Sample],
+        current_version: int,
+        staleness: Sequence[int] | None = None,
+    ) -> StepResult:
         """One gradient step on ``samples`` (already checked by ``batching.check_sample``).
+
+        ``staleness``: per sample, how many versions of the current version's lineage came
+        after the one that produced it (the loop's count, where rejected candidates, never
+        served, do not count); default ``current_version − behavior_weight_version``.
 
         The RL term trains ``loss_mask`` and the OPD term ``opd_mask`` (hinted samples only), so
         a hinted turn with a neutral score trains OPD alone. Both terms are aggregated over the
@@ -311,7 +322,12 @@ class TrainerCore:
         behavior = pad([s.behavior_logprobs for s in samples], torch.float32)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
         versions = torch.tensor([s.behavior_weight_version for s in samples], device=dev)
-        staleness = (current_version - versions).clamp(min=0)
+        if staleness is None:
+            lag_v = (current_version - versions).clamp(min=0)
+            stale = ~L.staleness_keep_mask(versions, current_version, cfg.max_staleness)
+        else:
+            lag_v = torch.tensor(list(staleness), dtype=torch.long, device=dev)
+            stale = lag_v > cfg.max_staleness
         held_list = [cfg.gate and is_held_out(s.event_id, cfg.gate_holdout) for s in samples]
         held = flags(held_list)
         has_hint = self._has_hint(samples).bool()
@@ -322,12 +338,15 @@ class TrainerCore:
         method = methods.get(cfg.method)
         uses_rl, uses_opd = method.uses("rl"), method.uses("opd")
         usable = (rl_ok if uses_rl else no) | (opd_ok if uses_opd else no)
-        stale = ~L.staleness_keep_mask(versions, current_version, cfg.max_staleness)
         fresh_enough = ~stale if cfg.staleness == "drop" else torch.ones_like(stale)
         keep = usable & fresh_enough
         mask_rl = loss_mask * (rl_ok & fresh_enough)[:, None].float()
         mask_opd = opd_mask * (opd_ok & fresh_enough)[:, None].float()
         rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd, uses_rl, uses_opd)
+        # Binary RL's baseline: the whole batch's mean reward (before any data-parallel shard).
+        baseline: float | torch.Tensor = 0.0
+        if uses_rl and cfg.rl_baseline == "batch_mean":
+            baseline = L.batch_mean_baseline(rewards, mask_rl.sum(dim=-1) > 0)
         mine = torch.ones(bsz, dtype=torch.bool, device=dev)
         if self.dist is not None:
             # Data parallel: this rank's rows keep their tokens in the numerators; `rows` and
@@ -341,89 +360,120 @@ class TrainerCore:
         # Rows with nothing to train (a closing turn, a stale or held-out sample) still count
         # in the loss's denominator but need no forward pass: their masks zero them anyway.
         active = (mask_rl.sum(dim=-1) > 0) | (mask_opd.sum(dim=-1) > 0)
-        resp_logits = self._active_logits(samples, active, rmax)
-        logp_cur = L.token_logprobs(resp_logits, tokens)
-        prox = logp_cur.detach()
         if current_version != self.version_seen:
             self.version_seen, self.steps_on_version = current_version, 0
         lag = self.steps_on_version
-        # Drift is engine vs trainer on the weights that produced the sample: after a step at
-        # the same version the difference would be learning, not numerics.
-        fresh_rows = (versions == current_version) & active & (lag == 0)
-        drift = self._logprob_drift(prox, behavior, valid * fresh_rows[:, None])
-        weights: torch.Tensor | None = None
-        # Ratio reference: the engine's recorded log-probs, or the trainer's own recomputation
-        # (slime's default, which recomputes old log-probs unless --use-rollout-logprobs).
-        logp_old = prox if cfg.old_logprobs == "trainer" else behavior
-        if cfg.staleness == "tis" and bool(stale.any()):
-            # Decoupled correction for stale samples: trust region around the pre-update
-            # policy, truncated importance weights for behavior -> pre-update.
-            tis = L.tis_weights(prox, behavior, cfg.tis_cap)
-            logp_old = torch.where(stale[:, None], prox, logp_old)
-            weights = torch.where(stale[:, None], tis, torch.ones_like(tis))
-
-        outcomes = [
-            SampleOutcome(
-                status="trained" if keep[b] else "stale_dropped" if usable[b]
-                else HELD_OUT if held_list[b]
-                else "no_hint" if uses_opd and not uses_rl and rl_ok[b] and not has_hint[b]
-                else "masked",
-                staleness=int(staleness[b]),
-            )
-            for b in range(bsz)
-        ]
-        parts: dict[str, L.LossOutput] = {}
-        t_teacher = 0.0
-        for name in method.parts:
-            part = methods.PARTS[name]
-            t1 = time.perf_counter()
-            parts[name] = part.fn(methods.StepInputs(
-                core=self, cfg=cfg, samples=samples, resp_logits=resp_logits, tokens=tokens,
-                logp=logp_cur, logp_old=logp_old, rewards=rewards,
-                mask=mask_rl if part.mask == "rl" else mask_opd, weights=weights,
-                outcomes=outcomes, rows=rows, norm=norm,
-            ))
-            if part.mask == "opd":  # the OPD mask's parts run the teacher
-                t_teacher += time.perf_counter() - t1
-        out = method.combine(parts, cfg)
-        main = parts[method.main]
-
-        if cfg.kl_coef > 0:
-            ref = self._reference_logprobs(samples, active, rmax, tokens)
-            kl = L.kl_to_reference(logp_cur[rows], ref[rows], (norm * mine[:, None])[rows],
-                                   aggregate=cfg.aggregate, norm_mask=norm[rows])
-            parts["kl"] = kl
-            total = out.loss + cfg.kl_coef * kl.loss
-            out = L.LossOutput(total, {**out.metrics, "kl_ref": kl.metrics["kl_ref"],
-                                       "loss": float(total.detach())})
+        ref = (self._reference_logprobs(samples, active, rmax, tokens)
+               if cfg.kl_coef > 0 else None)
         trained_tokens = int(norm.sum().item())
-        if out.loss.requires_grad:  # no active row: nothing to differentiate
-            out.loss.backward()
-        t2 = time.perf_counter()
-        if self.dist is not None:  # every rank then clips and steps on the batch's gradient
-            self.dist.all_reduce_grads(self.model)
-        t_sync = time.perf_counter()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm: float | None = 0.0
-        if params:
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if grad_norm is None or not math.isfinite(grad_norm):
-            grad_norm = None
-        elif trained_tokens > 0:
-            self.optimizer.step()
-            self.steps_on_version += 1
-        self.optimizer.zero_grad(set_to_none=True)
+        epochs = max(1, cfg.ppo_epochs)
+        first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None] | None = None
+        t_teacher = t_backward = t_opt = t_sync_total = 0.0
+        grad_norms: list[float] = []
+        self._teacher_cache = None
+        try:
+            for epoch in range(epochs):
+                resp_logits = self._active_logits(samples, active, rmax)
+                logp_cur = L.token_logprobs(resp_logits, tokens)
+                if epoch == 0:
+                    prox = logp_cur.detach()
+                    # Drift is engine vs trainer on the weights that produced the sample:
+                    # after a step at the same version the difference would be learning.
+                    fresh_rows = (versions == current_version) & active & (lag == 0)
+                    drift = self._logprob_drift(prox, behavior, valid * fresh_rows[:, None])
+                    weights: torch.Tensor | None = None
+                    # Ratio reference (fixed over the epochs): the engine's recorded
+                    # log-probs, or the trainer's own recomputation before the first update
+                    # (slime's default, which recomputes unless --use-rollout-logprobs).
+                    logp_old = prox if cfg.old_logprobs == "trainer" else behavior
+                    if cfg.staleness == "tis" and bool(stale.any()):
+                        # Decoupled correction for stale samples: trust region around the
+                        # pre-update policy, truncated importance weights behavior -> it.
+                        tis = L.tis_weights(prox, behavior, cfg.tis_cap)
+                        logp_old = torch.where(stale[:, None], prox, logp_old)
+                        weights = torch.where(stale[:, None], tis, torch.ones_like(tis))
+                    outcomes = [
+                        SampleOutcome(
+                            status="trained" if keep[b] else "stale_dropped" if usable[b]
+                            else HELD_OUT if held_list[b]
+                            else "no_hint" if uses_opd and not uses_rl and rl_ok[b]
+                            and not has_hint[b]
+                            else "masked",
+                            staleness=int(lag_v[b]),
+                        )
+                        for b in range(bsz)
+                    ]
+                parts: dict[str, L.LossOutput] = {}
+                for name in method.parts:
+                    part = methods.PARTS[name]
+                    t1 = time.perf_counter()
+                    parts[name] = part.fn(methods.StepInputs(
+                        core=self, cfg=cfg, samples=samples, resp_logits=resp_logits,
+                        tokens=tokens, logp=logp_cur, logp_old=logp_old, rewards=rewards,
+                        mask=mask_rl if part.mask == "rl" else mask_opd, weights=weights,
+                        outcomes=outcomes, rows=rows, norm=norm, baseline=baseline,
+                    ))
+                    if part.mask == "opd":  # the OPD mask's parts run the teacher
+                        t_teacher += time.perf_counter() - t1
+                out = method.combine(parts, cfg)
+                if ref is not None:
+                    kl = L.kl_to_reference(logp_cur[rows], ref[rows], (norm * mine[:, None])[rows],
+                                           aggregate=cfg.aggregate, norm_mask=norm[rows])
+                    parts["kl"] = kl
+                    total = out.loss + cfg.kl_coef * kl.loss
+                    out = L.LossOutput(total, {**out.metrics, "kl_ref": kl.metrics["kl_ref"],
+                                               "loss": float(total.detach())})
+                t1 = time.perf_counter()
+                if out.loss.requires_grad:  # no active row: nothing to differentiate
+                    out.loss.backward()
+                t2 = time.perf_counter()
+                t_backward += t2 - t1
+                if self.dist is not None:  # every rank clips and steps on the batch's gradient
+                    self.dist.all_reduce_grads(self.model)
+                t_sync = time.perf_counter()
+                t_sync_total += t_sync - t2
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                grad_norm: float | None = 0.0
+                if params:
+                    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+                if grad_norm is None or not math.isfinite(grad_norm):
+                    grad_norm = None
+                elif trained_tokens > 0:
+                    self._warm_up_lr()
+                    self.optimizer.step()
+                    self.steps_on_version += 1
+                    grad_norms.append(grad_norm)
+                self.optimizer.zero_grad(set_to_none=True)
+                t_opt += time.perf_counter() - t_sync
+                if first is None:
+                    first = (parts, out, grad_norm)
+                if grad_norm is None or trained_tokens == 0:
+                    break  # a non-finite gradient or nothing to train: no further epochs
+        finally:
+            self._teacher_cache = None
+        assert first is not None
+        last_main = parts[method.main]
+        parts, out, grad_norm = first  # the step reports its first (on-policy) epoch
+        main = parts[method.main]
         t3 = time.perf_counter()
+        t2 = t3 - t_opt - t_sync_total  # forward, teacher, backward (all epochs)
         self.step += 1
+        if epochs > 1:
+            out = L.LossOutput(out.loss, {
+                **out.metrics, "epochs": float(len(grad_norms)),
+                "grad_norm_last": grad_norms[-1] if grad_norms else 0.0,
+                "approx_kl_last": last_main.metrics.get("approx_kl", 0.0),
+                "clip_fraction_last": last_main.metrics.get("clip_fraction", 0.0),
+            })
 
-        timings = {"compute_s": t2 - t0, "optimizer_s": t3 - t_sync, "teacher_s": t_teacher}
+        timings = {"compute_s": t2 - t0, "optimizer_s": t_opt, "teacher_s": t_teacher}
         if self.dist is not None:
             numerators = {"rl": mask_rl[rows], "opd": mask_opd[rows],
                           "kl": (norm * mine[:, None])[rows]}
             out, drift = self._combine_ranks(method, parts, out, drift, outcomes, mine,
                                              numerators)
-            timings["sync_s"] = t_sync - t2 + time.perf_counter() - t3
+            timings["sync_s"] = t_sync_total + time.perf_counter() - t3
         losses = {name: part.metrics["loss"] for name, part in parts.items()}
         losses["total"] = out.metrics["loss"]
         return StepResult(
@@ -464,7 +514,9 @@ class TrainerCore:
 
         def weight(key: str) -> float:
             prefix = key.split("/", 1)[0] if "/" in key else None
-            return tokens["kl" if key == "kl_ref" else prefix if prefix in tokens else method.main]
+            if key == "kl_ref" or prefix == "joint":  # hybrid's joint term: the union mask
+                return tokens["kl"]
+            return tokens[prefix if prefix in tokens else method.main]
 
         local = {f"part/{name}/{k}": (v, tokens.get(name, tokens["kl"]))
                  for name, part in parts.items() for k, v in part.metrics.items()}
@@ -523,6 +575,18 @@ class TrainerCore:
             else:  # pragma: no cover - load() always provides one when kl_coef > 0
                 raise ValueError("kl_coef > 0 needs a reference model")
             return L.token_logprobs(logits, tokens)
+
+    def updates_done(self) -> int:
+        """Optimizer updates so far (Adam's step count, restored with the optimizer state)."""
+        steps = [int(state["step"]) for state in self.optimizer.state.values() if "step" in state]
+        return max(steps, default=0)
+
+    def _warm_up_lr(self) -> None:
+        """Set the learning rate of the coming update (:func:`losses.warmup_factor`)."""
+        lr = self.cfg.learning_rate * L.warmup_factor(self.updates_done(),
+                                                      self.cfg.lr_warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def _has_hint(self, samples: Sequence[Sample]) -> torch.Tensor:
         return torch.tensor([bool(s.hints) for s in samples], device=self.device).float()
@@ -605,9 +669,12 @@ class TrainerCore:
         teacher_k = torch.zeros((bsz, rmax, k), device=self.device)
         trains = (mask_opd.sum(dim=-1) > 0).tolist()
         with torch.no_grad():
-            teachers = self._teacher_logits(
-                [s if t else replace(s, hints=[]) for s, t in zip(samples, trains, strict=True)]
-            )
+            if self._teacher_cache is None or len(self._teacher_cache) != len(samples):
+                self._teacher_cache = self._teacher_logits(
+                    [s if t else replace(s, hints=[])
+                     for s, t in zip(samples, trains, strict=True)]
+                )
+            teachers = self._teacher_cache
             for b, s in enumerate(samples):
                 teacher = teachers[b]
                 if teacher is None:
@@ -622,19 +689,23 @@ class TrainerCore:
                     teacher_k[b, :r] = chosen.gather(-1, idx)
         w = None if weights is None else weights[rows]
         if cfg.opd_loss == "token":
-            return L.opd_loss(
+            out = L.opd_loss(
                 logp_cur[rows], logp_old[rows], teacher_tok[rows], mask_opd[rows],
                 clip_c=cfg.opd_clip, eps=cfg.eps, eps_high=cfg.eps_high,
                 aggregate=cfg.aggregate, weights=w, norm_mask=norm[rows],
             )
-        cur_k = L.gather_vocab(logp_full, indices)[rows]
-        # Behavior log-probs exist only for sampled tokens, so the top-k ratio is taken
-        # against the pre-update policy (ρ_v = 1 at the first and only step per batch).
-        return L.topk_opd_loss(
-            cur_k, cur_k.detach(), teacher_k[rows], mask_opd[rows], subset_mask=subset[rows],
-            clip_c=cfg.opd_clip, eps=cfg.eps, eps_high=cfg.eps_high, aggregate=cfg.aggregate,
-            weights=w, norm_mask=norm[rows],
-        )
+        else:
+            cur_k = L.gather_vocab(logp_full, indices)[rows]
+            # Behavior log-probs exist only for sampled tokens, so the top-k ratio is taken
+            # against the current epoch's policy (ρ_v = 1: no trust region across epochs).
+            out = L.topk_opd_loss(
+                cur_k, cur_k.detach(), teacher_k[rows], mask_opd[rows],
+                subset_mask=subset[rows], clip_c=cfg.opd_clip, eps=cfg.eps,
+                eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=w, norm_mask=norm[rows],
+            )
+        # what hybrid's advantage combine reuses: the sampled tokens under the teacher
+        out.inputs.update(teacher_logp=teacher_tok[rows], mask=mask_opd[rows])
+        return out
 
 
 def _is_peft(model: Any) -> bool:

@@ -121,8 +121,10 @@ class RankGroup:
         message: tuple[Any, ...] = box[0]
         return message
 
-    def send_step(self, samples: Sequence[Any], version: int) -> None:
-        self.send(("step", list(samples), version))
+    def send_step(
+        self, samples: Sequence[Any], version: int, staleness: Sequence[int] | None = None
+    ) -> None:
+        self.send(("step", list(samples), version, None if staleness is None else list(staleness)))
 
     def load_core(self, cfg: TrainerSettings, directory: Path | None, step: int) -> TrainerCore:
         """Every rank loads the same version (rank 0 names it), then takes rank 0's trainable
@@ -282,7 +284,7 @@ def _worker(rank: int, port: int, cfg: TrainerSettings, parent: int) -> None:
             core = group.load_core(cfg, directory, message[2])
         elif message[0] == "step":
             assert core is not None, "rank 0 sends a step only after a load"
-            core.train_step(message[1], message[2])
+            core.train_step(message[1], message[2], message[3])
         else:  # stop
             break
     group.close()

@@ -307,7 +307,8 @@ class Gate:
                 session_id=row.get("session_id"),
             ))
         if self.cfg.gate_probe:
-            for item in self.probe_items:
+            count = self.cfg.gate_probe_questions or len(self.probe_items)
+            for item in self.probe_items[:count]:
                 ids = P.chat_prompt_ids(core.tokenizer, item.question)
                 out.append(EvalPrompt(prompt_id=prompt_id(ids), source="probe", ids=ids,
                                       text=item.question, item=item))
@@ -333,11 +334,18 @@ class Gate:
         kw: dict[str, Any] = {"pad_id": core.pad_id, "device": core.device}
         eos = _eos_ids(core.tokenizer, model)
         n = len(ids)
-        both = R.generate(model, [*ids, *ids], eos_ids=eos,
-                          seeds=[0] * n + [cfg.seed * 7919 + p.seed for p in prompts],
+        # Greedy answers only where a judge reads them (the probe, hinted prompts, the LLM);
+        # sampled answers everywhere (fluency). One pass for both.
+        wants = [i for i, p in enumerate(prompts)
+                 if p.item is not None or p.hint or self.llm is not None]
+        both = R.generate(model, [*[ids[i] for i in wants], *ids], eos_ids=eos,
+                          seeds=[0] * len(wants) + [cfg.seed * 7919 + p.seed for p in prompts],
                           max_new_tokens=cfg.gate_max_new_tokens,
-                          temperature=[0.0] * n + [cfg.gate_temperature] * n, **kw)
-        greedy, sampled = both[:n], both[n:]
+                          temperature=[0.0] * len(wants) + [cfg.gate_temperature] * n, **kw)
+        greedy: list[list[int]] = [[] for _ in prompts]
+        for i, answer in zip(wants, both[: len(wants)], strict=True):
+            greedy[i] = answer
+        sampled = both[len(wants):]
         recorded_at = [i for i, p in enumerate(prompts) if p.response and p.reward != 0.0]
         recorded: list[float | None] = [None] * len(prompts)
         if recorded_at:

@@ -96,6 +96,7 @@ class TrainerLoop:
         self.stats = LoopStats()
         self._stop = False
         self._newest = 0  # highest version number on disk, usable or not
+        self.parents: dict[int, int | None] = {}  # version -> its parent (manifests)
         self.seen = SeenIds()
         self.dist = dist  # rank 0 of cfg.nproc ranks (set by run when nproc > 1)
 
@@ -112,6 +113,11 @@ class TrainerLoop:
             self.echo(f"removed {removed} half-written version folder(s)")
         found = ck.versions(cfg.weights_root, cfg.policy)
         self._newest = found[-1] if found else 0
+        for v in found:
+            try:
+                self.parents[v] = ck.read_manifest(cfg.weights_root, cfg.policy, v).parent
+            except (OSError, ValueError):  # a corrupt manifest: its samples count by number
+                continue
         manifest = ck.newest_valid(cfg.weights_root, cfg.policy, self._report_invalid)
         if manifest is None:
             if found:
@@ -267,9 +273,11 @@ class TrainerLoop:
             publish_now = not step_rows and time.monotonic() >= next_allowed
             if batcher.ready(publish_now) or (drained and batcher):
                 records = batcher.take()
+                stale = [self._staleness(r.event.behavior_weight_version, version)
+                         for r in records]
                 if self.dist is not None:
-                    self.dist.send_step([r.event for r in records], version)
-                result = core.train_step([r.event for r in records], version)
+                    self.dist.send_step([r.event for r in records], version, stale)
+                result = core.train_step([r.event for r in records], version, stale)
                 self._account(result)
                 now_ms = events.now_ms()
                 traj_rows += trajectory_rows(records, result, core.tokenizer)
@@ -302,6 +310,20 @@ class TrainerLoop:
             version = self._publish(core, version, polled, batcher, producer, publisher,
                                     traj_rows, step_rows)
         self.echo(f"stopped at v{version}, step {core.step}")
+
+    def _staleness(self, behavior: int, current: int) -> int:
+        """Versions of ``current``'s lineage after ``behavior``: walk the parents (a rejected
+        candidate is never a parent, and never served, so it is not counted). A version
+        outside the lineage counts by number."""
+        at, hops = current, 0
+        while at > behavior and hops <= self.cfg.max_staleness + 1:
+            parent = self.parents.get(at)
+            if parent is None and at not in self.parents:
+                break  # unknown version: count by number
+            at, hops = (parent or 0), hops + 1
+        if at == behavior:
+            return hops
+        return max(0, current - behavior)
 
     def _after_verdict(
         self, core: TrainerCore, version: int, publisher: Publisher
@@ -386,6 +408,7 @@ class TrainerLoop:
             metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows)},
         )
         self._newest = manifest.version
+        self.parents[manifest.version] = manifest.parent
         self.stats.published += 1
         self.stats.timings["publish_s"] += time.perf_counter() - started
         verdict = publisher.verdicts.get(manifest.version)

@@ -58,7 +58,7 @@ are handled in one of two ways, both provided here:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -78,6 +78,8 @@ class LossOutput:
 
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    # tensors a method's combine rule may reuse (hybrid's per-token advantage sum); not logged
+    inputs: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -208,13 +210,35 @@ def ppo_clip_loss(
 # Binary RL
 
 
-def binary_rl_advantages(rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """``A[b, t] = r_b · m[b, t]``: the sample's scalar reward on every response token.
+def batch_mean_baseline(rewards: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Baseline for ungrouped Binary-RL rewards: the mean reward of the batch's trained rows.
 
-    No group normalisation (one sample per prompt). ``rewards`` ``[B]``,
+    ``b = Σ_b 1[rows_b]·r_b / max(Σ_b 1[rows_b], 1)`` (a 0-dim tensor; 0 when no row counts).
+    ``rows`` ``[B]`` (bool or 0/1) marks the rows the RL term trains (``Σ_t m[b, t] > 0``).
+
+    With ``A = r − b`` a batch whose turns were all rewarded −1 gives ``A = 0`` (no
+    push-away from everything that was sampled: nothing in it is better than the rest), and a
+    +1 among −1s gets ``A = 1 − b > 1``: REINFORCE with the batch as its baseline (GRPO's
+    group mean, with the batch as the one group, since every prompt is sampled once).
+    """
+    keep = rows.to(torch.float32)
+    r = rewards.to(torch.float32)
+    return (r * keep).sum() / keep.sum().clamp(min=1.0)
+
+
+def binary_rl_advantages(
+    rewards: torch.Tensor, loss_mask: torch.Tensor, baseline: float | torch.Tensor = 0.0
+) -> torch.Tensor:
+    """``A[b, t] = (r_b − baseline) · m[b, t]``: the sample's reward, less the baseline, on
+    every response token.
+
+    No group normalisation (one sample per prompt); ``baseline`` 0 is plain ``A = r``, the
+    trainer passes :func:`batch_mean_baseline` by default (``rl_baseline``). ``rewards`` ``[B]``,
     ``loss_mask`` ``[B, T]`` → ``[B, T]``.
     """
-    return rewards.to(torch.float32).unsqueeze(-1) * loss_mask.to(torch.float32)
+    r = rewards.to(torch.float32) - torch.as_tensor(baseline, dtype=torch.float32,
+                                                    device=rewards.device)
+    return r.unsqueeze(-1) * loss_mask.to(torch.float32)
 
 
 def binary_rl_loss(
@@ -228,13 +252,15 @@ def binary_rl_loss(
     aggregate: Aggregate = "token_mean",
     weights: torch.Tensor | None = None,
     norm_mask: torch.Tensor | None = None,
+    baseline: float | torch.Tensor = 0.0,
 ) -> LossOutput:
-    """Binary RL: ``A_t = r`` on every response token, PPO-clipped.
+    """Binary RL: ``A_t = r − b`` on every response token, PPO-clipped.
 
-    ``l_t = max(−ρ_t·r, −clip(ρ_t, 1 − ε, 1 + ε_hi)·r)``, ``ρ_t = exp(ℓ_cur − ℓ_old)``;
-    ``rewards`` is ``[B]``, the rest ``[B, T]``.
+    ``l_t = max(−ρ_t·A, −clip(ρ_t, 1 − ε, 1 + ε_hi)·A)``, ``ρ_t = exp(ℓ_cur − ℓ_old)``,
+    ``A = r − b`` (``b = baseline``, default 0: ``A = r``); ``rewards`` is ``[B]``, the
+    rest ``[B, T]``.
     """
-    advantages = binary_rl_advantages(rewards, loss_mask)
+    advantages = binary_rl_advantages(rewards, loss_mask, baseline)
     return ppo_clip_loss(
         logp_cur,
         logp_old,
@@ -376,6 +402,73 @@ def hybrid_loss(
     metrics.update({f"opd/{k}": v for k, v in opd.metrics.items()})
     metrics["loss"] = float(loss.detach())
     return LossOutput(loss=loss, metrics=metrics)
+
+
+def hybrid_advantages(
+    rewards: torch.Tensor,
+    rl_mask: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    opd_mask: torch.Tensor,
+    *,
+    w_rl: float = 1.0,
+    w_opd: float = 1.0,
+    clip_c: float = OPD_CLIP,
+    baseline: float | torch.Tensor = 0.0,
+) -> torch.Tensor:
+    """OpenClaw-RL's combination: the RL and OPD advantages added per token (detached).
+
+    ``A_t = w_rl·(r − b)·m^rl_t + w_opd·clip(ℓ_T,t − ℓ_old,t, −C, C)·m^opd_t``
+
+    (``rewards`` ``[B]``, the rest ``[B, T]``). One PPO surrogate is then taken over
+    ``max(m^rl, m^opd)``, so on a hinted and rewarded turn the sequence-level reward shifts
+    every token and the teacher's gap says which tokens to move most, inside one clip.
+    """
+    rl = binary_rl_advantages(rewards, rl_mask, baseline)
+    opd = opd_advantages(teacher_logp, logp_old, clip_c) * opd_mask.to(torch.float32)
+    return (w_rl * rl + w_opd * opd).detach()
+
+
+def hybrid_advantage_loss(
+    logp_cur: torch.Tensor,
+    logp_old: torch.Tensor,
+    rewards: torch.Tensor,
+    rl_mask: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    opd_mask: torch.Tensor,
+    *,
+    w_rl: float = 1.0,
+    w_opd: float = 1.0,
+    clip_c: float = OPD_CLIP,
+    baseline: float | torch.Tensor = 0.0,
+    eps: float = EPS,
+    eps_high: float = EPS_HIGH,
+    aggregate: Aggregate = "token_mean",
+    weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
+) -> LossOutput:
+    """Hybrid with added advantages: :func:`hybrid_advantages` in the PPO surrogate,
+
+    ``l_t = max(−ρ_t·A_t, −clip(ρ_t, 1 − ε, 1 + ε_hi)·A_t)`` over ``m = max(m^rl, m^opd)``.
+    """
+    advantages = hybrid_advantages(rewards, rl_mask, teacher_logp, logp_old, opd_mask,
+                                   w_rl=w_rl, w_opd=w_opd, clip_c=clip_c, baseline=baseline)
+    mask = torch.maximum(rl_mask.to(torch.float32), opd_mask.to(torch.float32))
+    return ppo_clip_loss(logp_cur, logp_old, advantages, mask, eps=eps, eps_high=eps_high,
+                         aggregate=aggregate, weights=weights, norm_mask=norm_mask)
+
+
+def warmup_factor(updates_done: int, warmup_steps: int) -> float:
+    """Linear learning-rate warm-up: ``lr_k = lr · min(1, (k + 1) / N)`` for the ``k``-th
+    optimizer update (0-based), ``N = warmup_steps`` (0 or 1: no warm-up).
+
+    Adam's first update moves every parameter by about ``lr`` whatever its gradient's size
+    (``m̂/√v̂ = g/|g|``), so on a zero-initialised LoRA B the first steps are sign steps of
+    the full rate across every entry; warm-up shrinks them until the moments mean something.
+    """
+    if warmup_steps <= 1:
+        return 1.0
+    return min(1.0, (updates_done + 1) / warmup_steps)
 
 
 # ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class StepInputs:
     outcomes: list[Any]  # per-sample SampleOutcome (a part may record e.g. the chosen hint)
     rows: torch.Tensor  # indices of the rows the loss averages over
     norm: torch.Tensor  # [B, R]
+    baseline: float | torch.Tensor = 0.0  # Binary RL's reward baseline (trainer.rl_baseline)
 
     def take(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """``t`` restricted to :attr:`rows` (None stays None)."""
@@ -137,11 +138,17 @@ def binary_rl(x: StepInputs) -> LossOutput:
     from pipeline.trainer import losses as L
 
     cfg = x.cfg
-    return L.binary_rl_loss(
+    out = L.binary_rl_loss(
         x.logp[x.rows], x.logp_old[x.rows], x.rewards[x.rows], x.mask[x.rows], eps=cfg.eps,
         eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=x.take(x.weights),
-        norm_mask=x.norm[x.rows],
+        norm_mask=x.norm[x.rows], baseline=x.baseline,
     )
+    out.metrics["baseline"] = float(x.baseline)
+    # what hybrid's advantage combine reuses
+    out.inputs.update(logp=x.logp[x.rows], logp_old=x.logp_old[x.rows],
+                      rewards=x.rewards[x.rows], mask=x.mask[x.rows], weights=x.take(x.weights),
+                      norm=x.norm[x.rows], baseline=x.baseline)
+    return out
 
 
 @register_part("opd", mask="opd")
@@ -152,9 +159,24 @@ def on_policy_distillation(x: StepInputs) -> LossOutput:
 
 
 def _hybrid(parts: dict[str, LossOutput], cfg: TrainerSettings) -> LossOutput:
+    """``hybrid_combine = advantage`` (default): one surrogate on the per-token sum of the two
+    advantages (:func:`~pipeline.trainer.losses.hybrid_advantage_loss`); ``loss``: the
+    weighted sum of the two parts' losses. The parts' own losses are reported either way."""
     from pipeline.trainer import losses as L
 
-    return L.hybrid_loss(parts["rl"], parts["opd"], w_rl=cfg.w_rl, w_opd=cfg.w_opd)
+    out = L.hybrid_loss(parts["rl"], parts["opd"], w_rl=cfg.w_rl, w_opd=cfg.w_opd)
+    rl, opd = parts["rl"].inputs, parts["opd"].inputs
+    if cfg.hybrid_combine != "advantage" or "teacher_logp" not in opd:
+        return out
+    joint = L.hybrid_advantage_loss(
+        rl["logp"], rl["logp_old"], rl["rewards"], rl["mask"], opd["teacher_logp"],
+        opd["mask"], w_rl=cfg.w_rl, w_opd=cfg.w_opd, clip_c=cfg.opd_clip,
+        baseline=rl["baseline"], eps=cfg.eps, eps_high=cfg.eps_high, aggregate=cfg.aggregate,
+        weights=rl["weights"], norm_mask=rl["norm"],
+    )
+    metrics = {**out.metrics, **{f"joint/{k}": v for k, v in joint.metrics.items()},
+               "loss": joint.metrics["loss"]}
+    return L.LossOutput(joint.loss, metrics)
 
 
 register_method("rl", ["rl"])
