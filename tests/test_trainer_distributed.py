@@ -297,7 +297,9 @@ def test_a_killed_rank_stops_all_and_a_restart_trains_each_sample_once(
     samples = [make_sample(i, policy, rng) for i in range(60)]
     produce(kafka_settings, topic, samples)
     log = tmp_path / "trainer.log"
-    cmd = [*trainer_cmd(tiny, topic, policy, tmp_path, idle_s=2.0), "--nproc", "2"]
+    # one update per step: the crash point counts the rank's updates
+    cmd = [*trainer_cmd(tiny, topic, policy, tmp_path, idle_s=2.0), "--nproc", "2",
+           "--ppo-epochs", "1"]
 
     # Rank 1 dies in its 4th step, between its backward pass and the all-reduce: rank 0 exits
     # too, and steps 1-3 are published whole (one version per step), step 4 not at all.

@@ -120,6 +120,15 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
          help="PPO ratio reference: the engine's recorded log-probs, or the trainer's own "
          "recomputation (slime's default).")
 @_option("max_staleness", "--max-staleness")
+@_option("ppo_epochs", "--ppo-epochs", type=click.IntRange(min=1),
+         help="Optimizer updates per batch, clipped against the sampling log-probs.")
+@_option("lr_warmup_steps", "--lr-warmup-steps", type=click.IntRange(min=0),
+         help="Linear learning-rate warm-up over this many updates (0: none).")
+@_option("rl_baseline", "--rl-baseline",
+         help="Binary RL advantage A = r - b: the batch's mean reward, or none (A = r).")
+@_option("hybrid_combine", "--hybrid-combine",
+         help="hybrid: RL and OPD advantages added per token in one clip, or the two losses "
+         "summed.")
 @_option("publish_every_steps", "--publish-every-steps", help="Steps that make a version due.")
 @_option("publish_every_s", "--publish-every-s",
          help="Age of pending steps that makes a version due.")
