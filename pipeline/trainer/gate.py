@@ -21,7 +21,10 @@ Judges; each votes +1 (candidate better), −1 (live better) or 0 (tie, or does 
 
 - ``capability`` (probe): one greedy answer is correct (``probe.is_correct``), the other not;
 - ``fluency`` (every prompt): f = mean log-prob per token of the sampled answer under the frozen
-  base; |f_c − f_l| ≤ ``gate_fluency_margin`` is a tie;
+  base; |f_c − f_l| ≤ ``gate_fluency_margin`` is a tie. It detects collapse, not style: a
+  concise answer averages over its less predictable first tokens and reads lower, so the
+  margin (0.5) and the tolerance (1.0 nat/token) sit between a style change (−0.5) and
+  gibberish (−1.6 to −7.7 against the base);
 - ``hint`` (held-out prompts whose turn got a hint, the pipeline judge's correction):
   h = mean_t [log p_base(a_t | prompt + hint) − log p_base(a_t | prompt)] of the greedy
   answer: how much better the user's hint explains it than the plain prompt (OPD's teacher
