@@ -172,8 +172,11 @@ def test_votes_and_verdict_by_hand(tiny: Path, tmp_path: Path) -> None:
     assert (fig["gate_hint_for"], fig["gate_reward_against"]) == (1, 1)
     # a majority against rejects: b and d against, a for
     status, fig = G.decide([v("a", 1), v("b", -1), v("d", -1)], (12, 12), (None, None), cfg)
-    assert status == "rejected" and fig["gate_reasons"] == ["live preferred on 2 prompt(s), "
-                                                            "candidate on 1"]
+    assert status == "rejected" and fig["gate_reasons"] == ["live preferred on 2 of 3 prompts "
+                                                            "(candidate on 1)"]
+    # ... of all prompts: lost 2, won 0, tied 3 is no majority against
+    five = [v("a", -1), v("b", -1), v("c", 0), v("d", 0), v("e", 0)]
+    assert G.decide(five, (12, 12), (None, None), cfg)[0] == "promoted"
     # capability: one question fewer is within the tolerance of 1, two are not
     assert G.decide([], (11, 12), (None, None), cfg)[0] == "promoted"
     status, fig = G.decide([], (10, 12), (None, None), cfg)

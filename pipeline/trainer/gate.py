@@ -36,7 +36,8 @@ Judges; each votes +1 (candidate better), −1 (live better) or 0 (tie, or does 
   is better (:mod:`pipeline.trainer.gate_llm`).
 
 Verdict: a prompt goes to the side its votes add up to (0: tied). The candidate is promoted iff
-it wins at least as many prompts as it loses (a majority against it rejects it), its probe score
+a majority of the prompts does not prefer the live version (ties count as no preference: a
+small step changes few answers, and the vetoes below guard what matters), its probe score
 is at most ``gate_probe_tolerance`` questions below the live one's, and its mean fluency at most
 ``gate_fluency_tolerance`` nats per token below. Every vote is kept in the verdict (``votes``),
 and from there becomes a ``GateVote`` event and a ``gate_votes`` Delta row.
@@ -171,8 +172,8 @@ def decide(
     sides = [tally(vs) for vs in by_prompt.values()]
     won, lost = sides.count(1), sides.count(-1)
     reasons = []
-    if lost > won:
-        reasons.append(f"live preferred on {lost} prompt(s), candidate on {won}")
+    if lost > len(sides) / 2:
+        reasons.append(f"live preferred on {lost} of {len(sides)} prompts (candidate on {won})")
     cand_ok, live_ok = probe_correct
     if cand_ok < live_ok - cfg.gate_probe_tolerance:
         reasons.append(f"capability probe {cand_ok} correct vs live {live_ok} "
