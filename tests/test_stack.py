@@ -136,7 +136,8 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
             assert served != "liverl-v0", trainer_log
         else:  # a rejected version never reaches users
             time.sleep(5)
-            assert served_now() == "liverl-v0" and "v1 rejected" in trainer_log
+            trainer_log = (tmp_path / "state" / "logs" / "trainer.log").read_text()
+            assert served_now() == "liverl-v0" and "v1 rejected" in trainer_log, trainer_log
         # The version is a LoRA adapter, published as the adapter alone.
         version_dir = tmp_path / "state" / "weights" / "default" / "v1"
         servable = sorted(p.name for p in version_dir.iterdir() if p.is_file())
