@@ -147,7 +147,8 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         # (and versions): wait until every turn has a trajectory row.
         table = str(tmp_path / "state" / "lake" / "trajectories")
         rows: list[dict] = []
-        deadline = time.monotonic() + 180
+        # each version is a step of 4 epochs and a gate verdict on the real model: minutes
+        deadline = time.monotonic() + 600
         while len(rows) < 6 and time.monotonic() < deadline:
             rows = DeltaTable(table).to_pyarrow_table().to_pylist()
             time.sleep(1)
