@@ -53,7 +53,8 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     log = tmp_path / "up.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "up", "--port", str(gateway)],
+            # rl: the statuses below are Binary RL's (the default method is opd)
+            [sys.executable, "-m", "pipeline.cli", "up", "--port", str(gateway), "--method", "rl"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
