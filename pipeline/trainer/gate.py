@@ -140,6 +140,11 @@ class Scored:
     hint: list[float | None]
     recorded: list[float | None]  # mean log-prob of the recorded response (reward judge)
 
+    def row(self, i: int) -> tuple[Any, ...]:
+        """Prompt ``i``'s scores in field order: what the live cache keeps per prompt."""
+        return (self.greedy[i], self.text[i], self.sampled_text[i], self.correct[i],
+                self.fluency[i], self.hint[i], self.recorded[i])
+
 
 def tally(values: Sequence[int]) -> int:
     """A prompt's side: the sign of the sum of its judges' votes."""
@@ -283,10 +288,7 @@ class Gate:
         if self._last is not None and self._last[0] == version:
             _, prompts, scored = self._last
             for i, p in enumerate(prompts):
-                self._live[(version, p.key)] = (
-                    scored.greedy[i], scored.text[i], scored.sampled_text[i], scored.correct[i],
-                    scored.fluency[i], scored.hint[i], scored.recorded[i],
-                )
+                self._live[(version, p.key)] = scored.row(i)
 
     # ---- the evaluation set ------------------------------------------------------------
 
@@ -385,10 +387,7 @@ class Gate:
         if missing:
             got = self._score(core, self.baseline, missing)
             for i, p in enumerate(missing):
-                self._live[(self.baseline_version, p.key)] = (
-                    got.greedy[i], got.text[i], got.sampled_text[i], got.correct[i],
-                    got.fluency[i], got.hint[i], got.recorded[i],
-                )
+                self._live[(self.baseline_version, p.key)] = got.row(i)
         rows = [self._live[(self.baseline_version, p.key)] for p in prompts]
         cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else [
             [] for _ in range(7)
