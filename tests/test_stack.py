@@ -159,13 +159,14 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         # Produced by v0, consumed by a step that is part of a published version.
         assert all(r["behavior_weight_version"] == 0 for r in rows)
         assert all(r["step"] >= 1 and r["weight_version"] >= 1 for r in rows)
-        # Rule judge: thanks -> +1, a correction -> -1, the closing turn has no verdict. A
-        # tenth of samples (by hash of their id) is held out for the gate, never trained.
-        got = {(r["turn"], r["reward"], r["status"].replace("held_out", "trained")) for r in rows}
-        assert {(0, 1.0, "trained"), (1, -1.0, "trained")} <= got
-        # the closing turn: reward 0; seen trained (not masked) once with this change, open in
-        # the closing note of issue 23
-        assert {x for x in got if x[0] == 2} <= {(2, 0.0, "masked"), (2, 0.0, "trained")}
+        # Rule judge: thanks -> +1, a correction -> -1, the closing turn has no verdict and no
+        # outcome, so it is masked. A tenth of samples (by hash of their event id, random per
+        # run) is held out for the gate and reads held_out whatever else it is.
+        got = {(r["turn"], r["reward"], r["status"]) for r in rows}
+        allowed = {(0, 1.0, "trained"), (1, -1.0, "trained"), (2, 0.0, "masked")}
+        allowed |= {(t, r, "held_out") for t, r, _ in allowed}
+        assert got <= allowed, got
+        assert {t for t, _, _ in got} == {0, 1, 2}
 
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0, log.read_text()
