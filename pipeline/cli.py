@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline import __version__, events
+from pipeline.errors import LiverlError
 from pipeline.kafka.connection import BrokerSettings
 from pipeline.options import field_option, merged
 from pipeline.serving.settings import ServeSettings
@@ -48,11 +50,22 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LiverlGroup(click.Group):
+    """The one place domain errors become CLI errors: ``error: <one line>`` on stderr and the
+    error's exit status, no traceback (the library raises :class:`LiverlError`, never click's)."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except LiverlError as exc:
+            _fail(exc.one_line(), exc.exit_code)
+
+
+@click.group(cls=LiverlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
     "config",

@@ -55,6 +55,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline import __version__
+from pipeline.errors import ForgetError
 from pipeline.kafka import names
 from pipeline.settings import Settings
 
@@ -91,10 +92,6 @@ class ForgetSettings(BaseSettings):
     # at least this long afterwards (every `liverl forget`, or `liverl forget --vacuum-only`
     # from cron); older table versions stay readable for this long.
     vacuum_retention_hours: int = Field(default=24, ge=0)
-
-
-class ForgetError(click.ClickException):
-    """Forget cannot proceed safely (a live gateway spool, Kafka unreachable)."""
 
 
 # ---- what was found --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import click
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.errors import ReportError
 from pipeline.lake import tables as T
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,10 +58,6 @@ STATUS_COLORS = {
 STATUS_ORDER = list(STATUS_COLORS)
 VERDICT_COLORS = {"candidate": "#9a9a9a", "promoted": "#2ca02c", "rejected": "#d62728"}
 EXTRA_COLORS = ["#1f77b4", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
-
-
-class ReportError(click.ClickException):
-    """A user-facing failure (exit status 1, message on stderr)."""
 
 
 # ---- reading --------------------------------------------------------------------------------

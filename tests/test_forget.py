@@ -24,6 +24,7 @@ from deltalake import DeltaTable, write_deltalake
 from jsonschema import Draft7Validator
 
 from pipeline import events
+from pipeline.cli import LiverlGroup
 from pipeline.forget import FORGET_LOG, delete_rows, forget, session_tables, survey_delta, vacuum
 from pipeline.lake import tables as T
 from pipeline.lake.archive import Archiver
@@ -360,7 +361,10 @@ def _isolated(settings: Settings, state: Path, unique: str, interactions: str) -
 
 
 def _forget(settings: Settings, *args: str) -> Result:
-    return CliRunner().invoke(forget, list(args), obj={"settings": settings})
+    """Through a group as ``liverl`` has it: domain errors become one line there."""
+    group = LiverlGroup()
+    group.add_command(forget)
+    return CliRunner().invoke(group, ["forget", *args], obj={"settings": settings})
 
 
 def _ok(res: Result) -> str:

@@ -30,6 +30,7 @@ from pipeline.kafka import names
 from pipeline.processors.app import INPUTS
 from pipeline.replay import namespace as nsmod
 from pipeline.replay import replay as replay_mod
+from pipeline.replay.errors import ReplayError
 from pipeline.replay.replay import (
     H_OFFSET,
     H_PARTITION,
@@ -397,7 +398,7 @@ def test_a_read_that_stalls_before_its_end_stops_with_an_error(  # type: ignore[
     monkeypatch.setattr(replay_mod, "READ_STALL_S", 1.0)
     source = KafkaSource(kafka_settings)
     rows: list[Any] = []
-    with pytest.raises(click.ClickException, match=f"no record for 1s before offset {high + 5}"):
+    with pytest.raises(ReplayError, match=f"no record for 1s before offset {high + 5}"):
         for row in source.read([Span(topic, part, 0, high + 5)], {(topic, part): 0}, None):
             rows.append(row)
     assert [r[3] for r in rows] == list(range(high)) and source.examined == high == 4

@@ -11,9 +11,10 @@ from typing import Any
 import click
 import pyarrow as pa
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from deltalake import write_deltalake
 
+from pipeline.cli import LiverlGroup
 from pipeline.lake import tables as T
 from pipeline.lake.writer import Appender
 from pipeline.report import PNG_SIZE, report
@@ -197,9 +198,16 @@ def test_since_version_past_the_end_renders_empty_panels(tmp_path: Path) -> None
     assert "no trained samples with a reward yet" in result.output
 
 
+def via_liverl(*args: str) -> Result:
+    """``report`` in a group as ``liverl`` has it: its errors become one line there."""
+    group = LiverlGroup()
+    group.add_command(report)
+    return CliRunner().invoke(group, ["report", *args])
+
+
 def test_lake_without_tables_is_a_clear_error(tmp_path: Path) -> None:
     out = tmp_path / "r.png"
-    result = CliRunner().invoke(report, ["--lake", str(tmp_path / "nothing"), "--out", str(out)])
+    result = via_liverl("--lake", str(tmp_path / "nothing"), "--out", str(out))
     assert result.exit_code == 1
     assert f"no trajectories yet at {tmp_path / 'nothing'}" in result.output
     assert "run `liverl up` or `liverl train` first" in result.output
@@ -262,14 +270,14 @@ def test_policy_choice(tmp_path: Path) -> None:
     lake = full_lake(tmp_path / "lake")
     write(lake, T.TRAJECTORIES, [traj_row(1, 1, "trained", -0.5, 400, policy="p2")], version=2)
     out = tmp_path / "p.png"
-    result = CliRunner().invoke(report, ["--lake", str(lake), "--out", str(out)])
+    result = via_liverl("--lake", str(lake), "--out", str(out))
     assert result.exit_code == 1
     assert "several policies" in result.output and "p1, p2" in result.output
     result = run("--lake", str(lake), "--out", str(out), "--policy", "p2")
     assert result.exit_code == 0, result.output
     assert "last reward mean (trained samples): v1 -0.5000 (n=1)" in result.output
     assert "samples: 1 (trained 1)" in result.output
-    result = CliRunner().invoke(report, ["--lake", str(lake), "--out", str(out), "--policy", "x"])
+    result = via_liverl("--lake", str(lake), "--out", str(out), "--policy", "x")
     assert result.exit_code == 1
     assert "no rows for policy 'x'" in result.output
 

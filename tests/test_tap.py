@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from pipeline import events
 from pipeline.cli import cli
+from pipeline.kafka.errors import TapError
 from pipeline.kafka.tap import TapRow, parse_since, resolve_topic, short_name, summary
 from pipeline.settings import Settings
 from tests.conftest import create_topic
@@ -36,7 +37,7 @@ def test_resolve_topic_full_short_and_unknown() -> None:
     assert resolve_topic("liverl.rewards.v1", KNOWN) == "liverl.rewards.v1"
     assert resolve_topic("replay.x.liverl.rewards.v1", KNOWN) == "replay.x.liverl.rewards.v1"
     assert short_name("liverl.next_states.v1") == "next_states"
-    with pytest.raises(click.ClickException, match="known topics: interactions"):
+    with pytest.raises(TapError, match="known topics: interactions"):
         resolve_topic("interaction", KNOWN)
 
 

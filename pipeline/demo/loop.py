@@ -21,11 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from pipeline.demo.errors import LoopError
 from pipeline.stack import free_port
-
-
-class LoopError(RuntimeError):
-    """The stack did not come up; the message carries the end of its logs."""
 
 
 @dataclass

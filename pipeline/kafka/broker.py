@@ -24,11 +24,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.kafka.connection import BrokerSettings, ConnectionSettings
+from pipeline.kafka.errors import BrokerError
 from pipeline.kafka.topics import min_insync_replicas
-
-
-class BrokerError(RuntimeError):
-    """Something stops the local broker; the message names the remedy."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from pipeline import events
 from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, connection_of
+from pipeline.kafka.errors import DeliveryError
 
 log = logging.getLogger(__name__)
 
@@ -23,16 +24,6 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
 LIBRDKAFKA_LOG = logging.getLogger("pipeline.kafka.librdkafka")
-
-
-class DeliveryError(RuntimeError):
-    """One or more records were not acknowledged by the cluster."""
-
-    def __init__(self, failures: list[DeliveryFailure]) -> None:
-        self.failures = failures
-        shown = "; ".join(f"{f.topic}: {f.error}" for f in failures[:5])
-        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
-        super().__init__(f"{len(failures)} record(s) not delivered: {shown}{more}")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import click
 import orjson
 
 from pipeline.kafka.connection import Connectable, connection_of
+from pipeline.kafka.errors import TapError, TopicMissing
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -30,14 +31,6 @@ TAP_GROUP_PREFIX = "liverl-tap-"
 _SUMMARY_CHARS = 60
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-
-
-class TapError(click.ClickException):
-    exit_code = 2
-
-
-class TopicMissing(TapError):
-    """The broker has no such topic."""
 
 
 # ---- arguments -----------------------------------------------------------------------------

@@ -23,11 +23,9 @@ from confluent_kafka.admin import (
 )
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from pipeline.kafka.errors import TopicSpecError
+
 SESSION_KEY = "session_id"
-
-
-class TopicSpecError(ValueError):
-    """A spec file is invalid or cannot be applied as written."""
 
 
 class SpecFile(BaseModel):

@@ -39,6 +39,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.lake.errors import ArchiveError, MissingTopics
 from pipeline.lake.writer import MultiAppender
 
 if TYPE_CHECKING:
@@ -71,19 +72,6 @@ ARCHIVE_SCHEMA = pa.schema(
 )
 _DAY_MS = 86_400_000
 _VERSIONED = re.compile(r"^liverl\.([A-Za-z0-9_-]+)\.v([0-9]+)$")
-
-
-class ArchiveError(click.ClickException):
-    """A problem the archive cannot work around (broker unreachable, table ahead of topic)."""
-
-
-class MissingTopics(ArchiveError):
-    def __init__(self, missing: Sequence[str], bootstrap: str) -> None:
-        self.missing = list(missing)
-        super().__init__(
-            f"no such topic on the broker ({bootstrap}): {', '.join(self.missing)}; "
-            "`liverl topics apply` creates liverl's topics"
-        )
 
 
 # ---- locations and reading -------------------------------------------------------------------

@@ -19,12 +19,7 @@ from typing import Any
 import click
 import orjson
 
-
-class SqlError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:  # one line, no usage, no traceback
-        click.echo(f"error: {' '.join(self.format_message().split())}", err=True)
+from pipeline.lake.errors import SqlError
 
 
 def view_name(rel: Path) -> str:

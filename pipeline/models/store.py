@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.durable import sha256_file
+from pipeline.models.errors import ModelStoreError
 
 MANIFEST = "liverl-model.json"
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -62,10 +63,6 @@ REGISTRY: dict[str, ModelSource] = {
 }
 
 Report = Callable[[str], None]
-
-
-class ModelStoreError(RuntimeError):
-    """A model could not be found, fetched or converted; the message says what to do."""
 
 
 def cache_root() -> Path:

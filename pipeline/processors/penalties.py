@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.events import RuleHit
+from pipeline.processors.errors import RuleConfigError
 
 VERIFIABLE_KINDS = ("repeated_failing_call", "forbidden_pattern", "required_step")
 # Kinds people reach for that reward or punish (lack of) progress: rule (1) forbids them.
@@ -45,10 +46,6 @@ DEFAULT_READ_ONLY = (
     r"|config\s+--get)(\s|$)",
 )
 _SEPARATORS = re.compile(r"\s*(?:;|&&|\|\||\|)\s*")
-
-
-class RuleConfigError(ValueError):
-    """A rule set that violates one of the four RLVP design rules (or is malformed)."""
 
 
 class RuleSpec(BaseModel):

@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
-
 from pipeline import events
 from pipeline.kafka import names
 from pipeline.settings import Settings
 
+from .errors import ReplayError
 from .replay import READ_STALL_S, keys_partitions, partitions_of, reader, watermarks
 
 CHANGED_EPS = 1e-9
@@ -141,7 +140,7 @@ def read_rewards(
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > READ_STALL_S:
                 left = ", ".join(f"{topic}[{p}]" for p in sorted(pending))
-                raise click.ClickException(f"reading {left}: no record for {READ_STALL_S:.0f}s")
+                raise ReplayError(f"reading {left}: no record for {READ_STALL_S:.0f}s")
             for msg in msgs:
                 err = msg.error()
                 p = msg.partition()

@@ -18,13 +18,10 @@ from typing import Any
 import click
 
 from pipeline.kafka import names
+from pipeline.replay.errors import NamespaceError
 from pipeline.settings import Settings
 
 _NAME = re.compile(names.NAMESPACE_PATTERN)
-
-
-class NamespaceError(click.ClickException):
-    """A namespace is not there, or cannot be used as asked."""
 
 
 def check_name(name: str) -> str:

@@ -46,6 +46,7 @@ import orjson
 
 from pipeline.durable import atomic_write
 from pipeline.kafka import names
+from pipeline.replay.errors import DeliveryFailed, ReplayError
 from pipeline.settings import Settings
 
 H_TOPIC = "liverl-replay-topic"
@@ -276,7 +277,7 @@ def read_range(consumer: Any, topic: str, partition: int, lo: int, hi: int) -> l
         while True:
             msg = consumer.poll(5.0)
             if msg is None:
-                raise click.ClickException(f"no answer reading {topic}[{partition}] at {lo}")
+                raise ReplayError(f"no answer reading {topic}[{partition}] at {lo}")
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -452,7 +453,7 @@ class KafkaSource:
                 first = c.poll(1.0)
                 if first is None:
                     if time.monotonic() - idle_since > READ_STALL_S:
-                        raise click.ClickException(
+                        raise ReplayError(
                             f"reading {topic}[{partition}]: no record for "
                             f"{READ_STALL_S:.0f}s before offset {end} (broker down?)"
                         )
@@ -607,10 +608,6 @@ class Stats:
     @property
     def rate(self) -> float:
         return self.produced / self.seconds if self.seconds > 0 else 0.0
-
-
-class DeliveryFailed(click.ClickException):
-    pass
 
 
 class QueueStuck(RuntimeError):

@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from pipeline.errors import LiverlError
+
 from .responses import JsonResponse
 
 
@@ -40,3 +42,11 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         return JsonResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class ManifestError(LiverlError, ValueError):
+    """Weight files do not match their manifest."""
+
+
+class SGLangError(LiverlError, RuntimeError):
+    """The SGLang server failed or answered something we cannot use."""

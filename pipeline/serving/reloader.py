@@ -24,16 +24,13 @@ from urllib.parse import unquote, urlparse
 
 from pipeline import __version__, events
 from pipeline.kafka import EventConsumer, names
+from pipeline.serving.errors import ManifestError
 from pipeline.settings import Settings
 
 from .backends.base import Backend
 
 log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="reloader", version=__version__)
-
-
-class ManifestError(ValueError):
-    """Weight files do not match their manifest."""
 
 
 def local_dir(uri: str) -> Path:

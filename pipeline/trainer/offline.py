@@ -27,14 +27,11 @@ import pyarrow as pa
 
 from pipeline.events import Event, Producer, Sample
 from pipeline.kafka import Batch, Record
+from pipeline.trainer.errors import OfflineInputError
 
 TABLES = ("trajectories",)
 PREFIX = "delta:"
 ORDER = "ts_ms, source_topic, source_partition, source_offset, event_id"
-
-
-class OfflineInputError(ValueError):
-    """The selection cannot be read (unknown table, bad filter); the message says which."""
 
 
 @dataclass(frozen=True)

@@ -32,15 +32,13 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from pipeline.serving.errors import SGLangError
+
 from . import lora
 from .base import Done, Piece, SamplingParams, StopReason
 
 log = logging.getLogger(__name__)
 _JSON = {"Content-Type": "application/json"}
-
-
-class SGLangError(RuntimeError):
-    """The SGLang server failed or answered something we cannot use."""
 
 
 class SGLangBackend:

@@ -1,0 +1,38 @@
+"""Errors of the Kafka layer: the local broker, topic specs, delivery and taps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.errors import LiverlError
+
+if TYPE_CHECKING:
+    from pipeline.kafka.producer import DeliveryFailure
+
+
+class BrokerError(LiverlError, RuntimeError):
+    """Something stops the local broker; the message names the remedy."""
+
+
+class TopicSpecError(LiverlError, ValueError):
+    """A spec file is invalid or cannot be applied as written."""
+
+
+class DeliveryError(LiverlError, RuntimeError):
+    """One or more records were not acknowledged by the cluster."""
+
+    def __init__(self, failures: list[DeliveryFailure]) -> None:
+        self.failures = failures
+        shown = "; ".join(f"{f.topic}: {f.error}" for f in failures[:5])
+        more = f" (+{len(failures) - 5} more)" if len(failures) > 5 else ""
+        super().__init__(f"{len(failures)} record(s) not delivered: {shown}{more}")
+
+
+class TapError(LiverlError):
+    """A tap cannot read what was asked (unknown topic, bad --since)."""
+
+    exit_code = 2
+
+
+class TopicMissing(TapError):
+    """The broker has no such topic."""
