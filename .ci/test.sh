@@ -11,4 +11,6 @@ trap stop_broker EXIT
 .venv/bin/liverl topics apply
 .venv/bin/ruff check pipeline tests bench
 .venv/bin/mypy pipeline
+# Every runtime import is a runtime dependency (tests/test_runtime_only.py proves it running).
+.venv/bin/deptry .
 .venv/bin/python -m pytest "$@"

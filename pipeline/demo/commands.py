@@ -10,8 +10,8 @@ import click
 
 
 @click.command("demo")
-@click.option("--quick", is_flag=True, help="A short run (10 rounds of 6 users; about 8 minutes "
-              "on 2 cores).")
+@click.option("--quick", is_flag=True, help="A short run (10 rounds of 6 users; about 20 minutes "
+              "on 2 cores with the promotion gate on).")
 @click.option("--method", type=click.Choice(["rl", "opd", "hybrid"]), default="opd",
               show_default=True, help="Training method of the demo's trainer.")
 @click.option("--preference", default="concise", show_default=True,
