@@ -54,7 +54,7 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
               f"{time.strftime('%H%M%S')}")
     cfg = DemoConfig(method=method, preference=args.preference, hint_rate=hint_rate,
                      users=args.users, rounds=args.rounds, eval_questions=args.eval_questions,
-                     seed=seed)
+                     seed=seed, pace_s=args.pace_s, settle_s=args.pace_s)
     if args.gate is not None:  # None: the product default (trainer.gate)
         extra["LIVERL_TRAINER_GATE"] = "true" if args.gate else "false"
     extra.update(dict(kv.split("=", 1) for kv in args.env))
@@ -123,6 +123,9 @@ def main() -> None:
     ap.add_argument("--eval-questions", type=int, default=8)
     ap.add_argument("--preference", default="concise")
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--pace-s", type=float, default=600.0,
+                    help="the most a round waits for the version trained on it (the demo's "
+                    "180 s; longer keeps a run's figures the same when the CPU is shared)")
     ap.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
                     help="the trainer's promotion gate on/off (default: the product default)")
     ap.add_argument("--env", nargs="*", default=[], metavar="LIVERL_TRAINER_X=V",
