@@ -19,16 +19,15 @@ import time
 import uuid
 from pathlib import Path
 
-import _support  # noqa: F401  (puts tests/support on the path)
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import EventProducer
 from pipeline.lake.archive import Archiver, archive_path
 from pipeline.settings import Settings
-from tests.support import examples
 
 
 def fill(settings: Settings, topic: str, n: int) -> tuple[int, int]:

@@ -17,11 +17,10 @@ import statistics
 import time
 from collections.abc import Callable
 
-import _support  # noqa: F401  (puts tests/support on the path)
 import orjson
 
 from pipeline.events import decode, encode, load_schema
-from tests.support.examples import interaction
+from pipeline.events.examples import interaction
 
 
 def per_call(fn: Callable[[], object], n: int) -> float:

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _support  # noqa: F401  (puts tests/support on the path)
 import httpx
 import orjson
 
@@ -269,7 +268,7 @@ def main() -> None:
 
     from pipeline.models.tiny import ensure_tiny_model
     from pipeline.serving.chat import render_prompt
-    from tests.support.serving import free_port
+    from pipeline.stack import free_port
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
     prompt = render_prompt(tok, messages(0), None)
@@ -302,7 +301,7 @@ def main() -> None:
 def run_gateway(tok: Any, furl: str, label: str, record: bool, stack: str, rnd: int,
                 args: argparse.Namespace) -> None:
     """One gateway process: every concurrency's cell against it."""
-    from tests.support.serving import free_port
+    from pipeline.stack import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         gport = free_port()

@@ -4,7 +4,7 @@ Reads ``tests/data/replies_independent.jsonl`` (227 replies written before the p
 read; ``tune`` is the half the patterns may be tuned on, ``report`` the half that is quoted) and
 prints, per half: vote precision and recall per class, the confusion matrix (gold label x judged
 vote), hint recall (a directive's first hint falls in the gold category, by the keyword rule
-``HINT_CATEGORY`` in tests/test_processors_reply_judge.py) and spurious hints. Then the same
+``HINT_CATEGORY`` in pipeline/processors/judge_eval.py) and spurious hints. Then the same
 figures on the first labelled set (tests/data/replies.jsonl, dev / heldout). Asserts nothing:
 the floors live in the tests.
 
@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
-import _support  # noqa: F401  (repository root on sys.path)
-
+from pipeline.processors.judge_eval import CATEGORIES, evaluate, evaluate_categories, load_rows
 from pipeline.processors.judges import DEFAULT_REPLY_RULES, ReplyJudge
-from tests.test_processors_reply_judge import (
-    CATEGORIES,
-    evaluate,
-    evaluate_categories,
-    load,
-    load_independent,
-)
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+
+
+def load(split: str | None = None) -> list[dict[str, Any]]:
+    return load_rows(DATA / "replies.jsonl", split)
+
+
+def load_independent(split: str | None = None) -> list[dict[str, Any]]:
+    return load_rows(DATA / "replies_independent.jsonl", split)
 
 VOTES = (-1, 0, 1)
 

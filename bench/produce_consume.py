@@ -19,14 +19,13 @@ import statistics
 import time
 import uuid
 
-import _support  # noqa: F401  (puts tests/support on the path)
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import EventConsumer, EventProducer
 from pipeline.settings import Settings
-from tests.support import examples
 
 
 def _topic(admin: AdminClient, tag: str) -> str:

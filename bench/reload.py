@@ -19,7 +19,6 @@ import time
 import uuid
 from pathlib import Path
 
-import _support  # noqa: F401  (puts tests/support on the path)
 import httpx
 import torch
 
@@ -29,9 +28,9 @@ from pipeline.models import store
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.build import build_app
 from pipeline.serving.settings import ServeSettings
+from pipeline.serving.threaded import running
 from pipeline.settings import Settings
 from pipeline.trainer.checkpoint import Manifest, write_version
-from tests.support.serving import running
 
 TRAINER = events.Producer(component="bench-reload", version="1")
 

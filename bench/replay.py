@@ -21,16 +21,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import _support  # noqa: F401  (puts tests/support on the path)
 import orjson
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import names
 from pipeline.replay.replay import DeltaSource, KafkaSource, Manifest, Span, run, watermarks
 from pipeline.settings import Settings
-from tests.support import examples
 
 PARTITIONS = 6
 

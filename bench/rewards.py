@@ -38,13 +38,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import _support  # noqa: F401  (puts tests/support on the path)
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
 from pipeline.settings import Settings
-from tests.support import examples
 
 
 def session(

@@ -32,8 +32,8 @@ from pipeline.kafka import names, topics
 from pipeline.kafka.broker import LocalBroker, _port_free
 from pipeline.serving.build import build_app
 from pipeline.serving.settings import ServeSettings
+from pipeline.serving.threaded import running
 from pipeline.settings import BrokerSettings, KafkaSettings, Settings, TopicSettings
-from tests.support.serving import running
 
 MODEL = "liverl-tiny-v1"
 CLIENTS, TURNS = 8, 25  # 200 turns

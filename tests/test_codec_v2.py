@@ -31,14 +31,13 @@ from jsonschema import Draft7Validator
 
 from pipeline import events
 from pipeline.cli import cli
-from pipeline.events import binary, schema_files
+from pipeline.events import binary, examples, schema_files
 from pipeline.events.validation import B64_PATTERN
 from pipeline.kafka import EventConsumer, EventProducer
 from pipeline.lake import tables as T
 from pipeline.settings import KafkaSettings, Settings
 from pipeline.trainer.core import SampleOutcome, StepResult
 from pipeline.trainer.publish import trajectory_rows
-from tests.support import examples
 
 from .conftest import create_topic
 from .test_schemas_contract import PALETTE, paths, with_value, without

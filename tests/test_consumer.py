@@ -12,9 +12,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import EventConsumer, EventProducer, names
 from pipeline.settings import Settings
-from tests.support import examples
 
 from .conftest import create_topic
 

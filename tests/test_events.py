@@ -25,7 +25,7 @@ from pipeline.events import (
     to_dict,
     validate,
 )
-from tests.support.examples import examples, interaction
+from pipeline.events.examples import examples, interaction
 
 EXAMPLES = examples()
 

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from pipeline import events
-from pipeline.events import F64Array, U8Array, U32Array
-from tests.support import examples
+from pipeline.events import F64Array, U8Array, U32Array, examples
 
 
 def test_compares_equal_to_the_list_it_stands_for_and_not_to_another() -> None:

@@ -25,6 +25,7 @@ from jsonschema import Draft7Validator
 
 from pipeline import events
 from pipeline.cli import LiverlGroup
+from pipeline.events import examples
 from pipeline.forget import FORGET_LOG, delete_rows, forget, session_tables, survey_delta, vacuum
 from pipeline.lake import tables as T
 from pipeline.lake.archive import Archiver
@@ -36,11 +37,10 @@ from pipeline.serving.build import build_app
 from pipeline.serving.recorder import frame
 from pipeline.serving.settings import ServeSettings, hash_key
 from pipeline.serving.spool import Spool
+from pipeline.serving.threaded import running
 from pipeline.settings import Settings
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.publish import TRAJ_FILE
-from tests.support import examples
-from tests.support.serving import running
 
 from .conftest import create_topic
 from .test_report import traj_row

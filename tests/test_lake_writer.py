@@ -50,8 +50,8 @@ def test_a_lake_written_before_a_new_column_accepts_rows_with_it(tmp_path: Path)
 
 def test_gate_vote_rows_round_trip_through_a_partitioned_table(tmp_path: Path) -> None:
     from pipeline.events import GateVote
+    from pipeline.events.examples import examples
     from pipeline.lake import tables as T
-    from tests.support.examples import examples
 
     vote = examples()["gate_vote"]
     assert isinstance(vote, GateVote)

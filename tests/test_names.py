@@ -89,8 +89,8 @@ def test_producer_and_consumer_map_topics_and_groups(kafka_settings, admin, uniq
     from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 
     from pipeline import events
+    from pipeline.events import examples
     from pipeline.kafka import EventConsumer, EventProducer
-    from tests.support import examples
 
     live_topic = f"itest.names-{unique}.v1"
     ns = f"nm{unique}"

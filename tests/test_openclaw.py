@@ -29,7 +29,7 @@ from pipeline.models import store
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.settings import ServeSettings
-from tests.support.serving import running
+from pipeline.serving.threaded import running
 
 from .test_serving_hf import FakeRecorder
 

@@ -28,14 +28,13 @@ import orjson
 import pytest
 
 from pipeline import events
-from pipeline.events import PathPenalty, PrmScore, Producer
+from pipeline.events import PathPenalty, PrmScore, Producer, examples
 from pipeline.kafka import names
 from pipeline.processors import app as app_mod
 from pipeline.processors import runtime
 from pipeline.processors.commands import outcome_event
 from pipeline.processors.config import ProcessorSettings
 from pipeline.settings import Settings
-from tests.support import examples
 
 SID = "t-s"
 P = Producer(component="t", version="1")

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import names
 from pipeline.processors import judging
 from pipeline.processors.commands import GateResult, gate_event, record_outcome, run_gate, workers
-from tests.support import examples
 
 
 def test_workers_help_names_the_knobs():

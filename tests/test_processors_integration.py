@@ -29,9 +29,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
 from pipeline.settings import Settings
-from tests.support import examples
 
 pytestmark = pytest.mark.integration
 

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.processors.judges import (
     REGISTRY,
     ReplyJudge,
@@ -17,7 +18,6 @@ from pipeline.processors.judges import (
     plurality,
     select_hints,
 )
-from tests.support import examples
 
 
 @pytest.mark.parametrize(

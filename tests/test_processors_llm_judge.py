@@ -15,8 +15,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from pipeline.events import examples
 from pipeline.processors.judges import LlmJudge, TurnContext
-from tests.support import examples
 
 HINT = "[HINT_START]Run the whole test suite before answering.[HINT_END] \\boxed{1}"
 SCRIPTS = {  # case -> PRM answers in order (cycled)

@@ -7,11 +7,10 @@ import dataclasses
 import orjson
 from pydantic import TypeAdapter
 
-from pipeline.events import derive_event_id
+from pipeline.events import derive_event_id, examples
 from pipeline.processors.config import DEFAULT_RULES
 from pipeline.processors.pairing import Pairer, PairingState, PrevTurn, added_messages
 from pipeline.processors.penalties import load_rules
-from tests.support import examples
 
 SYS = {"role": "system", "content": "sys"}
 U0 = {"role": "user", "content": "do it"}

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.processors import records
-from tests.support import examples
 
 
 @pytest.mark.parametrize(

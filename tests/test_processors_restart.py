@@ -25,10 +25,10 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
 from pipeline.processors.commands import outcome_event
 from pipeline.settings import Settings
-from tests.support import examples
 
 from .test_processors_integration import (
     RULES,

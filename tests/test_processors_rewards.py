@@ -10,7 +10,15 @@ import pytest
 from pydantic import TypeAdapter
 
 from pipeline import events
-from pipeline.events import Hint, PathPenalty, PrmScore, Producer, derive_event_id, json_default
+from pipeline.events import (
+    Hint,
+    PathPenalty,
+    PrmScore,
+    Producer,
+    derive_event_id,
+    examples,
+    json_default,
+)
 from pipeline.processors import grouping
 from pipeline.processors.commands import outcome_event
 from pipeline.processors.grouping import GroupIndex
@@ -25,7 +33,6 @@ from pipeline.processors.rewards import (
     token_payload,
     zscore_by_group_step,
 )
-from tests.support import examples
 
 P = Producer(component="t", version="1")
 

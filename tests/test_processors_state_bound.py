@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
-from pipeline.events import Interaction, NextState
+from pipeline.events import Interaction, NextState, examples
 from pipeline.kafka import EventProducer, names
 from pipeline.processors import judging
 from pipeline.processors.config import DEFAULT_RULES, ProcessorSettings
@@ -22,7 +22,6 @@ from pipeline.processors.judges import TurnContext, make_judge
 from pipeline.processors.pairing import Pairer, PairingState
 from pipeline.processors.penalties import load_rules
 from pipeline.settings import Settings
-from tests.support import examples
 
 from .test_processors_integration import (
     Collector,

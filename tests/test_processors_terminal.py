@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from pipeline.events import examples
 from pipeline.processors.config import DEFAULT_RULES
 from pipeline.processors.pairing import Pairer
 from pipeline.processors.penalties import load_rules
@@ -17,7 +18,6 @@ from pipeline.processors.terminal import (
     parse_tool_message,
     tail,
 )
-from tests.support import examples
 
 
 def tool(content: object) -> dict:

@@ -492,7 +492,7 @@ def session(sid: str, policy: str) -> list[events.Interaction]:
     tests (required step missing: Phi -0.2) and ends the session."""
     import dataclasses
 
-    from tests.support import examples
+    from pipeline.events import examples
 
     base = examples.interaction(prompt_tokens=8, response_tokens=4)
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Ship the fix."}]

@@ -302,7 +302,7 @@ def test_default_lake_follows_the_state_dir_when_wired_into_a_group(tmp_path: Pa
 
 def test_loss_parts_come_from_the_map_or_the_legacy_columns(tmp_path: Path) -> None:
     """A lake written before the ``losses`` map kept one column per built-in part."""
-    from pipeline.report import read_columns, step_parts
+    from pipeline.report.data import read_columns, step_parts
 
     steps = T.to_table(T.GRADIENT_STEPS, [step_row(k, v) for k, v in STEPS.items()])
     legacy = steps.drop_columns(["losses"]).append_column(

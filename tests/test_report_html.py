@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from deltalake import write_deltalake
 
-from pipeline.report_html import build_page, lag_reader, render_html
+from pipeline.report.html import build_page, lag_reader, render_html
 from tests.conftest import create_topic
 from tests.test_report import BASE_MS, SEC, full_lake, run
 

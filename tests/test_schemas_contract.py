@@ -21,7 +21,7 @@ import pytest
 from jsonschema import Draft7Validator
 
 from pipeline.events import EVENT_TYPES, TurnEvent, decode, schema_files, to_dict
-from tests.support.examples import examples
+from pipeline.events.examples import examples
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     t: json.loads(path.read_text()) for (t, v), path in schema_files().items() if v == 1

@@ -255,7 +255,7 @@ def test_feedback_reaches_next_states_on_the_broker(
     sid = f"fb-e2e-{unique}"
     consumer = next_states_from_now(kafka_settings, f"fb-{unique}")
     app = gateway_app(tmp_path, kafka_settings)
-    from tests.support.serving import running
+    from pipeline.serving.threaded import running
 
     with running(app) as url, httpx.Client(timeout=60) as c:
         assert [chat(c, sid, url) for _ in range(2)] == [0, 1]

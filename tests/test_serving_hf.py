@@ -15,7 +15,7 @@ from pipeline import events
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.settings import ServeSettings
-from tests.support.serving import running
+from pipeline.serving.threaded import running
 
 MODEL = "liverl-tiny-v1"
 

@@ -195,7 +195,7 @@ def test_hooks_are_authenticated_and_rate_limited_like_chat(backend: HFBackend) 
 def test_hooks_reach_next_states_on_the_broker(
     kafka_settings: Settings, unique: str, tmp_path: Path
 ) -> None:
-    from tests.support.serving import running
+    from pipeline.serving.threaded import running
 
     sid = f"hooks-e2e-{unique}"
     consumer = next_states_from_now(kafka_settings, f"hk-{unique}")

@@ -15,16 +15,16 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import names, topics
 from pipeline.kafka.broker import LocalBroker
 from pipeline.serving.build import build_app
 from pipeline.serving.recorder import UNKNOWN_TOPIC, Recorder, frame
 from pipeline.serving.settings import ServeSettings
 from pipeline.serving.spool import Spool
+from pipeline.serving.threaded import running
 from pipeline.settings import BrokerSettings, Settings
 from pipeline.stack import free_port
-from tests.support import examples
-from tests.support.serving import running
 
 from .conftest import create_topic
 from .test_serving_robustness import consume_all

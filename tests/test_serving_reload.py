@@ -17,8 +17,8 @@ from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.reloader import Reloader, local_dir
 from pipeline.serving.settings import ServeSettings
+from pipeline.serving.threaded import running
 from pipeline.settings import Settings
-from tests.support.serving import running
 
 from .test_serving_hf import FakeRecorder, write_version
 

@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.kafka import names
 from pipeline.processors.config import DEFAULT_RULES
 from pipeline.processors.pairing import Pairer
@@ -33,7 +34,6 @@ from pipeline.processors.rewards import Assembler
 from pipeline.serving.sessions import Sessions, conversation_position
 from pipeline.settings import Settings
 from pipeline.stack import free_port, gateway_components
-from tests.support import examples
 
 # ---- numbering and stamping (no broker) ---------------------------------------------------------
 
@@ -265,7 +265,7 @@ def test_two_replicas_in_turn_pair_and_sample_like_one_gateway(
     from pipeline.serving.backends.hf import HFBackend
     from pipeline.serving.build import build_app
     from pipeline.serving.settings import ServeSettings
-    from tests.support.serving import running
+    from pipeline.serving.threaded import running
 
     from .test_processors_integration import (
         RULES,

@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, TopicPartition
 from fastapi import FastAPI
 
 from pipeline import events
+from pipeline.events import examples
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.build import build_app
@@ -35,10 +36,9 @@ from pipeline.serving.commands import serve, server_config
 from pipeline.serving.recorder import Recorder
 from pipeline.serving.settings import ServeSettings
 from pipeline.serving.spool import Spool
+from pipeline.serving.threaded import running
 from pipeline.settings import Settings
 from pipeline.stack import free_port
-from tests.support import examples
-from tests.support.serving import running
 
 from .conftest import create_topic
 from .test_serving_hf import FakeRecorder

@@ -15,7 +15,7 @@ from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.base import SamplingParams
 from pipeline.serving.backends.sglang import SGLangBackend, SGLangError
 from pipeline.serving.settings import ServeSettings
-from tests.support.serving import running
+from pipeline.serving.threaded import running
 
 from .test_serving_hf import FakeRecorder
 

@@ -13,9 +13,9 @@ from pipeline import events
 from pipeline.serving.build import build_app
 from pipeline.serving.sessions import Sessions
 from pipeline.serving.settings import ServeSettings
+from pipeline.serving.threaded import running
 from pipeline.serving.turns import TurnLedger
 from pipeline.settings import Settings
-from tests.support.serving import running
 
 from .conftest import create_topic
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 
+from pipeline.serving.threaded import running
 from pipeline.sim import PREFERENCES, QUESTIONS, SimUser, run_session, weight_version
-from tests.support.serving import running
 
 SLEEP = next(q for q in QUESTIONS if "sleeping" in q.text)
 ANSWER = "Go to bed at the same time every night."

@@ -28,10 +28,9 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import ConfigResource, NewTopic
 
 from pipeline import events
-from pipeline.events import Producer, Sample
+from pipeline.events import Producer, Sample, examples
 from pipeline.kafka import EventConsumer, EventProducer, names, topics
 from pipeline.settings import Settings
-from tests.support import examples
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000

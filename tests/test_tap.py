@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 from pipeline import events
 from pipeline.cli import cli
+from pipeline.events.examples import examples
 from pipeline.kafka.errors import TapError
 from pipeline.kafka.tap import TapRow, parse_since, resolve_topic, short_name, summary
 from pipeline.settings import Settings
 from tests.conftest import create_topic
-from tests.support.examples import examples
 
 KNOWN = ["liverl.interactions.v1", "liverl.next_states.v1", "liverl.rewards.v1"]
 

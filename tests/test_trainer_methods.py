@@ -74,7 +74,8 @@ def test_toy_method_trains_its_formula_by_hand(tiny: Path) -> None:
 def test_toy_method_lands_in_delta_and_the_report(
     kafka_settings: Settings, admin, unique: str, tmp_path: Path, tiny: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    from pipeline.report import _step_series, load, report
+    from pipeline.report import load, report
+    from pipeline.report.png import _step_series
 
     topic, policy = f"test.trainer.toy.{unique}", f"toy-{unique}"
     create_topic(admin, topic, 1)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from pipeline.errors import LiverlError
 
-if TYPE_CHECKING:
-    from pipeline.kafka.producer import DeliveryFailure
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """One record the cluster did not acknowledge."""
+
+    topic: str
+    key: bytes | None
+    error: str
 
 
 class BrokerError(LiverlError, RuntimeError):

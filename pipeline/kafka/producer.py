@@ -8,7 +8,6 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -16,7 +15,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from pipeline import events
 from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, connection_of
-from pipeline.kafka.errors import DeliveryError
+from pipeline.kafka.errors import DeliveryError, DeliveryFailure
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +23,6 @@ DeliveryCallback = Callable[[KafkaError | None, Message], None]
 
 
 LIBRDKAFKA_LOG = logging.getLogger("pipeline.kafka.librdkafka")
-
-
-@dataclass(frozen=True)
-class DeliveryFailure:
-    topic: str
-    key: bytes | None
-    error: str
 
 
 class EventProducer:

@@ -26,7 +26,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 from fastapi import FastAPI, Request
@@ -47,7 +46,7 @@ from .metrics import Metrics
 from .prompt_cache import PromptCache
 from .protocol import ChatRequest, check_depth, parse_request
 from .recorder import Recorder
-from .responses import AfterSend
+from .responses import AfterSend, header_safe
 from .sessions import Sessions, TurnInfo, conversation_position
 from .settings import ServeSettings
 
@@ -461,14 +460,6 @@ async def _disconnected(request: Request) -> None:
     message is ``http.disconnect``, sent when the connection closes."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def header_safe(value: str) -> str:
-    """HTTP header values are latin-1: a body-supplied session id may not be (found by the
-    fuzzer as a 500), so echo it percent-encoded when it is not plain printable ASCII."""
-    if value.isascii() and value.isprintable():
-        return value
-    return quote(value, safe="")
 
 
 def _inline_schema(model: type[ChatRequest]) -> dict[str, Any]:

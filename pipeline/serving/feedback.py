@@ -26,23 +26,21 @@ with ``liverl record-outcome``; ``detail.key_id`` names the caller's key for aud
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import __version__, events
 
 from .errors import ApiError
+from .gateway_api import GatewayApi
+from .protocol import validated
 from .sessions import MAX_ID_CHARS, Sessions
-
-if TYPE_CHECKING:
-    from .app import Gateway
 
 PRODUCER = events.Producer(component="gateway", version=__version__)
 MAX_TURN = 2**31 - 1
-M = TypeVar("M", bound=BaseModel)
 
 Turn = Annotated[int, Field(strict=True, ge=0, le=MAX_TURN)]
 
@@ -68,25 +66,11 @@ class FeedbackRequest(BaseModel):
 # ---- shared by the feedback and hook routes ---------------------------------------------------
 
 
-def authorize(gateway: Gateway, request: Request) -> str:
+def authorize(gateway: GatewayApi, request: Request) -> str:
     """The caller's key id, checked and rate-limited exactly as for chat completions."""
     key_id = gateway.auth.key_id(request.headers.get("authorization"))
     gateway.limiter.check(key_id)
     return key_id
-
-
-def validated(model: type[M], doc: Any) -> M:
-    """``doc`` as ``model``, or the OpenAI-style 4xx naming the offending field."""
-    if not isinstance(doc, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    try:
-        return model.model_validate(doc)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise ApiError(
-            422, f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value"
-        ) from None
 
 
 def check_text(value: str | None, limit: int, param: str) -> None:
@@ -104,7 +88,7 @@ def last_turn(sessions: Sessions, session_id: str) -> int | None:
     return None if not nxt else nxt - 1
 
 
-def record(gateway: Gateway, event: events.NextState) -> bool:
+def record(gateway: GatewayApi, event: events.NextState) -> bool:
     """Hand a next state to the recorder (False: recording is off). 503 while events would
     be lost, as for a chat turn that would train."""
     problem = gateway.recording_problem()
@@ -182,7 +166,7 @@ def parse_feedback(doc: Any, max_chars: int) -> FeedbackRequest:
     return req
 
 
-async def handle_feedback(gateway: Gateway, request: Request) -> JSONResponse:
+async def handle_feedback(gateway: GatewayApi, request: Request) -> JSONResponse:
     key_id = authorize(gateway, request)
     doc = await gateway.read_body(request, gateway.cfg.next_state_max_body_bytes)
     req = parse_feedback(doc, gateway.cfg.next_state_max_chars)

@@ -28,7 +28,7 @@ completions; an unknown event is a 404, a bad payload a 4xx, and neither records
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -46,10 +46,9 @@ from .feedback import (
     record,
     validated,
 )
+from .gateway_api import GatewayApi
+from .responses import header_safe
 from .sessions import MAX_ID_CHARS, _header_text
-
-if TYPE_CHECKING:
-    from .app import Gateway
 
 
 class HookPayload(BaseModel):
@@ -76,7 +75,7 @@ def _origin(event: str, p: HookPayload) -> dict[str, Any]:
 
 
 def before_submit_prompt(
-    gateway: Gateway, sid: str, p: HookPayload
+    gateway: GatewayApi, sid: str, p: HookPayload
 ) -> tuple[dict[str, Any], events.NextState | None]:
     if p.prompt is None:
         raise ApiError(422, "beforeSubmitPrompt needs a prompt", param="prompt",
@@ -100,13 +99,13 @@ def before_submit_prompt(
 
 
 def after_agent_response(
-    gateway: Gateway, sid: str, p: HookPayload
+    gateway: GatewayApi, sid: str, p: HookPayload
 ) -> tuple[dict[str, Any], events.NextState | None]:
     return {}, None  # the answer is already the turn's interaction (see the module doc)
 
 
 def stop(
-    gateway: Gateway, sid: str, p: HookPayload
+    gateway: GatewayApi, sid: str, p: HookPayload
 ) -> tuple[dict[str, Any], events.NextState | None]:
     turn = last_turn(gateway.sessions, sid)
     if turn is None:
@@ -132,7 +131,7 @@ def stop(
 
 
 Handler = Callable[
-    ["Gateway", str, HookPayload], tuple[dict[str, Any], events.NextState | None]
+    ["GatewayApi", str, HookPayload], tuple[dict[str, Any], events.NextState | None]
 ]
 HOOKS: dict[str, Handler] = {
     "beforeSubmitPrompt": before_submit_prompt,
@@ -154,7 +153,7 @@ def session_of(request: Request, p: HookPayload) -> str:
     return sid
 
 
-async def handle_hook(gateway: Gateway, event: str, request: Request) -> JSONResponse:
+async def handle_hook(gateway: GatewayApi, event: str, request: Request) -> JSONResponse:
     authorize(gateway, request)
     handler = HOOKS.get(event)
     if handler is None:
@@ -177,7 +176,6 @@ async def handle_hook(gateway: Gateway, event: str, request: Request) -> JSONRes
     recorded = record(gateway, ns) if ns is not None else False
     if event == "stop":
         gateway.close_session(sid)
-    from .app import header_safe  # the app imports this module
 
     headers = {
         "X-Session-Id": header_safe(sid),

@@ -3,9 +3,9 @@ bad request is a 4xx with the offending parameter named, never a crash later."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ApiError
 
@@ -101,7 +101,22 @@ def check_depth(doc: Any, limit: int) -> None:
             stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
 
 
-def parse_request(doc: Any) -> ChatRequest:
-    from .feedback import validated  # the one body validator for every endpoint
+M = TypeVar("M", bound=BaseModel)
 
+
+def validated(model: type[M], doc: Any) -> M:
+    """``doc`` as ``model``, or the OpenAI-style 4xx naming the offending field."""
+    if not isinstance(doc, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise ApiError(
+            422, f"invalid value for {param}: {err['msg']}", param=param, code="invalid_value"
+        ) from None
+
+
+def parse_request(doc: Any) -> ChatRequest:
     return validated(ChatRequest, doc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from fastapi.responses import JSONResponse
@@ -31,3 +32,11 @@ class AfterSend(JsonResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.after()
+
+
+def header_safe(value: str) -> str:
+    """HTTP header values are latin-1: a body-supplied session id may not be (found by the
+    fuzzer as a 500), so echo it percent-encoded when it is not plain printable ASCII."""
+    if value.isascii() and value.isprintable():
+        return value
+    return quote(value, safe="")

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.kafka import names
+from pipeline.trainer.defaults import EPS, EPS_HIGH, OPD_CLIP, TIS_CAP, TOPK
 
 # A training method's name (pipeline/trainer/methods.py registry: rl, opd, hybrid, plugins).
 Method = str
@@ -18,13 +19,8 @@ Method = str
 # is the usual LoRA rate and trained SmolLM2-135M in the pilot runs without degenerating.
 LORA_LR = 2e-4
 FULL_LR = 1e-5
-# Clip ranges, OPD advantage clip, TIS cap and top-k: the settings' defaults and the loss
-# functions' (pipeline/trainer/losses.py imports them, so each number is stated here only).
-EPS = 0.2
-EPS_HIGH = 0.28
-OPD_CLIP = 1.0
-TIS_CAP = 2.0
-TOPK = 4
+# Clip ranges, OPD advantage clip, TIS cap and top-k: stated once in trainer/defaults.py,
+# the loss functions' defaults too.
 
 
 class TrainerSettings(BaseModel):

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,8 +27,25 @@ from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.prompts import ChatMarkers, teacher_prompt
 from pipeline.trainer.scoring import HELD_OUT, is_held_out
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pipeline.trainer.distributed import RankGroup
+
+class DataParallel(Protocol):
+    """What a step needs from a data-parallel group (``distributed.RankGroup`` is one): the
+    core depends on this, never on the module that spawns ranks."""
+
+    def shard(self, samples: Sequence[Any], active: torch.Tensor, uses_opd: bool) -> torch.Tensor:
+        """Bool ``[B]``: the active rows this rank trains."""
+        ...
+
+    def all_reduce_grads(self, model: Any) -> None:
+        """Sum the trainable parameters' gradients over the ranks."""
+        ...
+
+    def combine(
+        self, metrics: dict[str, tuple[float, float]], hints: dict[int, str]
+    ) -> tuple[dict[str, float], dict[int, str]]:
+        """The whole batch's metrics from every rank's ``{key: (value, weight)}``, and every
+        rank's chosen hints by row."""
+        ...
 
 MAX_HINTS = 3
 OPTIMIZER_FILE = "optimizer.pt"
@@ -173,7 +190,7 @@ class TrainerCore:
     # The OPD teacher's log-probs of the batch being trained, shared by its PPO epochs.
     _teacher_cache: list[torch.Tensor | None] | None = None
     # Set by ``distributed.RankGroup.attach``: this process trains its shard of each batch.
-    dist: RankGroup | None = None
+    dist: DataParallel | None = None
 
     def base_model_info(self) -> dict[str, str] | None:
         """What a LoRA version's manifest records of its base, checked before serving it."""

@@ -63,11 +63,11 @@ from typing import Any, Literal
 import torch
 
 # The loss functions' defaults are the trainer settings' (stated once, where no torch is needed).
-from pipeline.trainer.config import EPS as EPS
-from pipeline.trainer.config import EPS_HIGH as EPS_HIGH
-from pipeline.trainer.config import OPD_CLIP as OPD_CLIP
-from pipeline.trainer.config import TIS_CAP as TIS_CAP
-from pipeline.trainer.config import TOPK as TOPK
+from pipeline.trainer.defaults import EPS as EPS
+from pipeline.trainer.defaults import EPS_HIGH as EPS_HIGH
+from pipeline.trainer.defaults import OPD_CLIP as OPD_CLIP
+from pipeline.trainer.defaults import TIS_CAP as TIS_CAP
+from pipeline.trainer.defaults import TOPK as TOPK
 
 Aggregate = Literal["sample_mean", "token_mean", "seq_mean"]
 

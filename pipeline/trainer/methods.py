@@ -15,15 +15,34 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from pipeline.trainer.config import TrainerSettings
-    from pipeline.trainer.losses import LossOutput
+    from pipeline.trainer.losses import Aggregate, LossOutput
 
 MaskKind = Literal["rl", "opd"]
+
+
+class MethodSettings(Protocol):
+    """The trainer settings a loss part reads (``TrainerSettings`` is one). The settings
+    import this registry to check ``trainer.method``, so the registry names only this."""
+
+    @property
+    def eps(self) -> float: ...
+    @property
+    def eps_high(self) -> float: ...
+    @property
+    def aggregate(self) -> Aggregate: ...
+    @property
+    def opd_clip(self) -> float: ...
+    @property
+    def w_rl(self) -> float: ...
+    @property
+    def w_opd(self) -> float: ...
+    @property
+    def hybrid_combine(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -32,7 +51,7 @@ class StepInputs:
     loss averages over, ``norm`` is the mask that normalises every part alike)."""
 
     core: Any  # TrainerCore: its teacher and hint selection, for parts that need them
-    cfg: TrainerSettings
+    cfg: MethodSettings
     samples: Sequence[Any]
     resp_logits: torch.Tensor  # [B, R, V]
     tokens: torch.Tensor  # [B, R] response token ids
@@ -52,7 +71,7 @@ class StepInputs:
 
 
 LossPart = Callable[[StepInputs], "LossOutput"]
-Combine = Callable[[dict[str, "LossOutput"], "TrainerSettings"], "LossOutput"]
+Combine = Callable[[dict[str, "LossOutput"], "MethodSettings"], "LossOutput"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +106,7 @@ def register_part(name: str, *, mask: MaskKind = "rl") -> Callable[[LossPart], L
     return add
 
 
-def _sum(parts: dict[str, LossOutput], _cfg: TrainerSettings) -> LossOutput:
+def _sum(parts: dict[str, LossOutput], _cfg: MethodSettings) -> LossOutput:
     from pipeline.trainer.losses import LossOutput
 
     if len(parts) == 1:
@@ -158,7 +177,7 @@ def on_policy_distillation(x: StepInputs) -> LossOutput:
                             x.weights, x.outcomes, x.rows, x.norm)
 
 
-def _hybrid(parts: dict[str, LossOutput], cfg: TrainerSettings) -> LossOutput:
+def _hybrid(parts: dict[str, LossOutput], cfg: MethodSettings) -> LossOutput:
     """``hybrid_combine = advantage`` (default): one surrogate on the per-token sum of the two
     advantages (:func:`~pipeline.trainer.losses.hybrid_advantage_loss`); ``loss``: the
     weighted sum of the two parts' losses. The parts' own losses are reported either way."""

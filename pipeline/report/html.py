@@ -30,7 +30,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.errors import ReportError
 from pipeline.lake import tables as T
+from pipeline.report.data import final_verdicts, read_columns
 
 TRAJ_COLUMNS = ["policy_id", "session_id", "turn", "reward", "status", "step", "ts_ms"]
 STEP_COLUMNS = ["policy_id", "step", "method", "samples", "ts_ms"]
@@ -82,7 +84,6 @@ class Page:
 
 
 def _read(lake: Path, name: str, columns: list[str], policy: str | None) -> pa.Table | None:
-    from pipeline.report import read_columns
 
     table, _missing = read_columns(T.LakeTables(lake).uri(name), name, columns)
     if table is not None and policy is not None:
@@ -145,7 +146,6 @@ def reward_series(
 
 
 def version_rows(weights: pa.Table, live: dict[int, int]) -> list[VersionRow]:
-    from pipeline.report import final_verdicts
 
     verdicts = final_verdicts(weights)
     published: dict[int, tuple[int | None, int | None]] = {}
@@ -196,7 +196,6 @@ def build_page(
     notes: list[str] = []
     traj = _read(lake, T.TRAJECTORIES, TRAJ_COLUMNS, policy)
     if traj is None:
-        from pipeline.report import ReportError
 
         raise ReportError(f"no trajectories yet at {lake}")
     steps = _read(lake, T.GRADIENT_STEPS, STEP_COLUMNS, policy)

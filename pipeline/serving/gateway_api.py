@@ -1,0 +1,34 @@
+"""What the feedback and hook routes need from the gateway.
+
+The routes take this interface, not :class:`~pipeline.serving.app.Gateway`: the app imports
+the routes, and nothing the routes import leads back to the app.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fastapi import Request
+
+from .auth import Authenticator, RateLimiter
+from .recorder import Recorder
+from .sessions import Sessions
+from .settings import ServeSettings
+
+
+class GatewayApi(Protocol):
+    cfg: ServeSettings
+    auth: Authenticator
+    limiter: RateLimiter
+    sessions: Sessions
+    recorder: Recorder | None
+
+    def recording_problem(self) -> str | None:
+        """Why a turn recorded now would be lost (None: recording works or is off)."""
+        ...
+
+    async def read_body(self, request: Request, limit: int | None = None) -> Any:
+        """The parsed body, bounded in size, time and depth."""
+        ...
+
+    def close_session(self, session_id: str) -> None: ...
