@@ -6,7 +6,8 @@ The labelled set: ``{"text", "label": -1|0|1, "hint": str|null, "split": "dev"|"
 The first 290 lines ("dev") were written first and the patterns in
 pipeline/processors/rules/replies.yaml were tuned on them; the 129 "heldout" lines were written
 afterwards, before the judge was first run on them, and were never tuned on. The figures the
-README reports are the floors asserted in :func:`test_heldout_precision_meets_the_reported_figures`;
+docs/benchmarks.md reports are the floors asserted in
+:func:`test_heldout_precision_meets_the_reported_figures`;
 ``python -m tests.test_processors_reply_judge`` prints them; ``bench/judge.py`` prints both sets.
 """
 
@@ -42,7 +43,7 @@ from pipeline.processors.judges import (
 )
 
 DATA = Path(__file__).parent / "data" / "replies.jsonl"
-# What the README reports for the held-out part (floors: the measured values, rounded down).
+# What docs/benchmarks.md reports for the held-out part (floors: the measured values, rounded down).
 # Spurious hints are hints on replies that are not corrections; a correction without a stated
 # directive may carry an implied hint ("Way too many words." -> "Keep the answer short.").
 REPORTED = {
@@ -134,7 +135,7 @@ def test_independent_set_shape_and_split() -> None:
 
 
 def test_report_half_meets_its_floors(judge: ReplyJudge) -> None:
-    """A regression guard on the half never tuned on (figures in the README)."""
+    """A regression guard on the half never tuned on (figures in docs/benchmarks.md)."""
     got = evaluate_categories(judge, load_independent("report"))
     for c, floor in REPORT_FLOORS["precision"].items():
         assert got["precision"][c] >= floor, (c, got["precision"], got["misses"])

@@ -299,7 +299,7 @@ def test_old_logprobs_trainer_makes_the_ratio_one(tiny: Path) -> None:
 
 def test_hf_backend_logprob_drift(tiny: Path) -> None:
     """Engine (hf backend, token by token with a KV cache) vs trainer (one padded forward):
-    the figure the README quotes."""
+    the figure docs/benchmarks.md quotes."""
     import asyncio
 
     from pipeline.serving.backends.base import Done, SamplingParams

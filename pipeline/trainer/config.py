@@ -37,7 +37,7 @@ class TrainerSettings(BaseModel):
         description="Python modules imported first; they may register methods and loss parts.",
     )
     method: Method = Field(
-        # opd learned fastest in bench/learning.py (README, "Measured here")
+        # opd learned fastest in bench/learning.py (docs/benchmarks.md)
         default="opd", validate_default=True,  # so plugins load even for the default method
         description="Training method: opd (default), hybrid, rl or one a plugin registers.",
     )
