@@ -10,7 +10,7 @@ import pytest
 from pipeline import events
 from pipeline.events import examples
 from pipeline.processors.judges import (
-    REGISTRY,
+    JUDGES,
     ReplyJudge,
     RuleJudge,
     make_judge,
@@ -121,7 +121,7 @@ def test_reply_judge_keeps_the_rule_judges_verdicts(kw, score):
 
 
 def test_registry_lists_the_default_and_the_alternatives():
-    assert {"replies", "rules", "llm"} <= set(REGISTRY)
+    assert {"replies", "rules", "llm"} <= set(JUDGES.names())
 
 
 def test_phrase_lists_are_configurable():

@@ -345,7 +345,7 @@ def test_normalise_hint_bounds_length() -> None:
 
 def test_reply_judge_is_the_default_and_rules_still_work() -> None:
     assert ProcessorSettings().judge == "replies"
-    j = make_judge("replies", base_url="http://x", model="m")  # build_judge's keywords
+    j = make_judge("replies")
     assert j.judge_id == "replies" and j.version.startswith("replies-judge-1/")
     assert make_judge("rules").judge_id == "rules"
     assert make_judge("llm", base_url="http://127.0.0.1:1/v1", model="m").judge_id == "llm:m"

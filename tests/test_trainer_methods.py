@@ -70,6 +70,23 @@ def test_toy_method_trains_its_formula_by_hand(tiny: Path) -> None:
                                                        strict=True))
 
 
+def test_a_method_owns_its_options(tiny: Path) -> None:
+    """``[trainer.method_options]`` reaches the method's parts, validated by its model."""
+    with pytest.raises(ValueError, match=r"trainer.method_options.scal: Extra inputs"):
+        TrainerSettings(model=str(tiny), method="toy", plugins=["tests.toy_method"],
+                        method_options={"scal": 2})
+    with pytest.raises(ValueError, match=r"training method 'opd' takes no options"):
+        TrainerSettings(model=str(tiny), method_options={"scale": 2})
+    batch = [sample(0, 1.0, [1, 1, 0]), sample(1, -0.5, [1, 1, 1])]
+    losses = []
+    for scale in (1.0, 2.5):
+        torch.manual_seed(0)
+        cfg = TrainerSettings(model=str(tiny), device="cpu", lr=1e-2, method="toy",
+                              plugins=["tests.toy_method"], method_options={"scale": scale})
+        losses.append(TrainerCore.load(cfg).train_step(batch, 0).losses["toy"])
+    assert losses[1] == pytest.approx(2.5 * losses[0], rel=1e-5)
+
+
 @pytest.mark.integration
 def test_toy_method_lands_in_delta_and_the_report(
     kafka_settings: Settings, admin, unique: str, tmp_path: Path, tiny: Path  # type: ignore[no-untyped-def]

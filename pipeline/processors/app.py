@@ -60,17 +60,7 @@ INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.PRM_SCORES, names.PATH_PE
 
 
 def build_judge(cfg: ProcessorSettings) -> Judge:
-    return make_judge(
-        cfg.judge,
-        base_url=cfg.llm_base_url,
-        model=cfg.llm_model,
-        api_key=cfg.llm_api_key,
-        votes=cfg.llm_votes,
-        timeout_s=cfg.llm_timeout_s,
-        retries=cfg.llm_retries,
-        concurrency=cfg.llm_concurrency,
-        hints=cfg.llm_hints,
-    )
+    return make_judge(cfg.judge, cfg.effective_judge_options())
 
 
 class ProcessorsApp(faust.App):

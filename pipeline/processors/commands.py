@@ -44,9 +44,13 @@ def _settings(ctx: click.Context) -> Settings:
 @field_option(ProcessorSettings, "web_port", "--web-port", help="Faust web/metrics port.")
 @field_option(ProcessorSettings, "web_enabled", "--no-web", is_flag=True, flag_value=False,
               help="Disable the web/metrics server.")
+@field_option(ProcessorSettings, "plugins", "--plugin", multiple=True, show_default=False,
+              help="Python module imported before the judge is looked up; it may register "
+              "judges (pipeline.processors.judges.register). Repeatable.")
 @field_option(ProcessorSettings, "judge", "--judge",
               help="Judge name: replies (reply patterns + sentiment, with hints), "
-              "rules (phrase lists) or llm (PRM behind an OpenAI-compatible API).")
+              "rules (phrase lists), llm (PRM behind an OpenAI-compatible API), or one a "
+              "--plugin module registers; its options: [processors.judge_options].")
 @field_option(ProcessorSettings, "rules_path", "--rules", show_default=False,
               help="Path-penalty rules YAML (default: the built-in rules/default.yaml).")
 @click.option("--namespace", default=None, help="Run in replay namespace NAME: its topics, app "
@@ -124,6 +128,9 @@ def forwarded_options(ctx: click.Context, skip: tuple[str, ...] = ()) -> list[st
         if param.is_flag:
             if value == param.flag_value:
                 words.append(flag)
+        elif param.multiple:
+            for item in value or ():
+                words += [flag, str(item)]
         elif value is not None:
             words += [flag, str(value)]
     return words

@@ -7,8 +7,9 @@ The ``[processors]`` section of ``pipeline.settings.Settings``; the Kafka locati
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_RULES = Path(__file__).with_name("rules") / "default.yaml"
@@ -78,8 +79,17 @@ class ProcessorSettings(BaseSettings):
     # Judges.
     # Judge by name: "replies" (default: explicit score and exit code first, then the user's
     # reply read by the patterns of rules/replies.yaml plus vaderSentiment; hints from directive
-    # corrections), "rules" (the fixed phrase lists it replaced) or "llm" (the PRM, llm_* below).
-    judge: str = "replies"
+    # corrections), "rules" (the fixed phrase lists it replaced) or "llm" (the PRM, llm_* below),
+    # or one a plug-in module registers (processors/judges.py: JUDGES.register).
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Modules to import before the judge is looked up; each registers judges "
+        "(pipeline.processors.judges.register).",
+    )
+    judge: str = Field(default="replies", validate_default=True)
+    # The judge's own options, validated by the options model it registered with (a typo is
+    # an error naming the key). For "llm", the llm_* fields below are its defaults.
+    judge_options: dict[str, Any] = Field(default_factory=dict)
     judge_batch: int = 32
     rules_path: Path = DEFAULT_RULES
     llm_base_url: str = "http://127.0.0.1:8000/v1"
@@ -90,6 +100,35 @@ class ProcessorSettings(BaseSettings):
     llm_retries: int = 2
     llm_concurrency: int = 8
     llm_hints: bool = True
+
+    @field_validator("judge")
+    @classmethod
+    def _known_judge(cls, judge: str, info: ValidationInfo) -> str:
+        """Plug-ins (declared, hence validated, first) load before the name is checked."""
+        from pipeline.processors.judges import JUDGES
+        from pipeline.registry import load_plugins
+
+        load_plugins(info.data.get("plugins") or [], "processors")
+        JUDGES.get(judge)
+        return judge
+
+    @model_validator(mode="after")
+    def _judge_options_fit(self) -> ProcessorSettings:
+        from pipeline.processors.judges import JUDGES
+
+        JUDGES.options(self.judge, self.effective_judge_options())
+        return self
+
+    def effective_judge_options(self) -> dict[str, Any]:
+        """The options the judge is built with: for "llm" the llm_* fields, then
+        ``judge_options`` over them."""
+        base: dict[str, Any] = {}
+        if self.judge == "llm":
+            base = {"base_url": self.llm_base_url, "model": self.llm_model,
+                    "api_key": self.llm_api_key, "votes": self.llm_votes,
+                    "timeout_s": self.llm_timeout_s, "retries": self.llm_retries,
+                    "concurrency": self.llm_concurrency, "hints": self.llm_hints}
+        return {**base, **self.judge_options}
 
     @model_validator(mode="after")
     def _state_holds_a_turn(self) -> ProcessorSettings:

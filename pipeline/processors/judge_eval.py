@@ -181,7 +181,7 @@ def evaluate_categories(judge: ReplyJudge, rows: list[dict[str, Any]]) -> dict[s
         out["precision"][c] = sum(r["label"] == c for r in said) / len(said) if said else 1.0
         out["recall"][c] = sum(p.score == c for p in gold) / len(gold) if gold else 1.0
     out["accuracy"] = sum(r["label"] == p.score for r, p in pairs) / len(rows)
-    directed = [(r, hint_category((p.hints or [None])[0])) for r, p in pairs if r["hint"]]
+    directed = [(r, hint_category(p.hints[0] if p.hints else None)) for r, p in pairs if r["hint"]]
     out["hint_n"] = len(directed)
     out["hint_recall"] = sum(r["hint"] == got for r, got in directed) / len(directed)
     out["hint_by_category"] = {
@@ -196,7 +196,7 @@ def evaluate_categories(judge: ReplyJudge, rows: list[dict[str, Any]]) -> dict[s
         (r["text"], r["label"], p.score, r["hint"], p.hints)
         for r, p in pairs
         if p.score != r["label"]
-        or (r["hint"] and hint_category((p.hints or [None])[0]) != r["hint"])
+        or (r["hint"] and hint_category(p.hints[0] if p.hints else None) != r["hint"])
         or (p.hints and not r["hint"])
     ]
     return out

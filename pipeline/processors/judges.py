@@ -12,17 +12,19 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from pipeline.events import Interaction, NextState
 from pipeline.events.types import Vote
+from pipeline.registry import NoOptions, Registry
 
 BOXED = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -725,33 +727,50 @@ class _Transient(Exception):
     """A failure worth retrying; its message is the error reported when retries run out."""
 
 
-JudgeFactory = Callable[..., Judge]
-REGISTRY: dict[str, JudgeFactory] = {}
+class LlmJudgeOptions(BaseModel):
+    """Options of the "llm" judge (``[processors] llm_*``, or ``judge_options``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "judge"
+    api_key: str | None = None
+    votes: int = Field(default=3, ge=1)
+    timeout_s: float = Field(default=30.0, gt=0)
+    retries: int = Field(default=2, ge=0)
+    concurrency: int = Field(default=8, ge=1)
+    hints: bool = True
 
 
-def register(name: str, factory: JudgeFactory) -> None:
-    """Plug in a judge by name (``LIVERL_PROCESSORS_JUDGE=<name>``)."""
-    REGISTRY[name] = factory
+# Judges by name (``[processors] judge``), each with its options model. A plug-in module
+# (``[processors] plugins``) calls :func:`register` on import.
+JudgeFactory = Callable[[Any], "Judge"]  # validated options -> the judge
+JUDGES: Registry[JudgeFactory] = Registry("judge", "processors.judge")
 
 
-def make_judge(name: str, **kwargs: Any) -> Judge:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown judge {name!r}; known: {sorted(REGISTRY)}")
-    return REGISTRY[name](**kwargs)
+def register(name: str, factory: JudgeFactory, options: type[BaseModel] = NoOptions) -> None:
+    """Plug in a judge: ``factory(options)`` builds it from its validated ``options``."""
+    JUDGES.register(name, factory, options)
 
 
-register("replies", lambda **_: ReplyJudge())
-register("rules", lambda **_: RuleJudge())
+def make_judge(name: str, options: Mapping[str, Any] | None = None, **kw: Any) -> Judge:
+    """The judge ``name`` built from its options (a mapping, or keywords)."""
+    return JUDGES.get(name).item(JUDGES.options(name, {**(options or {}), **kw}))
+
+
+register("replies", lambda _: ReplyJudge())
+register("rules", lambda _: RuleJudge())
 register(
     "llm",
-    lambda **kw: LlmJudge(
-        kw["base_url"],
-        kw["model"],
-        api_key=kw.get("api_key"),
-        votes=kw.get("votes", 3),
-        timeout_s=kw.get("timeout_s", 30.0),
-        retries=kw.get("retries", 2),
-        concurrency=kw.get("concurrency", 8),
-        hints=kw.get("hints", True),
+    lambda o: LlmJudge(
+        o.base_url,
+        o.model,
+        api_key=o.api_key,
+        votes=o.votes,
+        timeout_s=o.timeout_s,
+        retries=o.retries,
+        concurrency=o.concurrency,
+        hints=o.hints,
     ),
+    LlmJudgeOptions,
 )

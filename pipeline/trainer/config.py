@@ -6,7 +6,7 @@ The ``[trainer]`` section of ``pipeline.settings.Settings`` (``LIVERL_TRAINER_*`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
@@ -40,6 +40,11 @@ class TrainerSettings(BaseModel):
         # opd learned fastest in bench/learning.py (docs/benchmarks.md)
         default="opd", validate_default=True,  # so plugins load even for the default method
         description="Training method: opd (default), hybrid, rl or one a plugin registers.",
+    )
+    method_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The method's own options ([trainer.method_options]), validated by the "
+        "options model it registered with; its loss parts read them as x.options.",
     )
     input_topic: str = names.SAMPLES
     group_id: str | None = Field(
@@ -281,6 +286,13 @@ class TrainerSettings(BaseModel):
         methods.load_plugins(info.data.get("plugins") or [])
         methods.get(method)
         return method
+
+    @model_validator(mode="after")
+    def _method_options_fit(self) -> TrainerSettings:
+        from pipeline.trainer import methods
+
+        methods.options(self.method, self.method_options)
+        return self
 
     @model_validator(mode="after")
     def _ranks_fit_devices(self) -> TrainerSettings:

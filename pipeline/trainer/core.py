@@ -353,6 +353,7 @@ class TrainerCore:
         opd_ok = not_masked & ~held & has_hint & (opd_mask.sum(dim=-1) > 0)
         no = torch.zeros_like(rl_ok)
         method = methods.get(cfg.method)
+        method_options = methods.options(cfg.method, cfg.method_options)
         uses_rl, uses_opd = method.uses("rl"), method.uses("opd")
         usable = (rl_ok if uses_rl else no) | (opd_ok if uses_opd else no)
         fresh_enough = ~stale if cfg.staleness == "drop" else torch.ones_like(stale)
@@ -429,6 +430,7 @@ class TrainerCore:
                         tokens=tokens, logp=logp_cur, logp_old=logp_old, rewards=rewards,
                         mask=mask_rl if part.mask == "rl" else mask_opd, weights=weights,
                         outcomes=outcomes, rows=rows, norm=norm, baseline=baseline,
+                        options=method_options,
                     ))
                     if part.mask == "opd":  # the OPD mask's parts run the teacher
                         t_teacher += time.perf_counter() - t1

@@ -13,7 +13,7 @@ No torch at import: ``liverl --help`` lists the methods without loading it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -21,6 +21,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pipeline.trainer.losses import Aggregate, LossOutput
+
+from pydantic import BaseModel
+
+from pipeline import registry
+from pipeline.registry import NoOptions, Registry
 
 MaskKind = Literal["rl", "opd"]
 
@@ -64,6 +69,8 @@ class StepInputs:
     rows: torch.Tensor  # indices of the rows the loss averages over
     norm: torch.Tensor  # [B, R]
     baseline: float | torch.Tensor = 0.0  # Binary RL's reward baseline (trainer.rl_baseline)
+    # The method's own options (``[trainer.method_options]``), validated by its options model.
+    options: Any = None
 
     def take(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """``t`` restricted to :attr:`rows` (None stays None)."""
@@ -87,13 +94,16 @@ class Method:
     parts: tuple[str, ...]
     combine: Combine
     main: str  # the part whose approx KL and clip fraction the step reports
+    options: type[BaseModel] = NoOptions  # validates [trainer.method_options]
 
     def uses(self, mask: MaskKind) -> bool:
         return any(PARTS[p].mask == mask for p in self.parts)
 
 
 PARTS: dict[str, Part] = {}
-METHODS: dict[str, Method] = {}
+# Methods by name (``[trainer] method``), each with its options model: the same registry
+# pattern as the judges' (pipeline/registry.py).
+METHODS: Registry[Method] = Registry("training method", "trainer.method")
 
 
 def register_part(name: str, *, mask: MaskKind = "rl") -> Callable[[LossPart], LossPart]:
@@ -116,36 +126,33 @@ def _sum(parts: dict[str, LossOutput], _cfg: MethodSettings) -> LossOutput:
 
 
 def register_method(
-    name: str, parts: Sequence[str], *, combine: Combine | None = None, main: str | None = None
+    name: str, parts: Sequence[str], *, combine: Combine | None = None, main: str | None = None,
+    options: type[BaseModel] = NoOptions,
 ) -> Method:
     """A method training ``parts`` (registered first), added up by ``combine`` (default: the
-    sum); ``main`` (default: the first part) supplies the reported KL and clip fraction."""
+    sum); ``main`` (default: the first part) supplies the reported KL and clip fraction;
+    ``options`` validates ``[trainer.method_options]``, which its parts get as ``x.options``."""
     unknown = [p for p in parts if p not in PARTS]
     if not parts or unknown:
         raise ValueError(f"method {name!r}: unknown loss part(s) {unknown or '(none given)'}; "
                          f"known: {', '.join(sorted(PARTS))}")
-    method = Method(name, tuple(parts), combine or _sum, main or parts[0])
-    METHODS[name] = method
+    method = Method(name, tuple(parts), combine or _sum, main or parts[0], options)
+    METHODS.register(name, method, options)
     return method
 
 
 def get(name: str) -> Method:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown training method {name!r}; known: "
-                         f"{', '.join(sorted(METHODS))} (a plugin module registers more)") from None
+    return METHODS.get(name).item
+
+
+def options(name: str, raw: Mapping[str, Any] | BaseModel | None) -> BaseModel:
+    """``[trainer.method_options]`` validated by method ``name``'s options model."""
+    return METHODS.options(name, raw)
 
 
 def load_plugins(modules: Sequence[str]) -> None:
     """Import the modules that register methods and parts (``[trainer] plugins``)."""
-    import importlib
-
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"trainer plugin {module!r} cannot be imported: {exc}") from None
+    registry.load_plugins(modules, "trainer")
 
 
 # ---- built-in parts and methods ------------------------------------------------------------
