@@ -80,6 +80,73 @@ class StepResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+class _LocalGroup:
+    """One process: every row is this rank's, the gradient is already the batch's."""
+
+    def shard(self, samples: Sequence[Any], active: torch.Tensor, uses_opd: bool) -> torch.Tensor:
+        return torch.ones_like(active)
+
+    def all_reduce_grads(self, model: Any) -> None:
+        return None
+
+    def combine(
+        self, metrics: dict[str, tuple[float, float]], hints: dict[int, str]
+    ) -> tuple[dict[str, float], dict[int, str]]:
+        return {k: v for k, (v, _w) in metrics.items()}, hints
+
+
+LOCAL: DataParallel = _LocalGroup()
+
+
+@dataclass
+class _Batch:
+    """One batch through a step: its tensors (``[B, R]`` unless noted), which rows train
+    which term, and what the first epoch fixes for the others."""
+
+    samples: Sequence[Sample]
+    rmax: int
+    tokens: torch.Tensor  # response token ids
+    rewards: torch.Tensor  # [B]
+    versions: torch.Tensor  # [B] behaviour weight versions
+    valid: torch.Tensor  # 1 on every response token
+    behavior: torch.Tensor  # the engine's log-probs
+    lag_v: torch.Tensor  # [B] staleness in versions
+    stale: torch.Tensor  # [B] beyond max_staleness
+    held_list: list[bool]  # held out for the promotion gate
+    has_hint: torch.Tensor  # [B]
+    rl_ok: torch.Tensor  # [B] the RL term may train it
+    usable: torch.Tensor  # [B] some term of the method may train it
+    keep: torch.Tensor  # [B] usable and fresh enough
+    mask_rl: torch.Tensor
+    mask_opd: torch.Tensor
+    rows: torch.Tensor  # the rows the loss averages over
+    norm: torch.Tensor  # the normalising mask every part shares
+    baseline: float | torch.Tensor
+    method: methods.Method
+    options: Any  # the method's validated options
+    mine: torch.Tensor  # [B] this rank's rows
+    trained_tokens: int
+    active: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    logp_old: torch.Tensor | None = None
+    weights: torch.Tensor | None = None  # importance weights of stale rows (tis)
+    drift: dict[str, float] = field(default_factory=dict)
+    outcomes: list[SampleOutcome] = field(default_factory=list)
+
+    def trainable(self) -> torch.Tensor:
+        """[B]: rows with a token in either term's mask."""
+        return (self.mask_rl.sum(dim=-1) > 0) | (self.mask_opd.sum(dim=-1) > 0)
+
+
+@dataclass
+class _Clock:
+    """Seconds per stage, summed over a step's epochs."""
+
+    teacher: float = 0.0
+    backward: float = 0.0
+    sync: float = 0.0
+    optimizer: float = 0.0
+
+
 def resolve_model_path(model: str) -> Path:
     """``tiny`` (built in code), a model-store name (pulled on first use) or a local dir."""
     import logging
@@ -316,9 +383,52 @@ class TrainerCore:
 
         The RL term trains ``loss_mask`` and the OPD term ``opd_mask`` (hinted samples only), so
         a hinted turn with a neutral score trains OPD alone. Both terms are aggregated over the
-        same rows and the same normalising mask (see :meth:`_batch_rows`)."""
-        cfg = self.cfg
+        same rows and the same normalising mask (see :meth:`_batch_rows`).
+
+        The stages, top to bottom: prepare (tensors, what trains where), shard (this rank's
+        rows; all of them in one process), then per PPO epoch forward → loss parts → backward
+        → reduce (the ranks' summed gradient) → optimizer step, and the report. Data
+        parallelism is the group around them (:class:`DataParallel`), not a branch inside."""
         t0 = time.perf_counter()
+        group = self.dist or LOCAL
+        b = self._prepare(samples, current_version, staleness)
+        self._shard(b, group)
+        if current_version != self.version_seen:
+            self.version_seen, self.steps_on_version = current_version, 0
+        lag = self.steps_on_version
+        ref = (self._reference_logprobs(samples, b.active, b.rmax, b.tokens)
+               if self.cfg.kl_coef > 0 else None)
+        epochs = max(1, self.cfg.ppo_epochs)
+        first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None] | None = None
+        clock = _Clock()
+        grad_norms: list[float] = []
+        self._teacher_cache = None
+        try:
+            for epoch in range(epochs):
+                logits = self._active_logits(samples, b.active, b.rmax)  # forward
+                logp_cur = L.token_logprobs(logits, b.tokens)
+                if epoch == 0:  # the ratio's reference, fixed over the epochs
+                    self._first_epoch(b, logp_cur.detach(), current_version, lag)
+                parts, out = self._loss_parts(b, logits, logp_cur, ref, clock)
+                grad_norm = self._backward_and_step(out, b.trained_tokens, group, clock)
+                if grad_norm is not None and b.trained_tokens > 0:
+                    grad_norms.append(grad_norm)
+                if first is None:
+                    first = (parts, out, grad_norm)
+                if grad_norm is None or b.trained_tokens == 0:
+                    break  # a non-finite gradient or nothing to train: no further epochs
+        finally:
+            self._teacher_cache = None
+        assert first is not None
+        return self._report(b, first, parts, grad_norms, epochs, lag, current_version, t0, clock)
+
+    # ---- the stages of a step -----------------------------------------------------------
+
+    def _prepare(
+        self, samples: Sequence[Sample], current_version: int, staleness: Sequence[int] | None
+    ) -> _Batch:
+        """The batch as padded tensors, and which rows train which term."""
+        cfg = self.cfg
         dev = self.device
         bsz = len(samples)
         rmax = max(len(s.response_token_ids) for s in samples)
@@ -335,8 +445,6 @@ class TrainerCore:
         tokens = pad([s.response_token_ids for s in samples], torch.long)
         loss_mask = pad([s.loss_mask for s in samples], torch.float32)
         opd_mask = pad([self._opd_mask_of(s) for s in samples], torch.float32)
-        valid = pad([[1.0] * len(s.response_token_ids) for s in samples], torch.float32)
-        behavior = pad([s.behavior_logprobs for s in samples], torch.float32)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
         versions = torch.tensor([s.behavior_weight_version for s in samples], device=dev)
         if staleness is None:
@@ -353,11 +461,9 @@ class TrainerCore:
         opd_ok = not_masked & ~held & has_hint & (opd_mask.sum(dim=-1) > 0)
         no = torch.zeros_like(rl_ok)
         method = methods.get(cfg.method)
-        method_options = methods.options(cfg.method, cfg.method_options)
         uses_rl, uses_opd = method.uses("rl"), method.uses("opd")
         usable = (rl_ok if uses_rl else no) | (opd_ok if uses_opd else no)
         fresh_enough = ~stale if cfg.staleness == "drop" else torch.ones_like(stale)
-        keep = usable & fresh_enough
         mask_rl = loss_mask * (rl_ok & fresh_enough)[:, None].float()
         mask_opd = opd_mask * (opd_ok & fresh_enough)[:, None].float()
         rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd, uses_rl, uses_opd)
@@ -365,118 +471,131 @@ class TrainerCore:
         baseline: float | torch.Tensor = 0.0
         if uses_rl and cfg.rl_baseline == "batch_mean":
             baseline = L.batch_mean_baseline(rewards, mask_rl.sum(dim=-1) > 0)
-        mine = torch.ones(bsz, dtype=torch.bool, device=dev)
-        if self.dist is not None:
-            # Data parallel: this rank's rows keep their tokens in the numerators; `rows` and
-            # `norm` stay the whole batch's, so the ranks' losses add up to the batch's loss
-            # and their summed gradients to its gradient, whatever the aggregate.
-            active = (mask_rl.sum(dim=-1) > 0) | (mask_opd.sum(dim=-1) > 0)
-            mine = self.dist.shard(samples, active, uses_opd)
-            mask_rl = mask_rl * mine[:, None]
-            mask_opd = mask_opd * mine[:, None]
+        return _Batch(
+            samples=samples, rmax=rmax, tokens=tokens, rewards=rewards, versions=versions,
+            valid=pad([[1.0] * len(s.response_token_ids) for s in samples], torch.float32),
+            behavior=pad([s.behavior_logprobs for s in samples], torch.float32),
+            lag_v=lag_v, stale=stale, held_list=held_list, has_hint=has_hint, rl_ok=rl_ok,
+            usable=usable, keep=usable & fresh_enough, mask_rl=mask_rl, mask_opd=mask_opd,
+            rows=rows, norm=norm, baseline=baseline, method=method,
+            options=methods.options(cfg.method, cfg.method_options),
+            mine=torch.ones(bsz, dtype=torch.bool, device=dev),
+            trained_tokens=int(norm.sum().item()),
+        )
 
-        # Rows with nothing to train (a closing turn, a stale or held-out sample) still count
-        # in the loss's denominator but need no forward pass: their masks zero them anyway.
-        active = (mask_rl.sum(dim=-1) > 0) | (mask_opd.sum(dim=-1) > 0)
-        if current_version != self.version_seen:
-            self.version_seen, self.steps_on_version = current_version, 0
-        lag = self.steps_on_version
-        ref = (self._reference_logprobs(samples, active, rmax, tokens)
-               if cfg.kl_coef > 0 else None)
-        trained_tokens = int(norm.sum().item())
-        epochs = max(1, cfg.ppo_epochs)
-        first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None] | None = None
-        t_teacher = t_backward = t_opt = t_sync_total = 0.0
-        grad_norms: list[float] = []
-        self._teacher_cache = None
-        try:
-            for epoch in range(epochs):
-                resp_logits = self._active_logits(samples, active, rmax)
-                logp_cur = L.token_logprobs(resp_logits, tokens)
-                if epoch == 0:
-                    prox = logp_cur.detach()
-                    # Drift is engine vs trainer on the weights that produced the sample:
-                    # after a step at the same version the difference would be learning.
-                    fresh_rows = (versions == current_version) & active & (lag == 0)
-                    drift = self._logprob_drift(prox, behavior, valid * fresh_rows[:, None])
-                    weights: torch.Tensor | None = None
-                    # Ratio reference (fixed over the epochs): the engine's recorded
-                    # log-probs, or the trainer's own recomputation before the first update
-                    # (slime's default, which recomputes unless --use-rollout-logprobs).
-                    logp_old = prox if cfg.old_logprobs == "trainer" else behavior
-                    if cfg.staleness == "tis" and bool(stale.any()):
-                        # Decoupled correction for stale samples: trust region around the
-                        # pre-update policy, truncated importance weights behavior -> it.
-                        tis = L.tis_weights(prox, behavior, cfg.tis_cap)
-                        logp_old = torch.where(stale[:, None], prox, logp_old)
-                        weights = torch.where(stale[:, None], tis, torch.ones_like(tis))
-                    outcomes = [
-                        SampleOutcome(
-                            status="trained" if keep[b] else "stale_dropped" if usable[b]
-                            else HELD_OUT if held_list[b]
-                            else "no_hint" if uses_opd and not uses_rl and rl_ok[b]
-                            and not has_hint[b]
-                            else "masked",
-                            staleness=int(lag_v[b]),
-                        )
-                        for b in range(bsz)
-                    ]
-                parts: dict[str, L.LossOutput] = {}
-                for name in method.parts:
-                    part = methods.PARTS[name]
-                    t1 = time.perf_counter()
-                    parts[name] = part.fn(methods.StepInputs(
-                        core=self, cfg=cfg, samples=samples, resp_logits=resp_logits,
-                        tokens=tokens, logp=logp_cur, logp_old=logp_old, rewards=rewards,
-                        mask=mask_rl if part.mask == "rl" else mask_opd, weights=weights,
-                        outcomes=outcomes, rows=rows, norm=norm, baseline=baseline,
-                        options=method_options,
-                    ))
-                    if part.mask == "opd":  # the OPD mask's parts run the teacher
-                        t_teacher += time.perf_counter() - t1
-                out = method.combine(parts, cfg)
-                if ref is not None:
-                    kl = L.kl_to_reference(logp_cur[rows], ref[rows], (norm * mine[:, None])[rows],
-                                           aggregate=cfg.aggregate, norm_mask=norm[rows])
-                    parts["kl"] = kl
-                    total = out.loss + cfg.kl_coef * kl.loss
-                    out = L.LossOutput(total, {**out.metrics, "kl_ref": kl.metrics["kl_ref"],
-                                               "loss": float(total.detach())})
-                t1 = time.perf_counter()
-                if out.loss.requires_grad:  # no active row: nothing to differentiate
-                    out.loss.backward()
-                t2 = time.perf_counter()
-                t_backward += t2 - t1
-                if self.dist is not None:  # every rank clips and steps on the batch's gradient
-                    self.dist.all_reduce_grads(self.model)
-                t_sync = time.perf_counter()
-                t_sync_total += t_sync - t2
-                params = [p for p in self.model.parameters() if p.grad is not None]
-                grad_norm: float | None = 0.0
-                if params:
-                    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-                if grad_norm is None or not math.isfinite(grad_norm):
-                    grad_norm = None
-                elif trained_tokens > 0:
-                    self._warm_up_lr()
-                    self.optimizer.step()
-                    self.steps_on_version += 1
-                    grad_norms.append(grad_norm)
-                self.optimizer.zero_grad(set_to_none=True)
-                t_opt += time.perf_counter() - t_sync
-                if first is None:
-                    first = (parts, out, grad_norm)
-                if grad_norm is None or trained_tokens == 0:
-                    break  # a non-finite gradient or nothing to train: no further epochs
-        finally:
-            self._teacher_cache = None
-        assert first is not None
-        last_main = parts[method.main]
-        parts, out, grad_norm = first  # the step reports its first (on-policy) epoch
-        main = parts[method.main]
+    @staticmethod
+    def _shard(b: _Batch, group: DataParallel) -> None:
+        """This rank's rows keep their tokens in the numerators; ``rows`` and ``norm`` stay
+        the whole batch's, so the ranks' losses add up to the batch's loss and their summed
+        gradients to its gradient, whatever the aggregate. Rows with nothing to train (a
+        closing turn, a stale or held-out sample) need no forward pass."""
+        if group is not LOCAL:
+            b.mine = group.shard(b.samples, b.trainable(), b.method.uses("opd"))
+            b.mask_rl = b.mask_rl * b.mine[:, None]
+            b.mask_opd = b.mask_opd * b.mine[:, None]
+        b.active = b.trainable()
+
+    def _first_epoch(self, b: _Batch, prox: torch.Tensor, current_version: int, lag: int) -> None:
+        """Before any update: the ratio's reference, stale rows' weights, drift, statuses."""
+        cfg = self.cfg
+        # Drift is engine vs trainer on the weights that produced the sample: after a step at
+        # the same version the difference would be learning.
+        fresh_rows = (b.versions == current_version) & b.active & (lag == 0)
+        b.drift = self._logprob_drift(prox, b.behavior, b.valid * fresh_rows[:, None])
+        # Ratio reference (fixed over the epochs): the engine's recorded log-probs, or the
+        # trainer's own recomputation before the first update (slime's default, which
+        # recomputes unless --use-rollout-logprobs).
+        b.logp_old = prox if cfg.old_logprobs == "trainer" else b.behavior
+        if cfg.staleness == "tis" and bool(b.stale.any()):
+            # Decoupled correction for stale samples: trust region around the pre-update
+            # policy, truncated importance weights behavior -> it.
+            tis = L.tis_weights(prox, b.behavior, cfg.tis_cap)
+            b.logp_old = torch.where(b.stale[:, None], prox, b.logp_old)
+            b.weights = torch.where(b.stale[:, None], tis, torch.ones_like(tis))
+        uses_rl, uses_opd = b.method.uses("rl"), b.method.uses("opd")
+        b.outcomes = [
+            SampleOutcome(
+                status="trained" if b.keep[i] else "stale_dropped" if b.usable[i]
+                else HELD_OUT if b.held_list[i]
+                else "no_hint" if uses_opd and not uses_rl and b.rl_ok[i] and not b.has_hint[i]
+                else "masked",
+                staleness=int(b.lag_v[i]),
+            )
+            for i in range(len(b.samples))
+        ]
+
+    def _loss_parts(
+        self, b: _Batch, logits: torch.Tensor, logp_cur: torch.Tensor,
+        ref: torch.Tensor | None, clock: _Clock,
+    ) -> tuple[dict[str, L.LossOutput], L.LossOutput]:
+        """Each loss part of the method, their combination, and the KL to the reference."""
+        cfg = self.cfg
+        assert b.logp_old is not None  # set by the first epoch
+        parts: dict[str, L.LossOutput] = {}
+        for name in b.method.parts:
+            part = methods.PARTS[name]
+            t1 = time.perf_counter()
+            parts[name] = part.fn(methods.StepInputs(
+                core=self, cfg=cfg, samples=b.samples, resp_logits=logits, tokens=b.tokens,
+                logp=logp_cur, logp_old=b.logp_old, rewards=b.rewards,
+                mask=b.mask_rl if part.mask == "rl" else b.mask_opd, weights=b.weights,
+                outcomes=b.outcomes, rows=b.rows, norm=b.norm, baseline=b.baseline,
+                options=b.options,
+            ))
+            if part.mask == "opd":  # the OPD mask's parts run the teacher
+                clock.teacher += time.perf_counter() - t1
+        out = b.method.combine(parts, cfg)
+        if ref is not None:
+            rows, norm = b.rows, b.norm
+            kl = L.kl_to_reference(logp_cur[rows], ref[rows], (norm * b.mine[:, None])[rows],
+                                   aggregate=cfg.aggregate, norm_mask=norm[rows])
+            parts["kl"] = kl
+            total = out.loss + cfg.kl_coef * kl.loss
+            out = L.LossOutput(total, {**out.metrics, "kl_ref": kl.metrics["kl_ref"],
+                                       "loss": float(total.detach())})
+        return parts, out
+
+    def _backward_and_step(
+        self, out: L.LossOutput, trained_tokens: int, group: DataParallel, clock: _Clock
+    ) -> float | None:
+        """Backward, the ranks' summed gradient, clip, one optimizer step; the grad norm
+        (None when it is not finite: no step)."""
+        t1 = time.perf_counter()
+        if out.loss.requires_grad:  # no active row: nothing to differentiate
+            out.loss.backward()
+        t2 = time.perf_counter()
+        clock.backward += t2 - t1
+        group.all_reduce_grads(self.model)  # every rank clips and steps on the same gradient
+        t_sync = time.perf_counter()
+        clock.sync += t_sync - t2
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm: float | None = 0.0
+        if params:
+            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if grad_norm is None or not math.isfinite(grad_norm):
+            grad_norm = None
+        elif trained_tokens > 0:
+            self._warm_up_lr()
+            self.optimizer.step()
+            self.steps_on_version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        clock.optimizer += time.perf_counter() - t_sync
+        return grad_norm
+
+    def _report(
+        self, b: _Batch, first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None],
+        last_parts: dict[str, L.LossOutput], grad_norms: list[float], epochs: int, lag: int,
+        current_version: int, t0: float, clock: _Clock,
+    ) -> StepResult:
+        """The step as reported: its first (on-policy) epoch, the last epoch's drift from it,
+        and, across ranks, the whole batch's figures."""
+        cfg = self.cfg
+        last_main = last_parts[b.method.main]
+        parts, out, grad_norm = first
+        main = parts[b.method.main]
         t3 = time.perf_counter()
-        t2 = t3 - t_opt - t_sync_total  # forward, teacher, backward (all epochs)
+        t2 = t3 - clock.optimizer - clock.sync  # forward, teacher, backward (all epochs)
         self.step += 1
         if epochs > 1:
             out = L.LossOutput(out.loss, {
@@ -485,16 +604,18 @@ class TrainerCore:
                 "approx_kl_last": last_main.metrics.get("approx_kl", 0.0),
                 "clip_fraction_last": last_main.metrics.get("clip_fraction", 0.0),
             })
-
-        timings = {"compute_s": t2 - t0, "optimizer_s": t_opt, "teacher_s": t_teacher}
+        timings = {"compute_s": t2 - t0, "optimizer_s": clock.optimizer,
+                   "teacher_s": clock.teacher}
+        drift = b.drift
         if self.dist is not None:
-            numerators = {"rl": mask_rl[rows], "opd": mask_opd[rows],
-                          "kl": (norm * mine[:, None])[rows]}
-            out, drift = self._combine_ranks(method, parts, out, drift, outcomes, mine,
+            numerators = {"rl": b.mask_rl[b.rows], "opd": b.mask_opd[b.rows],
+                          "kl": (b.norm * b.mine[:, None])[b.rows]}
+            out, drift = self._combine_ranks(b.method, parts, out, drift, b.outcomes, b.mine,
                                              numerators)
-            timings["sync_s"] = t_sync_total + time.perf_counter() - t3
+            timings["sync_s"] = clock.sync + time.perf_counter() - t3
         losses = {name: part.metrics["loss"] for name, part in parts.items()}
         losses["total"] = out.metrics["loss"]
+        samples = b.samples
         return StepResult(
             step=self.step,
             weight_version=current_version,
@@ -502,15 +623,15 @@ class TrainerCore:
             kl=main.metrics.get("approx_kl", 0.0),
             clip_fraction=min(1.0, max(0.0, main.metrics.get("clip_fraction", 0.0))),
             grad_norm=grad_norm,
-            samples=bsz,
+            samples=len(samples),
             tokens=sum(len(s.prompt_token_ids) + len(s.response_token_ids) for s in samples),
-            trained_tokens=trained_tokens,
-            dropped_stale=int((stale & usable).sum()) if cfg.staleness == "drop" else 0,
-            reward_mean=float(rewards.mean()),
+            trained_tokens=b.trained_tokens,
+            dropped_stale=int((b.stale & b.usable).sum()) if cfg.staleness == "drop" else 0,
+            reward_mean=float(b.rewards.mean()),
             # policy_lag_steps: optimizer steps this version's weights had taken before this
             # one (staleness counts published versions; this counts what they hide)
             metrics={**out.metrics, **drift, "policy_lag_steps": float(lag)},
-            outcomes=outcomes,
+            outcomes=b.outcomes,
             timings=timings,
         )
 
