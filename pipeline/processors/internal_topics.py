@@ -9,7 +9,7 @@ from typing import Any
 
 import faust
 
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ CHANGELOG_COMPACTION = {
 }
 
 
-def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 60.0) -> list[str]:
+def ensure_internal_topics(app: faust.App, kafka: Connectable, timeout: float = 60.0) -> list[str]:
     """Create Faust's changelog and assignor topics before the worker starts.
 
     Faust declares them itself, but on a broker that is still electing coordinators it can
@@ -37,10 +37,11 @@ def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    replication = settings.topics.replication_factor or 1
+    conn = connection_of(kafka)
+    replication = app.conf.topic_replication_factor or 1  # create_app set it from [topics]
     # The size policy: a changelog carries token payloads and parked records of up to
     # kafka.max_event_bytes, which a cluster's default topic limit (1 MB) would refuse.
-    size = {"max.message.bytes": str(settings.kafka.max_record_bytes)}
+    size = {"max.message.bytes": str(conn.max_record_bytes)}
     wanted: dict[str, NewTopic] = {}
     compacted: list[str] = []
     for tbl in app.tables.values():
@@ -61,7 +62,7 @@ def ensure_internal_topics(app: faust.App, settings: Settings, timeout: float = 
             wanted[name] = NewTopic(name, parts, replication, config=config)
     leader = f"{app.conf.id}-__assignor-__leader"
     wanted[leader] = NewTopic(leader, 1, replication, config={"cleanup.policy": "compact"})
-    admin = AdminClient(settings.kafka_client_config())
+    admin = AdminClient(conn.client_config())
     existing = admin.list_topics(timeout=timeout).topics
     missing = [t for n, t in wanted.items() if n not in existing]
     _set_compaction(admin, [n for n in compacted if n in existing], timeout)

@@ -25,8 +25,8 @@ from pydantic import ValidationError
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
 from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.producer import bound_dead_letter
-from pipeline.settings import Settings
 
 from .config import ProcessorSettings
 from .records import Parked, key_partition, parked_key, session_of
@@ -49,15 +49,15 @@ class Runtime:
     def __init__(
         self,
         app: faust.App,
-        settings: Settings,
+        kafka: Connectable,
         cfg: ProcessorSettings,
         *,
         partitions: int,
         expected: dict[str, str],
         outputs: tuple[str, ...],
     ) -> None:
-        self.app, self.settings, self.cfg = app, settings, cfg
-        self.ns = settings.kafka.namespace
+        self.app, self.kafka, self.cfg = app, connection_of(kafka), cfg
+        self.ns = self.kafka.namespace
         self.partitions = partitions
         self.expected = expected  # live topic name -> the event type it carries
         self.prefix = cfg.session_prefix.encode() if cfg.session_prefix else b""
@@ -126,7 +126,7 @@ class Runtime:
     # ---- output ---------------------------------------------------------------------------
 
     async def send(self, topic_name: str, ev: Event) -> None:
-        v = self.settings.kafka.codec_version
+        v = self.kafka.codec_version
         await self.out[topic_name].send(
             key=events.key(ev),
             value=events.encode(ev, version=v),
@@ -146,7 +146,7 @@ class Runtime:
             headers=list(msg.headers or []),
         )
         # Cut to the codec limit: a letter is base64, 4/3 of the record it carries.
-        letter = bound_dead_letter(letter, self.settings.kafka.max_event_bytes)
+        letter = bound_dead_letter(letter, self.kafka.max_event_bytes)
         log.warning(
             "dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error[:500]
         )
@@ -165,7 +165,7 @@ class Runtime:
                                  producer=producer, key=key)  # fmt: skip
         letter = dataclasses.replace(letter, event_id=events.derive_event_id(
             "dlq", [], producer.version, topic_name, *id_parts))  # fmt: skip
-        letter = bound_dead_letter(letter, self.settings.kafka.max_event_bytes)
+        letter = bound_dead_letter(letter, self.kafka.max_event_bytes)
         log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await self.send(names.DLQ, letter)
 
@@ -254,7 +254,7 @@ class Runtime:
             return key, events.decode(
                 msg.value,
                 expected_type=self.expected.get(source),
-                max_bytes=self.settings.kafka.max_event_bytes,
+                max_bytes=self.kafka.max_event_bytes,
             )
         except Exception as exc:  # noqa: BLE001 - EventValidationError, or anything else:
             if source in dlq_topics:  # one record must never stop an agent

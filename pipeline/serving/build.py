@@ -7,7 +7,7 @@ import logging
 
 from fastapi import FastAPI
 
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable
 
 from .app import Gateway, create_app
 from .backends.base import Backend
@@ -48,7 +48,7 @@ def build_backend(cfg: ServeSettings) -> Backend:
 
 
 def recover_turns(
-    cfg: ServeSettings, kafka: Settings, recorder: Recorder, gateway: Gateway
+    cfg: ServeSettings, kafka: Connectable, recorder: Recorder, gateway: Gateway
 ) -> None:
     """Seed session turn counters from the log and the unsent spool; never fails start-up."""
     from .turns import TurnLedger, read_recent
@@ -66,8 +66,11 @@ def recover_turns(
         log.info("continuing turn numbering of %d open session(s)", len(recovered))
 
 
-def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = None) -> FastAPI:
-    """The whole gateway; Kafka-side threads start with the app and stop with it."""
+def build_app(cfg: ServeSettings, kafka: Connectable, backend: Backend | None = None) -> FastAPI:
+    """The whole gateway; Kafka-side threads start with the app and stop with it.
+
+    ``cfg.require_promoted`` None loads promoted versions only (the promotion gate is on by
+    default); ``liverl serve`` resolves it from ``trainer.gate`` before it gets here."""
     backend = backend or build_backend(cfg)
     recorder = None
     if cfg.record:
@@ -92,8 +95,7 @@ def build_app(cfg: ServeSettings, kafka: Settings, backend: Backend | None = Non
                 backend,
                 asyncio.get_running_loop(),
                 replica_id=cfg.replica_id,
-                require_promoted=(kafka.trainer.gate if cfg.require_promoted is None
-                                  else cfg.require_promoted),
+                require_promoted=cfg.require_promoted is not False,
                 emit=recorder.record if recorder is not None else None,
                 on_result=lambda ok: gateway.metrics.reloads.labels(str(ok).lower()).inc(),
             )

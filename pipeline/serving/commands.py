@@ -273,6 +273,8 @@ def serve(
     elif kafka.serve.spool_dir == ServeSettings().spool_dir:
         replica = explicit(ctx, opts).get("replica_id", kafka.serve.replica_id)
         forced["spool_dir"] = Path(kafka.state_dir) / "spool" / str(replica)
+    if explicit(ctx, opts).get("require_promoted") is None and kafka.serve.require_promoted is None:
+        forced["require_promoted"] = kafka.trainer.gate  # follow the promotion gate
     cfg = merged(kafka.serve, ctx, opts, **forced)
     try:
         cfg.check()

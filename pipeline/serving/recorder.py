@@ -40,7 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from pipeline import __version__, events
 from pipeline.kafka import DeliveryError, EventProducer, names
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 from .spool import Quarantined, Spool
 
@@ -62,7 +62,7 @@ _PERMANENT = {
 class Recorder:
     def __init__(
         self,
-        kafka: Settings,
+        kafka: Connectable,
         spool: Spool,
         *,
         delivery_timeout_s: float = 15.0,
@@ -73,7 +73,7 @@ class Recorder:
         ack_persist_s: float = 0.5,
         linger_s: float = 0.0,
     ) -> None:
-        self.kafka = kafka
+        self.kafka = connection_of(kafka)
         self.spool = spool
         self.delivery_timeout_s = delivery_timeout_s
         self.batch = batch
@@ -82,7 +82,7 @@ class Recorder:
         self.ack_persist_s = ack_persist_s  # how often a busy drainer persists the spool ack
         self.linger_s = linger_s  # a lone event waits this long for others to share its batch
         self.dlq_topic = dlq_topic
-        self.max_event_bytes = kafka.kafka.max_event_bytes
+        self.max_event_bytes = self.kafka.max_event_bytes
         self.delivered = 0
         self.redelivered = 0
         self.dead_lettered = 0
@@ -188,7 +188,7 @@ class Recorder:
     def _frame_or_letter(self, topic: str, event: events.Event) -> bytes:
         """The event's spool frame, or a dead letter's when it cannot go to ``topic``."""
         try:
-            v = self.kafka.kafka.codec_version
+            v = self.kafka.codec_version
             value = events.encode(event, version=v)
             if len(value) <= self.max_event_bytes:
                 hdrs = events.headers(event, version=v)

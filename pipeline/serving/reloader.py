@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlparse
 
 from pipeline import __version__, events
 from pipeline.kafka import EventConsumer, names
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.serving.errors import ManifestError
-from pipeline.settings import Settings
 
 from .backends.base import Backend
 
@@ -62,7 +62,7 @@ def verify(event: events.WeightsPublished) -> Path:
 class Reloader:
     def __init__(
         self,
-        kafka: Settings,
+        kafka: Connectable,
         backend: Backend,
         loop: asyncio.AbstractEventLoop,
         *,
@@ -72,7 +72,7 @@ class Reloader:
         topic: str = names.WEIGHTS,
         on_result: object = None,
     ) -> None:
-        self.kafka = kafka
+        self.kafka = connection_of(kafka)
         self.backend = backend
         self.loop = loop
         self.replica_id = replica_id

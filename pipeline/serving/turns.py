@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,14 @@ class TurnLedger:
 
 
 def read_recent(
-    settings: Settings, topic: str, lookback_s: float, timeout: float = 5.0
+    kafka: Connectable, topic: str, lookback_s: float, timeout: float = 5.0
 ) -> TurnLedger:
     """Interactions of the last ``lookback_s`` seconds, up to the end as of now."""
     from pipeline.kafka.consumer import coordinates
 
     ledger = TurnLedger()
     consumer = Consumer(
-        settings.kafka_client_config(
+        connection_of(kafka).client_config(
             **{
                 "group.id": "liverl-gateway-turns",
                 "enable.auto.commit": False,

@@ -42,9 +42,9 @@ from confluent_kafka import TopicPartition
 from pipeline import events
 from pipeline.events import DeadLetter, Producer, Sample
 from pipeline.kafka import EventConsumer, EventProducer, Record, names
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.consumer import carries
 from pipeline.kafka.inspect import watermarks
-from pipeline.settings import Settings
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer.batching import Batcher, check_sample
 from pipeline.trainer.config import TrainerSettings
@@ -82,14 +82,14 @@ class TrainerLoop:
 
     def __init__(
         self,
-        settings: Settings,
+        kafka: Connectable,
         cfg: TrainerSettings,
         *,
         on_stage: Stage | None = None,
         echo: Callable[[str], None] = print,
         dist: RankGroup | None = None,
     ) -> None:
-        self.settings = settings
+        self.settings = connection_of(kafka)  # where the samples and events are
         self.cfg = cfg
         self.echo = echo
         self.on_stage = on_stage
