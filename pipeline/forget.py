@@ -4,24 +4,24 @@ forgetting).
 
 A user is the interaction's ``user_id`` (``X-Liverl-User``, else the caller's key id, filled by
 the gateway); ``--user`` finds the user's sessions in the archive's interaction tables, in the
-interactions topic and in the gateway spools, then forgets each session. Per place:
+interactions topic and in the gateway spools, then forgets each session.
 
-- **Delta**: every table of the lake (and of replay namespaces' lakes) with a ``session_id``
-  column: the partitions holding the sessions' rows are written again without them (one
-  overwrite commit per table, see :func:`delete_rows` for why not ``DeltaTable.delete``), a
-  checkpoint, then a vacuum of the files removed at least ``vacuum_retention_hours`` ago
-  (``--vacuum-now``: zero). The vacuum runs in delta-rs' lite
-  mode: it only ever deletes files the log removed, never a concurrent writer's uncommitted
-  ones, so it is safe next to a running trainer and archiver; the retention protects readers
-  of older table versions (time travel, a running offline retraining).
-- **Trainer version folders** (``vN/trainer/trajectories.parquet``, the rows kept so that a
-  restart can finish publishing): rewritten without the rows, the manifest's sha256 updated.
-- **Faust changelog topics** ``<app_id>-<table>-changelog`` (compacted, keyed by session):
-  a tombstone for each of the session's keys whose latest value is not one already.
-- **Gateway spools**: segments are rewritten only under the spool's lock taken exclusively, so
-  never under a running gateway; a live spool still holding undelivered frames of the
-  session is a refusal (they are about to reach Kafka); delivered frames in a live spool stay
-  until the gateway deletes their segment, and the output and the log say so.
+This module orchestrates; each store's ``survey`` and ``erase`` live beside the format that
+store owns, so a change to a format is a change to its forget:
+
+- **Delta** (:mod:`pipeline.lake.forget`): every table of the lake (and of replay namespaces'
+  lakes) with a ``session_id`` column, partitions rewritten without the rows, then a lite
+  vacuum of the files removed at least ``vacuum_retention_hours`` ago (``--vacuum-now``:
+  zero), safe next to a running trainer and archiver.
+- **Trainer version folders** (:mod:`pipeline.trainer.forget`): ``vN/trainer/
+  trajectories.parquet`` rewritten without the rows, the manifest's sha256 updated.
+- **Faust changelogs** (:mod:`pipeline.processors.forget`): a tombstone for each of the
+  sessions' keys whose latest value is not one already.
+- **Gateway spools** (:mod:`pipeline.serving.spool_forget`): rewritten only under the
+  spool's lock taken exclusively, so never under a running gateway; a live spool still
+  holding undelivered frames of the sessions is a refusal (they are about to reach Kafka);
+  delivered frames in a live spool stay until the gateway deletes their segment, and the
+  output and the log say so.
 - **Kafka topics** (``cleanup.policy=delete``) cannot delete by key: their retention is the
   bound, which forget reports per topic from the records it saw.
 
