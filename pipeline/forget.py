@@ -4,24 +4,24 @@ forgetting).
 
 A user is the interaction's ``user_id`` (``X-Liverl-User``, else the caller's key id, filled by
 the gateway); ``--user`` finds the user's sessions in the archive's interaction tables, in the
-interactions topic and in the gateway spools, then forgets each session. Per place:
+interactions topic and in the gateway spools, then forgets each session.
 
-- **Delta**: every table of the lake (and of replay namespaces' lakes) with a ``session_id``
-  column: the partitions holding the sessions' rows are written again without them (one
-  overwrite commit per table, see :func:`delete_rows` for why not ``DeltaTable.delete``), a
-  checkpoint, then a vacuum of the files removed at least ``vacuum_retention_hours`` ago
-  (``--vacuum-now``: zero). The vacuum runs in delta-rs' lite
-  mode: it only ever deletes files the log removed, never a concurrent writer's uncommitted
-  ones, so it is safe next to a running trainer and archiver; the retention protects readers
-  of older table versions (time travel, a running offline retraining).
-- **Trainer version folders** (``vN/trainer/trajectories.parquet``, the rows kept so that a
-  restart can finish publishing): rewritten without the rows, the manifest's sha256 updated.
-- **Faust changelog topics** ``<app_id>-<table>-changelog`` (compacted, keyed by session):
-  a tombstone for each of the session's keys whose latest value is not one already.
-- **Gateway spools**: segments are rewritten only under the spool's lock taken exclusively, so
-  never under a running gateway; a live spool still holding undelivered frames of the
-  session is a refusal (they are about to reach Kafka); delivered frames in a live spool stay
-  until the gateway deletes their segment, and the output and the log say so.
+This module orchestrates; each store's ``survey`` and ``erase`` live beside the format that
+store owns, so a change to a format is a change to its forget:
+
+- **Delta** (:mod:`pipeline.lake.forget`): every table of the lake (and of replay namespaces'
+  lakes) with a ``session_id`` column, partitions rewritten without the rows, then a lite
+  vacuum of the files removed at least ``vacuum_retention_hours`` ago (``--vacuum-now``:
+  zero), safe next to a running trainer and archiver.
+- **Trainer version folders** (:mod:`pipeline.trainer.forget`): ``vN/trainer/
+  trajectories.parquet`` rewritten without the rows, the manifest's sha256 updated.
+- **Faust changelogs** (:mod:`pipeline.processors.forget`): a tombstone for each of the
+  sessions' keys whose latest value is not one already.
+- **Gateway spools** (:mod:`pipeline.serving.spool_forget`): rewritten only under the
+  spool's lock taken exclusively, so never under a running gateway; a live spool still
+  holding undelivered frames of the sessions is a refusal (they are about to reach Kafka);
+  delivered frames in a live spool stay until the gateway deletes their segment, and the
+  output and the log say so.
 - **Kafka topics** (``cleanup.policy=delete``) cannot delete by key: their retention is the
   bound, which forget reports per topic from the records it saw.
 
@@ -33,20 +33,17 @@ content. ``--dry-run`` prints the same survey and changes nothing, the log inclu
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import getpass
 import hashlib
 import os
-import re
 import socket
 import time
 import uuid
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
@@ -57,7 +54,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pipeline import __version__
 from pipeline.errors import ForgetError
 from pipeline.kafka import names
+from pipeline.kafka.errors import ReadError
 from pipeline.settings import Settings
+
+# The stores' parts are imported where they are used: every `liverl` command loads this
+# module (the CLI lists it), and the spool's and processors' parts pull in Kafka clients.
+if TYPE_CHECKING:
+    from pipeline.lake.forget import DeltaHit
+    from pipeline.processors.forget import ChangelogHit
+    from pipeline.serving.spool_forget import SpoolHit
+    from pipeline.trainer.forget import VersionHit
 
 FORGET_LOG = "forget_log"
 FORGET_LOG_SCHEMA = pa.schema(
@@ -79,8 +85,7 @@ MAX_ID_CHARS = 256
 # Kafka's default segment.ms (log.roll.hours = 168): a record is deleted with its segment, so
 # it can outlive retention.ms by up to this when the spec does not set segment.ms.
 DEFAULT_SEGMENT_MS = 7 * 24 * 3_600_000
-_FRAME_HEAD = 8  # spool frames: >II (length, crc32) then the payload
-_COMMIT_ATTEMPTS = 8
+GROUP_PREFIX = "liverl-forget-"  # the one-shot reader's throwaway group id
 
 
 class ForgetSettings(BaseSettings):
@@ -95,37 +100,6 @@ class ForgetSettings(BaseSettings):
 
 
 # ---- what was found --------------------------------------------------------------------------
-
-
-@dataclass
-class DeltaHit:
-    label: str  # table path under its lake (replay lakes: replay/NAME/<table>)
-    path: Path
-    rows: int
-    archive: bool  # an archive table: dead letters and tombstones match by Kafka key
-    newest_ms: dict[str, int] = field(default_factory=dict)  # archive: topic -> newest record
-
-
-@dataclass
-class ChangelogHit:
-    topic: str
-    keys: list[tuple[int, bytes]]  # (partition, key) whose latest value is not a tombstone
-    touched_ms: int = 0  # newest touched_ms among the session states (0: unknown)
-
-
-@dataclass
-class SpoolHit:
-    path: Path
-    pending: int  # frames not yet delivered to Kafka
-    delivered: int  # delivered frames whose segment is still on disk
-    quarantined: list[Path]  # damaged regions that name the session
-    live: bool  # a gateway holds the spool
-
-
-@dataclass
-class VersionHit:
-    folder: Path
-    rows: int
 
 
 @dataclass
@@ -189,28 +163,6 @@ def spool_dirs(settings: Settings, extra: Iterable[Path] = ()) -> list[Path]:
 # ---- Kafka -----------------------------------------------------------------------------------
 
 
-def _consumer(settings: Settings) -> Any:
-    from confluent_kafka import Consumer
-
-    fetch = settings.kafka.max_fetch_bytes
-    return Consumer(
-        settings.kafka_client_config(
-            **{
-                # assign only, never commits: forget leaves no consumer group behind
-                "group.id": f"liverl-forget-{uuid.uuid4().hex[:12]}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                "max.partition.fetch.bytes": fetch,
-                "fetch.max.bytes": max(52428800, fetch * 2),
-                "receive.message.max.bytes": max(52428800, fetch * 2) + 1024 * 1024,
-            }
-        )
-    )
-
-
 def broker_topics(settings: Settings, timeout_s: float = 15.0) -> set[str]:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
@@ -220,139 +172,6 @@ def broker_topics(settings: Settings, timeout_s: float = 15.0) -> set[str]:
     except KafkaException as exc:
         raise ForgetError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
     return {t for t, m in meta.topics.items() if m.error is None}
-
-
-def scan_topics(
-    settings: Settings,
-    topics: Iterable[str],
-    handle: Callable[[Any], None],
-    idle_timeout_s: float = 30.0,
-) -> None:
-    """Every record of ``topics`` from the low to the high watermark captured at start."""
-    from confluent_kafka import KafkaError, TopicPartition
-
-    consumer = _consumer(settings)
-    try:
-        todo: list[Any] = []
-        ends: dict[tuple[str, int], int] = {}
-        for topic in topics:
-            meta = consumer.list_topics(topic, timeout=idle_timeout_s).topics.get(topic)
-            if meta is None or meta.error is not None:
-                continue
-            for p in sorted(meta.partitions):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=idle_timeout_s
-                )
-                if high > low:
-                    todo.append(TopicPartition(topic, p, low))
-                    ends[(topic, p)] = high
-        if not todo:
-            return
-        consumer.assign(todo)
-        pending = set(ends)
-        last_progress = time.monotonic()
-        while pending:
-            msgs = consumer.consume(num_messages=1000, timeout=0.5)
-            if not msgs and time.monotonic() - last_progress > idle_timeout_s:
-                left = ", ".join(f"{t}[{p}]" for t, p in sorted(pending))
-                raise ForgetError(f"reading {left} stalled for {idle_timeout_s:.0f}s")
-            for m in msgs:
-                last_progress = time.monotonic()
-                tp = (m.topic(), m.partition())
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(tp)
-                        continue
-                    raise ForgetError(f"reading {tp[0]}[{tp[1]}]: {err}")
-                if tp not in pending:
-                    continue
-                if m.offset() < ends[tp]:
-                    handle(m)
-                if m.offset() + 1 >= ends[tp]:
-                    pending.discard(tp)
-    finally:
-        consumer.close()
-
-
-def changelog_topics(settings: Settings, present: set[str]) -> dict[str, str]:
-    """changelog topic -> table name, for the processors' app id (live and replay namespaces):
-    Faust names a table's changelog ``<app_id>-<table>-changelog``."""
-    app_id = re.escape(settings.processors.app_id)
-    pattern = re.compile(
-        rf"^(?:{re.escape(names.NAMESPACE_PREFIX)}[A-Za-z0-9_-]+\.)?{app_id}-(.+)-changelog$"
-    )
-    return {t: m[1] for t in sorted(present) if (m := pattern.match(t))}
-
-
-def session_of_key(table: str, key: bytes) -> bytes | None:
-    """The session a changelog key belongs to (processors/app.py): ``session`` (sessions,
-    judging), ``session\\0turn`` (tokens), ``session\\0id`` (parked, judge_parked),
-    ``group\\0session`` (group_members). ``groups`` (group id -> member ids) holds no content
-    and is left alone."""
-    if table == "groups":
-        return None
-    if table == "group_members":
-        return key.split(b"\0", 1)[1] if b"\0" in key else None
-    return key.split(b"\0", 1)[0]
-
-
-def survey_changelogs(
-    settings: Settings, sessions: list[str], present: set[str]
-) -> list[ChangelogHit]:
-    wanted = {s.encode() for s in sessions}
-    tables = changelog_topics(settings, present)
-    latest: dict[tuple[str, int, bytes], bytes | None] = {}
-
-    def handle(m: Any) -> None:
-        key = m.key()
-        if key is None:
-            return
-        sid = session_of_key(tables[m.topic()], key)
-        if sid in wanted:
-            latest[(m.topic(), m.partition(), key)] = m.value()
-
-    scan_topics(settings, tables, handle)
-    hits: dict[str, ChangelogHit] = {t: ChangelogHit(t, []) for t in tables}
-    for (topic, partition, key), value in sorted(latest.items()):
-        if value is None:
-            continue  # already a tombstone
-        hit = hits[topic]
-        hit.keys.append((partition, key))
-        if tables[topic] in ("sessions", "judging"):
-            with contextlib.suppress(Exception):
-                hit.touched_ms = max(hit.touched_ms, int(orjson.loads(value)["touched_ms"]))
-    return [h for h in hits.values() if h.keys]
-
-
-def tombstone(settings: Settings, hits: list[ChangelogHit], timeout_s: float = 30.0) -> int:
-    """A null value for each key, on the partition where its values are: compaction then
-    drops the values, and a worker recovering the table no longer sees the session."""
-    from confluent_kafka import Producer
-
-    producer = Producer(
-        settings.kafka_client_config(**{"enable.idempotence": True, "acks": "all"})
-    )
-    errors: list[str] = []
-
-    def delivered(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
-
-    sent = 0
-    for hit in hits:
-        for partition, key in hit.keys:
-            producer.produce(hit.topic, key=key, value=None, partition=partition,
-                             on_delivery=delivered)
-            producer.poll(0)
-            sent += 1
-    left = producer.flush(timeout_s)
-    if left or errors:
-        raise ForgetError(
-            f"{left + len(errors)} of {sent} changelog tombstones were not delivered "
-            f"({'; '.join(errors[:3]) or 'timeout'}); run forget again"
-        )
-    return sent
 
 
 def interaction_topics(settings: Settings, present: set[str]) -> list[str]:
@@ -386,7 +205,9 @@ def scan_interactions(
             c[0] += 1
             c[1] = max(c[1], m.timestamp()[1])
 
-    scan_topics(settings, topics, handle)
+    from pipeline.kafka.reader import read_to_end
+
+    read_to_end(settings, topics, handle, group_prefix=GROUP_PREFIX)
     out: dict[str, tuple[int, int]] = {}
     for topic in topics:
         mine = [c for (t, sid), c in counts.items() if t == topic and sid in sessions]
@@ -394,214 +215,14 @@ def scan_interactions(
     return sessions, out
 
 
-# ---- Delta -----------------------------------------------------------------------------------
-
-
-def _sql_literal(value: Any) -> str:
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ForgetError(f"cannot write a predicate on partition value {value!r}")
-    return str(value)
-
-
-def partition_predicate(columns: list[str], values: Iterable[tuple[Any, ...]]) -> str:
-    """SQL selecting whole partitions: Delta removes their files without rewriting any."""
-    terms = []
-    for combo in sorted(set(values), key=repr):
-        parts = [
-            f"{c} IS NULL" if v is None else f"{c} = {_sql_literal(v)}"
-            for c, v in zip(columns, combo, strict=True)
-        ]
-        terms.append("(" + " AND ".join(parts) + ")")
-    return " OR ".join(terms)
-
-
-def _is_archive(schema: pa.Schema) -> bool:
-    return "key" in schema.names and pa.types.is_binary(schema.field("key").type)
-
-
-def session_mask(batch: pa.RecordBatch | pa.Table, sessions: list[str], archive: bool) -> Any:
-    """Rows of the sessions; in archive tables also those with no decoded session (dead
-    letters, tombstones) whose Kafka key is a session id. Computed in memory: a dataset filter
-    on a string column fails on files delta-rs wrote with view types (see delete_rows)."""
-    import pyarrow.compute as pc
-
-    sid = batch.column("session_id")
-    mask = pc.fill_null(pc.is_in(sid, value_set=pa.array(sessions, pa.string())), False)
-    if archive:
-        keys = pa.array([s.encode() for s in sessions], pa.binary())
-        in_keys = pc.fill_null(pc.is_in(batch.column("key"), value_set=keys), False)
-        mask = pc.or_(mask, pc.and_(pc.is_null(sid), in_keys))
-    return mask
-
-
-def session_tables(root: Path) -> dict[str, Path]:
-    """Tables under ``root`` with a ``session_id`` column (the log excluded), by label."""
-    from pipeline.lake.reading import dataset as delta_dataset
-    from pipeline.lake.sql import find_tables
-
-    out: dict[str, Path] = {}
-    for path in find_tables(root).values():
-        label = path.relative_to(root).as_posix()
-        if label == FORGET_LOG:
-            continue
-        schema = delta_dataset(path).schema
-        if "session_id" in schema.names:
-            out[label] = path
-    return out
-
-
-def _matches(path: Path, sessions: list[str], extra: list[str]) -> tuple[pa.Table, bool]:
-    """The sessions' rows of a table: ``session_id`` (and ``key``) plus the ``extra`` columns
-    the table has; and whether it is an archive table."""
-    from pipeline.lake.reading import dataset as delta_dataset
-
-    dataset = delta_dataset(path)
-    archive = _is_archive(dataset.schema)
-    names_ = ["session_id", *(["key"] if archive else []), *extra]
-    cols = [c for c in dict.fromkeys(names_) if c in dataset.schema.names]
-    schema = pa.schema([dataset.schema.field(c) for c in cols])
-    found = [
-        batch.filter(session_mask(batch, sessions, archive))
-        for batch in dataset.scanner(columns=cols).to_batches()
-        if batch.num_rows
-    ]
-    return pa.Table.from_batches(found, schema=schema), archive
+# ---- the stores' parts --------------------------------------------------------------------
 
 
 def survey_delta(settings: Settings, lake: Path, sessions: list[str]) -> list[DeltaHit]:
-    hits = []
-    for prefix, root in lakes(settings, lake):
-        for label, path in session_tables(root).items():
-            rows, archive = _matches(path, sessions, ["topic", "timestamp_ms"])
-            hit = DeltaHit(prefix + label, path, rows.num_rows, archive)
-            if {"topic", "timestamp_ms"} <= set(rows.column_names) and rows.num_rows:
-                newest = rows.group_by("topic").aggregate([("timestamp_ms", "max")])
-                hit.newest_ms = dict(
-                    zip(newest["topic"].to_pylist(), newest["timestamp_ms_max"].to_pylist(),
-                        strict=True)
-                )
-            hits.append(hit)
-    return hits
+    """The sessions' rows in the lake and in every replay namespace's lake."""
+    from pipeline.lake import forget as lake_forget
 
-
-def archive_sessions_of(settings: Settings, lake: Path, user: str) -> set[str]:
-    """Sessions whose archived interactions carry ``user_id == user`` (every archive table of
-    every lake holding ``interaction`` events; the payload is read, since the archive keeps
-    no user column)."""
-    from pipeline.lake.reading import dataset as delta_dataset
-
-    needle = orjson.dumps(user)
-    found: set[str] = set()
-    for _prefix, root in lakes(settings, lake):
-        for path in session_tables(root).values():
-            dataset = delta_dataset(path)
-            if not {"event_type", "payload"} <= set(dataset.schema.names):
-                continue
-            scanner = dataset.scanner(columns=["event_type", "session_id", "payload"])
-            for batch in scanner.to_batches():
-                rows = zip(batch.column("event_type").to_pylist(),
-                           batch.column("session_id").to_pylist(),
-                           batch.column("payload").to_pylist(), strict=True)
-                for kind, sid, raw in rows:
-                    if kind != "interaction" or sid is None or raw is None or needle not in raw:
-                        continue
-                    with contextlib.suppress(Exception):
-                        if orjson.loads(raw).get("user_id") == user:
-                            found.add(sid)
-    return found
-
-
-def _partition_filter(columns: list[str], combos: Iterable[tuple[Any, ...]]) -> Any:
-    import pyarrow.dataset as ds
-
-    expr = None
-    for combo in set(combos):
-        term = None
-        for c, v in zip(columns, combo, strict=True):
-            t = ds.field(c).is_null() if v is None else ds.field(c) == v
-            term = t if term is None else term & t
-        expr = term if expr is None else expr | term
-    return expr
-
-
-def _without(
-    batches: Iterable[pa.RecordBatch], sessions: list[str], archive: bool, removed: list[int]
-) -> Iterator[pa.RecordBatch]:
-    """The batches minus the sessions' rows, counting those in ``removed[0]``."""
-    import pyarrow.compute as pc
-
-    for batch in batches:
-        mask = session_mask(batch, sessions, archive)
-        removed[0] += pc.sum(mask).as_py() or 0
-        yield batch.filter(pc.invert(mask))
-
-
-def delete_rows(hit: DeltaHit, sessions: list[str]) -> int:
-    """Remove the sessions' rows; returns how many. Each partition holding some is written
-    again without them, in one overwrite commit (retried when it races a concurrent writer).
-
-    Not ``DeltaTable.delete``: the files it rewrites carry Arrow view types (delta-rs 1.6),
-    after which every filtered read of the table through pyarrow (``liverl sql ... WHERE
-    session_id = ...``, the archive's readers) fails with "no kernel matching input types
-    (string, string_view)". An overwrite whose predicate names partitions only removes whole
-    files, so every file of the table keeps coming from ``write_deltalake``."""
-    from deltalake import DeltaTable, write_deltalake
-    from deltalake.exceptions import CommitFailedError
-
-    from pipeline.lake.reading import dataset as delta_dataset
-
-    for attempt in range(_COMMIT_ATTEMPTS):
-        table = DeltaTable(str(hit.path))
-        parts = list(table.metadata().partition_columns)
-        found, archive = _matches(hit.path, sessions, parts)
-        if not found.num_rows:
-            return 0
-        combos = list(zip(*(found.column(c).to_pylist() for c in parts), strict=True))
-        dataset = delta_dataset(table)
-        scanner = dataset.scanner(filter=_partition_filter(parts, combos) if parts else None)
-        removed = [0]
-        kept = _without(scanner.to_batches(), sessions, archive, removed)
-        reader = pa.RecordBatchReader.from_batches(dataset.schema, kept)
-        try:
-            write_deltalake(
-                str(hit.path), reader, mode="overwrite",
-                predicate=partition_predicate(parts, combos) if parts else None,
-            )
-        except CommitFailedError as exc:
-            if attempt == _COMMIT_ATTEMPTS - 1:
-                where = partition_predicate(parts, combos) if parts else "the table"
-                raise ForgetError(
-                    f"{hit.path}: {_COMMIT_ATTEMPTS} commits lost to concurrent writers "
-                    f"appending to {where} ({exc}); run forget again, or pause the writer "
-                    "(liverl archive, the trainer) for a moment"
-                ) from None
-            continue
-        # A checkpoint lets the log cleanup (delta.logRetentionDuration) drop the commits
-        # whose statistics still name the removed rows' values.
-        DeltaTable(str(hit.path)).create_checkpoint()
-        DeltaTable(str(hit.path)).cleanup_metadata()
-        return removed[0]
-    return 0  # pragma: no cover - the loop returns or raises
-
-
-def vacuum(paths: Iterable[Path], retention_hours: int) -> int:
-    """Lite vacuum (only files the log removed, never untracked ones a concurrent writer is
-    about to commit) of files removed at least ``retention_hours`` ago; returns files deleted."""
-    from deltalake import DeltaTable
-
-    removed = 0
-    for path in paths:
-        removed += len(
-            DeltaTable(str(path)).vacuum(
-                retention_hours=retention_hours,
-                dry_run=False,
-                enforce_retention_duration=False,
-                full=False,
-            )
-        )
-    return removed
+    return lake_forget.survey(lakes(settings, lake), sessions)
 
 
 def write_log(lake: Path, row: dict[str, Any]) -> None:
@@ -612,223 +233,6 @@ def write_log(lake: Path, row: dict[str, Any]) -> None:
         pa.Table.from_pylist([row], schema=FORGET_LOG_SCHEMA),
         mode="append",
     )
-
-
-# ---- trainer version folders -----------------------------------------------------------------
-
-
-def _trajectory_files(settings: Settings) -> Iterator[Path]:
-    from pipeline.trainer import checkpoint as ck
-    from pipeline.trainer.publish import TRAJ_FILE
-
-    for root in weights_roots(settings):
-        if not root.is_dir():
-            continue
-        for policy in sorted(p.name for p in root.iterdir() if p.is_dir()):
-            for v in ck.versions(root, policy):
-                f = ck.version_dir(root, policy, v) / ck.TRAINER_DIR / TRAJ_FILE
-                if f.is_file():
-                    yield f
-
-
-def survey_versions(settings: Settings, sessions: list[str]) -> list[VersionHit]:
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    hits = []
-    wanted = pa.array(sessions, pa.string())
-    for f in _trajectory_files(settings):
-        col = pq.read_table(f, columns=["session_id"]).column("session_id")
-        n = pc.sum(pc.is_in(col, value_set=wanted)).as_py() or 0
-        if n:
-            hits.append(VersionHit(f.parent.parent, int(n)))
-    return hits
-
-
-def rewrite_version(hit: VersionHit, sessions: list[str]) -> int:
-    """The folder's trajectory rows without the sessions; the manifest follows the new file.
-
-    Two renames (rows, then manifest): a trainer starting between them would take this version
-    as corrupt, so folders are rewritten oldest first and only those holding the sessions."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from pipeline.durable import atomic_write, replacing, sha256_file
-    from pipeline.trainer import checkpoint as ck
-    from pipeline.trainer.publish import TRAJ_FILE
-
-    f = hit.folder / ck.TRAINER_DIR / TRAJ_FILE
-    table = pq.read_table(f)
-    drop = pc.is_in(table.column("session_id"), value_set=pa.array(sessions, pa.string()))
-    keep = table.filter(pc.invert(pc.fill_null(drop, False)))
-    manifest = ck.Manifest.from_json((hit.folder / ck.MANIFEST).read_bytes())
-    rel = f.relative_to(hit.folder).as_posix()
-    with replacing(f) as tmp:
-        pq.write_table(keep, tmp)
-        for entry in manifest.trainer_files:
-            if entry["path"] == rel:
-                entry["sha256"], entry["bytes"] = sha256_file(tmp), tmp.stat().st_size
-    atomic_write(hit.folder / ck.MANIFEST, manifest.to_json())
-    return table.num_rows - keep.num_rows
-
-
-# ---- gateway spools --------------------------------------------------------------------------
-
-
-def _frames(data: bytes) -> Iterator[tuple[int, int, bytes | None]]:
-    """(start, end, payload) of each whole frame of a segment; a damaged region ends the walk
-    as one (start, len, None): what follows it is kept unexamined."""
-    pos = 0
-    while pos < len(data):
-        ok = len(data) - pos >= _FRAME_HEAD
-        if ok:
-            length = int.from_bytes(data[pos : pos + 4], "big")
-            crc = int.from_bytes(data[pos + 4 : pos + 8], "big")
-            end = pos + _FRAME_HEAD + length
-            ok = length > 0 and end <= len(data)
-            ok = ok and zlib.crc32(memoryview(data)[pos + _FRAME_HEAD : end]) == crc
-        if not ok:
-            yield pos, len(data), None
-            return
-        yield pos, end, data[pos + _FRAME_HEAD : end]
-        pos = end
-
-
-def _frame_session(payload: bytes) -> tuple[str, str | None, bytes]:
-    """(topic, session, value) of a spool frame (recorder.frame): the key, or the value's
-    ``session_id`` for a keyless record."""
-    from pipeline.serving.recorder import unframe
-
-    topic, key, value, _ = unframe(payload)
-    if key is not None:
-        return topic, key.decode("utf-8", "replace"), value
-    sid = None
-    with contextlib.suppress(Exception):
-        got = orjson.loads(value).get("session_id")
-        sid = got if isinstance(got, str) else None
-    return topic, sid, value
-
-
-def _cursor(spool: Path) -> tuple[int, int]:
-    """(segment, byte offset) of the first undelivered frame (spool.py's acked.json)."""
-    try:
-        raw = orjson.loads((spool / "acked.json").read_bytes())
-        return int(raw["segment"]), int(raw["offset"])
-    except FileNotFoundError:
-        return -1, 0  # nothing acknowledged: every frame is pending
-
-
-def _segments(spool: Path) -> list[tuple[int, Path]]:
-    return sorted((int(p.stem), p) for p in spool.glob("*.log") if p.stem.isdigit())
-
-
-def spool_user_sessions(spool: Path, topic: str, user: str) -> set[str]:
-    needle = orjson.dumps(user)
-    found: set[str] = set()
-    for _first, seg in _segments(spool):
-        for _s, _e, payload in _frames(seg.read_bytes()):
-            if payload is None:
-                continue
-            with contextlib.suppress(Exception):  # the value is escaped inside the frame
-                t, sid, value = _frame_session(payload)
-                if t == topic and sid is not None and needle in value \
-                        and orjson.loads(value).get("user_id") == user:
-                    found.add(sid)
-    return found
-
-
-def _quarantined(spool: Path, sessions: list[str]) -> list[Path]:
-    from pipeline.serving.spool import QUARANTINE_DIR
-
-    marks = [b'"k":' + orjson.dumps(s) for s in sessions]
-    out = []
-    for bad in sorted((spool / QUARANTINE_DIR).glob("*.bad")):
-        with contextlib.suppress(OSError):
-            data = bad.read_bytes()
-            if any(m in data for m in marks):
-                out.append(bad)
-    return out
-
-
-def survey_spool(spool: Path, sessions: list[str], live: bool) -> SpoolHit:
-    wanted = set(sessions)
-    cur_seg, cur_off = _cursor(spool)
-    pending = delivered = 0
-    for first, seg in _segments(spool):
-        for _start, end, payload in _frames(seg.read_bytes()):
-            if payload is None:
-                continue
-            with contextlib.suppress(Exception):
-                if _frame_session(payload)[1] in wanted:
-                    if first < cur_seg or (first == cur_seg and end <= cur_off):
-                        delivered += 1
-                    else:
-                        pending += 1
-    return SpoolHit(spool, pending, delivered, _quarantined(spool, sessions), live)
-
-
-def rewrite_spool(hit: SpoolHit, sessions: list[str]) -> int:
-    """Drop the sessions' undelivered frames and blank their delivered ones; call with the
-    spool's lock held exclusively (no gateway running on it).
-
-    Delivered frames keep their length, replaced by a frame of spaces with a valid crc, so
-    the byte offset of the acknowledged position stays right and a segment's frame count is
-    unchanged; undelivered frames are removed, so they are never sent. Each segment is
-    replaced atomically (temp file, fsync, rename), so a crash leaves it old or new."""
-    from pipeline.durable import atomic_write, fsync_path
-
-    wanted = set(sessions)
-    cur_seg, cur_off = _cursor(hit.path)
-    changed = 0
-    for first, seg in _segments(hit.path):
-        data = seg.read_bytes()
-        out = bytearray()
-        touched = 0
-        for start, end, payload in _frames(data):
-            session = None
-            if payload is not None:
-                with contextlib.suppress(Exception):
-                    session = _frame_session(payload)[1]
-            if payload is None or session not in wanted:
-                out += data[start:end]
-                continue
-            touched += 1
-            if first < cur_seg or (first == cur_seg and end <= cur_off):
-                blank = b" " * len(payload)
-                out += len(blank).to_bytes(4, "big") + zlib.crc32(blank).to_bytes(4, "big")
-                out += blank
-        if not touched:
-            continue
-        atomic_write(seg, bytes(out), sync_folder=False)  # one folder fsync at the end
-        changed += touched
-    for bad in hit.quarantined:
-        bad.unlink(missing_ok=True)
-    fsync_path(hit.path)
-    return changed
-
-
-@contextlib.contextmanager
-def spool_locks(dirs: list[Path]) -> Iterator[dict[Path, bool]]:
-    """Try each spool's lock exclusively: path -> True when a gateway holds it (live)."""
-    from pipeline.serving.spool import LOCK_FILE
-
-    fds: list[int] = []
-    live: dict[Path, bool] = {}
-    try:
-        for d in dirs:
-            fd = os.open(d / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                live[d] = True
-                continue
-            fds.append(fd)
-            live[d] = False
-        yield live
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 # ---- the survey and the run ------------------------------------------------------------------
@@ -887,10 +291,13 @@ def resolve_sessions(
 ) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """The user's sessions from the archive, the spools and the interactions topics, and per
     topic (records, newest timestamp) of those sessions."""
-    found = archive_sessions_of(settings, lake, user)
+    from pipeline.lake import forget as lake_forget
+    from pipeline.serving import spool_forget
+
+    found = lake_forget.user_sessions(lakes(settings, lake), user)
     topic = names.resolve(settings.serve.interactions_topic, settings.kafka.namespace)
     for spool in spools:
-        found |= spool_user_sessions(spool, topic, user)
+        found |= spool_forget.user_sessions(spool, topic, user)
     found, kafka = scan_interactions(settings, topics, found, user)
     return sorted(found), kafka
 
@@ -903,6 +310,25 @@ def survey(
     spools: list[Path],
     live: dict[Path, bool],
 ) -> Survey:
+    """Resolve the sessions, then ask every store what it holds of them."""
+    try:
+        return _survey(settings, lake, target, value, spools, live)
+    except ReadError as exc:  # a topic read stopped short: nothing may be missed silently
+        raise ForgetError(str(exc)) from None
+
+
+def _survey(
+    settings: Settings,
+    lake: Path,
+    target: str,
+    value: str,
+    spools: list[Path],
+    live: dict[Path, bool],
+) -> Survey:
+    from pipeline.processors import forget as processors_forget
+    from pipeline.serving import spool_forget
+    from pipeline.trainer import forget as trainer_forget
+
     present = broker_topics(settings)
     topics = interaction_topics(settings, present)
     if target == "user":
@@ -914,9 +340,11 @@ def survey(
     if not sessions:
         return s
     s.delta = survey_delta(settings, lake, sessions)
-    s.changelogs = survey_changelogs(settings, sessions, present)
-    s.spools = [survey_spool(p, sessions, live.get(p, False)) for p in spools]
-    s.versions = survey_versions(settings, sessions)
+    s.changelogs = processors_forget.survey(
+        settings, settings.processors.app_id, sessions, present
+    )
+    s.spools = [spool_forget.survey(p, sessions, live.get(p, False)) for p in spools]
+    s.versions = trainer_forget.survey(weights_roots(settings), sessions)
     now = time.time() * 1000
     retain_ms = settings.processors.retain_s * 1000
     for hit in s.changelogs:
@@ -1005,7 +433,11 @@ def forget(
     retention and forgetting"); each run that changes something is recorded, counts only, in
     the forget_log table.
     """
+    from pipeline.lake import forget as lake_forget
     from pipeline.lake.sql import default_lake
+    from pipeline.processors import forget as processors_forget
+    from pipeline.serving import spool_forget
+    from pipeline.trainer import forget as trainer_forget
 
     settings: Settings = (ctx.find_root().obj or {}).get("settings") or Settings()
     lake = lake or default_lake(ctx)
@@ -1014,8 +446,9 @@ def forget(
     if vacuum_only:
         if session_id is not None or user_id is not None or dry_run:
             raise click.UsageError("--vacuum-only takes no --session, --user or --dry-run")
-        paths = [p for _, root in lakes(settings, lake) for p in session_tables(root).values()]
-        n = vacuum(paths, retention)
+        paths = [p for _, root in lakes(settings, lake)
+                 for p in lake_forget.session_tables(root).values()]
+        n = lake_forget.vacuum(paths, retention)
         click.echo(f"vacuumed {len(paths)} table(s): {n} file(s) removed at least "
                    f"{retention} h ago deleted")
         return
@@ -1028,9 +461,9 @@ def forget(
             f"--{target} must be a printable id of 1 to {MAX_ID_CHARS} characters"
         )
     spools = spool_dirs(settings, spool_dir)
-    with spool_locks([] if dry_run else spools) as live:
+    with spool_forget.locks([] if dry_run else spools) as live:
         if dry_run:  # only probe the locks: a dry run must not delay a starting gateway
-            live = {p: _held(p) for p in spools}
+            live = {p: spool_forget.held(p) for p in spools}
         s = survey(settings, lake, target, value, spools, live)
         if not s.found:
             where = "the archive, the interactions topic and the spools" if target == "user" else (
@@ -1056,20 +489,20 @@ def forget(
                                               "delta": {}}
         for sp in s.spools:
             if not sp.live and (sp.pending or sp.delivered or sp.quarantined):
-                removed["spools"][str(sp.path)] = rewrite_spool(sp, s.sessions)
+                removed["spools"][str(sp.path)] = spool_forget.erase(sp, s.sessions)
         kept["spools_live"] = {str(sp.path): sp.delivered for sp in s.spools
                                if sp.live and sp.delivered}
     if s.changelogs:
-        tombstone(settings, s.changelogs)
+        processors_forget.erase(settings, s.changelogs)
         removed["changelogs"] = {c.topic: len(c.keys) for c in s.changelogs}
     for v in s.versions:
-        removed["versions"][str(v.folder)] = rewrite_version(v, s.sessions)
+        removed["versions"][str(v.folder)] = trainer_forget.erase(v, s.sessions)
     # The archive last: `--user` finds sessions in its interactions, so a forget interrupted
     # before it can be run again with the same arguments.
     order = sorted((d for d in s.delta if d.rows), key=lambda d: d.archive)
     for d in order:
-        removed["delta"][d.label] = delete_rows(d, s.sessions)
-    vacuumed = vacuum([d.path for d in s.delta], retention)
+        removed["delta"][d.label] = lake_forget.erase(d, s.sessions)
+    vacuumed = lake_forget.vacuum([d.path for d in s.delta], retention)
     row = {
         "forget_id": uuid.uuid4().hex,
         "ts_ms": int(time.time() * 1000),
@@ -1092,8 +525,3 @@ def forget(
         click.echo(f"the replaced Delta files are deleted by the first vacuum after {retention} h "
                    "(`liverl forget --vacuum-only`, or the next forget)")
 
-
-def _held(spool: Path) -> bool:
-    """Whether a gateway holds the spool, without keeping the lock."""
-    with spool_locks([spool]) as live:
-        return live[spool]

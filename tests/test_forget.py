@@ -26,9 +26,11 @@ from jsonschema import Draft7Validator
 from pipeline import events
 from pipeline.cli import LiverlGroup
 from pipeline.events import examples
-from pipeline.forget import FORGET_LOG, delete_rows, forget, session_tables, survey_delta, vacuum
+from pipeline.forget import FORGET_LOG, forget, survey_delta
 from pipeline.lake import tables as T
 from pipeline.lake.archive import Archiver
+from pipeline.lake.forget import erase as delete_rows
+from pipeline.lake.forget import session_tables, vacuum
 from pipeline.lake.sql import run_query
 from pipeline.lake.writer import Appender
 from pipeline.serving.app import Gateway, create_app

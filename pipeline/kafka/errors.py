@@ -42,3 +42,8 @@ class TapError(LiverlError):
 
 class TopicMissing(TapError):
     """The broker has no such topic."""
+
+
+class ReadError(LiverlError):
+    """A one-shot read of a topic could not reach its end (a stalled partition, a fetch
+    error): what was read is partial and must not pass for the whole topic."""

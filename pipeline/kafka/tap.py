@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -226,29 +225,16 @@ def tap_records(
     timeout: float = 30.0,
 ) -> Iterator[TapRow]:
     """Yield the topic's records in per-partition order; never commits any offsets."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
     from confluent_kafka import TopicPartition as TP
 
     from pipeline import events
     from pipeline.kafka.consumer import coordinates
+    from pipeline.kafka.reader import one_shot_reader
 
     kafka = connection_of(connection)
-    fetch_total = max(52428800, kafka.max_fetch_bytes * 2)
-    conf = kafka.client_config(
-        **{
-            # Never joins (assign, no subscribe) and never commits: no group state at all.
-            "group.id": f"{TAP_GROUP_PREFIX}{uuid.uuid4().hex[:12]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": fetch_total,
-            "max.partition.fetch.bytes": kafka.max_fetch_bytes,
-            "receive.message.max.bytes": fetch_total + 1024 * 1024,
-        }
-    )
-    consumer = Consumer(conf)
+    # Never joins (assign, no subscribe) and never commits: no group state at all.
+    consumer = one_shot_reader(kafka, TAP_GROUP_PREFIX)
     try:
         meta = consumer.list_topics(topic, timeout=timeout)
         tmeta = meta.topics.get(topic)

@@ -22,7 +22,7 @@ from pipeline.kafka import names
 
 from . import grouping, runtime
 from .grouping import GroupIndex
-from .records import held_samples, member_key, sample_of
+from .records import GROUP_MEMBERS, GROUPS, held_samples, member_key, sample_of
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,8 @@ class GroupAgent:
     def __init__(self, rt: Runtime, topic: TopicT) -> None:
         self.rt, self.topic = rt, topic
         # Written only in the agent's stream, on the partition of the group id.
-        self.groups = rt.table("groups", use_partitioner=False)  # group id -> GroupIndex
-        self.members = rt.table("group_members", use_partitioner=False)  # group\0session
+        self.groups = rt.table(GROUPS, use_partitioner=False)  # group id -> GroupIndex
+        self.members = rt.table(GROUP_MEMBERS, use_partitioner=False)  # group\0session
         self.timeout_ms = int(rt.cfg.group_timeout_s * 1000)
         self.retain_ms = int(rt.cfg.retain_s * 1000)
 
@@ -60,7 +60,7 @@ class GroupAgent:
                 members[sid] = held_samples(raw)
             except events.EventValidationError as exc:
                 why = f"held samples of group member unreadable: {exc}"
-                await self.rt.dead_letter_state("group_members", key, raw, why)
+                await self.rt.dead_letter_state(GROUP_MEMBERS, key, raw, why)
         for s in grouping.normalize(gid.decode(), members, self.rt.cfg.sample_version):
             await self.rt.send(names.SAMPLES, s)
         for sid in index.members:

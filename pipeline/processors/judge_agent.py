@@ -23,7 +23,7 @@ from pipeline.kafka import names
 from . import judging, runtime
 from .judges import Judge
 from .judging import JudgeState
-from .records import park, parked_key, parked_next_state, touched
+from .records import JUDGE_PARKED, JUDGING, park, parked_key, parked_next_state, touched
 from .runtime import Runtime
 
 
@@ -43,8 +43,8 @@ class JudgeAgent:
 
     def __init__(self, rt: Runtime, judge: Judge, *, state_max_bytes: int) -> None:
         self.rt, self.judge, self.state_max_bytes = rt, judge, state_max_bytes
-        self.states = rt.table("judging")  # session id -> JudgeAgentState
-        self.parked = rt.session_table("judge_parked")  # as the session agent's ``parked``
+        self.states = rt.table(JUDGING)  # session id -> JudgeAgentState
+        self.parked = rt.session_table(JUDGE_PARKED)  # as the session agent's ``parked``
         # Next-state ids being judged right now: judge_grace must not dead-letter them meanwhile.
         self.in_flight: set[str] = set()
 

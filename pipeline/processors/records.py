@@ -9,6 +9,7 @@ session's state.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -37,6 +38,36 @@ def member_key(group_key: bytes, session_id: str) -> bytes:
 def session_of(key: bytes) -> bytes:
     """The session (or group) part of a composite key."""
     return key.split(b"\0", 1)[0]
+
+
+def member_session(key: bytes) -> bytes | None:
+    """The session part of a :func:`member_key` (None: not one)."""
+    return key.split(b"\0", 1)[1] if b"\0" in key else None
+
+
+def _no_session(_key: bytes) -> bytes | None:
+    return None
+
+
+# The app's tables, by the names the agents declare them with (Runtime.table refuses any
+# other, so a new table must say here how its key names a session: `liverl forget` finds a
+# session's state, and Faust names each table's changelog, from this).
+SESSIONS = "sessions"  # session id -> SessionState (session.py)
+TOKENS = "tokens"  # token_key -> token payload
+PARKED = "parked"  # parked_key -> a parked next state
+JUDGING = "judging"  # session id -> JudgeAgentState (a judge that is not inline)
+JUDGE_PARKED = "judge_parked"  # parked_key -> a next state the judge agent parked
+GROUPS = "groups"  # group id -> GroupIndex: member ids, no session's content
+GROUP_MEMBERS = "group_members"  # member_key -> the session's held samples
+TABLE_SESSION: dict[str, Callable[[bytes], bytes | None]] = {
+    SESSIONS: session_of,
+    TOKENS: session_of,
+    PARKED: session_of,
+    JUDGING: session_of,
+    JUDGE_PARKED: session_of,
+    GROUPS: _no_session,
+    GROUP_MEMBERS: member_session,
+}
 
 
 def park(msg: Any) -> bytes:

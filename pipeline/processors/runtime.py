@@ -29,7 +29,7 @@ from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.producer import bound_dead_letter
 
 from .config import ProcessorSettings
-from .records import Parked, key_partition, parked_key, session_of
+from .records import TABLE_SESSION, Parked, key_partition, parked_key, session_of
 from .rewards import UnmatchedHint
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,10 @@ class Runtime:
 
     def table(self, name: str, use_partitioner: bool = True) -> TableT:
         """A bytes -> bytes table co-partitioned with the session topics. ``use_partitioner``:
-        timers (idle sweep, grace) may write a session outside a stream."""
+        timers (idle sweep, grace) may write a session outside a stream. Only the tables of
+        :data:`~.records.TABLE_SESSION`: forget must know how a table's keys name a session."""
+        if name not in TABLE_SESSION:
+            raise ValueError(f"table {name!r} is not in records.TABLE_SESSION")
         return self.app.Table(
             name,
             default=None,

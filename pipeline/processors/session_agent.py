@@ -30,7 +30,16 @@ from pipeline.kafka import names
 from . import judging, runtime
 from . import session as session_mod
 from .judges import Judge
-from .records import park, parked_key, parked_next_state, token_key, touched
+from .records import (
+    PARKED,
+    SESSIONS,
+    TOKENS,
+    park,
+    parked_key,
+    parked_next_state,
+    token_key,
+    touched,
+)
 from .rewards import Assembler, TokenPayload, token_payload, unmatched_hints
 from .runtime import Runtime
 from .session import SessionStage, SessionState, Step, is_derived
@@ -51,11 +60,11 @@ class SessionAgent:
     ) -> None:
         self.rt, self.stage, self.assembler, self.judge = rt, stage, assembler, judge
         self.group_topic = group_topic
-        self.sessions = rt.table("sessions")  # session id -> SessionState (session.py)
-        self.tokens = rt.session_table("tokens")  # session\0turn -> token payload
+        self.sessions = rt.table(SESSIONS)  # session id -> SessionState (session.py)
+        self.tokens = rt.session_table(TOKENS)  # session\0turn -> token payload
         # session\0next-state id -> parked record: a next state waiting for its interaction.
         # Its offset is committed already: process memory would lose it on SIGKILL.
-        self.parked = rt.session_table("parked")
+        self.parked = rt.session_table(PARKED)
         # Hints from anywhere count (another judge, a person); verdicts come back through
         # their topic only from the judge agent.
         inputs: tuple[str, ...] = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)

@@ -221,24 +221,9 @@ READ_STALL_S = 120.0
 
 def reader(settings: Settings, **extra: Any) -> Any:
     """An assign-only consumer that never joins a group and never commits."""
-    from confluent_kafka import Consumer
+    from pipeline.kafka.reader import one_shot_reader
 
-    fetch_total = max(52428800, settings.kafka.max_fetch_bytes * 2)
-    conf = settings.kafka_client_config(
-        **{
-            "group.id": f"liverl-replay-reader-{uuid.uuid4().hex[:12]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": fetch_total,
-            "max.partition.fetch.bytes": settings.kafka.max_fetch_bytes,
-            "receive.message.max.bytes": fetch_total + 1024 * 1024,
-            **extra,
-        }
-    )
-    return Consumer(conf)
+    return one_shot_reader(settings, "liverl-replay-reader-", **extra)
 
 
 def partitions_of(consumer: Any, topic: str, timeout: float = 15.0) -> list[int] | None:

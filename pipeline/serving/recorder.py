@@ -457,6 +457,12 @@ def _frame_value(
     )
 
 
+def key_mark(key: str) -> bytes:
+    """Bytes that every frame of a record keyed ``key`` contains (:func:`_frame_value` writes
+    compact JSON), so they can be found even in a damaged frame that no longer parses."""
+    return b'"k":' + orjson.dumps(key)
+
+
 def spooled_values(frames: Iterable[bytes]) -> Iterator[bytes]:
     """The event values of spooled frames; unreadable frames are skipped here (the drainer
     quarantines and dead-letters them)."""

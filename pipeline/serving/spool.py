@@ -30,6 +30,7 @@ import re
 import struct
 import threading
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -324,7 +325,7 @@ class Spool:
         return self.dir / f"{first_seq:020d}.log"
 
     def _segments(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.dir.glob("*.log"))
+        return [first for first, _ in segment_files(self.dir)]
 
     def _next_segment(self, first: int) -> int:
         later = [s for s in self._segments() if s > first]
@@ -333,12 +334,48 @@ class Spool:
         return later[0]
 
     def _load_cursor(self) -> Cursor:
-        try:
-            raw = orjson.loads((self.dir / _POS_FILE).read_bytes())
-            return Cursor(int(raw["seq"]), int(raw["segment"]), int(raw["offset"]))
-        except FileNotFoundError:
+        cursor = acked_position(self.dir)
+        if cursor is None:
             segments = self._segments()
             return Cursor(segments[0] if segments else 0, segments[0] if segments else 0, 0)
+        return cursor
+
+
+# ---- the on-disk format, for readers of a spool that is not open (liverl forget) ------------
+
+
+def segment_files(directory: Path) -> list[tuple[int, Path]]:
+    """(first sequence number, path) of each segment file, oldest first."""
+    return sorted((int(p.stem), p) for p in Path(directory).glob("*.log") if p.stem.isdigit())
+
+
+def acked_position(directory: Path) -> Cursor | None:
+    """The persisted acknowledged position (every frame before it reached Kafka); None when
+    nothing was ever acknowledged."""
+    try:
+        raw = orjson.loads((Path(directory) / _POS_FILE).read_bytes())
+    except FileNotFoundError:
+        return None
+    return Cursor(int(raw["seq"]), int(raw["segment"]), int(raw["offset"]))
+
+
+def encode_frame(payload: bytes) -> bytes:
+    """One frame: ``>II`` (length, crc32), then the payload."""
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def frames(data: bytes) -> Iterator[tuple[int, int, bytes | None]]:
+    """(start, end, payload) of each whole frame of a segment's bytes, in order. A damaged
+    region ends the walk as one ``(start, len(data), None)``: what follows it is not
+    examined (peek's resync decides where delivery goes on)."""
+    pos = 0
+    while pos < len(data):
+        if not _valid_at(data, pos):
+            yield pos, len(data), None
+            return
+        end = pos + _FRAME.size + _FRAME.unpack_from(data, pos)[0]
+        yield pos, end, data[pos + _FRAME.size : end]
+        pos = end
 
 
 def _shared_lock(path: Path) -> int | None:

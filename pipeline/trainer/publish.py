@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import __version__
@@ -100,6 +101,13 @@ def trajectory_rows(
             }
         )
     return rows
+
+
+def write_folder_rows(trainer_dir: Path, trajectories: pa.Table, steps: pa.Table) -> None:
+    """The lake rows a version folder keeps (``vN/trainer/``), so that a restart can finish
+    publishing them (:meth:`Publisher.complete` reads them back; forget rewrites them)."""
+    pq.write_table(trajectories, trainer_dir / TRAJ_FILE)
+    pq.write_table(steps, trainer_dir / STEPS_FILE)
 
 
 def step_row(
@@ -192,9 +200,7 @@ class Publisher:
             core.save_weights(tmp)
             if self.cfg.save_optimizer:
                 core.save_optimizer(tmp / ck.TRAINER_DIR / OPTIMIZER_FILE)
-            out = tmp / ck.TRAINER_DIR
-            pq.write_table(traj, out / TRAJ_FILE)
-            pq.write_table(step_table, out / STEPS_FILE)
+            write_folder_rows(tmp / ck.TRAINER_DIR, traj, step_table)
 
         directory = ck.write_version(self.cfg.weights_root, manifest, write, self.on_stage)
         self.on_stage("after_folder")

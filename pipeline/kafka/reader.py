@@ -1,0 +1,123 @@
+"""One-shot topic reads: a consumer that assigns partitions itself, never joins a group and
+never commits, so reading a topic (``liverl tap``, replay, forget) leaves no group state on
+the cluster and moves no one's offsets.
+
+Stated once here: these settings were copied in three places, and a fetch size that fell
+behind the size policy (``KafkaSettings.max_fetch_bytes``) in one copy would stall that
+reader on the first large record.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pipeline.kafka.connection import Connectable, connection_of
+from pipeline.kafka.errors import ReadError
+
+# librdkafka's default fetch.max.bytes (50 MiB): a fetch is never smaller than it.
+_MIN_FETCH_TOTAL = 52428800
+
+
+def one_shot_config(
+    connection: Connectable,
+    group_prefix: str,
+    *,
+    isolation_level: str = "read_committed",
+    **extra: Any,
+) -> dict[str, Any]:
+    """librdkafka config of a one-shot reader: a throwaway ``group_prefix<random>`` group id
+    (required by the client, never joined: callers ``assign``), no commits and no offset
+    store, partition EOF events, fetch sizes that follow the size policy, then the
+    connection's pass-through settings (SASL/SSL) and ``extra`` on top."""
+    kafka = connection_of(connection)
+    fetch_total = max(_MIN_FETCH_TOTAL, kafka.max_fetch_bytes * 2)
+    return kafka.client_config(
+        **{
+            "group.id": f"{group_prefix}{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation_level,
+            "fetch.max.bytes": fetch_total,
+            "max.partition.fetch.bytes": kafka.max_fetch_bytes,
+            "receive.message.max.bytes": fetch_total + 1024 * 1024,
+            **extra,
+        }
+    )
+
+
+def one_shot_reader(
+    connection: Connectable,
+    group_prefix: str,
+    *,
+    isolation_level: str = "read_committed",
+    **extra: Any,
+) -> Any:
+    """A confluent-kafka ``Consumer`` built from :func:`one_shot_config`."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        one_shot_config(connection, group_prefix, isolation_level=isolation_level, **extra)
+    )
+
+
+def read_to_end(
+    connection: Connectable,
+    topics: Iterable[str],
+    handle: Callable[[Any], None],
+    *,
+    group_prefix: str,
+    idle_timeout_s: float = 30.0,
+) -> None:
+    """Call ``handle`` on every record of ``topics`` from the low to the high watermark
+    captured at start (topics the broker lacks are skipped). Raises :class:`ReadError` when a
+    partition yields nothing for ``idle_timeout_s`` or a fetch fails: a partial read must not
+    pass for a whole one."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    consumer = one_shot_reader(connection, group_prefix)
+    try:
+        todo: list[Any] = []
+        ends: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            meta = consumer.list_topics(topic, timeout=idle_timeout_s).topics.get(topic)
+            if meta is None or meta.error is not None:
+                continue
+            for p in sorted(meta.partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=idle_timeout_s
+                )
+                if high > low:
+                    todo.append(TopicPartition(topic, p, low))
+                    ends[(topic, p)] = high
+        if not todo:
+            return
+        consumer.assign(todo)
+        pending = set(ends)
+        last_progress = time.monotonic()
+        while pending:
+            msgs = consumer.consume(num_messages=1000, timeout=0.5)
+            if not msgs and time.monotonic() - last_progress > idle_timeout_s:
+                left = ", ".join(f"{t}[{p}]" for t, p in sorted(pending))
+                raise ReadError(f"reading {left} stalled for {idle_timeout_s:.0f}s")
+            for m in msgs:
+                last_progress = time.monotonic()
+                tp = (m.topic(), m.partition())
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(tp)
+                        continue
+                    raise ReadError(f"reading {tp[0]}[{tp[1]}]: {err}")
+                if tp not in pending:
+                    continue
+                if m.offset() < ends[tp]:
+                    handle(m)
+                if m.offset() + 1 >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        consumer.close()
