@@ -32,18 +32,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.lake.errors import ArchiveError, MissingTopics
 from pipeline.lake.writer import MultiAppender
-
-if TYPE_CHECKING:
-    from pipeline.settings import Settings
 
 EVENTS_DIR = "events"
 APP_PREFIX = "archive"
@@ -395,7 +393,7 @@ class Archiver:
 
     def __init__(
         self,
-        settings: Settings,
+        kafka: Connectable,
         topics: Sequence[str],
         lake_root: str | Path,
         *,
@@ -405,7 +403,7 @@ class Archiver:
         batch_seconds: float = 5.0,
         timeout_s: float = 15.0,
     ) -> None:
-        self.settings = settings
+        self.kafka = connection_of(kafka)
         self.topics = list(dict.fromkeys(topics))
         self.lake_root = Path(lake_root)
         self.follow = follow
@@ -424,9 +422,9 @@ class Archiver:
     def _client(self) -> Any:
         from confluent_kafka import Consumer
 
-        fetch_total = max(52428800, self.settings.kafka.max_fetch_bytes * 2)
+        fetch_total = max(52428800, self.kafka.max_fetch_bytes * 2)
         return Consumer(
-            self.settings.kafka_client_config(
+            self.kafka.client_config(
                 **{
                     # Never joins a group (assign, no subscribe), never commits: progress
                     # lives in the Delta tables.
@@ -437,7 +435,7 @@ class Archiver:
                     "auto.offset.reset": "earliest",
                     "isolation.level": "read_committed",
                     "fetch.max.bytes": fetch_total,
-                    "max.partition.fetch.bytes": self.settings.kafka.max_fetch_bytes,
+                    "max.partition.fetch.bytes": self.kafka.max_fetch_bytes,
                     "receive.message.max.bytes": fetch_total + 1024 * 1024,
                 }
             )
@@ -450,7 +448,7 @@ class Archiver:
         try:
             meta = consumer.list_topics(timeout=self.timeout_s)
         except KafkaException as exc:
-            raise ArchiveError(f"cannot reach Kafka at {self.settings.bootstrap}: {exc}") from None
+            raise ArchiveError(f"cannot reach Kafka at {self.kafka.bootstrap}: {exc}") from None
         found: dict[str, list[int]] = {}
         missing = []
         for topic in self.topics:
@@ -460,7 +458,7 @@ class Archiver:
             else:
                 found[topic] = sorted(tmeta.partitions)
         if missing:
-            raise MissingTopics(missing, self.settings.bootstrap)
+            raise MissingTopics(missing, self.kafka.bootstrap)
         return found
 
     def _watermarks(self, consumer: Any, tp: Any) -> tuple[int, int]:
