@@ -11,6 +11,7 @@ fields without a default are required by the schema; `type` and
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypedDict
@@ -308,26 +309,32 @@ class DeadLetter(Event):
         return None if self.original_key_b64 is None else base64.b64decode(self.original_key_b64)
 
 
-def _type_name(cls: type[Event]) -> str:
-    name = next(f.default for f in fields(cls) if f.name == "type")
-    assert isinstance(name, str)
-    return name
+def _type_name(cls: type[Event]) -> str | None:
+    """The ``type`` a concrete event class writes; None for an envelope (Event, TurnEvent)."""
+    name = next((f.default for f in fields(cls) if f.name == "type"), None)
+    return name if isinstance(name, str) and name else None
 
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    _type_name(cls): cls
-    for cls in (
-        Interaction,
-        NextState,
-        PrmScore,
-        Hint,
-        PathPenalty,
-        Reward,
-        Sample,
-        GradientStep,
-        WeightsPublished,
-        ServingStatus,
-        GateVote,
-        DeadLetter,
-    )
-}
+def _defined(cls: type) -> bool:
+    """The class its module names (``slots=True`` leaves the pre-slots class behind, a
+    subclass of the base until collected)."""
+    return getattr(sys.modules.get(cls.__module__), cls.__qualname__, None) is cls
+
+
+def event_types() -> dict[str, type[Event]]:
+    """Every concrete event class by its ``type``, found from the classes themselves: a new
+    event type is its dataclass (plus its topic and schema files), not an entry in a list."""
+    found: dict[str, type[Event]] = {}
+    todo: list[type[Event]] = [Event]
+    while todo:
+        cls = todo.pop()
+        todo.extend(c for c in cls.__subclasses__() if _defined(c))
+        name = _type_name(cls)
+        if name is not None:
+            if name in found and found[name] is not cls:
+                raise TypeError(f"event type {name!r} is declared twice: {found[name]}, {cls}")
+            found[name] = cls
+    return dict(sorted(found.items()))
+
+
+EVENT_TYPES: dict[str, type[Event]] = event_types()

@@ -1,5 +1,9 @@
 """Topic names used in code; ``tests/test_topics.py`` checks them against ``topics/``."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 INTERACTIONS = "liverl.interactions.v1"
 NEXT_STATES = "liverl.next_states.v1"
 PRM_SCORES = "liverl.prm_scores.v1"
@@ -13,20 +17,20 @@ SERVING_STATUS = "liverl.serving_status.v1"
 GATE_VOTES = "liverl.gate_votes.v1"
 DLQ = "liverl.dlq.v1"
 
-ALL = (
-    INTERACTIONS,
-    NEXT_STATES,
-    PRM_SCORES,
-    HINTS,
-    PATH_PENALTIES,
-    REWARDS,
-    SAMPLES,
-    GRADIENT_STEPS,
-    WEIGHTS,
-    SERVING_STATUS,
-    GATE_VOTES,
-    DLQ,
-)
+# Every topic the project declares: derived from topics/*.yaml (their ``name:``), so a new topic
+# is its YAML, its schema and its dataclass; a constant above is only for code that names it
+# (tests/test_topics.py checks each constant against the files).
+SPECS_DIR = Path(__file__).resolve().parents[2] / "topics"
+
+
+def _declared(specs_dir: Path = SPECS_DIR) -> tuple[str, ...]:
+    import yaml
+
+    return tuple(sorted(yaml.safe_load(p.read_text())["name"]
+                        for p in specs_dir.glob("*.yaml")))
+
+
+ALL = _declared()
 
 # ---- namespaces: a second pipeline on the same cluster (docs/architecture.md#replay-and-
 # namespaces). Every topic and consumer group of namespace N is the live name behind one

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from pipeline.kafka import names
+
 
 def hash_key(key: str) -> str:
     """Keys are only ever held as sha256 hex, so a dump of settings or logs never leaks one."""
@@ -90,9 +92,9 @@ class ServeSettings(BaseModel):
     )
 
     record: bool = True
-    interactions_topic: str = "liverl.interactions.v1"
+    interactions_topic: str = names.INTERACTIONS
     next_states_topic: str = Field(
-        default="liverl.next_states.v1",
+        default=names.NEXT_STATES,
         description="Where /v1/feedback and /v1/hooks/* record next states.",
     )
     next_state_max_body_bytes: int = Field(
