@@ -269,6 +269,7 @@ def test_improving_candidate_promoted_probe_breaking_one_rejected(
     rng = random.Random(1)
 
     publish(cfg, core, pub, 1, toy_batches(core, 6, 0, rng))  # learns to answer with numbers
+    assert pub.last_gate_s > 0  # the evaluation's time, kept out of the publish budget
     publish(cfg, core, pub, 2, toy_batches(core, 6, 1000, rng, invert=True))  # unlearns them
     assert pub.verdicts == {1: "promoted", 2: "rejected"}
 
@@ -448,3 +449,14 @@ def test_staleness_counts_the_lineage_not_rejected_versions(tiny: Path, tmp_path
     by_lineage = core.train_step(batch, 4, [loop._staleness(1, 4)])
     assert [(o.status, o.staleness) for o in by_number.outcomes] == [("stale_dropped", 3)]
     assert [(o.status, o.staleness) for o in by_lineage.outcomes] == [("trained", 1)]
+
+
+def test_the_publish_budget_leaves_the_verdict_out() -> None:
+    """A 100 s publish of which 95 s evaluated the candidate, at 5 % overhead: the next
+    version may follow 5 s x 0.95 / 0.05 = 95 s later, not 100 x 19 = 1,900 s."""
+    from pipeline.trainer.loop import next_publish_at
+
+    assert next_publish_at(1000.0, 100.0, 95.0, 0.05) == pytest.approx(1095.0)
+    assert next_publish_at(1000.0, 100.0, 0.0, 0.05) == pytest.approx(2900.0)
+    assert next_publish_at(1000.0, 10.0, 0.0, 1.0) == pytest.approx(1000.0)
+    assert next_publish_at(1000.0, 10.0, 12.0, 0.5) == pytest.approx(1000.0)  # never before now

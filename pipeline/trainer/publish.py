@@ -29,6 +29,7 @@ offsets the newest manifest does not cover: they are read and trained again.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,9 @@ class Publisher:
         }
         self.gate = gate
         self.verdicts: dict[int, str] = {}  # version -> promoted | rejected (this process)
+        # Seconds the last publish spent evaluating the candidate (the gate's rollouts): an
+        # evaluation beside serving, not publishing overhead (TrainerLoop's budget).
+        self.last_gate_s = 0.0
         self.producer = producer
         self.commit_offsets = commit_offsets
         self.on_stage = on_stage or (lambda _stage: None)
@@ -175,6 +179,7 @@ class Publisher:
         metrics: dict[str, Any] | None = None,
     ) -> ck.Manifest:
         """Steps 1-4 for version ``version`` trained up to ``core.step``."""
+        self.last_gate_s = 0.0
         for row in trajectories:
             row["weight_version"] = version
         for row in steps:
@@ -263,7 +268,9 @@ class Publisher:
             gate.seeded_upto = manifest.version
         verdict = G.read_verdict(directory)
         if verdict is None:
+            t0 = time.perf_counter()
             result = gate.evaluate(core, manifest.version)
+            self.last_gate_s = time.perf_counter() - t0
             if result is None:  # too few held-out turns: the version stays a candidate
                 return
             verdict = {**result, "version": manifest.version, "ts_ms": now_ms()}
