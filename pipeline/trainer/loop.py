@@ -14,9 +14,10 @@ pending steps are ``publish_every_s`` old, and is published as soon as the time 
 publishing stays within ``publish_max_overhead`` (default 5%) of wall time: after a publish
 that took ``c`` seconds the next waits ``c·(1-f)/f``, where ``c`` leaves out the promotion
 gate's evaluation of the candidate (an evaluation beside serving, not publishing). The
-default thus gives the freshest weights the overhead budget allows, whatever the model size (tiny model on CPU: a version
-every ~2 s; a 7B model whose save takes 20 s: every ~6.5 min) instead of a fixed step count
-that is far too often for large models and needlessly rare for small ones.
+default thus gives the freshest weights the overhead budget allows, whatever the model size
+(tiny model on CPU: a version every ~2 s; a 7B model whose save takes 20 s: every ~6.5 min)
+instead of a fixed step count that is far too often for large models and needlessly rare for
+small ones.
 
 Stopping: SIGTERM/SIGINT finish the current step and publish it, then exit. Whatever Kafka
 does, the process exits ``LIVERL_TRAINER_SHUTDOWN_S`` (10 s) after the first signal, or at once
