@@ -760,17 +760,4 @@ def make_judge(name: str, options: Mapping[str, Any] | None = None, **kw: Any) -
 
 register("replies", lambda _: ReplyJudge())
 register("rules", lambda _: RuleJudge())
-register(
-    "llm",
-    lambda o: LlmJudge(
-        o.base_url,
-        o.model,
-        api_key=o.api_key,
-        votes=o.votes,
-        timeout_s=o.timeout_s,
-        retries=o.retries,
-        concurrency=o.concurrency,
-        hints=o.hints,
-    ),
-    LlmJudgeOptions,
-)
+register("llm", lambda o: LlmJudge(**o.model_dump()), LlmJudgeOptions)  # options = keywords
