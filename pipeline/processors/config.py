@@ -105,7 +105,7 @@ class ProcessorSettings(BaseSettings):
     @classmethod
     def _known_judge(cls, judge: str, info: ValidationInfo) -> str:
         """Plug-ins (declared, hence validated, first) load before the name is checked."""
-        from pipeline.processors.judges import JUDGES
+        from pipeline.processors.judge_registry import JUDGES
         from pipeline.registry import load_plugins
 
         load_plugins(info.data.get("plugins") or [], "processors")
@@ -114,7 +114,7 @@ class ProcessorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _judge_options_fit(self) -> ProcessorSettings:
-        from pipeline.processors.judges import JUDGES
+        from pipeline.processors.judge_registry import JUDGES
 
         JUDGES.options(self.judge, self.effective_judge_options())
         return self

@@ -12,19 +12,23 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from pipeline.events import Interaction, NextState
 from pipeline.events.types import Vote
-from pipeline.registry import NoOptions, Registry
+
+# The registry lives in judge_registry.py (light: loading the settings checks the judge's name
+# and options without importing this module); re-exported here, where plug-ins look for it.
+from pipeline.processors.judge_registry import JUDGES as JUDGES
+from pipeline.processors.judge_registry import LlmJudgeOptions as LlmJudgeOptions
+from pipeline.processors.judge_registry import register as register
 
 BOXED = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -727,37 +731,7 @@ class _Transient(Exception):
     """A failure worth retrying; its message is the error reported when retries run out."""
 
 
-class LlmJudgeOptions(BaseModel):
-    """Options of the "llm" judge (``[processors] llm_*``, or ``judge_options``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "judge"
-    api_key: str | None = None
-    votes: int = Field(default=3, ge=1)
-    timeout_s: float = Field(default=30.0, gt=0)
-    retries: int = Field(default=2, ge=0)
-    concurrency: int = Field(default=8, ge=1)
-    hints: bool = True
-
-
-# Judges by name (``[processors] judge``), each with its options model. A plug-in module
-# (``[processors] plugins``) calls :func:`register` on import.
-JudgeFactory = Callable[[Any], "Judge"]  # validated options -> the judge
-JUDGES: Registry[JudgeFactory] = Registry("judge", "processors.judge")
-
-
-def register(name: str, factory: JudgeFactory, options: type[BaseModel] = NoOptions) -> None:
-    """Plug in a judge: ``factory(options)`` builds it from its validated ``options``."""
-    JUDGES.register(name, factory, options)
-
-
 def make_judge(name: str, options: Mapping[str, Any] | None = None, **kw: Any) -> Judge:
     """The judge ``name`` built from its options (a mapping, or keywords)."""
-    return JUDGES.get(name).item(JUDGES.options(name, {**(options or {}), **kw}))
-
-
-register("replies", lambda _: ReplyJudge())
-register("rules", lambda _: RuleJudge())
-register("llm", lambda o: LlmJudge(**o.model_dump()), LlmJudgeOptions)  # options = keywords
+    judge: Judge = JUDGES.get(name).item(JUDGES.options(name, {**(options or {}), **kw}))
+    return judge
