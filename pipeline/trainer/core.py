@@ -489,10 +489,9 @@ class TrainerCore:
         the whole batch's, so the ranks' losses add up to the batch's loss and their summed
         gradients to its gradient, whatever the aggregate. Rows with nothing to train (a
         closing turn, a stale or held-out sample) need no forward pass."""
-        if group is not LOCAL:
-            b.mine = group.shard(b.samples, b.trainable(), b.method.uses("opd"))
-            b.mask_rl = b.mask_rl * b.mine[:, None]
-            b.mask_opd = b.mask_opd * b.mine[:, None]
+        b.mine = group.shard(b.samples, b.trainable(), b.method.uses("opd"))
+        b.mask_rl = b.mask_rl * b.mine[:, None]
+        b.mask_opd = b.mask_opd * b.mine[:, None]
         b.active = b.trainable()
 
     def _first_epoch(self, b: _Batch, prox: torch.Tensor, current_version: int, lag: int) -> None:
