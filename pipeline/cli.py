@@ -445,7 +445,7 @@ def up(
         )
     if "gateway" not in without:
         components += stack.gateway_components(gateways, host, port, policy, model_args)
-    running = stack.start(settings, components)
+    running = stack.start(settings.state_dir, components)
     logs = Path(settings.state_dir).resolve() / "logs"
     console.print(f"started {', '.join(c.name for c in components)}; logs in {logs}")
     if "gateway" not in without:
@@ -522,9 +522,8 @@ def _register_components() -> None:
     """Component commands live with their component; the CLI only lists them."""
     from pipeline.demo.commands import demo
     from pipeline.forget import forget
-    from pipeline.kafka.tap import tap
-    from pipeline.lake.commands import archive
-    from pipeline.lake.sql import sql
+    from pipeline.kafka.commands import tap
+    from pipeline.lake.commands import archive, sql
     from pipeline.models.commands import models
     from pipeline.processors.commands import record_outcome, workers
     from pipeline.replay.commands import diff_rewards, drop_namespace, replay

@@ -434,7 +434,7 @@ def forget(
     the forget_log table.
     """
     from pipeline.lake import forget as lake_forget
-    from pipeline.lake.sql import default_lake
+    from pipeline.lake.commands import default_lake
     from pipeline.processors import forget as processors_forget
     from pipeline.serving import spool_forget
     from pipeline.trainer import forget as trainer_forget

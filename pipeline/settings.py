@@ -115,6 +115,7 @@ class Settings(BaseSettings):
                 **self.kafka.model_dump(),
                 "bootstrap": self.bootstrap,
                 "specs_dir": self.topics.specs_dir,
+                "replication_factor": self.topics.replication_factor,
             }
         )
 

@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.settings import Settings
-
 
 @dataclass(frozen=True)
 class Component:
@@ -70,8 +68,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def start(settings: Settings, components: list[Component]) -> list[Running]:
-    logs = Path(settings.state_dir).resolve() / "logs"
+def start(state_dir: Path, components: list[Component]) -> list[Running]:
+    logs = Path(state_dir).resolve() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     running: list[Running] = []
     for comp in components:

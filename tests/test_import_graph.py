@@ -76,3 +76,19 @@ def test_benchmarks_do_not_import_the_tests() -> None:
                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {m}" for m in mods if m.split(".")[0] == "tests"]
     assert offenders == []
+
+
+# The command layer: it reads the settings file and hands each component its sections.
+# ``pipeline.forget`` is the ``liverl forget`` command with the walk over every store it
+# orchestrates, so it reads the composition too.
+COMMAND_LAYER = {"pipeline.cli", "pipeline.forget", "pipeline.report.command"}
+
+
+def test_only_the_command_layer_imports_the_composed_settings() -> None:
+    """Components take the connection, their own section and a state dir; only commands
+    know the composed ``Settings`` (no back-arrows into ``pipeline/settings.py``)."""
+    g = graph()
+    importers = {m for m, deps in g.items() if "pipeline.settings" in deps}
+    runtime = {m for m in importers if m not in COMMAND_LAYER and not m.endswith(".commands")}
+    assert runtime == set()
+    assert {"pipeline.cli", "pipeline.processors.commands"} <= importers  # the check sees them

@@ -138,7 +138,7 @@ def test_faust_app_in_a_namespace_declares_only_namespaced_names(tmp_path: Path)
     from pipeline.processors.config import ProcessorSettings
 
     settings = nsmod.enter(Settings(state_dir=tmp_path), "exp")
-    app = create_app(settings, ProcessorSettings(web_enabled=False))
+    app = create_app(settings, ProcessorSettings(web_enabled=False), settings.state_dir)
     assert app.conf.id == "replay.exp.liverl-rewards"
     declared = {n for t in app.liverl_topics.values() for n in t.topics}
     declared |= {tbl.changelog_topic.get_topic_name() for tbl in app.tables.values()}
@@ -147,7 +147,7 @@ def test_faust_app_in_a_namespace_declares_only_namespaced_names(tmp_path: Path)
     assert declared and all(n.startswith("replay.exp.") for n in declared), declared
     assert names.resolve(names.INTERACTIONS, "exp") in declared
     assert str(app.conf.datadir).startswith(str(tmp_path / "replay" / "exp"))
-    live = create_app(Settings(state_dir=tmp_path), ProcessorSettings(web_enabled=False))
+    live = create_app(Settings(), ProcessorSettings(web_enabled=False), tmp_path)
     assert live.conf.id == "liverl-rewards"
     live_names = {n for t in live.liverl_topics.values() for n in t.topics}
     assert {names.REWARDS, names.SAMPLES, names.DLQ} <= live_names

@@ -135,7 +135,7 @@ def test_workers_map_options_like_every_command(
 
     built: list[ProcessorSettings] = []
 
-    def fake_create_app(settings: Settings, cfg: ProcessorSettings) -> None:
+    def fake_create_app(settings: Settings, cfg: ProcessorSettings, state_dir: Path) -> None:
         built.append(cfg)
         raise RuntimeError("stop")
 

@@ -71,7 +71,7 @@ class Harness:
             idle_timeout_s=60,
             **overrides,
         )
-        app = app_mod.create_app(Settings(state_dir=self.tmp_path), cfg)
+        app = app_mod.create_app(Settings(), cfg, self.tmp_path)
         app.finalize()
         return app
 

@@ -13,7 +13,7 @@ from pipeline.settings import Settings
 
 
 def _app(tmp_path: Path, **cfg: object):  # type: ignore[no-untyped-def]
-    app = create_app(Settings(state_dir=tmp_path), ProcessorSettings(web_enabled=False, **cfg))
+    app = create_app(Settings(), ProcessorSettings(web_enabled=False, **cfg), tmp_path)
     app.finalize()
     return app
 

@@ -22,8 +22,7 @@ def _app(tmp_path: Path, app_id: str, settings: Settings | None = None) -> Any:
     """The real app with every table (a judge that is not inline adds the judge's)."""
     cfg = ProcessorSettings(app_id=app_id, web_enabled=False, judge="llm",
                             llm_base_url="http://127.0.0.1:9/v1")
-    base = settings or Settings()
-    return create_app(base.model_copy(update={"state_dir": tmp_path}), cfg)
+    return create_app(settings or Settings(), cfg, tmp_path)
 
 
 def test_the_changelogs_are_those_faust_declares_for_the_apps_tables(tmp_path: Path) -> None:

@@ -608,7 +608,7 @@ def test_changelogs_are_compacted_within_bounded_time(
     older = f"{app_id}-tokens-changelog"  # as an earlier release created it: no bounds
     created = admin.create_topics([NewTopic(older, 6, 1, config={"cleanup.policy": "compact"})])
     created[older].result(30)
-    app = create_app(settings, settings.processors)
+    app = create_app(settings, settings.processors, settings.state_dir)
     ensure_internal_topics(app, settings)
     names_ = [f"{app_id}-{t}-changelog" for t in ("sessions", "tokens", "parked")]
     configs = admin.describe_configs([ConfigResource("topic", n) for n in names_])

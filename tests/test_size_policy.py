@@ -74,7 +74,7 @@ def test_policy_is_stated_once_and_ordered(tmp_path: Path, monkeypatch) -> None:
     assert consumer_conf["max.partition.fetch.bytes"] == k.max_fetch_bytes
     assert consumer_conf["fetch.max.bytes"] >= k.max_fetch_bytes
 
-    app = create_app(settings, ProcessorSettings(web_enabled=False))
+    app = create_app(settings, ProcessorSettings(web_enabled=False), settings.state_dir)
     assert app.conf.producer_max_request_size == k.max_record_bytes
     assert app.conf.consumer_max_fetch_size == k.max_fetch_bytes
 

@@ -168,7 +168,7 @@ def test_contracts_come_from_the_specs(tmp_path: Path) -> None:
         text = path.read_text().replace("partitions: 6", "partitions: 4")
         (tmp_path / path.name).write_text(text)
     settings = Settings(topics={"specs_dir": tmp_path}, state_dir=tmp_path / "state")
-    app = create_app(settings, ProcessorSettings(web_enabled=False))
+    app = create_app(settings, ProcessorSettings(web_enabled=False), settings.state_dir)
     assert app.conf.topic_partitions == 4
     assert set(INPUTS) <= set(types)
 
@@ -178,4 +178,4 @@ def test_contracts_come_from_the_specs(tmp_path: Path) -> None:
     with pytest.raises(topics.TopicSpecError, match="typo.yaml"):
         expected_types_from_specs(settings)
     with pytest.raises(topics.TopicSpecError, match="typo.yaml"):
-        create_app(settings, ProcessorSettings(web_enabled=False))
+        create_app(settings, ProcessorSettings(web_enabled=False), settings.state_dir)

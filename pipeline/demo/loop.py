@@ -28,10 +28,10 @@ from pipeline.stack import free_port
 @dataclass
 class LoopConfig:
     policy: str
+    state_dir: Path  # the loop's state dir (its broker, logs, weights and lake)
     method: str = "opd"
     model: str | None = None  # None: the default store model
     port: int | None = None  # None: a free port
-    state_dir: Path | None = None  # None: the settings' state dir
     batch_samples: int = 6
     batch_wait_s: float = 4.0
     lr: float | None = None
@@ -96,9 +96,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], trainer_log: Path, offs
 @contextlib.contextmanager
 def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
     """Start ``liverl up`` for ``cfg.policy``, wait until it serves and trains, stop it after."""
-    from pipeline.settings import Settings
-
-    state_dir = Path(cfg.state_dir or Settings().state_dir).resolve()
+    state_dir = Path(cfg.state_dir).resolve()
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     trainer_log = logs / "trainer.log"

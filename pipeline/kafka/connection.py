@@ -89,6 +89,11 @@ class ConnectionSettings(KafkaSettings):
         default=DEFAULT_SPECS_DIR,
         description="Topic specs (topics/*.yaml): the event type a consumer expects per topic.",
     )
+    replication_factor: int | None = Field(
+        default=None,
+        description="Replicas of every topic created here ([topics] replication_factor; "
+        "unset: each spec's own).",
+    )
 
     def client_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka config for any client: bootstrap + pass-through settings + ``extra``."""

@@ -1,4 +1,5 @@
-"""``liverl tap TOPIC``: print a topic's decoded events for people.
+"""Reading a topic's decoded events for people (``liverl tap``; its command is in
+``kafka/commands.py``).
 
 The tap never touches any consumer group: it assigns partitions directly (start offsets
 from ``offsets_for_times`` for ``--since``), runs with ``enable.auto.commit=false`` and a
@@ -10,7 +11,6 @@ Records that do not decode are shown as such, never a crash.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +24,7 @@ from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.errors import TapError, TopicMissing
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    pass
 
 TAP_GROUP_PREFIX = "liverl-tap-"
 _SUMMARY_CHARS = 60
@@ -54,7 +54,7 @@ def parse_since(value: str, now_ms: int | None = None) -> int:
     return int(parsed.timestamp() * 1000)
 
 
-def _spec_types(connection: Connectable) -> dict[str, str]:
+def spec_types(connection: Connectable) -> dict[str, str]:
     from pipeline.kafka.consumer import expected_types_from_specs
 
     return expected_types_from_specs(connection)
@@ -203,7 +203,7 @@ def summary(row: TapRow) -> str:
     return _head(orjson.dumps(row.event, default=json_default).decode(), 100)  # pragma: no cover
 
 
-def _fmt_ts(ms: int) -> str:
+def fmt_ts(ms: int) -> str:
     if ms <= 0:
         return "-"
     dt = datetime.fromtimestamp(ms / 1000, tz=UTC)
@@ -301,117 +301,3 @@ def tap_records(
     finally:
         # close() without commit: auto-commit is off and nothing was ever stored.
         consumer.close()
-
-
-# ---- output --------------------------------------------------------------------------------
-
-
-def _table(title: str | None, show_header: bool) -> Table:
-    from rich.table import Table
-
-    table = Table(title=title, show_header=show_header, box=None, pad_edge=False)
-    table.add_column("ts (UTC)", no_wrap=True, width=23)
-    table.add_column("p@offset", no_wrap=True, justify="right", width=10)
-    table.add_column("key", no_wrap=True, max_width=24, overflow="ellipsis")
-    table.add_column("type", no_wrap=True, width=14)
-    table.add_column("summary", overflow="fold")
-    return table
-
-
-def _add(table: Table, row: TapRow) -> None:
-    key = "-" if row.key is None else row.key.decode("utf-8", "replace")
-    kind = row.type if row.event is not None else f"[red]{row.type}[/]"
-    table.add_row(
-        _fmt_ts(row.timestamp_ms), f"{row.partition}@{row.offset}", key, kind, summary(row)
-    )
-
-
-@click.command("tap")
-@click.argument("topic")
-@click.option("--since", default=None, help="Start at records from 10m/2h/1d ago or an ISO time.")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new records until Ctrl-C.")
-@click.option("--session", default=None, help="Only records with this key (session id).")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after N records.")
-@click.option("--namespace", default=None, help="Read replay namespace NAME's copy of the topic.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table for people; json: one decoded envelope per line (Kafka coordinates in _kafka).",
-)
-@click.pass_context
-def tap(
-    ctx: click.Context,
-    topic: str,
-    since: str | None,
-    follow: bool,
-    session: str | None,
-    limit: int | None,
-    namespace: str | None,
-    fmt: str,
-) -> None:
-    """Print a topic's decoded events (full name or short: interactions, rewards, …).
-
-    Reads from the beginning, or from --since; stops at the end offsets seen at start
-    unless --follow. Never commits offsets for any consumer group.
-    """
-    from rich.console import Console
-
-    from pipeline.settings import Settings  # the command is the CLI's layer, not the reader's
-
-    obj: dict[str, Any] = ctx.find_root().obj or {}
-    settings: Settings = obj.get("settings") or Settings()
-    since_ms = parse_since(since) if since is not None else None
-    types = _spec_types(settings)
-    name = resolve_topic(topic, sorted(types))
-    if namespace or settings.kafka.namespace:
-        from pipeline.kafka import names
-        from pipeline.replay.namespace import enter_checked
-
-        settings = enter_checked(settings, namespace)
-        name = names.resolve(name, settings.kafka.namespace)
-    expected = expected_type(name, types)
-    console = Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False)
-    rows = tap_records(
-        settings,
-        name,
-        since_ms=since_ms,
-        follow=follow,
-        session=session,
-        limit=limit,
-        expected=expected,
-    )
-    try:
-        if fmt == "json":
-            out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
-            for row in rows:
-                line = row.to_json() + b"\n"
-                if out is not None:
-                    out.write(line)
-                    out.flush()
-                else:  # pragma: no cover - text-only streams
-                    click.echo(line.decode(), nl=False)
-            return
-        if not follow:
-            table = _table(f"{name}", True)
-            count = 0
-            for row in rows:
-                _add(table, row)
-                count += 1
-            if count:
-                console.print(table)
-            click.echo(f"{count} record(s) from {name}", err=True)
-            return
-        first = True
-        for row in rows:  # streaming: one row per table, header once
-            table = _table(None, first)
-            _add(table, row)
-            console.print(table)
-            first = False
-    except TopicMissing as exc:
-        known = known_list(list(types))
-        raise TapError(f"unknown topic {topic!r}: {exc.message}; known: {known}") from None
-    except KeyboardInterrupt:
-        pass

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import click
+import orjson
 
 from pipeline.kafka import names
 from pipeline.lake.archive import (
@@ -23,8 +26,10 @@ from pipeline.lake.archive import (
     archive_path,
     table_name,
 )
-from pipeline.lake.sql import default_lake
+from pipeline.lake.errors import SqlError
+from pipeline.lake.sql import run_query, table_counts
 from pipeline.settings import Settings
+from pipeline.trainer.config import TrainerSettings
 
 
 def resolve_topics(given: Sequence[str], known: Sequence[str] = names.ALL) -> list[str]:
@@ -295,3 +300,92 @@ def _once(archiver: Archiver, spans: dict[tuple[str, int], Span], stopped: list[
         f"{records / elapsed:,.0f} records/s, {nbytes / 1e6 / elapsed:.1f} MB/s",
         highlight=False,
     )
+
+
+# ---- liverl sql ----------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return orjson.dumps(value, default=_json_default).decode()
+    return str(value)
+
+
+def trainer_paths(ctx: click.Context) -> TrainerSettings:
+    """``[trainer]`` with its paths under the state dir, as ``liverl train`` resolves them:
+    train, report, sql and archive find the same lake."""
+    obj: dict[str, Any] = ctx.find_root().obj or {}
+    settings: Settings = obj.get("settings") or Settings()
+    return settings.trainer.under_state_dir(settings.state_dir)
+
+
+def default_lake(ctx: click.Context) -> Path:
+    """``[trainer] lake_root`` if set, else ``<state_dir>/lake``."""
+    return Path(trainer_paths(ctx).lake_root)
+
+
+@click.command("sql")
+@click.argument("query", required=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="json: one object per row.",
+)
+@click.option("--tables", "list_tables", is_flag=True, help="List the views and row counts.")
+@click.option(
+    "--lake",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Lake folder (default: <state_dir>/lake).",
+)
+@click.pass_context
+def sql(
+    ctx: click.Context, query: str | None, fmt: str, list_tables: bool, lake: Path | None
+) -> None:
+    """Run DuckDB SQL over the lake's Delta tables, each a view named by its path.
+
+    \b
+    liverl sql --tables
+    liverl sql "SELECT status, count(*) FROM trajectories GROUP BY status"
+    liverl sql "SELECT * FROM weights ORDER BY version" --format csv
+    """
+    lake = lake if lake is not None else default_lake(ctx)
+    if list_tables:
+        columns = ["table", "rows", "path"]
+        rows: list[tuple[Any, ...]] = list(table_counts(lake))
+    elif not query or not query.strip():
+        raise SqlError('give a query, e.g. liverl sql "SELECT * FROM weights", or --tables')
+    else:
+        columns, rows = run_query(lake, query)
+    if fmt == "json":
+        for row in rows:
+            line = orjson.dumps(dict(zip(columns, row, strict=True)), default=_json_default)
+            click.echo(line.decode())
+    elif fmt == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(v) for v in row])
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*columns, show_lines=False)
+        for row in rows:
+            table.add_row(*[_cell(v) for v in row])
+        console = Console(width=None if sys.stdout.isatty() else 200)
+        console.print(table)
+        click.echo(f"{len(rows)} row(s)", err=True)

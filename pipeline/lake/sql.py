@@ -1,4 +1,5 @@
-"""``liverl sql "SELECT …"``: DuckDB over every Delta table of the lake.
+"""DuckDB over every Delta table of the lake (``liverl sql``'s engine; the command is in
+``lake/commands.py``).
 
 Every folder under the lake holding a ``_delta_log`` is a table (``trajectories``,
 ``gradient_steps``, ``weights``, nested ones such as ``events/interactions``), registered
@@ -9,17 +10,14 @@ datasets, so DuckDB pushes filters and projections into the Parquet scan.
 
 from __future__ import annotations
 
-import csv
+import logging
 import re
-import sys
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import click
-import orjson
-
 from pipeline.lake.errors import SqlError
+
+log = logging.getLogger(__name__)
 
 
 def view_name(rel: Path) -> str:
@@ -64,7 +62,7 @@ def connect(lake: Path) -> tuple[Any, dict[str, Path]]:
         try:
             dataset = delta_dataset(path)
         except Exception as exc:  # noqa: BLE001 - one unreadable table must not hide the rest
-            click.echo(f"warning: skipping {path}: {type(exc).__name__}: {exc}", err=True)
+            log.warning("skipping %s: %s: %s", path, type(exc).__name__, exc)
             continue
         con.register(name, dataset)
     return con, tables
@@ -98,85 +96,3 @@ def table_counts(lake: Path) -> list[tuple[str, int, str]]:
         return out
     finally:
         con.close()
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (list, dict)):
-        return orjson.dumps(value, default=_json_default).decode()
-    return str(value)
-
-
-def default_lake(ctx: click.Context) -> Path:
-    """``<state_dir>/lake`` as the trainer resolves it: train, report, sql and archive agree."""
-    from pipeline.settings import Settings
-
-    obj: dict[str, Any] = ctx.find_root().obj or {}
-    settings: Settings = obj.get("settings") or Settings()
-    return Path(settings.trainer.under_state_dir(settings.state_dir).lake_root)
-
-
-@click.command("sql")
-@click.argument("query", required=False)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "csv", "json"]),
-    default="table",
-    show_default=True,
-    help="json: one object per row.",
-)
-@click.option("--tables", "list_tables", is_flag=True, help="List the views and row counts.")
-@click.option(
-    "--lake",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Lake folder (default: <state_dir>/lake).",
-)
-@click.pass_context
-def sql(
-    ctx: click.Context, query: str | None, fmt: str, list_tables: bool, lake: Path | None
-) -> None:
-    """Run DuckDB SQL over the lake's Delta tables, each a view named by its path.
-
-    \b
-    liverl sql --tables
-    liverl sql "SELECT status, count(*) FROM trajectories GROUP BY status"
-    liverl sql "SELECT * FROM weights ORDER BY version" --format csv
-    """
-    lake = lake if lake is not None else default_lake(ctx)
-    if list_tables:
-        columns = ["table", "rows", "path"]
-        rows: list[tuple[Any, ...]] = list(table_counts(lake))
-    elif not query or not query.strip():
-        raise SqlError('give a query, e.g. liverl sql "SELECT * FROM weights", or --tables')
-    else:
-        columns, rows = run_query(lake, query)
-    if fmt == "json":
-        for row in rows:
-            line = orjson.dumps(dict(zip(columns, row, strict=True)), default=_json_default)
-            click.echo(line.decode())
-    elif fmt == "csv":
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_cell(v) for v in row])
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(*columns, show_lines=False)
-        for row in rows:
-            table.add_row(*[_cell(v) for v in row])
-        console = Console(width=None if sys.stdout.isatty() else 200)
-        console.print(table)
-        click.echo(f"{len(rows)} row(s)", err=True)

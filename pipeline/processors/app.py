@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import faust
 from faust.types import AgentT, TopicT
 
 from pipeline.kafka import names
 from pipeline.kafka import topics as kafka_topics
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable, connection_of
 
 from .config import ProcessorSettings
 from .group_agent import GroupAgent
@@ -72,30 +73,27 @@ class ProcessorsApp(faust.App):
     liverl_topics: dict[str, TopicT]
 
 
-def create_app(
-    settings: Settings | None = None, cfg: ProcessorSettings | None = None
-) -> ProcessorsApp:
-    """Build the Faust app with its topics, tables, agents and timers."""
-    settings = settings or Settings()
-    cfg = cfg or ProcessorSettings()
-    ns = settings.kafka.namespace  # a replay namespace: its topics, app id (= group) and tables
+def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> ProcessorsApp:
+    """Build the Faust app with its topics, tables, agents and timers; its local data lives
+    under ``state_dir/processors/<app id>``."""
+    conn = connection_of(kafka)
+    ns = conn.namespace  # a replay namespace: its topics, app id (= group) and tables
     if ns:
         cfg = cfg.model_copy(update={"app_id": names.resolve(cfg.app_id, ns)})
     # Stated once, in topics/: the partitions the tables must share with the session topics
     # and the event type of each input. A broken spec stops the worker here, loudly.
-    specs = kafka_topics.load_specs(settings.topics.specs_dir,
-                                    max_record_bytes=settings.kafka.max_record_bytes)
+    specs = kafka_topics.load_specs(conn.specs_dir, max_record_bytes=conn.max_record_bytes)
     types = kafka_topics.event_types(specs)
     partitions = cfg.partitions or kafka_topics.session_partitions(specs)
-    datadir = settings.state_dir / "processors" / cfg.app_id
+    datadir = Path(state_dir) / "processors" / cfg.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = ProcessorsApp(
         cfg.app_id,
-        broker=f"kafka://{settings.bootstrap}",
+        broker=f"kafka://{conn.bootstrap}",
         value_serializer="raw",
         key_serializer="raw",
         topic_partitions=partitions,
-        topic_replication_factor=settings.topics.replication_factor or 1,
+        topic_replication_factor=conn.replication_factor or 1,
         store="memory://",
         datadir=str(datadir),
         web_enabled=cfg.web_enabled,
@@ -104,8 +102,8 @@ def create_app(
         producer_acks=-1,
         # The size policy (KafkaSettings): aiokafka's defaults (1 MB requests and fetches)
         # crash-looped the worker on any record over 1 MB the broker had accepted.
-        producer_max_request_size=settings.kafka.max_record_bytes,
-        consumer_max_fetch_size=settings.kafka.max_fetch_bytes,
+        producer_max_request_size=conn.max_record_bytes,
+        consumer_max_fetch_size=conn.max_fetch_bytes,
         # aiokafka's 16 KB batches held one token payload or sample each, so every record
         # was its own produce request; 1 MiB batches and a linger share them.
         producer_max_batch_size=1 << 20,
@@ -118,14 +116,14 @@ def create_app(
     # was ~7% and ~5% of a busy worker even when the handler drops them.
     for noisy in ("aiokafka", "faust.topics"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
-    rt = Runtime(app, settings, cfg, partitions=partitions,
+    rt = Runtime(app, conn, cfg, partitions=partitions,
                  expected={t: types[t] for t in INPUTS},
                  outputs=(*INPUTS, names.REWARDS, names.SAMPLES, names.DLQ))  # fmt: skip
 
     # One session's state is one changelog value: bounded below the record limit (config.py).
     # Pairing and judging share that value: 2/5 of the bound each, the rest is the assembly's
     # (ids, votes and hints of the session's turns).
-    part_bytes = min(cfg.state_max_bytes, settings.kafka.max_event_bytes) * 2 // 5
+    part_bytes = min(cfg.state_max_bytes, conn.max_event_bytes) * 2 // 5
     judge = build_judge(cfg)
     inline = bool(getattr(judge, "inline", True))
     pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version,

@@ -103,7 +103,7 @@ def workers(
     try:
         settings = _settings(ctx)
         cfg = merged(settings.processors, ctx, options)
-        app = create_app(settings, cfg)
+        app = create_app(settings, cfg, settings.state_dir)
         ensure_internal_topics(app, settings)
     except (RuleConfigError, ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc

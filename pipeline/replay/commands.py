@@ -179,7 +179,7 @@ def replay(
         "sessions": sessions,
     }
     console = Console(stderr=True)
-    path = nsmod.local_dir(settings, into) / MANIFEST
+    path = nsmod.local_dir(settings.state_dir, into) / MANIFEST
     try:
         manifest = Manifest.load(path)
     except Exception as exc:  # noqa: BLE001 - a damaged manifest: say where, change nothing
@@ -327,7 +327,7 @@ def diff_rewards(ctx: click.Context, name: str, fmt: str, changed: bool) -> None
             f"(liverl replay ... --into {name})"
         )
     try:
-        manifest = Manifest.load(nsmod.local_dir(settings, name) / MANIFEST)
+        manifest = Manifest.load(nsmod.local_dir(settings.state_dir, name) / MANIFEST)
     except Exception:  # noqa: BLE001 - the manifest only narrows the live read
         manifest = None
     result = compute(settings, name, since_ms=manifest.since_ms if manifest else None)
@@ -383,7 +383,7 @@ def drop_namespace(ctx: click.Context, name: str, yes: bool) -> None:
     settings = _settings(ctx)
     nsmod.check_name(name)
     topics = nsmod.namespace_topics(settings, name)
-    local = nsmod.local_dir(settings, name)
+    local = nsmod.local_dir(settings.state_dir, name)
     if not topics and not local.exists():
         click.echo(f"no namespace {name!r}: nothing to drop")
         return
@@ -392,5 +392,5 @@ def drop_namespace(ctx: click.Context, name: str, yes: bool) -> None:
             f"delete {len(topics)} topic(s) under {names.prefix(name)}*, their groups and {local}?",
             abort=True,
         )
-    dropped, groups = nsmod.drop(settings, name)
+    dropped, groups = nsmod.drop(settings, settings.state_dir, name)
     click.echo(f"dropped {name}: {len(dropped)} topic(s), {len(groups)} group(s), {local}")

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline import events
 from pipeline.kafka import names
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable
 
 from .errors import ReplayError
 from .replay import READ_STALL_S, keys_partitions, partitions_of, reader, watermarks
@@ -100,7 +100,7 @@ class Diff:
 
 
 def read_rewards(
-    settings: Settings,
+    settings: Connectable,
     topic: str,
     *,
     keys: set[bytes] | None = None,
@@ -171,7 +171,7 @@ def read_rewards(
     return side
 
 
-def diff_rewards(settings: Settings, namespace: str, since_ms: int | None = None) -> Diff:
+def diff_rewards(settings: Connectable, namespace: str, since_ms: int | None = None) -> Diff:
     """Live vs namespace rewards for every session the namespace has rewards for."""
     new = read_rewards(settings, names.resolve(names.REWARDS, namespace))
     keys = {sid.encode() for sid, _ in new.rewards}

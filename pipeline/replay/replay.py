@@ -46,8 +46,8 @@ import orjson
 
 from pipeline.durable import atomic_write
 from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.replay.errors import DeliveryFailed, ReplayError
-from pipeline.settings import Settings
 
 H_TOPIC = "liverl-replay-topic"
 H_PARTITION = "liverl-replay-partition"
@@ -219,7 +219,7 @@ def describe_request(request: dict[str, Any]) -> str:
 READ_STALL_S = 120.0
 
 
-def reader(settings: Settings, **extra: Any) -> Any:
+def reader(settings: Connectable, **extra: Any) -> Any:
     """An assign-only consumer that never joins a group and never commits."""
     from pipeline.kafka.reader import one_shot_reader
 
@@ -318,7 +318,7 @@ class KafkaSource:
 
     kind = "kafka"
 
-    settings: Settings
+    settings: Connectable
     examined: int = field(default=0, init=False)
     _consumer: Any = field(default=None, init=False, repr=False)
 
@@ -353,8 +353,9 @@ class KafkaSource:
             else:
                 found[topic] = parts
         if missing:
+            bootstrap = connection_of(self.settings).bootstrap
             raise click.UsageError(
-                f"topic(s) {', '.join(missing)} not on the broker ({self.settings.bootstrap}); "
+                f"topic(s) {', '.join(missing)} not on the broker ({bootstrap}); "
                 "`liverl topics apply` creates them"
             )
         out = []
@@ -475,7 +476,7 @@ class DeltaSource:
 
     kind = "delta"
 
-    settings: Settings
+    settings: Connectable
     lake_root: Path
     partitions: Callable[[str], int | None] = lambda topic: None  # topic -> the spec's count
     examined: int = field(default=0, init=False)
@@ -599,7 +600,9 @@ class QueueStuck(RuntimeError):
     """The producer's queue stayed full: nothing reached the broker for too long."""
 
 
-def resume_points(settings: Settings, manifest: Manifest) -> tuple[dict[tuple[str, int], int], int]:
+def resume_points(
+    settings: Connectable, manifest: Manifest
+) -> tuple[dict[tuple[str, int], int], int]:
     """Per source partition, the first offset this pass has not delivered yet (from the
     destination's replay headers), and how many partitions had a partial pass."""
     run = manifest.run_id.encode()
@@ -627,7 +630,7 @@ def resume_points(settings: Settings, manifest: Manifest) -> tuple[dict[tuple[st
     return starts, resumed
 
 
-def foreign_replays(settings: Settings, namespace: str, topics: list[str]) -> str | None:
+def foreign_replays(settings: Connectable, namespace: str, topics: list[str]) -> str | None:
     """A replay run id found in the namespace's copies of ``topics`` (None: none), for a
     namespace whose manifest is gone (another state dir)."""
     consumer = reader(settings)
@@ -668,7 +671,7 @@ def _rate_column() -> Any:
 
 
 def run(
-    settings: Settings,
+    settings: Connectable,
     manifest: Manifest,
     source: KafkaSource | DeltaSource,
     starts: dict[tuple[str, int], int],
@@ -690,7 +693,8 @@ def run(
     )
 
     console = console or Console(stderr=True)
-    conf = settings.kafka_client_config(
+    conn = connection_of(settings)
+    conf = conn.client_config(
         **{
             "client.id": f"liverl-replay-{manifest.namespace}",
             "enable.idempotence": True,
@@ -703,8 +707,8 @@ def run(
             "message.timeout.ms": 0,
             "delivery.report.only.error": True,  # a Python callback per record costs ~10%
             "logger": _client_log,
-            "compression.type": settings.kafka.compression,
-            "message.max.bytes": settings.kafka.max_record_bytes,
+            "compression.type": conn.compression,
+            "message.max.bytes": conn.max_record_bytes,
             "linger.ms": 5 if speed is not None else 50,
             "batch.size": 1_000_000,
             "queue.buffering.max.kbytes": 131072,

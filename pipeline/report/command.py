@@ -4,7 +4,6 @@ lake, and an HTML page beside it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -30,16 +29,6 @@ def build_report(
 
 
 # ---- command --------------------------------------------------------------------------------
-
-
-def _default_lake(ctx: click.Context) -> tuple[Path, str | None]:
-    """``[trainer] lake_root`` if set, else ``<state_dir>/lake`` (like ``liverl train``)."""
-    from pipeline.settings import Settings
-
-    obj: dict[str, Any] = ctx.find_root().obj or {}
-    settings: Settings = obj.get("settings") or Settings()
-    cfg = settings.trainer.under_state_dir(settings.state_dir)
-    return Path(cfg.lake_root), cfg.policy
 
 
 @click.command("report")
@@ -103,8 +92,11 @@ def report(
     samples per minute, and consumer lag per group. Judges and serving times come from the
     archive (`liverl archive`); without it the page says what is missing.
     """
-    default_lake, default_policy = _default_lake(ctx)
-    lake = lake if lake is not None else default_lake
+    from pipeline.lake.commands import trainer_paths
+
+    paths = trainer_paths(ctx)
+    default_policy = paths.policy
+    lake = lake if lake is not None else Path(paths.lake_root)
     summary, lines = build_report(
         lake,
         out,
