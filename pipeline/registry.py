@@ -59,8 +59,11 @@ class Registry(Generic[T]):
                 f"({self.setting}; a plug-in module registers more: plugins = [...])"
             ) from None
 
-    def options(self, name: str, raw: Mapping[str, Any] | BaseModel | None) -> BaseModel:
-        """``raw`` validated by ``name``'s options model; errors name the offending key."""
+    def options(
+        self, name: str, raw: Mapping[str, Any] | BaseModel | None, where: str | None = None
+    ) -> BaseModel:
+        """``raw`` validated by ``name``'s options model; errors name the offending key under
+        ``where`` (default ``<setting>_options``: one active plug-in, one table)."""
         entry = self.get(name)
         if isinstance(raw, entry.options):
             return raw
@@ -69,8 +72,9 @@ class Registry(Generic[T]):
         except ValidationError as exc:
             err = exc.errors(include_url=False)[0]
             key = ".".join(str(p) for p in err["loc"])
+            table = where or f"{self.setting}_options"
             raise ValueError(
-                f"{self.setting}_options.{key}: {err['msg']} ({self.kind} {name!r} takes "
+                f"{table}.{key}: {err['msg']} ({self.kind} {name!r} takes "
                 f"{', '.join(entry.options.model_fields) or 'no options'})"
             ) from None
 

@@ -49,6 +49,8 @@ from .recorder import Recorder
 from .responses import AfterSend, header_safe
 from .sessions import Sessions, TurnInfo, conversation_position
 from .settings import ServeSettings
+from .source_route import handle_source
+from .sources import build_sources
 
 log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="gateway", version=__version__)
@@ -625,6 +627,13 @@ def create_app(
     )
     async def hook(event: str, request: Request) -> Response:
         return await handle_hook(gateway, event, request)
+
+    # Next-state sources (sources.py): one file each, enabled by [serve] sources.
+    sources = build_sources(gateway.cfg.sources, gateway.cfg.source_options)
+
+    @app.post("/v1/next_states/{source}", response_model=None)
+    async def next_states(source: str, request: Request) -> Response:
+        return await handle_source(gateway, sources, source, request)
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.kafka import names
 
@@ -109,6 +109,20 @@ class ServeSettings(BaseModel):
         description="Longest text a feedback or hook body may carry (feedback `text`, a hook's "
         "`prompt`); 400 beyond, nothing recorded.",
     )
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Modules to import before the sources are looked up; each registers "
+        "next-state sources (pipeline.serving.sources.register).",
+    )
+    sources: list[str] = Field(
+        default_factory=lambda: ["terminal"],
+        validate_default=True,
+        description="Next-state sources answering at POST /v1/next_states/<name> (built in: "
+        "terminal; a plug-in module registers more).",
+    )
+    # Each source's own options, validated by the model it registered with (a typo is an
+    # error naming the key): [serve.source_options.terminal] passing_exit_codes = [0, 5].
+    source_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     hook_stop_scores: dict[str, Annotated[float, Field(ge=-1, le=1)]] = Field(
         default_factory=lambda: {"error": -1.0, "aborted": -1.0},
         description="The `stop` hook's `status` -> score of the session's last turn (in "
@@ -162,6 +176,31 @@ class ServeSettings(BaseModel):
         description="Load only `promoted` versions. None: follow trainer.gate (on by default), "
         "so a version the promotion gate rejected never reaches a user.",
     )
+
+    @field_validator("sources")
+    @classmethod
+    def _known_sources(cls, sources: list[str], info: ValidationInfo) -> list[str]:
+        """Plug-ins (declared, hence validated, first) load before the names are checked."""
+        from pipeline.registry import load_plugins
+        from pipeline.serving.sources import SOURCES
+
+        load_plugins(info.data.get("plugins") or [], "serve")
+        for name in sources:
+            SOURCES.get(name)
+        return list(dict.fromkeys(sources))
+
+    @model_validator(mode="after")
+    def _source_options_fit(self) -> ServeSettings:
+        from pipeline.serving.sources import SOURCES
+
+        for name, raw in self.source_options.items():
+            if name not in self.sources:
+                raise ValueError(
+                    f"serve.source_options.{name}: source {name!r} is not enabled "
+                    f"(serve.sources = {self.sources})"
+                )
+            SOURCES.options(name, raw, f"serve.source_options.{name}")
+        return self
 
     @property
     def open_access(self) -> bool:

@@ -1,0 +1,76 @@
+"""The "terminal" next-state source: a harness posts a command's exit code and output.
+
+For a sandbox that runs an agent's commands but cannot reach Kafka (``liverl record-outcome``
+produces to Kafka itself): ``POST /v1/next_states/terminal`` with::
+
+    {"session_id": "s1", "turn": 3 | "last", "command": "pytest -q", "exit_code": 1,
+     "output": "2 failed, 10 passed"}
+
+One ``terminal`` next state of that turn: ``exit_code`` kept, ``score`` +1 when the code is
+one of ``passing_exit_codes`` (default ``[0]``), else -1, the output as its content.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline import __version__, events
+
+from .errors import ApiError
+from .protocol import validated
+from .sessions import MAX_ID_CHARS
+from .sources import SourceRequest, TerminalOptions
+
+MAX_TURN = 2**31 - 1
+MAX_COMMAND_CHARS = 1000
+PRODUCER = events.Producer(component="gateway", version=__version__)
+
+
+class TerminalPost(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    turn: Annotated[int, Field(strict=True, ge=0, le=MAX_TURN)] | Literal["last"] = "last"
+    command: str = Field(default="", max_length=MAX_COMMAND_CHARS)
+    exit_code: Annotated[int, Field(strict=True, ge=-(2**31), le=2**31 - 1)]
+    output: str = ""
+
+
+class TerminalSource:
+    def __init__(self, options: TerminalOptions) -> None:
+        self.options = options
+
+    def next_states(self, request: SourceRequest) -> list[Any]:
+        post = validated(TerminalPost, request.body)
+        sid = post.session_id or request.session_header
+        if not sid:
+            raise ApiError(400, "give session_id (or the X-Session-Id header)",
+                           param="session_id", code="missing_session")
+        if len(post.output) > request.max_chars:
+            raise ApiError(400, f"output is longer than {request.max_chars} characters",
+                           param="output", code="text_too_long")
+        last = request.last_turn(sid)
+        if post.turn == "last" and last is None:
+            raise ApiError(400, f"session {sid!r} has no open turn on this gateway; pass the "
+                           "turn number", param="session_id", code="session_not_found")
+        turn = last if post.turn == "last" else post.turn
+        assert turn is not None
+        if last is not None and turn > last:
+            raise ApiError(400, f"turn {turn} of session {sid!r} has not been recorded (last "
+                           f"is {last})", param="turn", code="turn_not_found")
+        passed = post.exit_code in self.options.passing_exit_codes
+        return [events.NextState(
+            event_id=events.new_event_id(),
+            producer=PRODUCER,
+            session_id=sid,
+            turn=turn,
+            kind="terminal",
+            role="tool",
+            content=post.output,
+            exit_code=post.exit_code,
+            score=1.0 if passed else -1.0,
+            source=self.options.source,
+            detail={"command": post.command, "key_id": request.key_id},
+        )]
