@@ -329,7 +329,7 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
     manifest = ck.Manifest(policy_id="p1", version=1, parent=None, step=1, created_ms=0,
                            input_topic=inter, consumed_offsets={}, files=[])
     version = ck.write_version(weights, manifest, files)
-    app = processors_app(settings, settings.processors)
+    app = processors_app(settings, settings.processors, settings.state_dir)
     changelogs = ensure_internal_topics(app, settings)
     app_id = settings.processors.app_id
     assert f"{app_id}-sessions-changelog" in changelogs

@@ -209,12 +209,13 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
     web = child_argvs(["--app-id", "a"], 3, 7000, prefix=["--config", "c.toml"], python="py")
     assert web == [
         ["py", "-m", "pipeline.cli", "--config", "c.toml", "workers", "--app-id", "a",
-         "--web-port", str(7000 + i)]
+         "--worker-index", str(i), "--web-port", str(7000 + i)]
         for i in range(3)
     ]
     assert child_argvs(["--no-web"], 2, None, python="py") == [
-        ["py", "-m", "pipeline.cli", "workers", "--no-web"]
-    ] * 2
+        ["py", "-m", "pipeline.cli", "workers", "--no-web", "--worker-index", str(i)]
+        for i in range(2)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -222,9 +223,12 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
     [
         (["--app-id", "a", "--no-web", "--judge", "rules", "-l", "info", "--namespace", "n"],
          [["--app-id", "a", "--no-web", "--judge", "rules", "--namespace", "n",
-           "--loglevel", "info"]] * 2),
-        (["--web-port", "7100"], [["--web-port", "7100"], ["--web-port", "7101"]]),
-        ([], [["--web-port", "6066"], ["--web-port", "6067"]]),  # web on by default
+           "--loglevel", "info", "--worker-index", str(i)] for i in range(2)]),
+        (["--web-port", "7100", "--worker-index", "5"],  # the children are numbered instead
+         [["--worker-index", "0", "--web-port", "7100"],
+          ["--worker-index", "1", "--web-port", "7101"]]),
+        ([], [["--worker-index", "0", "--web-port", "6066"],
+              ["--worker-index", "1", "--web-port", "6067"]]),  # web on by default
     ],
 )
 def test_workers_processes_starts_children_with_the_typed_options(
@@ -259,7 +263,7 @@ def test_workers_processes_passes_the_settings_file_on(tmp_path, monkeypatch):
                                       "--no-web"])
     assert result.exit_code == 1 and "kept dying" in result.output  # run()'s 1 is an error
     assert seen == [[sys.executable, "-m", "pipeline.cli", "--config", str(config), "workers",
-                     "--no-web"]] * 2
+                     "--no-web", "--worker-index", str(i)] for i in range(2)]
 
 
 def test_workers_processes_checks_the_rules_once_before_starting(tmp_path, monkeypatch):

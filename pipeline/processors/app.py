@@ -52,6 +52,7 @@ from .rewards import Assembler
 from .runtime import Runtime
 from .session import SessionStage
 from .session_agent import SessionAgent
+from .transactions import SCHEME, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class ProcessorsApp(faust.App):
     :func:`~.internal_topics.ensure_internal_topics` creates the internal topics)."""
 
     liverl_agents: tuple[AgentT, ...]
+    liverl_transaction: Transaction | None = None
     liverl_timers: dict[str, Callable[[], Awaitable[None]]]
     liverl_topics: dict[str, TopicT]
 
@@ -89,7 +91,8 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = ProcessorsApp(
         cfg.app_id,
-        broker=f"kafka://{conn.bootstrap}",
+        broker=f"{SCHEME if cfg.exactly_once else 'kafka'}://{conn.bootstrap}",
+        broker_commit_interval=cfg.commit_interval_s,
         value_serializer="raw",
         key_serializer="raw",
         topic_partitions=partitions,
@@ -112,6 +115,10 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 4),
     )
+    if cfg.exactly_once:
+        app.liverl_transaction = Transaction(
+            f"{cfg.app_id}-eos-{cfg.worker_index}", cfg.app_id, cfg.transaction_timeout_s
+        )
     # aiokafka and Faust's topics log every produce request at debug; building those records
     # was ~7% and ~5% of a busy worker even when the handler drops them.
     for noisy in ("aiokafka", "faust.topics"):

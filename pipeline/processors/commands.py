@@ -51,6 +51,13 @@ def _settings(ctx: click.Context) -> Settings:
               help="Judge name: replies (reply patterns + sentiment, with hints), "
               "rules (phrase lists), llm (PRM behind an OpenAI-compatible API), or one a "
               "--plugin module registers; its options: [processors.judge_options].")
+@field_option(ProcessorSettings, "exactly_once", "--exactly-once/--at-least-once",
+              help="Commit each worker's outputs, state and input offsets in one Kafka "
+              "transaction (derived records visible to read_committed readers at each commit), "
+              "or send them at once and let consumers deduplicate by event id.")
+@field_option(ProcessorSettings, "worker_index", "--worker-index",
+              help="This worker's number within its app (its transactional id); --processes "
+              "numbers its children itself.")
 @field_option(ProcessorSettings, "rules_path", "--rules", show_default=False,
               help="Path-penalty rules YAML (default: the built-in rules/default.yaml).")
 @click.option("--namespace", default=None, help="Run in replay namespace NAME: its topics, app "
@@ -160,7 +167,7 @@ def _supervise(ctx: click.Context, processes: int, options: dict[str, object]) -
                    f"{processes - partitions} will stay idle", err=True)
     config = ctx.find_root().params.get("config")  # `liverl --config F workers`: children too
     argvs = child_argvs(
-        forwarded_options(ctx, skip=("processes", "web_port")),
+        forwarded_options(ctx, skip=("processes", "web_port", "worker_index")),
         processes,
         cfg.web_port if cfg.web_enabled else None,
         prefix=["--config", str(config)] if config else [],

@@ -41,6 +41,17 @@ class ProcessorSettings(BaseSettings):
     # fuller produce requests (bench/rewards.py: 20-50 ms took 8-14 % less worker CPU than
     # 5 ms). It adds to the latency from an interaction to its sample.
     produce_linger_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
+    # Exactly once (processors/transactions.py): each worker's outputs, state writes and input
+    # offsets are committed in one Kafka transaction every commit_interval_s; derived records
+    # become visible to read_committed readers then. Off: at least once (consumers
+    # deduplicate by event_id), the outputs visible at once.
+    exactly_once: bool = True
+    commit_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
+    # A worker's transactional id is <app id>-eos-<worker_index>: `liverl workers
+    # --processes N` numbers its children, so a restarted one fences its killed predecessor.
+    # Two workers of one app started by hand need distinct indexes.
+    worker_index: int = Field(default=0, ge=0)
+    transaction_timeout_s: float = Field(default=60.0, ge=5.0, le=900.0)
     # Config versions enter every derived event id: change them when the logic changes.
     pairing_version: str = "pairing-1"
     reward_version: str = "reward-2"

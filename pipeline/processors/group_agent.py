@@ -69,7 +69,7 @@ class GroupAgent:
 
     async def process(self, stream: faust.StreamT) -> None:
         cfg = self.rt.cfg
-        async for ev in stream.events():
+        async for ev in self.rt.units(stream):
             gid, now = ev.message.key or b"", runtime.now_ms()
             try:
                 body = orjson.loads(ev.message.value)

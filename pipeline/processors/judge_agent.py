@@ -79,8 +79,7 @@ class JudgeAgent:
 
     async def process(self, stream: faust.StreamT) -> None:
         cfg = self.rt.cfg
-        # Faust's StreamT declares take() but not take_events(), which its Stream has.
-        async for evs in stream.take_events(cfg.judge_batch, within=0.1):  # type: ignore[attr-defined]
+        async for evs in self.rt.unit_batches(stream, cfg.judge_batch, within=0.1):
             batch: list[judging.JudgeWork] = []
             unparked: list[tuple[bytes, str]] = []
             for raw_ev in evs:

@@ -11,10 +11,11 @@ never a reason to stop a worker. Bad input goes to the DLQ with its reason (:met
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import faust
@@ -64,6 +65,45 @@ class Runtime:
         self.dlq_producer = Producer(component="processors", version=__version__)
         self.timers: dict[str, Timer] = {}
         self.out: dict[str, TopicT] = {n: self.topic(n) for n in outputs}
+
+    # ---- units of work (exactly once: transactions.py) -------------------------------------
+
+    def unit(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """One unit of work: the worker's transaction commits only between units, so a unit's
+        outputs, state writes and input offsets are committed together. A no-op at least once
+        (``[processors] exactly_once = false``) and in unit tests."""
+        txn = getattr(self.app, "liverl_transaction", None)
+        return txn.unit() if txn is not None else contextlib.nullcontext()
+
+    async def units(self, stream: faust.StreamT) -> AsyncIterator[Any]:
+        """``stream``'s events, each handled as one unit and acked inside it (Faust would ack
+        it only when the next one is asked for, after the unit: a commit in between would hold
+        its outputs but not its offset)."""
+        stream.enable_acks = False
+        async for ev in stream.events():
+            async with self.unit():
+                try:
+                    yield ev
+                finally:
+                    await stream.ack(ev)
+
+    async def unit_batches(
+        self, stream: faust.StreamT, size: int, within: float
+    ) -> AsyncIterator[Sequence[Any]]:
+        """Faust's ``take_events`` batches, each one unit, acked inside it like :meth:`units`.
+        ``take_events`` acks each event again when the next batch is asked for; one reference
+        given back per event makes that second ack a no-op for a message another agent still
+        holds (the judge agent shares interactions and next states with the session agent)."""
+        batches = stream.take_events(size, within=within)  # type: ignore[attr-defined]
+        async for evs in batches:
+            async with self.unit():
+                try:
+                    yield evs
+                finally:
+                    for ev in evs:
+                        await stream.ack(ev)
+                        if not ev.message.acked:
+                            ev.message.incref()
 
     # ---- declarations -------------------------------------------------------------------
 
@@ -117,7 +157,8 @@ class Runtime:
             if not self.tables_ready():
                 return
             try:
-                await fn()
+                async with self.unit():
+                    await fn()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - next interval retries

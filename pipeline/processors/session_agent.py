@@ -179,7 +179,7 @@ class SessionAgent:
 
     async def process(self, stream: faust.StreamT) -> None:
         rt, stage = self.rt, self.stage
-        async for raw_ev in stream.events():
+        async for raw_ev in rt.units(stream):
             item = await rt.decode_one(raw_ev, self.inputs)
             if item is None:
                 continue

@@ -59,11 +59,13 @@ def child_argvs(
     python: str = sys.executable,
 ) -> list[list[str]]:
     """The command lines of the ``processes`` children: ``liverl [prefix] workers [options]``,
-    ``options`` without ``--processes`` or ``--web-port``; child ``i`` serves its web/metrics
-    server on ``web_port + i`` (``None``: the web server is off)."""
+    ``options`` without ``--processes``, ``--web-port`` or ``--worker-index``; child ``i`` is
+    worker ``i`` (its transactional id: a restarted child fences its killed predecessor) and
+    serves its web/metrics server on ``web_port + i`` (``None``: the web server is off)."""
     base = [python, "-m", "pipeline.cli", *prefix, "workers", *options]
     return [
-        base if web_port is None else [*base, "--web-port", str(web_port + i)]
+        [*base, "--worker-index", str(i)]
+        + ([] if web_port is None else ["--web-port", str(web_port + i)])
         for i in range(processes)
     ]
 

@@ -1,0 +1,204 @@
+"""Exactly-once processing: one Kafka transaction per worker holds a unit's outputs, its state
+(changelog) writes and its input offset, so they are committed together or not at all.
+
+Faust's own ``processing_guarantee="exactly_once"`` picks a transactional producer by the
+*output* record's partition, which breaks for any output that is not co-partitioned with its
+input (rewards, samples and dead letters are only written, never read, by this app; the group
+topic is keyed by group id): sends fail outside a transaction or fence another worker's
+producer (faust-streaming issues 177, 323, 440, 517). Here instead, as in Kafka Streams:
+
+- every worker process has **one** transactional producer, ``transactional.id =
+  <app id>-eos-<worker index>``; the supervisor gives each child its index, so a restarted
+  child fences its killed predecessor and the broker aborts what that one left open;
+- a **unit** of work (one input record of an agent, one timer run) holds a shared lock from
+  its first read to its ack; a **commit** takes the lock exclusively, so it always falls
+  between units: flush the producer's buffer (changelog writes), add the acked offsets
+  (``send_offsets_to_transaction``), commit, begin the next transaction. A unit's outputs and
+  its offset are therefore in the same transaction. Commits run every
+  ``broker_commit_interval`` (``[processors] commit_interval_s``), also without new offsets,
+  when only timers wrote;
+- the worker's consumer reads ``read_committed`` (its inputs, and the changelogs it recovers
+  state from: an aborted state write is never restored).
+
+Derived records become visible to ``read_committed`` consumers when their transaction
+commits: at most one commit interval later.
+
+Commit ordering, per commit (the exclusive section)::
+
+    wait until no unit runs  -> no output or state write is half done
+    producer.flush()         -> changelog writes buffered by Faust are in the transaction
+    send_offsets_to_transaction(acked offsets, group id)
+    commit_transaction()     -> outputs + state + offsets, atomically
+    begin_transaction()      -> the next units write into the next one
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from faust.transport.drivers import TRANSPORTS
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+log = logging.getLogger(__name__)
+
+SCHEME = "liverl-eos"  # broker URL scheme selecting this transport (processors/app.py)
+
+_IN_UNIT: contextvars.ContextVar[bool] = contextvars.ContextVar("liverl_in_unit", default=False)
+
+
+class UnitLock:
+    """Shared for units, exclusive for commits; a waiting commit holds new units back, so a
+    busy stream cannot starve it. Re-entrant for units (a timer that calls a send)."""
+
+    def __init__(self) -> None:
+        self._units = 0
+        self._committing = False
+        self._cond = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def unit(self) -> AsyncIterator[None]:
+        if _IN_UNIT.get():
+            yield
+            return
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._committing)
+            self._units += 1
+        token = _IN_UNIT.set(True)
+        try:
+            yield
+        finally:
+            _IN_UNIT.reset(token)
+            async with self._cond:
+                self._units -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._committing)
+            self._committing = True
+            await self._cond.wait_for(lambda: self._units == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._committing = False
+                self._cond.notify_all()
+
+
+class Transaction:
+    """The worker's transaction: its id, the lock units and commits share, and whether
+    anything was written since the last commit."""
+
+    def __init__(self, transactional_id: str, group_id: str, timeout_s: float) -> None:
+        self.transactional_id = transactional_id
+        self.group_id = group_id
+        self.timeout_ms = int(timeout_s * 1000)
+        self.lock = UnitLock()
+        self.producer: Any = None  # the aiokafka producer, set when the worker's starts
+        self.dirty = False
+        self.commits = 0
+
+    def unit(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.lock.unit()
+
+    async def commit(self, offsets: Mapping[TP, int]) -> None:
+        """Inside the exclusive section: offsets (next to read) + everything sent, at once."""
+        from aiokafka.structs import OffsetAndMetadata
+        from aiokafka.structs import TopicPartition as AioTP
+
+        producer = self.producer
+        if producer is None:
+            raise RuntimeError("the worker's transactional producer has not started")
+        if offsets:
+            await producer.send_offsets_to_transaction(
+                {AioTP(tp.topic, tp.partition): OffsetAndMetadata(o, "")
+                 for tp, o in offsets.items()},
+                self.group_id,
+            )
+        await producer.commit_transaction()
+        await producer.begin_transaction()
+        self.dirty = False
+        self.commits += 1
+
+
+def transaction_of(app: Any) -> Transaction:
+    txn = getattr(app, "liverl_transaction", None)
+    if not isinstance(txn, Transaction):
+        raise RuntimeError(f"{SCHEME}:// needs app.liverl_transaction (processors/app.py)")
+    return txn
+
+
+class Producer(faust_aiokafka.Producer):
+    """Faust's producer over one transactional aiokafka producer, open from start to stop."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {"acks": "all", "enable_idempotence": True,
+                "transaction_timeout_ms": transaction_of(self.app).timeout_ms}
+
+    def _new_producer(self, transactional_id: str | None = None) -> Any:
+        return super()._new_producer(transactional_id or transaction_of(self.app).transactional_id)
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        txn = transaction_of(self.app)
+        txn.producer = self._producer
+        await self._producer.begin_transaction()  # type: ignore[union-attr]
+
+    async def on_stop(self) -> None:
+        # What the last units wrote since the last commit is left open: the broker aborts it
+        # (or the next start fences it); the consumer's final commit has run by now.
+        transaction_of(self.app).producer = None
+        await super().on_stop()
+
+    async def send(self, *args: Any, **kwargs: Any) -> Any:
+        transaction_of(self.app).dirty = True
+        return await super().send(*args, **kwargs)
+
+
+class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        # Faust reads this flag only here to pick isolation.level: read_committed.
+        flag = self.consumer.in_transaction
+        self.consumer.in_transaction = True
+        try:
+            return super()._create_worker_consumer(transport)
+        finally:
+            self.consumer.in_transaction = flag
+
+
+class Consumer(faust_aiokafka.Consumer):
+    """Faust's consumer whose commit is the transaction's (see the module docstring)."""
+
+    def _new_consumer_thread(self) -> ConsumerThread:
+        return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def force_commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        txn = transaction_of(self.app)
+        async with txn.lock.exclusive():
+            did = await super().force_commit(topics, start_new_transaction=start_new_transaction)
+            if not did and txn.dirty and txn.producer is not None:
+                await self.app.producer.flush()
+                await txn.commit({})  # only timers wrote: their outputs must not wait
+                did = True
+            return bool(did)
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        assignment = self.assignment()
+        mine = {tp: o for tp, o in offsets.items() if tp in assignment}
+        await transaction_of(self.app).commit(mine)
+        return True
+
+
+class Transport(faust_aiokafka.Transport):
+    Consumer = Consumer
+    Producer = Producer
+
+
+TRANSPORTS.aliases.setdefault(SCHEME, f"{__name__}:Transport")
