@@ -98,8 +98,7 @@ def create_app(
         topic_replication_factor=settings.topics.replication_factor or 1,
         store="memory://",
         datadir=str(datadir),
-        web_enabled=cfg.web_enabled,
-        web_port=cfg.web_port,
+        **cfg.faust_web(),  # loopback only, and a port of its own (config.py)
         consumer_auto_offset_reset=cfg.auto_offset_reset,
         producer_acks=-1,
         # The size policy (KafkaSettings): aiokafka's defaults (1 MB requests and fetches)

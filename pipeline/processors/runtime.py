@@ -5,7 +5,8 @@ logic; this is the plumbing between them and Faust. One rule runs through it: a 
 never a reason to stop a worker. Bad input goes to the DLQ with its reason (:meth:`decode_one`,
 :meth:`dead_letter`), table values that cannot be read back are dead-lettered and dropped
 (:meth:`dead_letter_state`), and a timer's error is logged and retried next interval
-(:meth:`every`).
+(:meth:`every`). Each dead letter is counted, and so is each input left out by the feedback
+policy, in :class:`WorkerMetrics`, served at ``/metrics`` when the web server is on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import faust
 import orjson
 from faust.types import TableT, TopicT
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import ValidationError
 
 from pipeline import __version__, events
@@ -43,6 +45,25 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class WorkerMetrics:
+    """Counters of one worker process, one registry per app (tests build several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.dead_lettered = Counter(
+            "liverl_workers_dead_lettered", "Records and values written to the DLQ",
+            registry=self.registry,
+        )  # fmt: skip
+        self.left_out = Counter(
+            "liverl_workers_inputs_left_out",
+            "Inputs that count in no reward, by reason (each is dead-lettered too)",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
 class Runtime:
     """Faust plumbing for one processors app (see the module docstring)."""
 
@@ -64,6 +85,16 @@ class Runtime:
         self.dlq_producer = Producer(component="processors", version=__version__)
         self.timers: dict[str, Timer] = {}
         self.out: dict[str, TopicT] = {n: self.topic(n) for n in outputs}
+        self.metrics = WorkerMetrics()
+        if cfg.web_enabled:  # the only use liverl has for Faust's web server
+            metrics = self.metrics
+
+            async def metrics_page(view: Any, request: Any) -> Any:
+                # aiohttp refuses a charset in content_type=; the header may carry it.
+                return view.bytes(metrics.exposition(),
+                                  headers={"Content-Type": CONTENT_TYPE_LATEST})  # fmt: skip
+
+            app.page("/metrics")(metrics_page)
 
     # ---- declarations -------------------------------------------------------------------
 
@@ -154,6 +185,7 @@ class Runtime:
             "dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error[:500]
         )
         await self.send(names.DLQ, letter)
+        self.metrics.dead_lettered.inc()
 
     async def dead_letter_value(
         self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str
@@ -171,6 +203,7 @@ class Runtime:
         letter = bound_dead_letter(letter, self.kafka.max_event_bytes)
         log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await self.send(names.DLQ, letter)
+        self.metrics.dead_lettered.inc()
 
     async def dead_letter_parked(self, table: TableT, key: bytes, nid: str, turn: int) -> None:
         """A parked next state whose turn never came within ``grace_s``: dead-lettered as the

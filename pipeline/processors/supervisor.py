@@ -59,11 +59,11 @@ def child_argvs(
     python: str = sys.executable,
 ) -> list[list[str]]:
     """The command lines of the ``processes`` children: ``liverl [prefix] workers [options]``,
-    ``options`` without ``--processes`` or ``--web-port``; child ``i`` serves its web/metrics
-    server on ``web_port + i`` (``None``: the web server is off)."""
+    ``options`` without ``--processes`` or ``--web-port``; child ``i`` serves its web server
+    on ``web_port + i``, each on a free port of its own for 0 (``None``: the server is off)."""
     base = [python, "-m", "pipeline.cli", *prefix, "workers", *options]
     return [
-        base if web_port is None else [*base, "--web-port", str(web_port + i)]
+        base if web_port is None else [*base, "--web-port", str(web_port and web_port + i)]
         for i in range(processes)
     ]
 
