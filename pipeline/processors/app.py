@@ -135,6 +135,7 @@ def create_app(
         grace_ms=int(cfg.grace_s * 1000),
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
         hint_wait_ms=int(cfg.hint_wait(inline) * 1000),
+        voters_per_turn=cfg.feedback_voters_per_turn,
     )
     stage = SessionStage(pairer, assembler, judge_inline=inline,
                          text_chars=cfg.state_text_chars, judge_max_bytes=part_bytes)

@@ -32,7 +32,7 @@ from pipeline.kafka.producer import bound_dead_letter
 
 from .config import ProcessorSettings
 from .records import TABLE_SESSION, Parked, key_partition, parked_key, session_of
-from .rewards import UnmatchedHint
+from .rewards import LeftOut, UnmatchedHint
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,8 @@ class Runtime:
         self.metrics.dead_lettered.inc()
 
     async def dead_letter_value(
-        self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str
+        self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str,
+        level: int = logging.ERROR,
     ) -> None:
         """Dead-letter bytes that have no Kafka coordinates of their own: a table value that
         cannot be read back (state another code version wrote, or a bug), or an event this
@@ -201,7 +202,7 @@ class Runtime:
         letter = dataclasses.replace(letter, event_id=events.derive_event_id(
             "dlq", [], producer.version, topic_name, *id_parts))  # fmt: skip
         letter = bound_dead_letter(letter, self.kafka.max_event_bytes)
-        log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
+        log.log(level, "dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await self.send(names.DLQ, letter)
         self.metrics.dead_lettered.inc()
 
@@ -230,6 +231,16 @@ class Runtime:
                 names.HINTS, key, orjson.dumps(doc),
                 f"hint {h.hint_id} for turn {h.turn} of session {sid}: {why}", h.hint_id,
             )  # fmt: skip
+
+    async def left_out(self, key: bytes, left: LeftOut) -> None:
+        """An input that counts in no reward: counted by reason, and dead-lettered as the
+        record it was (or, for a vote replaced after it had counted, as a description)."""
+        self.metrics.left_out.labels(left.reason).inc()
+        value = orjson.dumps(left.detail) if left.event is None else events.encode(left.event)
+        # A changed vote is ordinary use, not a fault: logged at info.
+        level = logging.INFO if left.reason == "superseded" else logging.WARNING
+        await self.dead_letter_value(names.resolve(names.NEXT_STATES, self.ns), key, value,
+                                     left.why, left.event_id, left.reason, level=level)  # fmt: skip
 
     async def dead_letter_state(self, table_name: str, key: bytes, value: bytes,
                                 error: str) -> None:  # fmt: skip
