@@ -729,3 +729,53 @@ def test_hints_whose_turn_never_comes_are_dead_lettered_not_dropped(h: Harness) 
         "hint t-gone-h0 for turn 0 of session t-gone: the session state expired "
         "(processors.retain_s 7200s) before that turn's interaction arrived"
     )
+
+
+def feedback_vote(eid: str, thumbs: str, key_id: str, ts_ms: int) -> events.NextState:
+    score = 1.0 if thumbs == "up" else -1.0
+    return dataclasses.replace(
+        next_state(0, "feedback", "", producer=EXT), event_id=eid, source="feedback",
+        score=score, ts_ms=ts_ms, detail={"key_id": key_id, "thumbs": thumbs},
+    )  # fmt: skip
+
+
+def test_votes_that_do_not_count_are_dead_lettered_counted_and_not_judged(h: Harness) -> None:
+    """Caller A votes up, then down: the down counts, the up is replaced (a letter that
+    describes it). The session closes and is assembled: turn 0's prm is the mean of its
+    tool result (0) and A's vote (-1), -0.5. Then B's vote arrives: too late, a letter with
+    the record itself and no verdict. Both are counted by reason in the workers' metrics."""
+    up, down = feedback_vote("fa1", "up", "ka", 1), feedback_vote("fa2", "down", "ka", 2)
+    late = feedback_vote("fb1", "up", "kb", 3)
+
+    async def run() -> Any:
+        app = h.app()
+        session = agent_named(app, "session")
+        async with session.test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await put(agent, names.NEXT_STATES, up)
+            await put(agent, names.NEXT_STATES, down)
+            await put(agent, names.INTERACTIONS, inter(1, session_done=True))
+            await put(agent, names.NEXT_STATES, late)
+            await flush(agent, names.INTERACTIONS)
+        return session.fun.__self__.rt.metrics
+
+    metrics = asyncio.run(run())
+    rewards = {r.turn: r for r in h.out(names.REWARDS)}  # type: ignore[attr-defined]
+    assert rewards[0].prm == pytest.approx(-0.5)
+    judged = {p.parents[-1] for p in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
+    assert {up.event_id, down.event_id} <= judged and late.event_id not in judged
+    letters = {d.error.split(":")[0]: d for d in h.out(names.DLQ)}  # type: ignore[attr-defined]
+    assert set(letters) == {"feedback fa1 on turn 0 of session t-s",
+                            "next state fb1 (feedback) for turn 0 of session t-s arrived after "
+                            "the session was assembled (its rewards have left; "
+                            "processors.hint_wait_s holds closed sessions open)"}  # fmt: skip
+    replaced = letters["feedback fa1 on turn 0 of session t-s"]
+    assert "superseded by a later vote of the same caller (fa2)" in replaced.error
+    assert orjson.loads(replaced.original())["event_id"] == "fa1"
+    (too_late,) = (d for k, d in letters.items() if k.startswith("next state fb1"))
+    assert events.decode(too_late.original()) == late
+    assert all(d.source_topic == names.NEXT_STATES for d in letters.values())
+    text = metrics.exposition().decode()
+    assert 'liverl_workers_inputs_left_out_total{reason="superseded"} 1.0' in text
+    assert 'liverl_workers_inputs_left_out_total{reason="late"} 1.0' in text
+    assert "liverl_workers_dead_lettered_total 2.0" in text

@@ -23,7 +23,7 @@ from pipeline.processors.commands import GateResult, gate_event, record_outcome,
 def test_workers_help_names_the_knobs():
     result = CliRunner().invoke(workers, ["--help"])
     assert result.exit_code == 0
-    for opt in ("--app-id", "--web-port", "--no-web", "--judge", "--rules"):
+    for opt in ("--app-id", "--web-port", "--web-host", "--no-web", "--judge", "--rules"):
         assert opt in result.output
 
 
@@ -36,6 +36,53 @@ def test_workers_rejects_invalid_rules(tmp_path):
     result = CliRunner().invoke(workers, ["--rules", str(bad), "--no-web"])
     assert result.exit_code != 0
     assert "inaction trap" in result.output
+
+
+def port_taken(port: int) -> bool:
+    from pipeline.processors.config import port_problem
+
+    return port_problem("127.0.0.1", port) is not None
+
+
+def test_faust_web_server_is_off_by_default_and_bound_to_loopback(tmp_path):
+    """Was: on, bound to 0.0.0.0:6066, where /router/ told anyone every changelog's partition
+    assignment."""
+    from pipeline.processors.app import create_app
+    from pipeline.processors.config import ProcessorSettings
+    from pipeline.settings import Settings
+
+    cfg = ProcessorSettings()
+    assert (cfg.web_enabled, cfg.web_host, cfg.web_port) == (False, "127.0.0.1", 0)
+    assert create_app(Settings(state_dir=tmp_path), cfg).conf.web_enabled is False
+    on = create_app(Settings(state_dir=tmp_path), ProcessorSettings(web_enabled=True))
+    assert (on.conf.web_bind, on.conf.web_host) == ("127.0.0.1", "127.0.0.1")
+    assert on.conf.web_port != 6066 and not port_taken(on.conf.web_port)  # a free one
+    assert "/metrics" in on.web.views
+
+
+def test_a_web_port_in_use_is_a_one_line_error_not_a_traceback(tmp_path, monkeypatch):
+    """Was: ``OSError: [Errno 98] ... address already in use`` as a traceback, after the
+    worker had joined its group. Now the command stops before starting, in one line."""
+    import socket
+
+    from pipeline.processors.config import free_port
+
+    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path))
+    port = free_port("127.0.0.1")
+    while port_taken(port - 1):
+        port = free_port("127.0.0.1")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        for first, extra in ((port, []), (port, ["--processes", "2"]),
+                             (port - 1, ["--processes", "2"])):  # the second child's port
+            result = CliRunner().invoke(workers, ["--web", "--web-port", str(first), *extra])
+            assert result.exit_code == 1, result.output
+            assert result.output.strip().splitlines() == [
+                f"Error: web server: cannot listen on 127.0.0.1:{port} (Address already in "
+                "use); pass another --web-port (0: a free one) or leave the web server off "
+                "(--no-web)"
+            ]
 
 
 def _next_states_from_now(kafka_settings, group: str) -> Consumer:  # type: ignore[no-untyped-def]
@@ -216,6 +263,12 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
         ["py", "-m", "pipeline.cli", "workers", "--no-web", "--worker-index", str(i)]
         for i in range(2)
     ]
+    # port 0: every child picks a free port of its own (0 + i would hand out 1, 2, ...)
+    assert child_argvs(["--web"], 2, 0, python="py") == [
+        ["py", "-m", "pipeline.cli", "workers", "--web", "--worker-index", str(i),
+         "--web-port", "0"]
+        for i in range(2)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -224,18 +277,27 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
         (["--app-id", "a", "--no-web", "--judge", "rules", "-l", "info", "--namespace", "n"],
          [["--app-id", "a", "--no-web", "--judge", "rules", "--namespace", "n",
            "--loglevel", "info", "--worker-index", str(i)] for i in range(2)]),
-        (["--web-port", "7100", "--worker-index", "5"],  # the children are numbered instead
-         [["--worker-index", "0", "--web-port", "7100"],
-          ["--worker-index", "1", "--web-port", "7101"]]),
-        ([], [["--worker-index", "0", "--web-port", "6066"],
-              ["--worker-index", "1", "--web-port", "6067"]]),  # web on by default
+        (["--web", "--web-port", "PORT", "--worker-index", "5"],  # children are numbered
+         [["--web", "--worker-index", "0", "--web-port", "PORT"],
+          ["--web", "--worker-index", "1", "--web-port", "PORT+1"]]),
+        (["--web"], [["--web", "--worker-index", str(i), "--web-port", "0"]
+                     for i in range(2)]),  # a free port each
+        (["--web-port", "7100"], [["--worker-index", str(i)] for i in range(2)]),  # web off
+        ([], [["--worker-index", str(i)] for i in range(2)]),
     ],
 )
 def test_workers_processes_starts_children_with_the_typed_options(
     args, expected, tmp_path, monkeypatch
 ):
     from pipeline.processors import supervisor
+    from pipeline.processors.config import free_port
 
+    port = free_port("127.0.0.1")
+    while any(port_taken(p) for p in (port, port + 1)):
+        port = free_port("127.0.0.1")
+    subst = {"PORT": str(port), "PORT+1": str(port + 1)}
+    args = [subst.get(a, a) for a in args]
+    expected = [[subst.get(a, a) for a in argv] for argv in expected]
     monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("LIVERL_PROCESSORS_WEB_ENABLED", raising=False)
     monkeypatch.delenv("LIVERL_PROCESSORS_WEB_PORT", raising=False)
@@ -369,3 +431,84 @@ def test_supervisor_forwards_sigterm_to_every_child(tmp_path):
     assert f"[worker 0] got {int(signal.SIGTERM)}" in text, text
     assert f"[worker 1] got {int(signal.SIGTERM)}" in text, text
     assert "restarting" not in text and "stopping 2 worker processes" in text
+
+
+@pytest.mark.integration
+def test_namespace_workers_run_beside_live_ones(kafka_settings, unique, tmp_path):
+    """The README's re-judge flow beside a live loop: live workers (here with their web server
+    on, a free loopback port) and ``liverl workers --namespace NS --judge rules`` at the same
+    time. Was: the second died binding Faust's 0.0.0.0:6066 (a traceback), so the namespace got
+    no rewards. Now both groups process their own session, and the live one's /metrics
+    answers on 127.0.0.1."""
+    import os
+    import re
+    import signal
+
+    import httpx
+
+    from pipeline.cli import cli
+    from pipeline.kafka import EventProducer
+    from tests.test_processors_integration import group_session, input_ends, start_group_at
+    from tests.test_replay import drop, drop_worker_state, rewards_of
+
+    prefix, ns = f"nsw{unique}", f"nsw{unique}"
+    app_id = f"nsw-{unique}"
+    live_sid, ns_sid = f"{prefix}-live", f"{prefix}-ns"
+    env = {**os.environ, "LIVERL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1",
+           "LIVERL_PROCESSORS_SESSION_PREFIX": prefix, "LIVERL_PROCESSORS_GRACE_S": "2",
+           "LIVERL_PROCESSORS_SWEEP_INTERVAL_S": "1"}  # fmt: skip
+    for var in ("LIVERL_PROCESSORS_WEB_ENABLED", "LIVERL_PROCESSORS_WEB_PORT"):
+        env.pop(var, None)
+    res = CliRunner().invoke(cli, ["topics", "apply", "--namespace", ns], env=env)
+    assert res.exit_code == 0, res.output
+    procs: dict[str, subprocess.Popen] = {}  # type: ignore[type-arg]
+    logs = {side: tmp_path / f"{side}.log" for side in ("live", "ns")}
+    try:
+        start_group_at(kafka_settings, app_id, input_ends(kafka_settings))
+        producer = EventProducer(kafka_settings, client_id="nsw-test")
+        for sid, topic in ((live_sid, names.INTERACTIONS),
+                           (ns_sid, names.resolve(names.INTERACTIONS, ns))):  # fmt: skip
+            for inter in group_session(sid, "", "Thanks, that works"):
+                producer.send(topic, dataclasses.replace(inter, group_id=None))
+        producer.flush()
+        commands = {"live": ["workers", "--app-id", app_id, "--web", "-l", "info"],
+                    "ns": ["workers", "--namespace", ns, "--app-id", app_id, "--judge", "rules"]}
+        for side, args in commands.items():
+            with open(logs[side], "ab") as log:
+                procs[side] = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args],
+                                               env=env, stdout=log, stderr=subprocess.STDOUT)
+        topics = {"live": names.REWARDS, "ns": names.resolve(names.REWARDS, ns)}
+        sids = {"live": live_sid, "ns": ns_sid}
+        got: dict[str, dict] = {"live": {}, "ns": {}}  # type: ignore[type-arg]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and any(len(g) < 2 for g in got.values()):
+            assert all(p.poll() is None for p in procs.values()), {
+                side: logs[side].read_text()[-3000:] for side in procs
+            }
+            for side in got:
+                got[side] = rewards_of(kafka_settings, topics[side], {sids[side].encode()})
+            time.sleep(1.0)
+        text = {side: logs[side].read_text() for side in logs}
+        assert {side: sorted(t for _, t in g) for side, g in got.items()} == {
+            "live": [0, 1], "ns": [0, 1]
+        }, text
+        assert all(p.poll() is None for p in procs.values()), text
+        # "Thanks, that works" is +1 to either judge (turn 0); the session end is 0 (turn 1)
+        for side, sid in sids.items():
+            assert (got[side][(sid, 0)].prm, got[side][(sid, 1)].prm) == (1.0, 0.0), side
+        found = re.search(r"web server \(/metrics\) on http://127\.0\.0\.1:(\d+)", text["live"])
+        assert found, text["live"][-3000:]
+        assert "web server" not in text["ns"] and "Traceback" not in text["ns"] + text["live"]
+        body = httpx.get(f"http://127.0.0.1:{found[1]}/metrics", timeout=10).text
+        assert "liverl_workers_dead_lettered_total" in body, body
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        drop_worker_state(kafka_settings, app_id)
+        drop(env, ns)

@@ -617,3 +617,118 @@ def test_changelogs_are_compacted_within_bounded_time(
         assert {k: got[k] for k in CHANGELOG_COMPACTION} == CHANGELOG_COMPACTION, res.name
         assert got["cleanup.policy"] == "compact", res.name
     assert int(CHANGELOG_COMPACTION["max.compaction.lag.ms"]) <= 3_600_000
+
+
+def feedback(sid: str, key_id: str, thumbs: str, ts_ms: int, text: str = "",
+             score: float | None = None) -> events.NextState:  # fmt: skip
+    """A ``POST /v1/feedback`` on turn 0, as the gateway records it."""
+    from pipeline.serving.feedback import FeedbackRequest, feedback_event
+
+    req = FeedbackRequest(session_id=sid, turn=0, thumbs=thumbs, score=score,  # type: ignore[arg-type]
+                          text=text or None)  # fmt: skip
+    return dataclasses.replace(feedback_event(req, 0, key_id), ts_ms=ts_ms)
+
+
+def chat_session(sid: str, reply: str, t0: int) -> list[events.Interaction]:
+    """Turn 0, then the user's ``reply`` in turn 1, which ends the session (no tool calls)."""
+    base = examples.interaction(prompt_tokens=8, response_tokens=4)
+    first = [{"role": "user", "content": "Explain Kafka partitions."}]
+    second = [*first, {"role": "assistant", "content": "They split a topic."},
+              {"role": "user", "content": reply}]  # fmt: skip
+    return [
+        dataclasses.replace(base, event_id=f"{sid}-i{t}", session_id=sid, turn=t, ts_ms=t0 + t,
+                            messages=msgs, tool_calls=[], response_text="They split a topic.",
+                            prompt_token_ids=[t], response_token_ids=[100 + t],
+                            response_logprobs=[-0.5], session_done=t == 1)  # fmt: skip
+        for t, msgs in enumerate([first, second])
+    ]
+
+
+def original_id(letter: events.DeadLetter) -> str:
+    """The id of the next state a letter is about: the record itself, or (a vote replaced
+    after it had counted) the letter's description of it."""
+    raw = letter.original()
+    try:
+        return events.decode(raw).event_id
+    except Exception:  # noqa: BLE001 - not an event: the description
+        return str(orjson.loads(raw)["event_id"])
+
+
+def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettered(
+    kafka_settings, unique, tmp_path
+):
+    """The issue's repro: one turn, 1,000 feedbacks of one caller (thumbs up, down every 10th,
+    2 KB of text each), then a closing turn. Was: 1,001 verdicts for turn 0 (mean 0.80) while
+    the reward counted only the votes read before the closing turn (0.80 x ~400/1,000 read),
+    with no dead letter: the rest came after the session was assembled and were dropped.
+
+    Now a caller's latest vote per turn counts, and with processors.feedback_voters_per_turn
+    = 2 so do the votes of the first two callers. Caller k: 1,000 votes, the last (999) up;
+    caller a: score 0.5 (its sign, +1); caller b: over the cap; the reply "Next question."
+    is 0 to the rules judge. Turn 0: prm = (0 + 1 + 1) / 3 = 2/3, no penalty (no tool
+    calls). Every other vote is a dead letter: 999 superseded, b over the cap, and c, sent
+    after the samples, too late."""
+    sid = f"ifb-{unique}"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    col = Collector(kafka_settings, sid, high_watermarks(kafka_settings))
+    app_id = f"ifb-{unique}"
+    start_group_at(kafka_settings, app_id, input_ends(kafka_settings))
+    proc = start_worker(app_id, sid, rules, tmp_path, "--judge", "rules", hint_wait_s="5",
+                        feedback_voters_per_turn="2")  # fmt: skip
+    producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+    t0 = events.now_ms()
+    turns = chat_session(sid, "Next question.", t0)
+    text = ("The answer was fine, I suppose. " * 64)[:2048]
+    votes = [feedback(sid, "k", "down" if i % 10 == 0 else "up", t0 + 10 + i, text)
+             for i in range(1000)]  # fmt: skip
+    a = feedback(sid, "a", "up", t0 + 600, score=0.5)
+    b = feedback(sid, "b", "down", t0 + 601)
+    try:
+        producer.send(names.INTERACTIONS, turns[0])
+        for ev in [*votes[:500], a, b, *votes[500:]]:
+            producer.send(names.NEXT_STATES, ev)
+        producer.flush()
+        producer.send(names.INTERACTIONS, turns[1])
+        producer.flush()
+        col.poll_until(lambda by: len(by[names.SAMPLES]) >= 2, proc, limit_s=180)
+        log = (tmp_path / f"{app_id}.log").read_text()[-3000:]
+        assert len(col.by_topic[names.SAMPLES]) >= 2, log
+        late = feedback(sid, "c", "down", events.now_ms())
+        producer.send(names.NEXT_STATES, late)
+        producer.flush()
+
+        def letters(by) -> dict[str, events.DeadLetter]:  # type: ignore[no-untyped-def]
+            return {original_id(d): d for d in by[names.DLQ]}
+
+        col.poll_until(lambda by: late.event_id in letters(by), proc, limit_s=60)
+        col.poll_until(lambda by: False, proc, limit_s=2)  # anything still on its way
+    finally:
+        stop(proc)
+        col.close()
+        drop_internal_topics(kafka_settings, app_id)
+    by = col.by_topic
+    rewards = {r.turn: r for r in by[names.REWARDS]}
+    assert rewards[0].prm == pytest.approx(2 / 3) and rewards[0].total == pytest.approx(2 / 3)
+    assert rewards[1].prm == 0.0
+    samples = {s.turn: s for s in by[names.SAMPLES]}
+    assert samples[0].reward == pytest.approx(2 / 3)
+
+    got = letters(by)
+    assert all(d.source_topic == names.NEXT_STATES for d in got.values())
+    superseded = {v.event_id for v in votes[:-1]}
+    assert {i for i, d in got.items() if "superseded by a later vote" in d.error} == superseded
+    assert {i for i, d in got.items() if "feedback_voters_per_turn" in d.error} == {b.event_id}
+    assert {i for i, d in got.items() if "after the session was assembled" in d.error} == {
+        late.event_id
+    }
+    assert set(got) == superseded | {b.event_id, late.event_id}
+    # What counts is in the reward's parents; each of the 1,003 feedbacks either counts or
+    # is a letter.
+    verdicts = {p.parents[-1]: p for p in by[names.PRM_SCORES]}
+    counted = {ns_id for ns_id, v in verdicts.items() if v.event_id in rewards[0].parents}
+    sent = {v.event_id for v in [*votes, a, b, late]}
+    assert counted & sent == {votes[-1].event_id, a.event_id}
+    assert (counted & sent) | set(got) == sent
+    # Votes that never count are not judged: no verdict for b's or c's.
+    assert b.event_id not in verdicts and late.event_id not in verdicts

@@ -525,3 +525,118 @@ def test_stepwise_zscore_without_outcome_keeps_zero_score_turns():
     # a zero score alone in its bucket says nothing and leaves the RL term
     alone = grouping.normalize("g", {"a": grouped_session("a", [0])}, "samples-2")
     assert [s.rl_trainable() for s in alone] == [False]
+
+
+# ---- explicit feedback: one vote per caller and turn -------------------------------------------
+
+
+def vote(eid: str, ts_ms: int, score: float, key_id: str | None = None,
+         source: str = "feedback"):  # type: ignore[no-untyped-def]  # fmt: skip
+    """A feedback next state on turn 0, as ``POST /v1/feedback`` records it (or, without a
+    key id, another producer)."""
+    return dataclasses.replace(
+        examples.examples()["next_state"], event_id=eid, session_id="s", turn=0,
+        kind="feedback", ts_ms=ts_ms, score=score, source=source,
+        detail={} if key_id is None else {"key_id": key_id},
+    )  # fmt: skip
+
+
+def verdict_on(n: events.NextState) -> PrmScore:
+    """The verdict a judge gives an explicit score: its sign."""
+    s = (n.score > 0) - (n.score < 0)  # type: ignore[operator]
+    return dataclasses.replace(prm(0, s, [s]), event_id=f"p-{n.event_id}",
+                               parents=["i0", n.event_id])  # fmt: skip
+
+
+def feed_votes(asm: Assembler, votes: list[events.NextState]):  # type: ignore[no-untyped-def]
+    """Turn 0 with the user's reply judged +1 and penalty 0.5 * 0.2, then ``votes`` in that
+    order, each judged as soon as it counts. Returns the state and what was left out."""
+    state = asm.on_interaction(None, inter(0))
+    state = asm.on_next_state(state, ns(0), 0)
+    state = asm.on_prm(state, prm(0, 1, [1]))
+    state = asm.on_penalty(state, pen(0, 0.2))
+    left = []
+    for v in votes:
+        state, out = asm.admit(state, v, 0)
+        left += out
+        if all(x.event is not v for x in out):
+            state = asm.on_prm(state, verdict_on(v))
+    end = dataclasses.replace(ns(0, "session_end"), event_id="n0-end")
+    state = asm.on_next_state(state, end, 0)
+    return asm.on_prm(state, dataclasses.replace(prm(0, 0, [0]), event_id="p-end",
+                                                 parents=["i0", end.event_id])), left  # fmt: skip
+
+
+def test_feedback_counts_once_per_caller_per_turn_and_the_latest_wins():
+    """A: down (ts 1) then up (ts 3): up counts, down is replaced. B: up (ts 5), then an older
+    down (ts 2) read after it: up counts, the older one is left out as it arrives. A review
+    tool (no key id) votes as its source: -1. The session end is its own next state, 0.
+    Without an outcome prm is the mean of the verdicts that count:
+    (1 reply + 1 A + 1 B - 1 tool + 0 end) / 5 = 0.4; total = 0.4 + 0.5 * 0.2 = 0.5."""
+    asm = Assembler()
+    a_down, a_up = vote("a1", 1, -1.0, "ka"), vote("a2", 3, 1.0, "ka")
+    b_up, b_old = vote("b1", 5, 1.0, "kb"), vote("b0", 2, -1.0, "kb")
+    tool = vote("t1", 4, -1.0, source="review-tool")
+    state, left = feed_votes(asm, [a_down, a_up, b_up, b_old, tool])
+    out = asm.complete(state, 1, {0: token_payload(inter(0))})
+    (reward,) = out.rewards
+    assert (reward.prm, reward.penalty, reward.total) == pytest.approx((0.4, 0.1, 0.5))
+    counted = {"p0", "p-a2", "p-b1", "p-t1", "p-end"}
+    assert set(reward.parents) - {"x0"} == counted
+    assert [(x.reason, x.event_id, x.event is not None) for x in left] == [
+        ("superseded", "a1", False),  # replaced after it had counted: described
+        ("superseded", "b0", True),  # older than the vote that counts: the record itself
+    ]
+    assert left[0].detail == {"session_id": "s", "turn": 0, "event_id": "a1", "ts_ms": 1,
+                              "voter": "key:ka", "superseded_by": "a2"}  # fmt: skip
+    assert "superseded by a later vote of the same caller (a2)" in left[0].why
+    assert "superseded by a later vote of the same caller (b1)" in left[1].why
+
+
+def test_votes_past_the_voter_cap_are_left_out_and_a_counted_caller_may_still_change():
+    """voters_per_turn = 2: A and B count, C is left out; A's second vote still replaces
+    A's first. prm = (1 reply - 1 A + 1 B + 0 end) / 4 = 0.25; total 0.25 + 0.1 = 0.35."""
+    asm = Assembler(voters_per_turn=2)
+    state, left = feed_votes(asm, [vote("a1", 1, 1.0, "ka"), vote("b1", 2, 1.0, "kb"),
+                                   vote("c1", 3, -1.0, "kc"), vote("a2", 4, -1.0, "ka")])
+    assert set(state.turns[0].votes) == {"key:ka", "key:kb"}
+    (reward,) = asm.complete(state, 1, {0: token_payload(inter(0))}).rewards
+    assert (reward.prm, reward.total) == pytest.approx((0.25, 0.35))
+    assert [(x.reason, x.event_id) for x in left] == [("voters_cap", "c1"),
+                                                      ("superseded", "a1")]  # fmt: skip
+    assert "already counts the votes of 2 callers" in left[0].why
+
+
+def test_with_an_outcome_only_the_counted_votes_enter_the_mean():
+    """With a session outcome prm is the mean of all valid votes: 1 (reply), -1 (A's latest;
+    A's +1 was replaced), 0 (end): (1 - 1 + 0) / 3 = 0; total = 1 + 0 + 0.1 = 1.1."""
+    asm = Assembler()
+    state, _ = feed_votes(asm, [vote("a1", 1, 1.0, "ka"), vote("a2", 2, -1.0, "ka")])
+    state = asm.on_next_state(state, outcome_event("s", True, ts_ms=5), 10)
+    (reward,) = asm.complete(state, 11, {0: token_payload(inter(0))}).rewards
+    assert (reward.outcome, reward.prm, reward.total) == pytest.approx((1.0, 0.0, 1.1))
+
+
+def test_verdicts_of_replaced_votes_do_not_grow_the_state():
+    """A judge agent's verdicts come on their own topic, here after the votes they judge were
+    replaced: at most voters_per_turn of them are kept without their next state."""
+    asm = Assembler(voters_per_turn=3)
+    state = asm.on_interaction(None, inter(0))
+    votes = [vote(f"a{i}", i, 1.0, "ka") for i in range(50)]
+    for v in votes:
+        state, _ = asm.admit(state, v, 0)
+    for v in votes:
+        state = asm.on_prm(state, verdict_on(v))
+    info = state.turns[0]
+    assert list(info.next_states) == ["a49"] and set(info.votes) == {"key:ka"}
+    assert list(info.prm) == ["a46", "a47", "a48", "a49"]  # a49's own, and 3 orphans
+
+
+def test_only_feedback_on_a_turn_is_a_vote():
+    from pipeline.processors.rewards import voter_of
+
+    assert voter_of(vote("a", 1, 1.0, "ka")) == "key:ka"
+    assert voter_of(vote("a", 1, 1.0)) == "source:feedback"
+    assert voter_of(ns(0)) is None  # the conversation's own next state
+    session_wide = outcome_event("s", True, kind="feedback")
+    assert voter_of(session_wide) is None  # a session outcome: the latest wins already

@@ -279,3 +279,52 @@ def test_feedback_reaches_next_states_on_the_broker(
     assert down.content == "Too formal. Use simple steps please."
     assert down.detail["thumbs"] == "down" and down.producer.component == "gateway"
     assert (half.turn, half.score, half.content, half.scope) == (0, 0.5, "", "turn")
+
+
+def test_feedback_has_a_default_per_key_rate_limit(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's flood: 1,000 feedbacks on turn 0 in a burst all answered 200 (no rate limit
+    by default). Now serve.feedback_rate_limit_per_min (30/min, burst 10) applies per key, on
+    its own bucket: with the clock held, the first 10 pass and 990 get an OpenAI-style 429 with
+    Retry-After (1 token per 2 s: 2 s); 2 s later one more passes; another key and chat are not
+    affected; every refusal is counted in /metrics."""
+    from pipeline.serving import auth
+
+    clock = [1_000.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    from types import SimpleNamespace
+
+    rec = ListRecorder()
+    rec.spool = SimpleNamespace(size_bytes=lambda: 0)  # type: ignore[attr-defined]  # /metrics
+    c = client(backend, rec)
+    assert chat(c, "fb-flood") == 0
+    rec.records.clear()
+    key = {"Authorization": "Bearer flood"}
+    text = "x" * 2048
+    statuses = []
+    for i in range(1000):
+        body = {"session_id": "fb-flood", "turn": 0, "thumbs": "down" if i % 10 == 0 else "up",
+                "text": text}
+        resp = c.post(URL, json=body, headers=key)
+        statuses.append(resp.status_code)
+        if resp.status_code == 429:
+            e = err(resp, 429)
+            assert (e["type"], e["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+            assert e["message"] == ("Feedback rate limit (serve.feedback_rate_limit_per_min) "
+                                    "reached for this key; retry in 2s.")
+            assert resp.headers["retry-after"] == "2"
+    assert statuses == [200] * 10 + [429] * 990
+    assert len(rec.records) == 10
+    clock[0] += 2.0
+    assert c.post(URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"},
+                  headers=key).status_code == 200
+    assert c.post(URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"},
+                  headers={"Authorization": "Bearer other"}).status_code == 200
+    assert chat(c, "fb-flood", **key) == 1
+    metrics = c.get("/metrics").text
+    assert "liverl_gateway_feedback_rate_limited_total 990.0" in metrics, metrics
+    off = client(backend, ListRecorder(), feedback_rate_limit_per_min=0)
+    chat(off, "fb-off")
+    assert all(off.post(URL, json={"session_id": "fb-off", "thumbs": "up"}).status_code == 200
+               for _ in range(20))

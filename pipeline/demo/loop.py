@@ -56,8 +56,6 @@ def _env(cfg: LoopConfig, state_dir: Path) -> dict[str, str]:
         # One step per round: the users wait for it (--pace), so no early partial batches.
         "LIVERL_TRAINER_BATCH_IDLE_S": "0",
         "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "1.0",  # a version after every step
-        # Another worker (a running `liverl up`) may hold Faust's default web port.
-        "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),
     })
     if cfg.lr is not None:
         env["LIVERL_TRAINER_LR"] = str(cfg.lr)

@@ -99,8 +99,7 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         topic_replication_factor=conn.replication_factor or 1,
         store="memory://",
         datadir=str(datadir),
-        web_enabled=cfg.web_enabled,
-        web_port=cfg.web_port,
+        **cfg.faust_web(),  # loopback only, and a port of its own (config.py)
         consumer_auto_offset_reset=cfg.auto_offset_reset,
         producer_acks=-1,
         # The size policy (KafkaSettings): aiokafka's defaults (1 MB requests and fetches)
@@ -141,6 +140,7 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         grace_ms=int(cfg.grace_s * 1000),
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
         hint_wait_ms=int(cfg.hint_wait(inline) * 1000),
+        voters_per_turn=cfg.feedback_voters_per_turn,
     )
     stage = SessionStage(pairer, assembler, judge_inline=inline,
                          text_chars=cfg.state_text_chars, judge_max_bytes=part_bytes)

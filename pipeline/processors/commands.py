@@ -28,7 +28,7 @@ from pipeline.events.types import NextStateKind
 from pipeline.options import field_option, merged
 from pipeline.settings import Settings, load_settings
 
-from .config import ProcessorSettings
+from .config import ProcessorSettings, free_port, port_problem
 from .terminal import TAIL_CHARS, tail
 
 MAX_PROCESSES = 64  # `liverl workers --processes`: a sanity bound, far above any partition count
@@ -41,9 +41,12 @@ def _settings(ctx: click.Context) -> Settings:
 
 @click.command("workers")
 @field_option(ProcessorSettings, "app_id", "--app-id", help="Faust app id = consumer group.")
-@field_option(ProcessorSettings, "web_port", "--web-port", help="Faust web/metrics port.")
-@field_option(ProcessorSettings, "web_enabled", "--no-web", is_flag=True, flag_value=False,
-              help="Disable the web/metrics server.")
+@field_option(ProcessorSettings, "web_enabled", "--web/--no-web",
+              help="Faust's web server with the workers' /metrics (off by default).")
+@field_option(ProcessorSettings, "web_host", "--web-host",
+              help="Interface the web server binds to.")
+@field_option(ProcessorSettings, "web_port", "--web-port",
+              help="Web server port; 0: a free one (--processes: each child its own).")
 @field_option(ProcessorSettings, "plugins", "--plugin", multiple=True, show_default=False,
               help="Python module imported before the judge is looked up; it may register "
               "judges (pipeline.processors.judges.register). Repeatable.")
@@ -72,8 +75,8 @@ def _settings(ctx: click.Context) -> Settings:
     "--processes", default=1, show_default=True, type=click.IntRange(1, MAX_PROCESSES),
     help="Worker processes on this machine (one core each), one consumer group: Kafka "
     "spreads the partitions over them; beyond the partition count the rest stay idle. A "
-    "child that dies is restarted; after 5 deaths within 60 s all stop (exit 1). Child i "
-    "serves web/metrics on --web-port + i.",
+    "child that dies is restarted; after 5 deaths within 60 s all stop (exit 1). With "
+    "--web, child i listens on --web-port + i (a free port each for 0).",
 )
 @click.pass_context
 def workers(
@@ -109,7 +112,7 @@ def workers(
 
     try:
         settings = _settings(ctx)
-        cfg = merged(settings.processors, ctx, options)
+        cfg = web_listen(merged(settings.processors, ctx, options))
         app = create_app(settings, cfg, settings.state_dir)
         ensure_internal_topics(app, settings)
     except (RuleConfigError, ValueError, RuntimeError) as exc:
@@ -119,6 +122,30 @@ def workers(
     worker = BoundedShutdownWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
 
+
+
+def web_listen(cfg: ProcessorSettings, ports: int = 1) -> ProcessorSettings:
+    """``cfg`` with the web server's port settled: 0 becomes a free port; a port in use (or
+    the ``ports`` after it, for ``--processes``) is a one-line error naming the way out, never
+    Faust's traceback once the worker has joined its group. A second worker group beside the
+    live one (``--namespace``) once died of that."""
+    if not cfg.web_enabled:
+        return cfg
+    host = cfg.web_host
+    if cfg.web_port == 0:
+        if ports > 1:
+            return cfg  # each child picks its own
+        cfg = cfg.model_copy(update={"web_port": free_port(host)})
+    else:
+        for port in range(cfg.web_port, cfg.web_port + ports):
+            if (problem := port_problem(host, port)) is not None:
+                raise click.ClickException(
+                    f"web server: cannot listen on {host}:{port} ({problem}); pass another "
+                    "--web-port (0: a free one) or leave the web server off (--no-web)"
+                )
+    if ports == 1:
+        click.echo(f"web server (/metrics) on http://{host}:{cfg.web_port}", err=True)
+    return cfg
 
 
 def forwarded_options(ctx: click.Context, skip: tuple[str, ...] = ()) -> list[str]:
@@ -132,7 +159,9 @@ def forwarded_options(ctx: click.Context, skip: tuple[str, ...] = ()) -> list[st
             continue
         value = ctx.params[param.name]
         flag = max(param.opts, key=len)
-        if param.is_flag:
+        if param.is_flag and param.secondary_opts:  # --x/--no-x: whichever was typed
+            words.append(param.opts[0] if value else param.secondary_opts[0])
+        elif param.is_flag:
             if value == param.flag_value:
                 words.append(flag)
         elif param.multiple:
@@ -159,6 +188,7 @@ def _supervise(ctx: click.Context, processes: int, options: dict[str, object]) -
         load_rules(cfg.rules_path)
     except (OSError, ValueError) as exc:  # RuleConfigError and pydantic's are ValueErrors
         raise click.ClickException(str(exc)) from exc
+    web_listen(cfg, processes)
     if (problem := writable_problem(Path(settings.state_dir) / "processors")) is not None:
         raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     partitions = cfg.partitions or _session_partitions(settings)

@@ -6,6 +6,7 @@ The ``[processors]`` section of ``pipeline.settings.Settings``; the Kafka locati
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,24 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_RULES = Path(__file__).with_name("rules") / "default.yaml"
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on (None: it can, right now)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+            sock.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 JUDGE_AGENT_HINT_WAIT_S = 1.0  # hint_wait_s default with a judge agent (LLM)
 
@@ -23,8 +42,14 @@ class ProcessorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LIVERL_PROCESSORS_", extra="ignore")
 
     app_id: str = "liverl-rewards"
-    web_port: int = 6066
-    web_enabled: bool = True
+    # Faust's web server: liverl needs it for nothing but the workers' /metrics (inputs left
+    # out, dead letters), and Faust's own views (/router/: every changelog's partition
+    # assignment) answer without authentication: off unless asked for, and on loopback.
+    web_enabled: bool = False
+    web_host: str = Field(default="127.0.0.1", min_length=1)
+    # 0: a free port picked at start (each worker process, and a replay namespace's workers
+    # beside the live ones, gets its own); a port in use is a one-line error, never a traceback.
+    web_port: int = Field(default=0, ge=0, le=65535)
     # None: the partition count of the session-keyed topics in topics/ (co-partitioning);
     # set it only for a cluster whose topics were created with another count.
     partitions: int | None = Field(default=None, ge=1)
@@ -87,6 +112,11 @@ class ProcessorSettings(BaseSettings):
     # state for a dropped turn is dead-lettered.
     state_text_chars: int = Field(default=4_096, ge=256)
     state_max_bytes: int = Field(default=1 << 20, ge=64 * 1024)
+    # Explicit feedback (kind "feedback") counts once per caller and turn, the latest by
+    # (ts_ms, event id) winning; a turn keeps the votes of at most this many callers. A vote
+    # that does not count (replaced, over this cap, read after its session was assembled) is
+    # dead-lettered with the reason and counted in the workers' /metrics.
+    feedback_voters_per_turn: int = Field(default=32, ge=1, le=10_000)
     # Judges.
     # Judge by name: "replies" (default: explicit score and exit code first, then the user's
     # reply read by the patterns of rules/replies.yaml plus vaderSentiment; hints from directive
@@ -166,6 +196,13 @@ class ProcessorSettings(BaseSettings):
                 "their state"
             )
         return self
+
+    def faust_web(self) -> dict[str, Any]:
+        """The web settings of ``faust.App``: bound to ``web_host`` only (Faust binds every
+        interface by default), on ``web_port`` or, for 0, a port free right now."""
+        port = self.web_port or (free_port(self.web_host) if self.web_enabled else 6066)
+        return {"web_enabled": self.web_enabled, "web_bind": self.web_host,
+                "web_host": self.web_host, "web_port": port}  # fmt: skip
 
     def hint_wait(self, judge_inline: bool) -> float:
         """``hint_wait_s``, or its default for this kind of judge."""

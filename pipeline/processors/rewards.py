@@ -21,6 +21,14 @@ once the group is complete (the worker's group stage, keyed by group id, does th
 The path part is kept out of that z-score and added back on its own bounded scale (RLVP: it must
 stay a small share of the outcome, never flip it).
 
+Explicit feedback (``kind: feedback`` about a turn: ``POST /v1/feedback``) is a vote, and a turn
+counts one vote per caller: the caller is the API key the gateway recorded (``detail.key_id``),
+else the producing source. A caller's later vote (by ``ts_ms``, then event id) replaces their
+earlier one, and a turn keeps the votes of at most ``voters_per_turn`` callers, so no client can
+outvote the conversation or the other callers by repeating itself. :meth:`Assembler.admit`
+returns what it leaves out (:class:`LeftOut`: a replaced vote, one over the cap); the worker
+dead-letters and counts each.
+
 Token payloads (prompt/response ids, log-probs) are the bulk of a session; the worker keeps them
 out of the per-session state (``on_interaction(..., keep_tokens=False)``) and hands them to
 :meth:`Assembler.complete` from a table written once per turn.
@@ -304,11 +312,43 @@ class Outcome:
 
 
 @dataclass(slots=True)
+class VoteEntry:
+    """The vote of a caller that counts for a turn: its next state, and when it was cast."""
+
+    event_id: str
+    ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeftOut:
+    """An input that counts in no reward, and why (the worker dead-letters and counts it).
+    ``event``: the record itself; None for a vote replaced after it had counted, whose record
+    is gone (``detail`` then describes it)."""
+
+    reason: str  # a metric label: superseded, voters_cap, late
+    event_id: str
+    turn: int
+    why: str
+    event: NextState | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def voter_of(ns: NextState) -> str | None:
+    """Who cast ``ns`` if it is a vote (explicit feedback on one turn): the gateway's key id,
+    else its source; None for any other next state."""
+    if ns.kind != "feedback" or ns.scope != "turn":
+        return None
+    key_id = ns.detail.get("key_id")
+    return f"key:{key_id}" if isinstance(key_id, str) and key_id else f"source:{ns.source}"
+
+
+@dataclass(slots=True)
 class AssemblyTurn:
     """Everything recorded for one turn number. ``next_states``: next-state id -> kind;
     ``prm``: verdicts keyed by the next-state id they judge; ``hints``: hint id -> (rank, hint);
     ``skip``: the turn opted out of training (never a sample, but it does not hold the session
-    back)."""
+    back); ``votes``: the feedback that counts, one per caller (their other votes are in
+    neither ``next_states`` nor ``prm``)."""
 
     interaction: KeptInteraction | None = None
     next_states: dict[str, str] = field(default_factory=dict)
@@ -316,6 +356,7 @@ class AssemblyTurn:
     penalty: PenaltyEntry | None = None
     hints: dict[str, tuple[int, str]] = field(default_factory=dict)
     skip: bool = False
+    votes: dict[str, VoteEntry] = field(default_factory=dict)  # caller -> the vote that counts
 
 
 @dataclass(slots=True)
@@ -374,6 +415,7 @@ class Assembler:
     grace_ms: int = 30_000
     outcome_wait_ms: int = 0
     hint_wait_ms: int = 0
+    voters_per_turn: int = 32
     reward_producer: Producer = field(init=False)
     sample_producer: Producer = field(init=False)
 
@@ -424,23 +466,73 @@ class Assembler:
     def on_next_state(
         self, state: AssemblyState | None, ns: NextState, now_ms: int
     ) -> AssemblyState:
+        """:meth:`admit`, for callers that feed no votes (what it left out is not returned)."""
+        return self.admit(state, ns, now_ms)[0]
+
+    def admit(
+        self, state: AssemblyState | None, ns: NextState, now_ms: int
+    ) -> tuple[AssemblyState, list[LeftOut]]:
+        """Record a next state; a vote only as its caller's latest within the voter cap (see
+        the module docstring). Returns the state and the votes that no longer count: ``ns``
+        itself, or the caller's earlier vote that it replaces."""
         state = state if state is not None else AssemblyState()
         if not state.session_id:
             state.session_id = ns.session_id
+        voter = voter_of(ns)
+        if voter is not None and not state.done:
+            info = self._turn(state, ns.session_id, ns.turn)
+            left = self._vote(info, voter, ns)
+            if left is not None and left.event is ns:
+                return state, [left]
+            self._record(state, ns, now_ms)
+            return state, [] if left is None else [left]
+        self._record(state, ns, now_ms)
+        return state, []
+
+    def _vote(self, info: AssemblyTurn, voter: str, ns: NextState) -> LeftOut | None:
+        """Make ``ns`` the vote of ``voter`` for its turn unless it is older than theirs or
+        the turn is full; what is left out, if anything."""
+        where = f"turn {ns.turn} of session {ns.session_id}"
+        prev = info.votes.get(voter)
+        if prev is None and len(info.votes) >= self.voters_per_turn:
+            return LeftOut(
+                "voters_cap", ns.event_id, ns.turn,
+                f"feedback {ns.event_id} on {where}: the turn already counts the votes of "
+                f"{len(info.votes)} callers (processors.feedback_voters_per_turn)", ns,
+            )  # fmt: skip
+        if prev is not None and (prev.ts_ms, prev.event_id) > (ns.ts_ms, ns.event_id):
+            return LeftOut(
+                "superseded", ns.event_id, ns.turn,
+                f"feedback {ns.event_id} on {where}: superseded by a later vote of the same "
+                f"caller ({prev.event_id}); a caller's latest vote per turn counts", ns,
+            )  # fmt: skip
+        info.votes[voter] = VoteEntry(ns.event_id, ns.ts_ms)
+        if prev is None:
+            return None
+        info.next_states.pop(prev.event_id, None)
+        info.prm.pop(prev.event_id, None)
+        return LeftOut(
+            "superseded", prev.event_id, ns.turn,
+            f"feedback {prev.event_id} on {where}: superseded by a later vote of the same "
+            f"caller ({ns.event_id}); a caller's latest vote per turn counts",
+            detail={"session_id": ns.session_id, "turn": ns.turn, "event_id": prev.event_id,
+                    "ts_ms": prev.ts_ms, "voter": voter, "superseded_by": ns.event_id},
+        )  # fmt: skip
+
+    def _record(self, state: AssemblyState, ns: NextState, now_ms: int) -> None:
         if is_session_outcome(ns):
             prev = state.outcome
             if prev is None or (ns.ts_ms, ns.event_id) > (prev.ts_ms, prev.event_id):
                 state.outcome = Outcome(
                     event_id=ns.event_id, ts_ms=ns.ts_ms, value=outcome_value(ns)
                 )
-            return state
+            return
         if state.done:
-            return state
+            return
         self._turn(state, ns.session_id, ns.turn).next_states[ns.event_id] = ns.kind
         if ns.kind == "session_end" and state.closed_at_ms is None:
             state.closed_at_ms = now_ms
             state.last_turn = ns.turn
-        return state
 
     def on_prm(
         self, state: AssemblyState | None, prm: PrmScore, now_ms: int = 0
@@ -450,9 +542,16 @@ class Assembler:
             return state
         state.verdict_at_ms = max(state.verdict_at_ms, now_ms)
         # parents are [interaction id, next state id]: key the verdict by its next state.
-        self._turn(state, prm.session_id, prm.turn).prm[prm.parents[-1]] = PrmEntry(
+        info = self._turn(state, prm.session_id, prm.turn)
+        info.prm[prm.parents[-1]] = PrmEntry(
             event_id=prm.event_id, score=prm.score, votes=list(prm.votes)
         )
+        # A judge agent's verdict may come before its next state, so one without its next
+        # state is kept; but it is more often the verdict of a replaced vote. The oldest go
+        # first beyond voters_per_turn, so repeated votes cannot grow the state.
+        orphans = [n for n in info.prm if n not in info.next_states]
+        for n in orphans[: max(0, len(orphans) - self.voters_per_turn)]:
+            del info.prm[n]
         return state
 
     def on_penalty(self, state: AssemblyState | None, pen: PathPenalty) -> AssemblyState:

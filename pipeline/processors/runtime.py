@@ -5,7 +5,8 @@ logic; this is the plumbing between them and Faust. One rule runs through it: a 
 never a reason to stop a worker. Bad input goes to the DLQ with its reason (:meth:`decode_one`,
 :meth:`dead_letter`), table values that cannot be read back are dead-lettered and dropped
 (:meth:`dead_letter_state`), and a timer's error is logged and retried next interval
-(:meth:`every`).
+(:meth:`every`). Each dead letter is counted, and so is each input left out by the feedback
+policy, in :class:`WorkerMetrics`, served at ``/metrics`` when the web server is on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 import faust
 import orjson
 from faust.types import TableT, TopicT
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from pydantic import ValidationError
 
 from pipeline import __version__, events
@@ -31,7 +33,7 @@ from pipeline.kafka.producer import bound_dead_letter
 
 from .config import ProcessorSettings
 from .records import TABLE_SESSION, Parked, key_partition, parked_key, session_of
-from .rewards import UnmatchedHint
+from .rewards import LeftOut, UnmatchedHint
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,25 @@ S = TypeVar("S")
 def now_ms() -> int:
     """The agents' clock (unit tests replace it)."""
     return time.time_ns() // 1_000_000
+
+
+class WorkerMetrics:
+    """Counters of one worker process, one registry per app (tests build several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.dead_lettered = Counter(
+            "liverl_workers_dead_lettered", "Records and values written to the DLQ",
+            registry=self.registry,
+        )  # fmt: skip
+        self.left_out = Counter(
+            "liverl_workers_inputs_left_out",
+            "Inputs that count in no reward, by reason (each is dead-lettered too)",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class Runtime:
@@ -65,6 +86,16 @@ class Runtime:
         self.dlq_producer = Producer(component="processors", version=__version__)
         self.timers: dict[str, Timer] = {}
         self.out: dict[str, TopicT] = {n: self.topic(n) for n in outputs}
+        self.metrics = WorkerMetrics()
+        if cfg.web_enabled:  # the only use liverl has for Faust's web server
+            metrics = self.metrics
+
+            async def metrics_page(view: Any, request: Any) -> Any:
+                # aiohttp refuses a charset in content_type=; the header may carry it.
+                return view.bytes(metrics.exposition(),
+                                  headers={"Content-Type": CONTENT_TYPE_LATEST})  # fmt: skip
+
+            app.page("/metrics")(metrics_page)
 
     # ---- units of work (exactly once: transactions.py) -------------------------------------
 
@@ -195,9 +226,11 @@ class Runtime:
             "dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error[:500]
         )
         await self.send(names.DLQ, letter)
+        self.metrics.dead_lettered.inc()
 
     async def dead_letter_value(
-        self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str
+        self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str,
+        level: int = logging.ERROR,
     ) -> None:
         """Dead-letter bytes that have no Kafka coordinates of their own: a table value that
         cannot be read back (state another code version wrote, or a bug), or an event this
@@ -210,8 +243,9 @@ class Runtime:
         letter = dataclasses.replace(letter, event_id=events.derive_event_id(
             "dlq", [], producer.version, topic_name, *id_parts))  # fmt: skip
         letter = bound_dead_letter(letter, self.kafka.max_event_bytes)
-        log.error("dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
+        log.log(level, "dead-lettered %s value for key %r: %s", topic_name, key, error[:500])
         await self.send(names.DLQ, letter)
+        self.metrics.dead_lettered.inc()
 
     async def dead_letter_parked(self, table: TableT, key: bytes, nid: str, turn: int) -> None:
         """A parked next state whose turn never came within ``grace_s``: dead-lettered as the
@@ -238,6 +272,16 @@ class Runtime:
                 names.HINTS, key, orjson.dumps(doc),
                 f"hint {h.hint_id} for turn {h.turn} of session {sid}: {why}", h.hint_id,
             )  # fmt: skip
+
+    async def left_out(self, key: bytes, left: LeftOut) -> None:
+        """An input that counts in no reward: counted by reason, and dead-lettered as the
+        record it was (or, for a vote replaced after it had counted, as a description)."""
+        self.metrics.left_out.labels(left.reason).inc()
+        value = orjson.dumps(left.detail) if left.event is None else events.encode(left.event)
+        # A changed vote is ordinary use, not a fault: logged at info.
+        level = logging.INFO if left.reason == "superseded" else logging.WARNING
+        await self.dead_letter_value(names.resolve(names.NEXT_STATES, self.ns), key, value,
+                                     left.why, left.event_id, left.reason, level=level)  # fmt: skip
 
     async def dead_letter_state(self, table_name: str, key: bytes, value: bytes,
                                 error: str) -> None:  # fmt: skip

@@ -33,7 +33,7 @@ from pipeline.events import Hint, Interaction, NextState, PathPenalty, PrmScore
 from . import judging
 from .judging import JUDGE_COMPONENT, JudgeState, JudgeWork
 from .pairing import Pairer, PairingState
-from .rewards import Assembler, AssemblyState
+from .rewards import Assembler, AssemblyState, LeftOut
 
 # What the stage's pairing writes to next_states carries this producer component and source:
 # when the agent reads it back it has already been applied.
@@ -77,6 +77,9 @@ class Step:
     work: list[JudgeWork] = field(default_factory=list)
     # Next states of turns not seen yet: the agent keeps their records until the turn arrives.
     parked: list[NextState] = field(default_factory=list)
+    # Inputs that count in no reward (a replaced vote, one over the cap, one read after the
+    # session was assembled): the agent dead-letters and counts them.
+    left_out: list[LeftOut] = field(default_factory=list)
     # False: the input changed nothing (the agent then writes no state either).
     applied: bool = True
 
@@ -136,8 +139,18 @@ class SessionStage:
         return step
 
     def _next_state(self, state: SessionState, ns: NextState, now_ms: int, step: Step) -> None:
-        state.assembly = self.assembler.on_next_state(state.assembly, ns, now_ms)
-        if not self.judge_inline:
+        if state.assembly.done and not is_derived(ns):
+            # Its session's rewards and samples have left: it would be judged for nothing.
+            step.left_out.append(LeftOut(
+                "late", ns.event_id, ns.turn,
+                f"next state {ns.event_id} ({ns.kind}) for turn {ns.turn} of session "
+                f"{ns.session_id} arrived after the session was assembled (its rewards have "
+                "left; processors.hint_wait_s holds closed sessions open)", ns,
+            ))  # fmt: skip
+            return
+        state.assembly, left_out = self.assembler.admit(state.assembly, ns, now_ms)
+        step.left_out += left_out
+        if not self.judge_inline or any(x.event is ns for x in left_out):
             return
         state.judging, todo = judging.on_next_state(state.judging, ns, now_ms)
         for ready in todo:

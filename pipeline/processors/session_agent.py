@@ -113,6 +113,8 @@ class SessionAgent:
                     "is not in the judge state (over state_max_bytes)", nxt.event_id,
                 )  # fmt: skip
                 state.judging.pending.pop(nxt.event_id, None)
+        for left in step.left_out:
+            await rt.left_out(key, left)
 
     async def judge_all(self, state: SessionState, work: list[judging.JudgeWork]) -> None:
         """Judge inline (cheap judges), publish the verdicts and apply them."""

@@ -61,11 +61,12 @@ def child_argvs(
     """The command lines of the ``processes`` children: ``liverl [prefix] workers [options]``,
     ``options`` without ``--processes``, ``--web-port`` or ``--worker-index``; child ``i`` is
     worker ``i`` (its transactional id: a restarted child fences its killed predecessor) and
-    serves its web/metrics server on ``web_port + i`` (``None``: the web server is off)."""
+    serves its web server on ``web_port + i``, each on a free port of its own for 0
+    (``None``: the server is off)."""
     base = [python, "-m", "pipeline.cli", *prefix, "workers", *options]
     return [
         [*base, "--worker-index", str(i)]
-        + ([] if web_port is None else ["--web-port", str(web_port + i)])
+        + ([] if web_port is None else ["--web-port", str(web_port and web_port + i)])
         for i in range(processes)
     ]
 

@@ -96,6 +96,11 @@ class Gateway:
         self.metrics = metrics or Metrics()
         self.auth = Authenticator(cfg.api_key_hashes)
         self.limiter = RateLimiter(cfg.rate_limit_per_min, cfg.rate_limit_burst)
+        self.feedback_limiter = RateLimiter(
+            cfg.feedback_rate_limit_per_min, cfg.feedback_rate_limit_burst,
+            what="Feedback rate limit (serve.feedback_rate_limit_per_min)",
+            on_refused=self.metrics.feedback_limited.inc,
+        )  # fmt: skip
         self.sessions = Sessions(cfg.session_prefix_messages, cfg.max_sessions)
         self._prompts: PromptCache | None = None
         self.model_name = cfg.served_model_name or backend.policy_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
+from collections.abc import Callable
 
 from .errors import ApiError
 from .settings import hash_key
@@ -46,11 +47,20 @@ def _bearer(authorization: str | None) -> str | None:
 
 
 class RateLimiter:
-    """Token bucket per key: ``per_min`` requests a minute, bursts up to ``burst``."""
+    """Token bucket per key: ``per_min`` requests a minute, bursts up to ``burst``. ``what``
+    names the limit in the 429's message; ``on_refused`` counts refusals."""
 
-    def __init__(self, per_min: float, burst: int) -> None:
+    def __init__(
+        self,
+        per_min: float,
+        burst: int,
+        *,
+        what: str = "Rate limit",
+        on_refused: Callable[[], object] | None = None,
+    ) -> None:
         self.rate = per_min / 60.0
         self.burst = float(burst)
+        self.what, self.on_refused = what, on_refused
         self._buckets: dict[str, tuple[float, float]] = {}
 
     def check(self, key_id: str) -> None:
@@ -62,9 +72,11 @@ class RateLimiter:
         if tokens < 1.0:
             wait = math.ceil((1.0 - tokens) / self.rate)
             self._buckets[key_id] = (tokens, now)
+            if self.on_refused is not None:
+                self.on_refused()
             raise ApiError(
                 429,
-                f"Rate limit reached for this key; retry in {wait}s.",
+                f"{self.what} reached for this key; retry in {wait}s.",
                 type="rate_limit_error",
                 code="rate_limit_exceeded",
                 headers={"Retry-After": str(wait)},

@@ -21,7 +21,9 @@ another replica's session). Response::
 
 ``recorded`` is false when the gateway runs with recording off. Bad payloads get an
 OpenAI-style 4xx and nothing is recorded. Any authenticated caller may rate any session, as
-with ``liverl record-outcome``; ``detail.key_id`` names the caller's key for audits.
+with ``liverl record-outcome``; ``detail.key_id`` names the caller's key: the reward workers
+count one vote per key and turn, the latest (docs/hooks.md). Besides the chat rate limit,
+``serve.feedback_rate_limit_per_min`` (30, burst 10) limits each key's feedback: 429.
 """
 
 from __future__ import annotations
@@ -168,6 +170,7 @@ def parse_feedback(doc: Any, max_chars: int) -> FeedbackRequest:
 
 async def handle_feedback(gateway: GatewayApi, request: Request) -> JSONResponse:
     key_id = authorize(gateway, request)
+    gateway.feedback_limiter.check(key_id)  # a vote per caller and turn counts: no floods
     doc = await gateway.read_body(request, gateway.cfg.next_state_max_body_bytes)
     req = parse_feedback(doc, gateway.cfg.next_state_max_chars)
     turn = resolve_turn(gateway.sessions, req.session_id, req.turn)

@@ -20,6 +20,7 @@ class GatewayApi(Protocol):
     cfg: ServeSettings
     auth: Authenticator
     limiter: RateLimiter
+    feedback_limiter: RateLimiter  # /v1/feedback only, after ``limiter``
     sessions: Sessions
     recorder: Recorder | None
 

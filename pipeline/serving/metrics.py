@@ -43,6 +43,11 @@ class Metrics:
             "Damaged or unreadable spooled frames moved to quarantine/ and dead-lettered",
             registry=r,
         )
+        self.feedback_limited = Counter(
+            "liverl_gateway_feedback_rate_limited",
+            "POST /v1/feedback refused with 429 by serve.feedback_rate_limit_per_min",
+            registry=r,
+        )
         self.weight_version = Gauge(
             "liverl_gateway_weight_version", "Weight version now serving", registry=r
         )

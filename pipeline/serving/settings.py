@@ -57,6 +57,13 @@ class ServeSettings(BaseModel):
     )
     rate_limit_per_min: float = Field(default=0, ge=0, description="Per key; 0 disables.")
     rate_limit_burst: int = Field(default=20, ge=1)
+    feedback_rate_limit_per_min: float = Field(
+        default=30,
+        ge=0,
+        description="Per key on /v1/feedback, besides rate_limit_per_min (429 beyond; 0: "
+        "off): a caller's latest vote per turn is what counts, so a flood only adds load.",
+    )
+    feedback_rate_limit_burst: int = Field(default=10, ge=1)
     max_body_bytes: int = 4 * 1024 * 1024
     max_json_depth: int = Field(
         default=64,
