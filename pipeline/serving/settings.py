@@ -151,9 +151,9 @@ class ServeSettings(BaseModel):
     )
     serve_without_training: bool = Field(
         default=False,
-        description="When events can be neither spooled nor produced: False answers turns that "
-        "would train with 503 (nothing served untrained silently); True serves them anyway "
-        "(counted in liverl_gateway_events_lost).",
+        description="While the spool cannot be written (events could be lost): False answers "
+        "turns that would train with 503 (nothing served untrained silently); True serves them "
+        "anyway (losses counted in liverl_gateway_events_lost, /healthz degraded).",
     )
 
     reload: bool = True
