@@ -42,7 +42,7 @@ from .backends.base import Backend, Done, Piece, SamplingParams, StopReason
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
 from .errors import ApiError
 from .feedback import FeedbackRequest, handle_feedback
-from .hooks import HookPayload, handle_hook
+from .hooks import HookPayload, HookReplays, handle_hook
 from .metrics import Metrics
 from .prompt_cache import PromptCache
 from .protocol import ChatRequest, check_depth, parse_request
@@ -96,6 +96,7 @@ class Gateway:
         self.auth = Authenticator(cfg.api_key_hashes)
         self.limiter = RateLimiter(cfg.rate_limit_per_min, cfg.rate_limit_burst)
         self.sessions = Sessions(cfg.session_prefix_messages, cfg.max_sessions)
+        self.hook_replays = HookReplays(cfg.hook_replay_entries)
         self._prompts: PromptCache | None = None
         self.model_name = cfg.served_model_name or backend.policy_id
         self.metrics.bind(

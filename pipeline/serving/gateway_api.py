@@ -6,7 +6,7 @@ the routes, and nothing the routes import leads back to the app.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 
@@ -15,6 +15,9 @@ from .recorder import Recorder
 from .sessions import Sessions
 from .settings import ServeSettings
 
+if TYPE_CHECKING:
+    from .hooks import HookReplays
+
 
 class GatewayApi(Protocol):
     cfg: ServeSettings
@@ -22,6 +25,7 @@ class GatewayApi(Protocol):
     limiter: RateLimiter
     sessions: Sessions
     recorder: Recorder | None
+    hook_replays: HookReplays
 
     def recording_problem(self) -> str | None:
         """Why a turn recorded now would be lost (None: recording works or is off)."""

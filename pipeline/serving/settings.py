@@ -112,7 +112,14 @@ class ServeSettings(BaseModel):
     hook_stop_scores: dict[str, Annotated[float, Field(ge=-1, le=1)]] = Field(
         default_factory=lambda: {"error": -1.0, "aborted": -1.0},
         description="The `stop` hook's `status` -> score of the session's last turn (in "
-        "[-1, 1]); a status not listed (e.g. completed) closes the session without a score.",
+        "[-1, 1]); a status not listed (e.g. completed) closes the session without a score. "
+        "Statuses other than completed, aborted, error and the ones listed here are a 422.",
+    )
+    hook_replay_entries: int = Field(
+        default=10_000,
+        ge=0,
+        description="Hooks remembered by (session, event, generation_id): one posted again "
+        "gets the first answer and records nothing more (0: none remembered).",
     )
     spool_dir: Path = Path(".liverl/spool")
     spool_segment_bytes: int = 64 * 1024 * 1024
