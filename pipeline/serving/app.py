@@ -42,7 +42,8 @@ from .backends.base import Backend, Done, Piece, SamplingParams, StopReason
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
 from .errors import ApiError
 from .feedback import FeedbackRequest, handle_feedback
-from .hooks import HookPayload, HookReplays, handle_hook
+from .hook_replays import HookReplays
+from .hooks import HookPayload, handle_hook
 from .metrics import Metrics
 from .prompt_cache import PromptCache
 from .protocol import ChatRequest, check_depth, parse_request

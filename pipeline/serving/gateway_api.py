@@ -6,17 +6,15 @@ the routes, and nothing the routes import leads back to the app.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from fastapi import Request
 
 from .auth import Authenticator, RateLimiter
+from .hook_replays import HookReplays
 from .recorder import Recorder
 from .sessions import Sessions
 from .settings import ServeSettings
-
-if TYPE_CHECKING:
-    from .hooks import HookReplays
 
 
 class GatewayApi(Protocol):
