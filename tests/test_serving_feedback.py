@@ -87,6 +87,7 @@ def test_feedback_on_the_last_turn_and_on_a_numbered_one(backend: HFBackend) -> 
         "kind": "feedback",
         "score": 1.0,
         "recorded": True,
+        "paired": True,
     }
     resp = c.post(URL, json={"session_id": "fb-1", "turn": 0, "score": -0.5, "text": "too long"})
     assert resp.status_code == 200, resp.text
@@ -189,6 +190,23 @@ def test_authenticated_and_rate_limited_like_chat(backend: HFBackend) -> None:
     e = err(c.post(URL, json=body, headers=good), 429)  # burst of 2 spent (chat + feedback)
     assert e["code"] == "rate_limit_exceeded"
     assert len(rec.records) == 1
+
+
+def test_feedback_for_a_session_this_gateway_never_saw_is_202_pending(
+    backend: HFBackend,
+) -> None:
+    """Issue 25: it answered 200 ``recorded: true`` and was dead-lettered 30 s later (no
+    interaction came); the gateway cannot know the turn, so it says the pairing is pending."""
+    rec = ListRecorder()
+    c = client(backend, rec)
+    resp = c.post(URL, json={"session_id": "elsewhere", "turn": 3, "thumbs": "down"})
+    assert resp.status_code == 202, resp.text
+    assert resp.json()["recorded"] is True and resp.json()["paired"] == "pending"
+    ((_, ns),) = rec.records
+    assert (ns.session_id, ns.turn) == ("elsewhere", 3)  # type: ignore[attr-defined]
+    chat(c, "here")
+    known = c.post(URL, json={"session_id": "here", "turn": 0, "thumbs": "up"})
+    assert known.status_code == 200 and known.json()["paired"] is True
 
 
 def test_recording_off_accepts_and_says_so(backend: HFBackend) -> None:

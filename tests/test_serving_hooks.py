@@ -50,20 +50,24 @@ def test_the_next_prompt_is_the_last_turns_user_reply(backend: HFBackend) -> Non
     c = client(backend, rec)
     first = c.post("/v1/hooks/beforeSubmitPrompt", json=payload("beforeSubmitPrompt", "h-1",
                                                                  prompt="write a haiku"))
-    assert first.status_code == 200 and first.json() == {"continue": True}
+    assert first.status_code == 200 and first.json()["continue"] is True
     assert first.headers["x-liverl-recorded"] == "" and rec.records == []  # no turn before it
+    assert first.json()["liverl"]["recorded"] is False
+    assert "first prompt follows no turn" in first.json()["liverl"]["reason"]
     chat(c, "h-1")
     rec.records.clear()  # the interaction
-    resp = c.post("/v1/hooks/beforeSubmitPrompt", json=payload("beforeSubmitPrompt", "h-1",
-                                                                prompt="shorter please"))
-    assert resp.status_code == 200 and resp.json() == {"continue": True}
+    resp = c.post("/v1/hooks/beforeSubmitPrompt", json=payload(
+        "beforeSubmitPrompt", "h-1", prompt="shorter please", generation_id="gen-2"))
+    assert resp.status_code == 200
     ((topic, ns),) = rec.records
+    assert resp.json() == {"continue": True,
+                           "liverl": {"recorded": True, "event_id": ns.event_id, "turn": 0}}
     assert topic == "liverl.next_states.v1" and isinstance(ns, events.NextState)
     assert (ns.session_id, ns.turn, ns.kind, ns.role, ns.content, ns.source) == (
         "h-1", 0, "user_reply", "user", "shorter please", "hook:beforeSubmitPrompt"
     )
     assert ns.detail == {"hook": "beforeSubmitPrompt", "conversation_id": "h-1",
-                         "generation_id": "gen-1"}  # user_email & co are never recorded
+                         "generation_id": "gen-2"}  # user_email & co are never recorded
     assert resp.headers["x-liverl-recorded"] == ns.event_id
     assert (resp.headers["x-session-id"], resp.headers["x-liverl-turn"]) == ("h-1", "0")
 
@@ -75,7 +79,8 @@ def test_after_agent_response_records_nothing(backend: HFBackend) -> None:
     rec.records.clear()
     resp = c.post("/v1/hooks/afterAgentResponse",
                   json=payload("afterAgentResponse", "h-2", text="Here it is."))
-    assert resp.status_code == 200 and resp.json() == {}
+    assert resp.status_code == 200 and set(resp.json()) == {"liverl"}
+    assert resp.json()["liverl"]["recorded"] is False
     assert resp.headers["x-liverl-recorded"] == "" and rec.records == []
 
 
@@ -90,14 +95,16 @@ def test_stop_closes_the_session_with_a_status_outcome(
     rec.records.clear()
     extra = {"status": status, "loop_count": 2} if status else {}
     resp = c.post("/v1/hooks/stop", json=payload("stop", "h-3", **extra))
-    assert resp.status_code == 200 and resp.json() == {}
+    assert resp.status_code == 200
     ((_, ns),) = rec.records
+    assert resp.json() == {"liverl": {"recorded": True, "event_id": ns.event_id, "turn": 1}}
     assert (ns.turn, ns.kind, ns.score, ns.source) == (1, "session_end", score, "hook:stop")
     assert ns.detail["reason"] == "hook_stop" and ns.detail.get("status") == status
     # closed: "last" is gone, a later stop has nothing to close, and turns start again
     err(c.post("/v1/feedback", json={"session_id": "h-3", "thumbs": "up"}), 400, "session_id")
-    again = c.post("/v1/hooks/stop", json=payload("stop", "h-3"))
+    again = c.post("/v1/hooks/stop", json=payload("stop", "h-3", generation_id="gen-2"))
     assert again.status_code == 200 and again.headers["x-liverl-recorded"] == ""
+    assert "nothing to close" in again.json()["liverl"]["reason"]
     assert len(rec.records) == 1
     assert chat(c, "h-3") == 0
 
@@ -108,6 +115,110 @@ def test_stop_scores_are_configurable(backend: HFBackend) -> None:
     chat(c, "h-4")
     c.post("/v1/hooks/stop", json=payload("stop", "h-4", status="completed"))
     assert rec.records[-1][1].score == 0.5  # type: ignore[attr-defined]
+
+
+def test_a_replayed_hook_is_recorded_once(backend: HFBackend) -> None:
+    """Issue 25: ``beforeSubmitPrompt`` posted three times with one ``generation_id`` was
+    recorded three times with three event ids. A replay gets the first answer and records
+    nothing; a replayed ``stop`` closes nothing (the session may have started again)."""
+    rec = ListRecorder()
+    c = client(backend, rec)
+    chat(c, "h-9")
+    rec.records.clear()
+    prompt = payload("beforeSubmitPrompt", "h-9", prompt="again please", generation_id="g-1")
+    answers = [c.post("/v1/hooks/beforeSubmitPrompt", json=prompt) for _ in range(3)]
+    assert [r.status_code for r in answers] == [200] * 3
+    ((_, ns),) = rec.records
+    assert {r.headers["x-liverl-recorded"] for r in answers} == {ns.event_id}
+    assert "x-liverl-replay" not in answers[0].headers and "replay" not in answers[0].json()
+    for r in answers[1:]:
+        assert r.headers["x-liverl-replay"] == "true"
+        assert r.json() == {"continue": True, "liverl": {"recorded": True, "replay": True,
+                                                         "event_id": ns.event_id, "turn": 0}}
+    other = c.post("/v1/hooks/beforeSubmitPrompt", json={**prompt, "generation_id": "g-2"})
+    assert len(rec.records) == 2 and other.headers["x-liverl-recorded"] != ns.event_id
+
+    end = payload("stop", "h-9", status="completed", generation_id="g-2")
+    assert c.post("/v1/hooks/stop", json=end).headers["x-liverl-recorded"]
+    assert chat(c, "h-9") == 0  # closed, then a new start
+    replayed = c.post("/v1/hooks/stop", json=end)
+    assert replayed.status_code == 200 and replayed.headers["x-liverl-replay"] == "true"
+    assert len(rec.records) == 4  # two replies, one end, the new turn; nothing more
+    assert chat(c, "h-9") == 1, "a replayed stop closes nothing"
+
+
+def test_hook_event_ids_derive_from_the_harness_ids(backend: HFBackend) -> None:
+    """The same hook recorded by two gateways (or one restarted, its memory gone) has one
+    event id, which consumers deduplicate by; without a generation_id ids are random."""
+    ids: list[str] = []
+    for _ in range(2):
+        c = client(backend, ListRecorder())
+        chat(c, "h-10")
+        body = payload("beforeSubmitPrompt", "h-10", prompt="more", generation_id="g-7")
+        ids.append(c.post("/v1/hooks/beforeSubmitPrompt", json=body).headers["x-liverl-recorded"])
+        other = c.post("/v1/hooks/beforeSubmitPrompt", json={**body, "generation_id": "g-8"})
+        ids.append(other.headers["x-liverl-recorded"])
+        del body["generation_id"]
+        ids += [c.post("/v1/hooks/beforeSubmitPrompt", json=body).headers["x-liverl-recorded"]
+                for _ in range(2)]
+    assert ids[0] == ids[4] and ids[1] == ids[5] and ids[0] != ids[1]
+    assert len({ids[2], ids[3], ids[6], ids[7], ids[0], ids[1]}) == 6
+    assert all(ids)
+
+
+def test_remembered_hooks_are_bounded(backend: HFBackend) -> None:
+    rec = ListRecorder()
+    c = client(backend, rec, hook_replay_entries=2)
+    chat(c, "h-11")
+    rec.records.clear()
+
+    def post(gen: str) -> httpx.Response:
+        body = payload("beforeSubmitPrompt", "h-11", prompt="p", generation_id=gen)
+        return c.post("/v1/hooks/beforeSubmitPrompt", json=body)
+
+    first = post("a").headers["x-liverl-recorded"]
+    post("b")
+    assert post("a").headers.get("x-liverl-replay") == "true"  # a is now the most recent
+    post("c")  # b goes
+    assert len(c.app.state.gateway.hook_replays) == 2  # type: ignore[attr-defined]
+    assert post("a").headers.get("x-liverl-replay") == "true"
+    assert "x-liverl-replay" not in post("b").headers  # forgotten: recorded again...
+    assert len(rec.records) == 4
+    assert post("a").headers["x-liverl-recorded"] == first  # ...under the same derived id
+
+
+def test_stop_with_an_unknown_status_is_422_and_closes_nothing(backend: HFBackend) -> None:
+    """Issue 25: ``status: "exploded"`` got 200, closed the session and added a 0 vote, so
+    the genuine ``stop`` after it found nothing open and was silently not recorded."""
+    rec = ListRecorder()
+    c = client(backend, rec, hook_stop_scores={"error": -1.0, "aborted": -1.0, "timeout": -0.5})
+    assert [chat(c, "h-12") for _ in range(2)] == [0, 1]
+    rec.records.clear()
+    bad = c.post("/v1/hooks/stop", json=payload("stop", "h-12", status="exploded"))
+    e = err(bad, 422, "status")
+    assert e["code"] == "invalid_value" and "completed, aborted, error, timeout" in e["message"]
+    assert rec.records == []
+    genuine = c.post("/v1/hooks/stop", json=payload("stop", "h-12", status="aborted"))
+    assert genuine.status_code == 200 and genuine.json()["liverl"]["recorded"] is True
+    ((_, ns),) = rec.records
+    assert (ns.turn, ns.kind, ns.score) == (1, "session_end", -1.0)
+    chat(c, "h-13")
+    configured = c.post("/v1/hooks/stop", json=payload("stop", "h-13", status="timeout",
+                                                       generation_id="gen-2"))
+    assert configured.status_code == 200 and rec.records[-1][1].score == -0.5  # type: ignore[attr-defined]
+
+
+def test_a_hook_that_records_nothing_says_why(backend: HFBackend) -> None:
+    c = client(backend, ListRecorder())
+    resp = c.post("/v1/hooks/stop", json=payload("stop", "never-seen", status="aborted"))
+    assert resp.status_code == 200 and resp.headers["x-liverl-recorded"] == ""
+    info = resp.json()["liverl"]
+    assert info["recorded"] is False and "'never-seen' has no open turn" in info["reason"]
+    off = client(backend, None)
+    chat(off, "h-14")
+    resp = off.post("/v1/hooks/stop", json=payload("stop", "h-14"))
+    off_info = {"recorded": False, "reason": "recording is off (record: false)"}
+    assert resp.json()["liverl"] == off_info
 
 
 def test_the_session_comes_from_the_body_the_header_or_the_conversation(
@@ -202,17 +313,25 @@ def test_hooks_reach_next_states_on_the_broker(
     app = gateway_app(tmp_path, kafka_settings)
     with running(app) as url, httpx.Client(timeout=60) as c:
 
-        def hook(event: str, **fields: Any) -> httpx.Response:
-            resp = c.post(f"{url}/v1/hooks/{event}", json=payload(event, sid, **fields))
+        def hook(event: str, gen: str, **fields: Any) -> httpx.Response:
+            resp = c.post(f"{url}/v1/hooks/{event}",
+                          json=payload(event, sid, generation_id=gen, **fields))
             assert resp.status_code == 200, resp.text
             return resp
 
-        assert hook("beforeSubmitPrompt", prompt="Explain DNS").headers["x-liverl-recorded"] == ""
+        first = hook("beforeSubmitPrompt", "gen-1", prompt="Explain DNS")
+        assert first.headers["x-liverl-recorded"] == ""
         assert chat(c, sid, url) == 0
-        hook("afterAgentResponse", text="DNS maps names to addresses.")
-        reply = hook("beforeSubmitPrompt", prompt="Use simple steps please.")
+        hook("afterAgentResponse", "gen-1", text="DNS maps names to addresses.")
+        reply = hook("beforeSubmitPrompt", "gen-2", prompt="Use simple steps please.")
+        again = hook("beforeSubmitPrompt", "gen-2", prompt="Use simple steps please.")
+        assert again.headers["x-liverl-replay"] == "true"
+        assert again.headers["x-liverl-recorded"] == reply.headers["x-liverl-recorded"]
         assert chat(c, sid, url) == 1
-        end = hook("stop", status="error", loop_count=1)
+        bogus = c.post(f"{url}/v1/hooks/stop",
+                       json=payload("stop", sid, generation_id="gen-2", status="exploded"))
+        assert bogus.status_code == 422
+        end = hook("stop", "gen-2", status="error", loop_count=1)
         bad = c.post(f"{url}/v1/hooks/beforeSubmitPrompt", json=payload("beforeSubmitPrompt",
                                                                          sid, prompt=7))
         assert bad.status_code == 422
@@ -228,5 +347,5 @@ def test_hooks_reach_next_states_on_the_broker(
                                                       "Use simple steps please.")
     assert ns.source == "hook:beforeSubmitPrompt"
     assert (stop.turn, stop.kind, stop.score, stop.content) == (1, "session_end", -1.0, "error")
-    assert stop.detail == {"hook": "stop", "conversation_id": sid, "generation_id": "gen-1",
+    assert stop.detail == {"hook": "stop", "conversation_id": sid, "generation_id": "gen-2",
                            "reason": "hook_stop", "status": "error", "loop_count": 1}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import os
 import select
 import socket
 import threading
@@ -255,8 +256,9 @@ def test_unwritable_spool_and_kafka_down_degrade_and_refuse(tmp_path: Path) -> N
     assert rec.spool.pending == 0 or rec.backlog >= 2  # the spooled ones wait for Kafka
 
 
-@pytest.mark.integration
-def test_health_reports_kafka_down_within_the_delivery_timeout(tmp_path: Path) -> None:
+@contextmanager
+def own_broker(tmp_path: Path) -> Iterator[tuple[Settings, Any]]:
+    """A broker of this test's own (it is taken down), with the interactions and DLQ topics."""
     from confluent_kafka.admin import AdminClient
 
     from pipeline.kafka import names, topics
@@ -273,6 +275,174 @@ def test_health_reports_kafka_down_within_the_delivery_timeout(tmp_path: Path) -
         specs = [s for s in topics.load_specs(settings.topics.specs_dir)
                  if s.name in (names.INTERACTIONS, names.DLQ)]
         topics.apply(admin, topics.plan(admin, specs))
+        yield settings, local
+    finally:
+        local.down(quiet=True)
+
+
+def _path_of(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+EPERM = PermissionError(errno.EPERM, "Operation not permitted")
+
+
+@contextmanager
+def broken_disk(
+    spool: Spool, fail: Callable[[str, Any], bool], error: OSError = EPERM
+) -> Iterator[None]:
+    """Make the spool folder's disk fail (tests cannot ``chattr +i`` or fill a disk):
+    ``os.write``/``fsync``/``ftruncate`` on a file in it, and ``os.open`` for writing there,
+    raise ``error`` when ``fail(call, data)`` says so (``data``: a write's bytes, else None)."""
+    inside = str(spool.dir.resolve()) + os.sep
+    real = {name: getattr(os, name) for name in ("write", "fsync", "ftruncate", "open")}
+
+    def on_fd(name: str) -> Callable[..., Any]:
+        def call(fd: int, *args: Any) -> Any:
+            data = args[0] if name == "write" else None
+            if _path_of(fd).startswith(inside) and fail(name, data):
+                raise error
+            return real[name](fd, *args)
+
+        return call
+
+    def open_(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        writing = flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+        if writing and str(Path(path).resolve()).startswith(inside) and fail("open", None):
+            raise error
+        return real["open"](path, flags, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("write", "fsync", "ftruncate"):
+            mp.setattr(os, name, on_fd(name))
+        mp.setattr(os, "open", open_)
+        yield
+
+
+def immutable(spool: Spool) -> Any:
+    """What ``chattr -R +i`` on the spool folder does: every write there fails (EPERM)."""
+    return broken_disk(spool, lambda _call, _data: True)
+
+
+@pytest.mark.integration
+def test_a_spool_error_does_not_stick(tmp_path: Path) -> None:
+    """Issue 25: with Kafka down, a spool made immutable tore its tail; after the disk was
+    fixed ``/healthz`` said ok but the spool stayed broken (``spool_error`` "...is torn"),
+    so with Kafka down again the next training turns were answered 200 and lost. Now the
+    spool is re-probed and repaired once the disk is back: the error clears and turns are
+    spooled, then delivered; while it is broken, training turns are refused, never lost
+    after a 200."""
+    from confluent_kafka.admin import AdminClient
+
+    with own_broker(tmp_path) as (settings, local):
+        topic = "test.interactions.one"
+        create_topic(AdminClient(settings.kafka_client_config()), topic)
+        cfg = gateway_cfg(tmp_path, delivery_timeout_s=3.0, interactions_topic=topic)
+        app = build_app(cfg, settings)
+        rec: Recorder = app.state.recorder
+        rec.probe_every_s = 0.2
+        with running(app) as url, httpx.Client(timeout=60) as c:
+            chat, health = f"{url}/v1/chat/completions", f"{url}/healthz"
+
+            def turn(text: str) -> httpx.Response:
+                return c.post(chat, json=body(text), headers={"X-Session-Id": text})
+
+            assert turn("before").status_code == 200
+            assert wait(lambda: rec.backlog == 0, 30)
+            local.down(quiet=True)
+            assert wait(lambda: c.get(health).json()["kafka_up"] is False, 10)
+
+            with immutable(rec.spool):
+                assert turn("unseen").status_code == 200  # the disk's state is learnt here
+                assert wait(lambda: c.get(health).status_code == 503, 10)
+                state = c.get(health).json()
+                assert state["events_lost"] == 1
+                assert "Operation not permitted" in state["spool_error"]
+                assert rec.spool.broken is not None and "is torn" in rec.spool.broken
+                refused = turn("refused")
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "recording_unavailable"
+                assert refused.headers["retry-after"] == "5"
+            # the disk is back, Kafka still down: the spool repairs itself, nothing sticks
+            assert wait(lambda: c.get(health).status_code == 200, 10), c.get(health).text
+            state = c.get(health).json()
+            assert state["status"] == "ok" and state["spool_error"] is None
+            assert rec.spool.broken is None
+            assert [turn(f"kept-{i}").status_code for i in range(2)] == [200, 200]
+            assert wait(lambda: rec.spool.pending == 2, 10), "spooled, not lost"
+            assert c.get(health).json()["events_lost"] == 1
+            local.up(quiet=True)
+            assert wait(lambda: rec.backlog == 0, 60)
+        got = consume_all(settings, topic, 3)
+        assert sorted(e.session_id for e in got) == ["before", "kept-0", "kept-1"]
+
+
+@pytest.mark.integration
+def test_training_turns_are_refused_while_the_spool_is_broken_even_with_kafka_up(
+    kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path
+) -> None:
+    """With no spool a turn reaches Kafka only if Kafka stays up until it is delivered, and
+    the gateway learns that Kafka went down only after it did (the lost turns of issue 25):
+    while the spool cannot be written, turns that would train are refused (503) whatever
+    Kafka's state; ones that would not train are served, and the error clears on repair."""
+    topic = f"test.interactions.{unique}"
+    create_topic(admin, topic)
+    app = build_app(gateway_cfg(tmp_path, interactions_topic=topic), kafka_settings)
+    rec: Recorder = app.state.recorder
+    rec.probe_every_s = 0.2
+    with running(app) as url, httpx.Client(timeout=60) as c:
+        chat, health = f"{url}/v1/chat/completions", f"{url}/healthz"
+        with immutable(rec.spool):
+            assert c.post(chat, json=body("first")).status_code == 200  # learnt here
+            assert wait(lambda: c.get(health).status_code == 503, 10)
+            state = c.get(health).json()
+            assert state["kafka_up"] is True and state["events_lost"] == 0  # produced directly
+            assert "unspooled" in state["reasons"][0]
+            r = c.post(chat, json=body("second"))
+            assert r.status_code == 503 and r.json()["error"]["code"] == "recording_unavailable"
+            assert c.post(chat, json=body(), headers={"X-Liverl-Train": "false"}).status_code == 200
+        assert wait(lambda: c.get(health).status_code == 200, 10)
+        assert c.post(chat, json=body("third")).status_code == 200
+        assert wait(lambda: rec.backlog == 0, 30)
+    got = consume_all(kafka_settings, topic, 2)
+    assert [e.messages[-1]["content"] for e in got] == ["first", "third"]
+
+
+def test_health_stays_degraded_while_events_are_lost_serving_without_training(
+    tmp_path: Path,
+) -> None:
+    """Issue 25: with --serve-without-training a disk with room for the probe's few bytes but
+    not for the records passed the probe, so ``/healthz`` said ok between turns that were all
+    lost. The probe now writes as much as the append that failed: health stays degraded
+    while events are lost, serving goes on, and ok returns once the disk has room."""
+    cfg = gateway_cfg(tmp_path, delivery_timeout_s=1.0, serve_without_training=True)
+    app = build_app(cfg, _dead_kafka())
+    rec: Recorder = app.state.recorder
+    rec.probe_every_s = 0.1
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with running(app) as url, httpx.Client(timeout=60) as c:
+        chat, health = f"{url}/v1/chat/completions", f"{url}/healthz"
+        assert wait(lambda: c.get(health).json()["kafka_up"] is False, 10)
+        with broken_disk(rec.spool, lambda call, data: call == "write" and len(data) > 64, full):
+            for i in range(3):
+                assert c.post(chat, json=body(f"lost {i}")).status_code == 200  # served
+                assert wait(lambda n=i + 1: rec.lost == n, 10)  # type: ignore[misc]
+                time.sleep(0.5)  # several probes
+                state = c.get(health)
+                assert state.status_code == 503, state.text
+                assert state.json()["status"] == "degraded"
+                assert "No space left" in state.json()["reasons"][0]
+        assert wait(lambda: c.get(health).status_code == 200, 10)
+        assert c.post(chat, json=body("kept")).status_code == 200
+        assert wait(lambda: rec.spool.pending == 1, 10) and rec.lost == 3
+
+
+@pytest.mark.integration
+def test_health_reports_kafka_down_within_the_delivery_timeout(tmp_path: Path) -> None:
+    with own_broker(tmp_path) as (settings, local):
         cfg = gateway_cfg(tmp_path, delivery_timeout_s=8.0)
         app = build_app(cfg, settings)
         with running(app) as url, httpx.Client(timeout=60) as c:
@@ -286,8 +456,6 @@ def test_health_reports_kafka_down_within_the_delivery_timeout(tmp_path: Path) -
             # Kafka down alone loses nothing (the spool holds it): health stays ok
             assert c.get(f"{url}/healthz").json()["status"] == "ok"
         print(f"kafka down detected after {detected_s:.1f}s")
-    finally:
-        local.down(quiet=True)
 
 
 # ---- 7. bounded header values ------------------------------------------------------------

@@ -131,6 +131,59 @@ def test_check_reports_an_unwritable_dir(tmp_path: Path) -> None:
         spool.check()
 
 
+def _denied(*_args: object) -> None:
+    raise PermissionError(errno.EPERM, "Operation not permitted")
+
+
+def test_a_torn_tail_is_repaired_once_the_disk_is_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: an append whose rollback failed too (``chattr +i``) left the spool refusing
+    every append for good; once the disk takes writes again the torn bytes are cut and the
+    spool appends as before, with nothing of the failed batch left in it."""
+    import pipeline.serving.spool as spool_mod
+
+    spool = Spool(tmp_path)
+    spool.append([b"a"])
+    monkeypatch.setattr(spool_mod.os, "fsync", _denied)
+    monkeypatch.setattr(spool_mod.os, "ftruncate", _denied)
+    with pytest.raises(OSError):
+        spool.append([b"torn"])  # written, not synced, and cannot be cut off
+    assert spool.broken is not None and "Operation not permitted" in spool.broken
+    with pytest.raises(OSError, match="torn"):
+        spool.check()
+    with pytest.raises(OSError, match="torn"):
+        spool.append([b"refused"])
+    monkeypatch.undo()  # the disk is back
+    spool.check()
+    assert spool.broken is None
+    spool.append([b"b"])
+    assert spool.peek(10)[0] == [b"a", b"b"] and spool.pending == 2
+    spool.close()
+    assert Spool(tmp_path).peek(10)[0] == [b"a", b"b"]
+
+
+def test_check_writes_as_many_bytes_as_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk with room for a tiny probe but not for the records must fail the probe."""
+    import pipeline.serving.spool as spool_mod
+
+    spool = Spool(tmp_path)
+    real_write = spool_mod.os.write
+
+    def nearly_full(fd: int, data: bytes) -> int:
+        if len(data) > 100:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(spool_mod.os, "write", nearly_full)
+    spool.check()
+    with pytest.raises(OSError, match="No space"):
+        spool.check(1000)
+    assert not (tmp_path / ".probe").exists()
+
+
 # ---- frames damaged on disk by something outside liverl (issue 11) --------------------------
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.durable import writable_problem
 from pipeline.kafka.connection import BrokerSettings, ConnectionSettings
 from pipeline.kafka.errors import BrokerError
 from pipeline.kafka.topics import min_insync_replicas
@@ -227,11 +228,20 @@ class LocalBroker:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
+    def _check_writable(self) -> None:
+        """A state dir the broker cannot write is one clear line, not a traceback from the
+        first mkdir or pid file (issue 25)."""
+        if (problem := writable_problem(self.home)) is not None:
+            raise BrokerError(
+                f"the broker's data folder {problem}; set state_dir to a writable folder "
+                "(LIVERL_STATE_DIR, or state_dir in liverl.toml / --config)"
+            )
+
     def node_pid(self, node: Node) -> int | None:
         """PID of one node if it is alive (stale pid files are ignored)."""
         try:
             pid = int(node.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):  # missing, or unreadable: up() then names the problem
             return None
         return pid if _is_kafka(pid) else None
 
@@ -253,6 +263,7 @@ class LocalBroker:
             if not quiet:
                 print(f"Kafka already running at {self.bootstrap} (pid {self._pid_list()})")
             return 0.0
+        self._check_writable()
         java = self.check_java()
         lib = self.ensure_jars(quiet=quiet)
         for node in missing:

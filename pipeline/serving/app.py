@@ -6,8 +6,9 @@ cause a 500.
 
 Bounded inputs: body size (``max_body_bytes``, 413), JSON depth (``max_json_depth``, 400) and
 body arrival time (``body_timeout_s``, 408 and the connection closed). A turn that would train
-is refused with 503 while the recorder loses events (spool unwritable and Kafka down) unless
-``serve_without_training`` is set; ``/healthz`` then answers 503 ``degraded`` with the reason.
+is refused with 503 while its event could be lost (the spool cannot be written, whether Kafka
+is up or not: see ``recorder.py``) unless ``serve_without_training`` is set; ``/healthz``
+answers 503 ``degraded`` with the reason either way.
 A turn whose client goes away before the answer, streamed or not, is recorded with
 ``finish_reason="abort"`` and ``train=false``: the turn index stays used on this replica (a
 retry here is the next turn; on another replica it reuses the number and, being later,
@@ -41,6 +42,7 @@ from .backends.base import Backend, Done, Piece, SamplingParams, StopReason
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
 from .errors import ApiError
 from .feedback import FeedbackRequest, handle_feedback
+from .hook_replays import HookReplays
 from .hooks import HookPayload, handle_hook
 from .metrics import Metrics
 from .prompt_cache import PromptCache
@@ -102,6 +104,7 @@ class Gateway:
             on_refused=self.metrics.feedback_limited.inc,
         )  # fmt: skip
         self.sessions = Sessions(cfg.session_prefix_messages, cfg.max_sessions)
+        self.hook_replays = HookReplays(cfg.hook_replay_entries)
         self._prompts: PromptCache | None = None
         self.model_name = cfg.served_model_name or backend.policy_id
         self.metrics.bind(

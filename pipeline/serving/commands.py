@@ -215,8 +215,8 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
     "--serve-without-training",
     is_flag=True,
     show_default=False,
-    help="While events cannot be recorded (spool unwritable and Kafka down), serve turns "
-    "that would train anyway instead of answering 503 (the loss is counted).",
+    help="While events could be lost (spool unwritable), serve turns that would train "
+    "anyway instead of answering 503 (losses are counted, /healthz says degraded).",
 )
 @_serve_option(
     "reload", "--no-reload", is_flag=True, flag_value=False,

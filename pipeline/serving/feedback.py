@@ -17,9 +17,13 @@ the turn number, from the ``X-Liverl-Turn`` response header, to rate a turn of a
 another replica's session). Response::
 
     {"object": "feedback", "id": "<event id>", "session_id": "s1", "turn": 3,
-     "kind": "feedback", "score": 1.0, "recorded": true}
+     "kind": "feedback", "score": 1.0, "recorded": true, "paired": true}
 
-``recorded`` is false when the gateway runs with recording off. Bad payloads get an
+``paired`` is true when this gateway recorded the turn (its session is open here). For a
+session it does not know (never seen, closed, another replica's), with a turn number, the
+answer is 202 with ``"paired": "pending"``: the feedback is recorded, and the processors pair
+it with the turn's interaction if that arrives within ``processors.grace_s`` (30 s), else
+dead-letter it. ``recorded`` is false when the gateway runs with recording off. Bad payloads get an
 OpenAI-style 4xx and nothing is recorded. Any authenticated caller may rate any session, as
 with ``liverl record-outcome``; ``detail.key_id`` names the caller's key: the reward workers
 count one vote per key and turn, the latest (docs/hooks.md). Besides the chat rate limit,
@@ -174,6 +178,7 @@ async def handle_feedback(gateway: GatewayApi, request: Request) -> JSONResponse
     doc = await gateway.read_body(request, gateway.cfg.next_state_max_body_bytes)
     req = parse_feedback(doc, gateway.cfg.next_state_max_chars)
     turn = resolve_turn(gateway.sessions, req.session_id, req.turn)
+    known = last_turn(gateway.sessions, req.session_id) is not None
     event = feedback_event(req, turn, key_id)
     recorded = record(gateway, event)
     return JSONResponse(
@@ -185,5 +190,7 @@ async def handle_feedback(gateway: GatewayApi, request: Request) -> JSONResponse
             "kind": event.kind,
             "score": event.score,
             "recorded": recorded,
-        }
+            "paired": True if known else "pending",
+        },
+        status_code=200 if known or not recorded else 202,
     )

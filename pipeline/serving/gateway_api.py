@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from fastapi import Request
 
 from .auth import Authenticator, RateLimiter
+from .hook_replays import HookReplays
 from .recorder import Recorder
 from .sessions import Sessions
 from .settings import ServeSettings
@@ -23,6 +24,7 @@ class GatewayApi(Protocol):
     feedback_limiter: RateLimiter  # /v1/feedback only, after ``limiter``
     sessions: Sessions
     recorder: Recorder | None
+    hook_replays: HookReplays
 
     def recording_problem(self) -> str | None:
         """Why a turn recorded now would be lost (None: recording works or is off)."""

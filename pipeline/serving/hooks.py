@@ -14,20 +14,30 @@ docs/hooks.md). Payloads follow Cursor's agent hooks: common fields ``hook_event
 - ``stop`` ``{"status": "completed" | "aborted" | "error", "loop_count": n}``: closes the
   session like ``X-Session-Done``: a ``session_end`` next state for the last turn, scored by
   ``hook_stop_scores`` when the status is listed (default: error and aborted -> -1), and the
-  gateway forgets the session's turn counter.
+  gateway forgets the session's turn counter. Any other status (one not documented nor in
+  ``hook_stop_scores``) is a 422 that closes nothing: a typo must not end a session.
 
 The session is ``session_id`` in the payload, else the ``X-Session-Id`` header, else
 ``conversation_id``: the harness must send the same id with its chat requests. The response
 body is what Cursor reads from a hook's stdout (``{"continue": true}`` for
-``beforeSubmitPrompt``, ``{}`` otherwise), so a hook command can print it unchanged; what was
-recorded is in the headers ``X-Liverl-Recorded`` (event ids, comma-separated, empty for none),
-``X-Session-Id`` and ``X-Liverl-Turn``. Hooks are authenticated and rate-limited like chat
-completions; an unknown event is a 404, a bad payload a 4xx, and neither records anything.
+``beforeSubmitPrompt``, ``{}`` otherwise) plus a ``liverl`` object Cursor ignores, so a hook
+command can print it unchanged: ``{"recorded": true, "event_id", "turn"}``, or
+``{"recorded": false, "reason"}`` saying why nothing was. The headers say the same:
+``X-Liverl-Recorded`` (the event id, empty for none), ``X-Session-Id`` and ``X-Liverl-Turn``.
+Hooks are authenticated and rate-limited like chat completions; an unknown event is a 404, a
+bad payload a 4xx, and neither records anything.
+
+A hook posted again with the same ``generation_id`` (a harness retry, a replayed transcript)
+gets the first answer (``"replay": true``, header ``X-Liverl-Replay: true``) and records and
+closes nothing: the gateway remembers the last ``hook_replay_entries`` answers. The event id
+derives from (event, session, ``generation_id``), so a replay this gateway no longer
+remembers (a restart) records the same id again, which consumers deduplicate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -47,8 +57,26 @@ from .feedback import (
     validated,
 )
 from .gateway_api import GatewayApi
-from .responses import header_safe
+from .hook_replays import HookAnswer
 from .sessions import MAX_ID_CHARS, _header_text
+
+STOP_STATUSES = ("completed", "aborted", "error")  # Cursor's documented stop statuses
+HOOK_IDS = "hook-v1"  # the version of the derived event ids below: change it, ids change
+
+
+def hook_event_id(event: str, sid: str, p: HookPayload) -> str:
+    """Derived from the harness's ``generation_id`` when there is one (a replay gets the same
+    id, whichever gateway or restart records it), else random."""
+    if p.generation_id is None:
+        return events.new_event_id()
+    return events.derive_event_id("next_state", [], HOOK_IDS, "hook", event, sid, p.generation_id)
+
+
+def no_turn(sid: str, what: str) -> str:
+    return (
+        f"session {sid!r} has no open turn on this gateway ({what}, or a session this gateway "
+        "never saw or already closed: send the same X-Session-Id with the chat requests)"
+    )
 
 
 class HookPayload(BaseModel):
@@ -74,18 +102,17 @@ def _origin(event: str, p: HookPayload) -> dict[str, Any]:
     return detail
 
 
-def before_submit_prompt(
-    gateway: GatewayApi, sid: str, p: HookPayload
-) -> tuple[dict[str, Any], events.NextState | None]:
+def before_submit_prompt(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
+    body = {"continue": True}
     if p.prompt is None:
         raise ApiError(422, "beforeSubmitPrompt needs a prompt", param="prompt",
                        code="invalid_value")
     check_text(p.prompt, gateway.cfg.next_state_max_chars, "prompt")
     turn = last_turn(gateway.sessions, sid)
-    if turn is None:
-        return {"continue": True}, None  # the session's first prompt follows no turn
+    if turn is None:  # the session's first prompt follows no turn
+        return HookAnswer(body, sid, reason=no_turn(sid, "its first prompt follows no turn"))
     event = events.NextState(
-        event_id=events.new_event_id(),
+        event_id=hook_event_id("beforeSubmitPrompt", sid, p),
         producer=PRODUCER,
         session_id=sid,
         turn=turn,
@@ -95,44 +122,48 @@ def before_submit_prompt(
         source="hook:beforeSubmitPrompt",
         detail=_origin("beforeSubmitPrompt", p),
     )
-    return {"continue": True}, event
+    return HookAnswer(body, sid, event)
 
 
-def after_agent_response(
-    gateway: GatewayApi, sid: str, p: HookPayload
-) -> tuple[dict[str, Any], events.NextState | None]:
-    return {}, None  # the answer is already the turn's interaction (see the module doc)
+def after_agent_response(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
+    # the answer is already the turn's interaction (see the module doc)
+    return HookAnswer({}, sid, reason="afterAgentResponse records nothing: the answer is "
+                      "already the turn's interaction")
 
 
-def stop(
-    gateway: GatewayApi, sid: str, p: HookPayload
-) -> tuple[dict[str, Any], events.NextState | None]:
+def stop(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
+    scores = gateway.cfg.hook_stop_scores
+    if p.status is not None and p.status not in STOP_STATUSES and p.status not in scores:
+        known = ", ".join(dict.fromkeys([*STOP_STATUSES, *scores]))
+        raise ApiError(
+            422,
+            f"unknown stop status {p.status!r}; known: {known} (nothing recorded or closed)",
+            param="status",
+            code="invalid_value",
+        )
     turn = last_turn(gateway.sessions, sid)
     if turn is None:
-        return {}, None  # nothing open to close
+        return HookAnswer({}, sid, reason=no_turn(sid, "nothing to close"))
     detail = {**_origin("stop", p), "reason": "hook_stop"}
     if p.status is not None:
         detail["status"] = p.status
     if p.loop_count is not None:
         detail["loop_count"] = p.loop_count
-    score = gateway.cfg.hook_stop_scores.get(p.status) if p.status is not None else None
     event = events.NextState(
-        event_id=events.new_event_id(),
+        event_id=hook_event_id("stop", sid, p),
         producer=PRODUCER,
         session_id=sid,
         turn=turn,
         kind="session_end",
         content=p.status or "",
         source="hook:stop",
-        score=score,
+        score=scores.get(p.status) if p.status is not None else None,
         detail=detail,
     )
-    return {}, event
+    return HookAnswer({}, sid, event)
 
 
-Handler = Callable[
-    ["GatewayApi", str, HookPayload], tuple[dict[str, Any], events.NextState | None]
-]
+Handler = Callable[["GatewayApi", str, HookPayload], HookAnswer]
 HOOKS: dict[str, Handler] = {
     "beforeSubmitPrompt": before_submit_prompt,
     "afterAgentResponse": after_agent_response,
@@ -172,15 +203,14 @@ async def handle_hook(gateway: GatewayApi, event: str, request: Request) -> JSON
             param="hook_event_name",
         )
     sid = session_of(request, payload)
-    body, ns = handler(gateway, sid, payload)
-    recorded = record(gateway, ns) if ns is not None else False
+    key = None if payload.generation_id is None else (sid, event, payload.generation_id)
+    if key is not None and (seen := gateway.hook_replays.get(key)) is not None:
+        return replace(seen, replay=True).response()
+    answer = handler(gateway, sid, payload)
+    if answer.event is not None and not record(gateway, answer.event):
+        answer = replace(answer, event=None, reason="recording is off (record: false)")
     if event == "stop":
         gateway.close_session(sid)
-
-    headers = {
-        "X-Session-Id": header_safe(sid),
-        "X-Liverl-Recorded": ns.event_id if ns is not None and recorded else "",
-    }
-    if ns is not None:
-        headers["X-Liverl-Turn"] = str(ns.turn)
-    return JSONResponse(body, headers=headers)
+    if key is not None:
+        gateway.hook_replays.put(key, answer)
+    return answer.response()

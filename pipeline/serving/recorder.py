@@ -11,9 +11,14 @@ Nothing one event does can stop recording: an event that cannot be encoded, or i
 the codec limit, or that Kafka refuses for good (too large, invalid), is replaced by a bounded
 dead letter on the DLQ topic and the rest flow on. If the spool cannot be written, a batch is
 produced directly (only when no spooled record is waiting, so order is kept); an event that
-can be neither spooled nor produced is counted as lost and :attr:`Recorder.problem` says why
-until a probe finds the spool writable again (the gateway then refuses turns that would
-train, see ``ServeSettings.serve_without_training``).
+can be neither spooled nor produced is counted as lost. From the first failed append until a
+probe finds the spool writable again, :attr:`Recorder.problem` says why, whether Kafka is up
+or not: with no spool, a turn answered now would be lost if Kafka failed before delivering it
+(and "Kafka is up" is only as fresh as the last probe), so the gateway refuses turns that would
+train and ``/healthz`` is degraded (see ``ServeSettings.serve_without_training``). The probe
+(every ``probe_every_s`` while idle, and after each failed delivery round) repairs a torn spool
+tail and writes as many bytes as the append that failed, so it clears the error, and
+``spool_error``, once the disk is back and not before.
 
 Nothing on disk can stop recording either: a spooled frame damaged by something outside
 liverl is quarantined by the spool (``quarantine/`` next to the segments), replaced in the
@@ -47,6 +52,9 @@ from .spool import Quarantined, Spool
 log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="gateway-recorder", version=__version__)
 DEAD_LETTER_KEEP_BYTES = 64 * 1024  # of the original value; its size and sha256 are kept too
+PROBE_MAX_BYTES = 16 * 1024 * 1024  # the spool probe writes at most this much
+UNSPOOLED = "events go to Kafka unspooled, and would be lost if it failed before delivery"
+KAFKA_DOWN = "Kafka is unreachable"
 UNKNOWN_TOPIC = "unknown (corrupt spool frame)"
 _FRAME_TOPIC = re.compile(rb'\{"t":"([A-Za-z0-9._-]{1,249})"')  # a damaged frame's topic
 # Kafka refuses these records whatever the retry: dead-letter them instead of blocking.
@@ -90,8 +98,9 @@ class Recorder:
         self.quarantined = 0  # damaged spool regions and unreadable frames set aside
         self.kafka_up = True
         self.started = False
-        self.spool_error: str | None = None
-        self.problem: str | None = None  # why events are being lost now; None: all good
+        self.spool_error: str | None = None  # the spool's last failure, until it works again
+        self.problem: str | None = None  # why an event recorded now could be lost; None: good
+        self._failed_bytes = 0  # size of the append that failed (what the probe must write)
         self.on_lost: Callable[[int], None] = lambda _n: None
         self.on_dead_letter: Callable[[int], None] = lambda _n: None
         self.on_quarantine: Callable[[int], None] = lambda _n: None
@@ -210,6 +219,7 @@ class Recorder:
             self.spool.append(frames)
         except OSError as exc:
             self.spool_error = f"spool write failed in {self.spool.dir}: {exc}"
+            self._failed_bytes = min(sum(map(len, frames)), PROBE_MAX_BYTES)
             log.error("%s; producing %d event(s) directly", self.spool_error, len(frames))
             self._bypass(frames)
             return
@@ -223,7 +233,7 @@ class Recorder:
             self._lose(len(frames), f"{why}; older spooled events wait for Kafka (order)")
             return
         if not self.kafka_up:
-            self._lose(len(frames), f"{why}; Kafka is unreachable")
+            self._lose(len(frames), f"{why}; {KAFKA_DOWN}")
             return
         if self._direct is None:
             self._direct = self._new_producer(f"{self.client_id}-direct")
@@ -238,7 +248,7 @@ class Recorder:
             self._lose(min(failed, len(frames)), f"{why}; Kafka did not take them: {exc}")
             return
         self.delivered += len(frames)
-        self.problem = None
+        self.problem = f"{why}; {UNSPOOLED}"
 
     def _lose(self, n: int, reason: str) -> None:
         self.lost += n
@@ -314,18 +324,18 @@ class Recorder:
         self._recheck()
 
     def _recheck(self) -> None:
-        """Clear the lost state once an event could be recorded again (spool writable, or
-        Kafka up with nothing spooled ahead)."""
-        if self.problem is None:
+        """Clear the lost state, and the spool error, once the spool takes a batch like the
+        one that failed again (Kafka being up is not enough: it may fail before delivering)."""
+        if self.problem is None and self.spool_error is None:
             return
         try:
-            self.spool.check()
+            self.spool.check(self._failed_bytes)
         except OSError as exc:
-            if not (self.kafka_up and self.spool.pending == 0):
-                self.problem = f"spool not writable ({exc}) and Kafka unreachable"
-                return
-        log.warning("recording works again after: %s", self.problem)
-        self.problem = None
+            self.spool_error = f"spool not writable in {self.spool.dir}: {exc}"
+            self.problem = f"{self.spool_error}; {UNSPOOLED if self.kafka_up else KAFKA_DOWN}"
+            return
+        log.warning("recording works again after: %s", self.problem or self.spool_error)
+        self.problem = self.spool_error = None
 
     def _deliver(self, records: list[bytes]) -> bool:
         """Send every record until each is confirmed; False only when stopping. A record

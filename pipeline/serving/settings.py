@@ -133,7 +133,14 @@ class ServeSettings(BaseModel):
     hook_stop_scores: dict[str, Annotated[float, Field(ge=-1, le=1)]] = Field(
         default_factory=lambda: {"error": -1.0, "aborted": -1.0},
         description="The `stop` hook's `status` -> score of the session's last turn (in "
-        "[-1, 1]); a status not listed (e.g. completed) closes the session without a score.",
+        "[-1, 1]); a status not listed (e.g. completed) closes the session without a score. "
+        "Statuses other than completed, aborted, error and the ones listed here are a 422.",
+    )
+    hook_replay_entries: int = Field(
+        default=10_000,
+        ge=0,
+        description="Hooks remembered by (session, event, generation_id): one posted again "
+        "gets the first answer and records nothing more (0: none remembered).",
     )
     spool_dir: Path = Path(".liverl/spool")
     spool_segment_bytes: int = 64 * 1024 * 1024
@@ -172,9 +179,9 @@ class ServeSettings(BaseModel):
     )
     serve_without_training: bool = Field(
         default=False,
-        description="When events can be neither spooled nor produced: False answers turns that "
-        "would train with 503 (nothing served untrained silently); True serves them anyway "
-        "(counted in liverl_gateway_events_lost).",
+        description="While the spool cannot be written (events could be lost): False answers "
+        "turns that would train with 503 (nothing served untrained silently); True serves them "
+        "anyway (losses counted in liverl_gateway_events_lost, /healthz degraded).",
     )
 
     reload: bool = True

@@ -8,8 +8,11 @@ named by the sequence number of their first record and deleted once fully acknow
 
 A failed append (disk full, I/O error, read-only remount) is rolled back: the bytes written
 are truncated away so the file and the sequence count stay in step, and the caller learns of
-the failure. A failed acknowledgement keeps the position in memory (the records are not sent
-again by this process; after a crash they may be, and consumers deduplicate by event id).
+the failure. A rollback that fails too leaves the spool ``broken`` (torn tail), but not for
+good: the next append or :meth:`Spool.check` cuts the tail again and, once that works (the
+disk is back), clears ``broken``. A failed acknowledgement keeps the position in memory (the
+records are not sent again by this process; after a crash they may be, and consumers
+deduplicate by event id).
 
 A frame damaged on disk by something outside liverl (bad crc, impossible length, empty) cannot
 stop delivery: :meth:`Spool.peek` copies the damaged bytes to ``quarantine/<segment>-<offset>.bad``
@@ -112,8 +115,7 @@ class Spool:
             buf += _FRAME.pack(len(p), zlib.crc32(p))
             buf += p
         with self._lock:
-            if self.broken:
-                raise OSError(self.broken)
+            self._require_whole()
             start = os.fstat(self._tail).st_size
             try:
                 view = memoryview(buf)
@@ -128,15 +130,20 @@ class Spool:
             if start + len(buf) >= self.segment_bytes:
                 self._rotate()
 
-    def check(self) -> None:
-        """Raise OSError if a record could not be written now (probe file in the spool dir)."""
-        if self.broken:
-            raise OSError(self.broken)
+    def check(self, nbytes: int = 0) -> None:
+        """Raise OSError if ``nbytes`` of records could not be written now: a torn tail is
+        repaired first, then a probe file of that size (at least a few bytes) is written and
+        fsynced in the spool dir. Sized like the append that failed, a probe does not pass on
+        a disk that has room for it but not for the records."""
+        with self._lock:
+            self._require_whole()
         probe = self.dir / ".probe"
+        data = memoryview(b"\0" * max(nbytes, 8))
         try:
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, b"probe")
+                while data:
+                    data = data[os.write(fd, data) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -144,9 +151,25 @@ class Spool:
             with contextlib.suppress(OSError):
                 probe.unlink()
 
+    def _require_whole(self) -> None:
+        """Raise OSError while the tail is torn; first try to cut it again, since the failure
+        that stopped the rollback (read-only remount, immutable file, I/O error) may be over.
+        Holding ``_lock``."""
+        if not self.broken:
+            return
+        try:
+            os.ftruncate(self._tail, self._tail_size)
+            os.fsync(self._tail)
+        except OSError as exc:
+            self.broken = f"spool segment {self._path(self._tail_first)} is torn: {exc}"
+            raise OSError(self.broken) from exc
+        log.warning("spool segment %s repaired: appending again", self._path(self._tail_first))
+        self.broken = None
+
     def _rollback(self, size: int) -> None:
         """Cut a failed append off the tail so no partial frame or uncounted record stays;
-        if even that fails, refuse further appends (a restart cuts the torn tail)."""
+        if even that fails, refuse appends until a later attempt succeeds
+        (:meth:`_require_whole`; a restart cuts the torn tail too)."""
         try:
             os.ftruncate(self._tail, size)
         except OSError as exc:
