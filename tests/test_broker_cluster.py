@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 from pydantic import ValidationError
 
@@ -219,7 +219,8 @@ def _partitions(admin: AdminClient, prefix: str = "liverl.") -> list[Any]:
 def _read_all(settings: Settings, topic: str, event_type: str) -> list[Any]:
     """Every record of ``topic``, up to the high watermarks read first."""
     c = Consumer(settings.kafka_client_config(**{"group.id": "cluster-verify",
-                                                 "enable.auto.commit": False}))
+                                                 "enable.auto.commit": False,
+                                                 "enable.partition.eof": True}))
     md = c.list_topics(topic, timeout=10).topics[topic]
     ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             for p in md.partitions}
@@ -233,6 +234,8 @@ def _read_all(settings: Settings, topic: str, event_type: str) -> list[Any]:
                 got.append(events.decode(msg.value(), expected_type=event_type))
                 if msg.offset() + 1 >= ends[msg.partition()]:
                     done.add(msg.partition())
+            elif msg.error().code() == KafkaError._PARTITION_EOF:  # past a commit marker
+                done.add(msg.partition())
     c.close()
     assert len(done) == len(ends), f"could not read {topic} to its end"
     return got

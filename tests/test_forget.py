@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from deltalake import DeltaTable, write_deltalake
 from jsonschema import Draft7Validator
 
@@ -217,7 +217,8 @@ def _produce(settings: Settings, records: list[Record]) -> None:
 def _read(settings: Settings, topic: str) -> list[tuple[int, bytes, bytes | None]]:
     """(partition, key, value) of every record of ``topic``, in offset order per partition."""
     c = Consumer(settings.kafka_client_config(**{"group.id": "forget-verify",
-                                                 "enable.auto.commit": False}))
+                                                 "enable.auto.commit": False,
+                                                 "enable.partition.eof": True}))
     meta = c.list_topics(topic, timeout=10).topics[topic]
     out: list[tuple[int, bytes, bytes | None]] = []
     for p in sorted(meta.partitions):
@@ -230,6 +231,8 @@ def _read(settings: Settings, topic: str) -> list[tuple[int, bytes, bytes | None
             assert m is not None, f"{topic}[{p}] stalled"
             if m.error() is None:
                 out.append((p, m.key(), m.value()))
+            elif m.error().code() == KafkaError._PARTITION_EOF:  # past a commit marker
+                break
             if m.offset() + 1 >= high:
                 break
     c.close()

@@ -53,8 +53,8 @@ def test_faust_web_server_is_off_by_default_and_bound_to_loopback(tmp_path):
 
     cfg = ProcessorSettings()
     assert (cfg.web_enabled, cfg.web_host, cfg.web_port) == (False, "127.0.0.1", 0)
-    assert create_app(Settings(state_dir=tmp_path), cfg).conf.web_enabled is False
-    on = create_app(Settings(state_dir=tmp_path), ProcessorSettings(web_enabled=True))
+    assert create_app(Settings(), cfg, tmp_path).conf.web_enabled is False
+    on = create_app(Settings(), ProcessorSettings(web_enabled=True), tmp_path)
     assert (on.conf.web_bind, on.conf.web_host) == ("127.0.0.1", "127.0.0.1")
     assert on.conf.web_port != 6066 and not port_taken(on.conf.web_port)  # a free one
     assert "/metrics" in on.web.views

@@ -136,6 +136,11 @@ def read_topic(
                 out[msg.partition()].append(msg)
                 if msg.offset() + 1 >= ends[msg.partition()]:
                     pending.discard(msg.partition())
+            # A transactional topic ends in a commit marker, which is never a message: the
+            # position moves past it.
+            for tp in c.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
         assert not pending, f"could not read {topic} to its end"
     finally:
         c.close()

@@ -70,7 +70,7 @@ class ProcessorSettings(BaseSettings):
     # offsets are committed in one Kafka transaction every commit_interval_s; derived records
     # become visible to read_committed readers then. Off: at least once (consumers
     # deduplicate by event_id), the outputs visible at once.
-    exactly_once: bool = True
+    exactly_once: bool = False
     commit_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
     # A worker's transactional id is <app id>-eos-<worker_index>: `liverl workers
     # --processes N` numbers its children, so a restarted one fences its killed predecessor.
