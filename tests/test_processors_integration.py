@@ -723,6 +723,16 @@ def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettere
         late.event_id
     }
     assert set(got) == superseded | {b.event_id, late.event_id}
+    # The late vote was the record consumed: its letter names that record on the topic.
+    letter = got[late.event_id]
+    reader = Consumer(kafka_settings.kafka_client_config(**{"group.id": f"late-{unique}"}))
+    try:
+        at = TopicPartition(names.NEXT_STATES, letter.source_partition, letter.source_offset)
+        reader.assign([at])
+        (record,) = reader.consume(1, timeout=10)
+    finally:
+        reader.close()
+    assert record.value() == letter.original() and events.decode(record.value()) == late
     # What counts is in the reward's parents; each of the 1,003 feedbacks either counts or
     # is a letter.
     verdicts = {p.parents[-1]: p for p in by[names.PRM_SCORES]}
@@ -732,3 +742,49 @@ def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettere
     assert (counted & sent) | set(got) == sent
     # Votes that never count are not judged: no verdict for b's or c's.
     assert b.event_id not in verdicts and late.event_id not in verdicts
+
+
+@pytest.mark.integration
+def test_exactly_once_holds_one_record_per_output_through_a_sigkill(
+    kafka_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    """``--exactly-once``: a worker SIGKILLed in the middle of a session and restarted (the
+    same worker index: it fences what its predecessor left open) leaves every derived topic,
+    read by a plain read_committed consumer, with each event id exactly once: counted from
+    the raw records, not deduplicated."""
+    sid, app_id = f"eos-{unique}", f"eos-{unique}"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    start = high_watermarks(kafka_settings)
+    start_group_at(kafka_settings, app_id, input_ends(kafka_settings))
+    producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+    turns = script(sid)
+    col = Collector(kafka_settings, sid, start)
+    proc = start_worker(app_id, sid, rules, tmp_path, "--exactly-once")
+    try:
+        for inter in turns[:3]:
+            producer.send(names.INTERACTIONS, inter)
+        producer.flush()
+        col.poll_until(lambda by: len(by[names.NEXT_STATES]) >= 1, proc, limit_s=90)
+        assert col.by_topic[names.NEXT_STATES], "the worker never wrote before the kill"
+        proc.kill()  # SIGKILL: its open transaction is left behind
+        proc.wait(10)
+        for inter in turns[3:]:
+            producer.send(names.INTERACTIONS, inter)
+        producer.flush()
+        proc = start_worker(app_id, sid, rules, tmp_path, "--exactly-once")
+        col.poll_until(lambda by: len({e.event_id for e in by[names.SAMPLES]}) >= 5, proc)
+        time.sleep(3)  # a duplicate, if any, would be committed by now
+        col.poll_until(lambda by: False, proc, limit_s=2)
+    finally:
+        stop(proc)
+        col.close()
+        drop_internal_topics(kafka_settings, app_id)
+    log = (tmp_path / f"{app_id}.log").read_text()[-3000:]
+    samples = col.by_topic[names.SAMPLES]
+    assert len({e.event_id for e in samples}) >= 5, log
+    for topic, got in col.by_topic.items():
+        ids = [e.event_id for e in got]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        assert twice == [], f"{topic}: {twice} more than once\n{log}"
+    assert col.by_topic[names.REWARDS] and col.by_topic[names.PRM_SCORES], log

@@ -416,7 +416,9 @@ def test_worker_dead_letters_oversized_and_keyless_records_and_goes_on(
     )
 
     app_id = f"size-{unique}"
-    proc = start_worker(app_id, prefix, rules, tmp_path)
+    # Each session is done at turn 0: its reply (and the stray) must find it open, whichever
+    # topic the worker reads first (a next state after the assembly is left out: "late").
+    proc = start_worker(app_id, prefix, rules, tmp_path, hint_wait_s="5")
     out = Consumer(
         kafka_settings.kafka_client_config(
             **{"group.id": f"size-out-{unique}", "max.partition.fetch.bytes": 10 * 2**20}

@@ -273,10 +273,15 @@ class Runtime:
                 f"hint {h.hint_id} for turn {h.turn} of session {sid}: {why}", h.hint_id,
             )  # fmt: skip
 
-    async def left_out(self, key: bytes, left: LeftOut) -> None:
+    async def left_out(self, key: bytes, left: LeftOut, record: Any = None) -> None:
         """An input that counts in no reward: counted by reason, and dead-lettered as the
-        record it was (or, for a vote replaced after it had counted, as a description)."""
+        record it was (``record``, when it is the one being consumed: the letter keeps its
+        coordinates), as the event kept in the state, or, for a vote replaced after it had
+        counted, as a description."""
         self.metrics.left_out.labels(left.reason).inc()
+        if record is not None:
+            await self.dead_letter(record, left.why)
+            return
         value = orjson.dumps(left.detail) if left.event is None else events.encode(left.event)
         # A changed vote is ordinary use, not a fault: logged at info.
         level = logging.INFO if left.reason == "superseded" else logging.WARNING

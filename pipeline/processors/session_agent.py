@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import faust
 import orjson
@@ -99,7 +100,12 @@ class SessionAgent:
 
     # ---- the stages' output ---------------------------------------------------------------
 
-    async def publish(self, key: bytes, state: SessionState, step: Step) -> None:
+    async def publish(
+        self, key: bytes, state: SessionState, step: Step, record: Any = None,
+        consumed: events.Event | None = None,
+    ) -> None:
+        """``record`` is the Kafka record ``consumed`` came from: left out, it is dead-lettered
+        with its own coordinates (``liverl dlq`` names the record; a replay finds it)."""
         rt = self.rt
         for nxt in step.next_states:
             await rt.send(names.NEXT_STATES, nxt)
@@ -114,7 +120,8 @@ class SessionAgent:
                 )  # fmt: skip
                 state.judging.pending.pop(nxt.event_id, None)
         for left in step.left_out:
-            await rt.left_out(key, left)
+            here = consumed is not None and left.event is consumed
+            await rt.left_out(key, left, record if here else None)
 
     async def judge_all(self, state: SessionState, work: list[judging.JudgeWork]) -> None:
         """Judge inline (cheap judges), publish the verdicts and apply them."""
@@ -220,7 +227,7 @@ class SessionAgent:
                 step = Step()
             else:  # decode_one let only the input types through
                 continue
-            await self.publish(key, state, step)
+            await self.publish(key, state, step, raw_ev.message, ev)
             work = [*step.work, *work]
             if work:
                 await self.judge_all(state, work)

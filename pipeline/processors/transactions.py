@@ -41,6 +41,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from faust import Service
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -188,6 +189,36 @@ class Consumer(faust_aiokafka.Consumer):
                 await txn.commit({})  # only timers wrote: their outputs must not wait
                 did = True
             return bool(did)
+
+    @Service.task
+    async def _recover_past_markers(self) -> None:
+        """Table recovery reads a changelog up to its last offset, but read_committed never
+        hands over that offset when it is a transaction marker (every commit writes one; a
+        killed predecessor's open transaction ends in an abort marker once fenced): recovery
+        would wait forever. A partition whose position has passed its last offset, with no
+        progress for a whole round (what was fetched has been applied), is recovered. Faust's
+        own exactly-once mode does the same (``detect_aborted_tx``)."""
+        stalled: dict[TP, int] = {}  # partition -> applied offset seen past the end last round
+        while not self.should_stop:
+            await self.sleep(1.0)
+            recovery = getattr(self.app.tables, "recovery", None)
+            if recovery is None or not recovery.in_recovery:
+                stalled.clear()
+                continue
+            offsets, now = recovery.active_offsets, {}
+            for tp, last in list(recovery.active_highwaters.items()):
+                done = offsets.get(tp)
+                if last is None or done is None or done >= last:
+                    continue
+                with contextlib.suppress(Exception):  # a partition just revoked: next round
+                    position = await self.position(tp)
+                    if position is None or position <= last:
+                        continue
+                    if stalled.get(tp) == done:
+                        offsets[tp] = last
+                    else:
+                        now[tp] = done
+            stalled = now
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         assignment = self.assignment()

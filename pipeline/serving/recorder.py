@@ -108,6 +108,10 @@ class Recorder:
         self._drain_failures = 0  # consecutive failures to read the spool
         self._drain_error = ""
         self._queue: queue.Queue[tuple[str, events.Event] | None] = queue.Queue()
+        # Handed over, not yet in the spool: the queue, and the batch in the writer's hands
+        # (an event taken off the queue is in neither the queue nor the spool until stored).
+        self._unspooled = 0
+        self._count_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="spool-writer", daemon=True)
@@ -124,12 +128,15 @@ class Recorder:
 
     def record(self, topic: str, event: events.Event) -> None:
         """Hand an event over; returns at once."""
+        with self._count_lock:
+            self._unspooled += 1
         self._queue.put((topic, event))
 
     @property
     def backlog(self) -> int:
-        """Events not yet confirmed by Kafka (in memory or in the spool)."""
-        return self._queue.qsize() + self.spool.pending
+        """Events not yet confirmed by Kafka (in memory, in the writer's hands or in the
+        spool)."""
+        return self._unspooled + self.spool.pending
 
     def quarantine_problem(self) -> str | None:
         """Spooled records that were set aside undelivered, or a drainer that keeps failing
@@ -175,6 +182,8 @@ class Recorder:
             except Exception as exc:  # noqa: BLE001 - the writer must never die
                 log.exception("spool writer failed on a batch")
                 self._lose(len(real), f"recorder error: {type(exc).__name__}: {exc}")
+            with self._count_lock:  # stored (spooled, produced directly or lost): not ours now
+                self._unspooled -= len(real)
             self._wake.set()
             if None in items:
                 return
