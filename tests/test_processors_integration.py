@@ -745,46 +745,81 @@ def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettere
 
 
 @pytest.mark.integration
-def test_exactly_once_holds_one_record_per_output_through_a_sigkill(
+def test_exactly_once_holds_one_record_per_input_through_repeated_sigkills(
     kafka_settings: Settings, unique: str, tmp_path: Path
 ) -> None:
-    """``--exactly-once``: a worker SIGKILLed in the middle of a session and restarted (the
-    same worker index: it fences what its predecessor left open) leaves every derived topic,
-    read by a plain read_committed consumer, with each event id exactly once: counted from
-    the raw records, not deduplicated."""
-    sid, app_id = f"eos-{unique}", f"eos-{unique}"
+    """``--exactly-once`` under load: two worker processes of one group (worker indexes 0 and
+    1) while 12 five-turn sessions arrive; three times a worker is SIGKILLed while it
+    produces and restarted with its index (fencing what its predecessor left open; the
+    survivor's rebalances hand partitions over). A plain read_committed consumer then finds,
+    counted from the raw records and not deduplicated, each event id once on every derived
+    topic and exactly one reward and one sample per interaction."""
+    import threading
+
+    prefix = app_id = f"eosk-{unique}"
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     start = high_watermarks(kafka_settings)
     start_group_at(kafka_settings, app_id, input_ends(kafka_settings))
-    producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
-    turns = script(sid)
-    col = Collector(kafka_settings, sid, start)
-    proc = start_worker(app_id, sid, rules, tmp_path, "--exactly-once")
+    sessions = {f"{prefix}-{k}": script(f"{prefix}-{k}") for k in range(12)}
+    inputs = {(i.session_id, i.turn) for turns in sessions.values() for i in turns}
+    got: dict[str, list[events.Event]] = defaultdict(list)
+    c = Consumer(kafka_settings.kafka_client_config(**{"group.id": f"collect-{prefix}"}))
+    c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
+    opts = ("--exactly-once", "--worker-index")
+    env = dict(session_timeout_s="6")  # a killed member leaves the group within seconds
+
+    def worker(index: int) -> subprocess.Popen:
+        return start_worker(app_id, prefix, rules, tmp_path, *opts, str(index), **env)
+
+    def poll(until, limit_s: float) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + limit_s
+        while not until() and time.monotonic() < deadline:
+            for msg in c.consume(500, timeout=0.3):
+                if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
+                    got[msg.topic()].append(events.decode(msg.value()))
+
+    def sampled() -> int:
+        return len({(e.session_id, e.turn) for e in got[names.SAMPLES]})  # type: ignore[attr-defined]
+
+    def send_all() -> None:  # one turn of every session, then the next turn, 2.5 s apart
+        producer = EventProducer(kafka_settings, client_id="itest", partitioner="murmur2_random")
+        for t in range(5):
+            for turns in sessions.values():
+                producer.send(names.INTERACTIONS, turns[t])
+            producer.flush()
+            time.sleep(2.5)
+
+    procs = [worker(0), worker(1)]
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    kills = 0
     try:
-        for inter in turns[:3]:
-            producer.send(names.INTERACTIONS, inter)
-        producer.flush()
-        col.poll_until(lambda by: len(by[names.NEXT_STATES]) >= 1, proc, limit_s=90)
-        assert col.by_topic[names.NEXT_STATES], "the worker never wrote before the kill"
-        proc.kill()  # SIGKILL: its open transaction is left behind
-        proc.wait(10)
-        for inter in turns[3:]:
-            producer.send(names.INTERACTIONS, inter)
-        producer.flush()
-        proc = start_worker(app_id, sid, rules, tmp_path, "--exactly-once")
-        col.poll_until(lambda by: len({e.event_id for e in by[names.SAMPLES]}) >= 5, proc)
-        time.sleep(3)  # a duplicate, if any, would be committed by now
-        col.poll_until(lambda by: False, proc, limit_s=2)
+        for victim in (0, 1, 0):  # each kill while outputs are being written
+            before = len(got[names.NEXT_STATES]) + len(got[names.SAMPLES])
+            poll(lambda b=before: len(got[names.NEXT_STATES]) + len(got[names.SAMPLES]) > b, 60)
+            procs[victim].kill()  # SIGKILL: its open transaction is left behind
+            procs[victim].wait(10)
+            kills += 1
+            procs[victim] = worker(victim)
+        sender.join(60)
+        poll(lambda: sampled() >= len(inputs), 180)
+        poll(lambda: False, 4)  # a duplicate, if any, would be committed by now
+        alive = [p.poll() is None for p in procs]
     finally:
-        stop(proc)
-        col.close()
+        for proc in procs:
+            stop(proc)
+        c.close()
         drop_internal_topics(kafka_settings, app_id)
     log = (tmp_path / f"{app_id}.log").read_text()[-3000:]
-    samples = col.by_topic[names.SAMPLES]
-    assert len({e.event_id for e in samples}) >= 5, log
-    for topic, got in col.by_topic.items():
-        ids = [e.event_id for e in got]
+    assert kills == 3 and all(alive), log
+    missing = inputs - {(e.session_id, e.turn) for e in got[names.SAMPLES]}  # type: ignore[attr-defined]
+    assert not missing, (sorted(missing), log)
+    for topic, evs in got.items():
+        ids = [e.event_id for e in evs]
         twice = sorted({i for i in ids if ids.count(i) > 1})
         assert twice == [], f"{topic}: {twice} more than once\n{log}"
-    assert col.by_topic[names.REWARDS] and col.by_topic[names.PRM_SCORES], log
+    for topic in (names.REWARDS, names.SAMPLES):  # one per interaction, by key and turn
+        per_turn = [(e.session_id, e.turn) for e in got[topic]]  # type: ignore[attr-defined]
+        assert len(per_turn) == len(inputs) and set(per_turn) == inputs, topic
+    assert got[names.PRM_SCORES] and got[names.PATH_PENALTIES], log

@@ -220,11 +220,35 @@ class Consumer(faust_aiokafka.Consumer):
                         now[tp] = done
             stalled = now
 
+    async def commit_handed_over(self, revoked: set[TP]) -> None:
+        """Commit before revoked partitions go to another worker: their units' outputs,
+        state and offsets must be committed (or aborted) before the new owner restores the
+        state and reads on from the committed offset, or it would miss state this worker
+        wrote and re-read inputs whose outputs are committed. The app calls this from its
+        revoke handler, after Faust has drained the agents and flushed the producer."""
+        self._handing_over = set(revoked)
+        try:
+            await self.force_commit()
+        finally:
+            self._handing_over = set()
+
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
-        assignment = self.assignment()
-        mine = {tp: o for tp, o in offsets.items() if tp in assignment}
+        # Offsets of partitions this worker no longer owns would move another owner's
+        # committed position back; those being handed over are still this worker's.
+        owned = set(self.assignment()) | getattr(self, "_handing_over", set())
+        mine = {tp: o for tp, o in offsets.items() if tp in owned}
         await transaction_of(self.app).commit(mine)
         return True
+
+
+def commit_on_revoke(app: Any) -> None:
+    """Wire :meth:`Consumer.commit_handed_over` into the app's rebalance (exactly-once)."""
+
+    @app.on_partitions_revoked.connect
+    async def _hand_over(sender: Any, revoked: set[TP], **_: Any) -> None:
+        consumer = app.consumer
+        if isinstance(consumer, Consumer) and revoked:
+            await consumer.commit_handed_over(revoked)
 
 
 class Transport(faust_aiokafka.Transport):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -80,6 +82,8 @@ def build_app(cfg: ServeSettings, kafka: Connectable, backend: Backend | None = 
             delivery_timeout_s=cfg.delivery_timeout_s,
             client_id=f"liverl-{cfg.replica_id}",
             linger_s=cfg.record_linger_ms / 1000,
+            transactional_id=recorder_transactional_id(cfg) if cfg.transactional_recording
+            else None,
         )
     gateway = Gateway(cfg, backend, recorder)
     reloader: list[Reloader] = []
@@ -113,3 +117,11 @@ def build_app(cfg: ServeSettings, kafka: Connectable, backend: Backend | None = 
     app.state.recorder = recorder
     app.state.reloader = reloader
     return app
+
+
+def recorder_transactional_id(cfg: ServeSettings) -> str:
+    """Stable per replica and spool: a restart on the same spool fences what its killed
+    predecessor left open (read_committed consumers wait for no timeout), and two gateways
+    that share a replica id on different spools do not fence each other."""
+    where = hashlib.sha256(str(Path(cfg.spool_dir).resolve()).encode()).hexdigest()[:12]
+    return f"liverl-recorder-{cfg.replica_id}-{where}"

@@ -2,10 +2,13 @@
 
 ``record()`` never blocks on disk or Kafka. A writer thread appends batches to the spool (one
 fsync per batch); a drainer thread sends spooled records in order and acknowledges them in the
-spool only after Kafka confirmed every one. A record whose delivery failed (broker down past
-the delivery timeout) is sent again with a fresh producer, later records waiting behind it, so
-order is kept and a record is re-sent only when Kafka reported it failed. Consumers still
-deduplicate by ``event_id`` for the crash window between delivery and the spool ack.
+spool only after Kafka confirmed every one. Each batch is one Kafka transaction
+(``transactional_id``): a batch whose delivery failed (broker down, or a failover, past the
+delivery timeout) is aborted and sent again, later records waiting behind it, so order is
+kept and a read_committed consumer never reads a record twice. Without a transactional id
+the producer is idempotent and re-created for the retry, which can double a record Kafka
+already held. Consumers still deduplicate by ``event_id`` for the crash window between a
+commit and the spool ack.
 
 Nothing one event does can stop recording: an event that cannot be encoded, or is larger than
 the codec limit, or that Kafka refuses for good (too large, invalid), is replaced by a bounded
@@ -80,6 +83,7 @@ class Recorder:
         dlq_topic: str = names.DLQ,
         ack_persist_s: float = 0.5,
         linger_s: float = 0.0,
+        transactional_id: str | None = None,
     ) -> None:
         self.kafka = connection_of(kafka)
         self.spool = spool
@@ -90,6 +94,11 @@ class Recorder:
         self.ack_persist_s = ack_persist_s  # how often a busy drainer persists the spool ack
         self.linger_s = linger_s  # a lone event waits this long for others to share its batch
         self.dlq_topic = dlq_topic
+        # One transaction per delivered batch (None: an idempotent producer, re-created after
+        # a failed round, which can double a record a failover outlasting the timeout kept).
+        self.transactional_id = transactional_id
+        self.transactional = transactional_id is not None
+        self._txn_ready = False
         self.max_event_bytes = self.kafka.max_event_bytes
         self.delivered = 0
         self.redelivered = 0
@@ -349,35 +358,17 @@ class Recorder:
     def _deliver(self, records: list[bytes]) -> bool:
         """Send every record until each is confirmed; False only when stopping. A record
         Kafka refuses for good is swapped for its dead letter, which is sent instead."""
-        status: list[bool | None] = [False] * len(records)  # False: to send, None: in flight
-        refused: dict[int, str] = {}
+        if self.transactional:
+            return self._deliver_in_transactions(records)
         first = True
+        status: list[bool | None] = [False] * len(records)  # False: to send, None: in flight
         while not all(s is True for s in status):
-            if self._stop.is_set():
-                return False
             producer = self._get_producer()
-            for i, raw in enumerate(records):
-                if status[i] is False:
-                    if not first:
-                        self.redelivered += 1
-                    status[i] = None
-                    topic, key, value, hdrs = unframe(raw)
-                    try:
-                        producer.send_raw(
-                            topic, value, key=key, headers=hdrs,
-                            on_delivery=_mark(status, refused, i),
-                        )
-                    except KafkaException as exc:  # refused locally (e.g. too large)
-                        status[i], refused[i] = False, str(exc.args[0])
+            refused = self._send_round(producer, records, status, resend=not first)
+            if refused is None:
+                return False
             first = False
-            while any(s is None for s in status):
-                if self._stop.is_set():
-                    return False
-                producer.poll(0.2)
-            for i, reason in refused.items():
-                records[i] = self._letter_for(records[i], reason)
-            failed = status.count(False) - len(refused)
-            refused.clear()
+            failed = status.count(False) - refused
             self.kafka_up = failed == 0
             if failed:
                 log.warning("%d event(s) not delivered; Kafka unreachable? retrying", failed)
@@ -386,6 +377,117 @@ class Recorder:
                 self._stop.wait(0.5)
         self.delivered += len(records)
         return True
+
+    def _deliver_in_transactions(self, records: list[bytes]) -> bool:
+        """One transaction per batch: committed once Kafka confirmed every record, aborted
+        otherwise, and the whole batch sent again in the next one. A record of an aborted
+        attempt is never read by a read_committed consumer, whatever the delivery timeout or
+        the failover: no retry can double a record (issue 25, item 2)."""
+        attempt = 0
+        while not self._stop.is_set():
+            producer = self._get_producer()
+            step = self._txn(producer, "begin")
+            if step == "ok":
+                if attempt:
+                    self.redelivered += len(records)
+                status: list[bool | None] = [False] * len(records)
+                refused = self._send_round(producer, records, status, resend=False)
+                if refused is None:
+                    return False  # left open: the next producer with our id aborts it
+                attempt += 1
+                failed = status.count(False) - refused
+                if not failed and not refused:
+                    step = self._txn(producer, "commit")
+                    if step == "ok":
+                        self.kafka_up = True
+                        self.delivered += len(records)
+                        return True
+                else:  # refused ones go as their letters, in the next transaction
+                    if failed:
+                        log.warning("%d event(s) not delivered; Kafka unreachable? the "
+                                    "batch's transaction is aborted and sent again", failed)
+                    step = self._txn(producer, "abort")
+                    if step == "ok" and not failed:
+                        continue  # only letters to swap in: at once
+                    step = "wait" if step == "ok" else step
+            if step == "abort":
+                step = self._txn(producer, "abort")
+            if step == "fatal":
+                self._reset_producer()
+            self.kafka_up = False
+            self._recheck()
+            self._stop.wait(0.5)
+        return False
+
+    def _txn(self, producer: EventProducer, what: str) -> str:
+        """Begin, commit or abort the producer's transaction (initialising it first): "ok",
+        "abort" (this attempt must be aborted), "fatal" (a new producer is needed) or "retry"
+        (not yet: Kafka unreachable). Commit and abort are retried on the same producer while
+        they are retriable, so an attempt whose outcome is unknown is never sent again by a
+        producer that could not know it was committed."""
+        raw = producer.raw
+        timeout = max(1.0, min(self.delivery_timeout_s, 10.0))
+        while True:
+            try:
+                if not self._txn_ready:
+                    raw.init_transactions(timeout)
+                    self._txn_ready = True
+                if what == "begin":
+                    raw.begin_transaction()
+                elif what == "commit":
+                    raw.commit_transaction(timeout)
+                else:
+                    raw.abort_transaction(timeout)
+                return "ok"
+            except KafkaException as exc:
+                err = exc.args[0]
+                log.warning("recorder transaction %s: %s", what, err)
+                if err.fatal():
+                    return "fatal"
+                if err.txn_requires_abort():
+                    return "abort"
+                if not err.retriable() or self._stop.is_set():
+                    return "fatal" if what != "begin" else "retry"
+                if not self._txn_ready or what == "begin":
+                    return "retry"  # nothing in flight: the drain loop waits and tries again
+                self.kafka_up = False
+                self._recheck()
+                self._stop.wait(0.5)
+
+    def _send_round(
+        self, producer: EventProducer, records: list[bytes], status: list[bool | None],
+        *, resend: bool,
+    ) -> int | None:
+        """Send the records whose status is False and wait for their reports. Records Kafka
+        refuses for good become their dead letters (status False: sent next round); how many
+        is returned. None only when stopping."""
+        refused: dict[int, str] = {}
+        if self._stop.is_set():
+            return None
+        for i, raw in enumerate(records):
+            if status[i] is False:
+                if resend:
+                    self.redelivered += 1
+                status[i] = None
+                topic, key, value, hdrs = unframe(raw)
+                try:
+                    producer.send_raw(
+                        topic, value, key=key, headers=hdrs,
+                        on_delivery=_mark(status, refused, i),
+                    )
+                except KafkaException as exc:
+                    status[i] = False
+                    if exc.args[0].code() in _PERMANENT:  # refused locally (e.g. too large)
+                        refused[i] = str(exc.args[0])
+                except BufferError:  # queue full: this one goes next round
+                    status[i] = False
+        while any(s is None for s in status):
+            if self._stop.is_set():
+                return None
+            producer.poll(0.2)
+        for i, reason in refused.items():
+            records[i] = self._letter_for(records[i], reason)
+        return len(refused)
 
     def _letter_for(self, raw: bytes, reason: str) -> bytes:
         topic, key, value, _hdrs = unframe(raw)
@@ -397,14 +499,23 @@ class Recorder:
 
     def _get_producer(self) -> EventProducer:
         if self._producer is None:
-            self._producer = self._new_producer(self.client_id)
+            self._producer = self._new_producer(self.client_id, transactional=self.transactional)
+            self._txn_ready = False
         return self._producer
 
-    def _new_producer(self, client_id: str) -> EventProducer:
+    def _new_producer(self, client_id: str, *, transactional: bool = False) -> EventProducer:
         # librdkafka's dotted names pass through **extra (a dict, not keywords)
-        extra: dict[str, Any] = {"message.timeout.ms": int(self.delivery_timeout_s * 1000)}
+        timeout_ms = int(self.delivery_timeout_s * 1000)
+        extra: dict[str, Any] = {"message.timeout.ms": timeout_ms}
+        tid = None
+        if transactional:
+            tid = self.transactional_id
+            # librdkafka wants message.timeout.ms <= transaction.timeout.ms; the broker's
+            # transaction.max.timeout.ms is 15 min by default.
+            extra["transaction.timeout.ms"] = min(max(60_000, 2 * timeout_ms), 900_000)
         return EventProducer(
-            self.kafka, client_id=client_id, error_cb=self._on_client_error, **extra
+            self.kafka, client_id=client_id, transactional_id=tid,
+            error_cb=self._on_client_error, **extra,
         )
 
     def _on_client_error(self, err: KafkaError) -> None:
@@ -415,7 +526,8 @@ class Recorder:
 
     def _reset_producer(self) -> None:
         if self._producer is not None:
-            with contextlib.suppress(DeliveryError):  # failures were recorded per record
+            # failures were recorded per record; a producer in a fatal state raises instead
+            with contextlib.suppress(DeliveryError, KafkaException):
                 self._producer.flush(0)
             self._producer = None
 

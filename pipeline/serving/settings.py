@@ -147,6 +147,15 @@ class ServeSettings(BaseModel):
     delivery_timeout_s: float = Field(
         default=15.0, description="Per batch: after this an undelivered event is retried."
     )
+    transactional_recording: bool = Field(
+        default=True,
+        description="Deliver each spooled batch in one Kafka transaction (transactional.id "
+        "from the replica id and its spool dir): a batch whose delivery failed is aborted and "
+        "sent again, so read_committed consumers never see a record twice, however long a "
+        "broker failover lasts. Off: an idempotent producer, whose retry after "
+        "delivery_timeout_s can double a record the broker kept. Needs transactions on the "
+        "cluster (and TransactionalId ACLs where there are ACLs).",
+    )
     record_linger_ms: float = Field(
         default=20.0,
         ge=0,

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from pipeline.kafka.connection import Connectable, connection_of
 
@@ -68,6 +68,9 @@ def read_recent(
                 "group.id": "liverl-gateway-turns",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
+                # The recorder's transactions end in a commit marker that is never handed
+                # over: the end is where the partition says so, not the last offset + 1.
+                "enable.partition.eof": True,
             }
         )
     )
@@ -95,7 +98,10 @@ def read_recent(
         deadline = time.monotonic() + max(timeout, 60.0)
         while len(done) < len(ends) and time.monotonic() < deadline:
             for msg in consumer.consume(1000, timeout=0.5):
-                if msg.error() is not None:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(msg.partition())  # type: ignore[arg-type]
                     continue
                 ledger.add_values([msg.value() or b""])
                 _topic, partition, offset = coordinates(msg)
