@@ -14,6 +14,7 @@ turns/s ratio against the first.
     .venv/bin/python bench/rewards.py --processes 1,2 --turn-rate 500 --sessions 2000
     .venv/bin/python bench/rewards.py --group-size 4           # sessions in groups of 4
     .venv/bin/python bench/rewards.py --profile /tmp/w.prof    # cProfile (processes=1 only)
+    .venv/bin/python bench/rewards.py --guarantees at-least-once,exactly-once  # cost of EOS
 
 Offered load: ``--rate`` is sessions/s, ``--turn-rate`` turns/s (= ``--rate`` x ``--turns``;
 a session's turns are sent together, so 500 turns/s with 5 turns is 100 bursts of 5 a
@@ -75,6 +76,7 @@ def session(
 @dataclass
 class Result:
     processes: int
+    guarantee: str
     sessions: int
     sent: int
     received: int
@@ -98,7 +100,9 @@ def group_split(settings: Settings, group: str) -> list[int]:
     ]
 
 
-def measure(args: argparse.Namespace, processes: int, settings: Settings) -> Result:
+def measure(
+    args: argparse.Namespace, processes: int, settings: Settings, guarantee: str
+) -> Result:
     """One run: ``processes`` workers in a fresh group, warm-up, then the measured load."""
     run = uuid.uuid4().hex[:8]
     prefix = f"bench-{run}-"
@@ -137,7 +141,7 @@ def measure(args: argparse.Namespace, processes: int, settings: Settings) -> Res
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-c", code, "--app-id", app_id, "--no-web",
-             "--processes", str(processes)],
+             "--processes", str(processes), f"--{guarantee}"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -228,6 +232,7 @@ def measure(args: argparse.Namespace, processes: int, settings: Settings) -> Res
     lat = sorted((got[k] - sent[k]) * 1000 for k in got if k in sent)
     return Result(
         processes=processes,
+        guarantee=guarantee,
         sessions=args.sessions,
         sent=len(sent),
         received=len(lat),
@@ -238,15 +243,16 @@ def measure(args: argparse.Namespace, processes: int, settings: Settings) -> Res
 
 
 def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
-    print(f"== processes {r.processes}")
+    print(f"== processes {r.processes}, {r.guarantee}")
     print(
         f"turns produced {r.sent}, samples received {r.received} "
         f"({args.sessions} sessions x {args.turns} turns, "
         f"{args.prompt_tokens}/{args.response_tokens} tokens)"
     )
     print(f"produce rate      {r.produce_rate:10.1f} turns/s")
-    ratio = f"   x{r.pipeline_rate / base.pipeline_rate:.2f} vs processes={base.processes}" \
-        if base is not None and base is not r and base.pipeline_rate else ""
+    ratio = (f"   x{r.pipeline_rate / base.pipeline_rate:.2f} vs processes={base.processes}, "
+             f"{base.guarantee}") if base is not None and base is not r and base.pipeline_rate \
+        else ""
     print(f"pipeline rate     {r.pipeline_rate:10.1f} turns/s (interaction -> sample){ratio}")
     lat, n = r.latency_ms, r.received
     if n:
@@ -265,6 +271,15 @@ def process_counts(text: str) -> list[int]:
     return counts
 
 
+def guarantees(text: str) -> list[str]:
+    names_ = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names_ if x not in ("exactly-once", "at-least-once")]
+    if not names_ or bad:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of exactly-once and at-least-once, got {text!r}")
+    return names_
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=100)
@@ -280,6 +295,9 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=0, help="sessions per group_id (0: none)")
     ap.add_argument("--processes", type=process_counts, default=[1],
                     help="worker process counts to measure in turn, e.g. 1,2 (default 1)")
+    ap.add_argument("--guarantees", type=guarantees, default=["exactly-once"],
+                    help="processing guarantees to measure in turn, e.g. "
+                    "at-least-once,exactly-once (the cost of transactions; default exactly-once)")
     ap.add_argument("--profile", default="",
                     help="write the processes=1 worker's cProfile stats here")
     args = ap.parse_args()
@@ -292,13 +310,16 @@ def main() -> None:
 
     settings = Settings()
     results: list[Result] = []
-    for n in args.processes:
-        results.append(measure(args, n, settings))
-        report(results[-1], args, results[0])
-        sys.stdout.flush()
+    for guarantee in args.guarantees:
+        for n in args.processes:
+            results.append(measure(args, n, settings, guarantee))
+            report(results[-1], args, results[0])
+            sys.stdout.flush()
     if len(results) > 1 and results[0].pipeline_rate:
-        print("== turns/s vs processes=" + str(results[0].processes) + ": " + ", ".join(
-            f"{r.processes}: x{r.pipeline_rate / results[0].pipeline_rate:.2f}" for r in results
+        first = results[0]
+        print(f"== turns/s vs processes={first.processes}, {first.guarantee}: " + ", ".join(
+            f"{r.processes} {r.guarantee}: x{r.pipeline_rate / first.pipeline_rate:.2f}"
+            for r in results
         ))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
 from pipeline.events import Interaction, NextState, examples
@@ -232,7 +232,10 @@ CHARS = 1_000
 
 def changelog_sizes(settings: Settings, topic: str, sid: str) -> list[int]:
     """Sizes of the session's values in a table's changelog, oldest first."""
-    c = Consumer(settings.kafka_client_config(**{"group.id": f"sizes-{topic}"}))
+    # A transactional changelog (exactly-once workers) ends in a commit marker: the end is
+    # the partition's EOF, not the last offset.
+    c = Consumer(settings.kafka_client_config(**{"group.id": f"sizes-{topic}",
+                                                 "enable.partition.eof": True}))
     parts = c.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
     c.assign([TopicPartition(topic, p, 0) for p in parts])
@@ -242,6 +245,8 @@ def changelog_sizes(settings: Settings, topic: str, sid: str) -> list[int]:
     while time.monotonic() < deadline and any(seen[p] < end - 1 for p, end in ends.items()):
         for msg in c.consume(100, timeout=0.5):
             if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    seen[msg.partition()] = ends[msg.partition()]
                 continue
             seen[msg.partition()] = msg.offset()
             if msg.key() == sid.encode() and msg.value():

@@ -98,8 +98,9 @@ def test_steps_that_train_nothing_do_not_make_versions(
 def test_a_sample_sent_twice_is_trained_once_across_restarts(
     kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
-    """Processors are at-least-once (a restarted worker re-sends a session's samples with the
-    same ids); the trainer trains each id once, also after its own restart."""
+    """Processors run at-least-once (``--at-least-once``, or a reader of uncommitted records)
+    can re-send a session's samples with the same ids; the trainer trains each id once, also
+    after its own restart."""
     from deltalake import DeltaTable
 
     topic, policy = f"test.trainer.dedup.{unique}", f"p-{unique}"

@@ -52,7 +52,7 @@ from .rewards import Assembler
 from .runtime import Runtime
 from .session import SessionStage
 from .session_agent import SessionAgent
-from .transactions import SCHEME, Transaction, commit_on_revoke
+from .transactions import SCHEME, Transaction, commit_on_revoke, transactional_id
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     )
     if cfg.exactly_once:
         app.liverl_transaction = Transaction(
-            f"{cfg.app_id}-eos-{cfg.worker_index}", cfg.app_id, cfg.transaction_timeout_s
+            transactional_id(cfg.app_id, cfg.worker_index), cfg.app_id, cfg.transaction_timeout_s
         )
         commit_on_revoke(app)
     # aiokafka and Faust's topics log every produce request at debug; building those records

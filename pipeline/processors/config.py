@@ -70,11 +70,11 @@ class ProcessorSettings(BaseSettings):
     # offsets are committed in one Kafka transaction every commit_interval_s; derived records
     # become visible to read_committed readers then. Off: at least once (consumers
     # deduplicate by event_id), the outputs visible at once.
-    exactly_once: bool = False
+    exactly_once: bool = True
     commit_interval_s: float = Field(default=1.0, gt=0.0, le=60.0)
-    # A worker's transactional id is <app id>-eos-<worker_index>: `liverl workers
+    # A worker's transactional id is <app id>-eos-<host>-<worker_index>: `liverl workers
     # --processes N` numbers its children, so a restarted one fences its killed predecessor.
-    # Two workers of one app started by hand need distinct indexes.
+    # Two workers of one app started by hand on one machine need distinct indexes.
     worker_index: int = Field(default=0, ge=0)
     transaction_timeout_s: float = Field(default=60.0, ge=5.0, le=900.0)
     # Config versions enter every derived event id: change them when the logic changes.

@@ -8,8 +8,9 @@ topic is keyed by group id): sends fail outside a transaction or fence another w
 producer (faust-streaming issues 177, 323, 440, 517). Here instead, as in Kafka Streams:
 
 - every worker process has **one** transactional producer, ``transactional.id =
-  <app id>-eos-<worker index>``; the supervisor gives each child its index, so a restarted
-  child fences its killed predecessor and the broker aborts what that one left open;
+  <app id>-eos-<host>-<worker index>`` (:func:`transactional_id`); the supervisor gives each
+  child its index, so a restarted child fences its killed predecessor and the broker aborts
+  what that one left open;
 - a **unit** of work (one input record of an agent, one timer run) holds a shared lock from
   its first read to its ack; a **commit** takes the lock exclusively, so it always falls
   between units: flush the producer's buffer (changelog writes), add the acked offsets
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import socket
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -111,22 +113,41 @@ class Transaction:
 
     async def commit(self, offsets: Mapping[TP, int]) -> None:
         """Inside the exclusive section: offsets (next to read) + everything sent, at once."""
+        from aiokafka.errors import ProducerFenced
         from aiokafka.structs import OffsetAndMetadata
         from aiokafka.structs import TopicPartition as AioTP
 
         producer = self.producer
         if producer is None:
             raise RuntimeError("the worker's transactional producer has not started")
-        if offsets:
-            await producer.send_offsets_to_transaction(
-                {AioTP(tp.topic, tp.partition): OffsetAndMetadata(o, "")
-                 for tp, o in offsets.items()},
-                self.group_id,
+        try:
+            if offsets:
+                await producer.send_offsets_to_transaction(
+                    {AioTP(tp.topic, tp.partition): OffsetAndMetadata(o, "")
+                     for tp, o in offsets.items()},
+                    self.group_id,
+                )
+            await producer.commit_transaction()
+        except ProducerFenced:
+            # Its uncommitted work is aborted by the broker; a restart reads it again.
+            log.error(
+                "another worker started with transactional id %s and fenced this one: give "
+                "each worker of app %s on one machine its own --worker-index (liverl workers "
+                "--processes N numbers its children)",
+                self.transactional_id, self.group_id,
             )
-        await producer.commit_transaction()
+            raise
         await producer.begin_transaction()
         self.dirty = False
         self.commits += 1
+
+
+def transactional_id(app_id: str, worker_index: int) -> str:
+    """``<app id>-eos-<host>-<worker index>``: stable for a worker restarted on its machine
+    (it fences its killed predecessor at once), distinct across machines and across the
+    children of ``liverl workers --processes N`` (numbered by the supervisor)."""
+    host = "".join(c if c.isalnum() or c in "._-" else "_" for c in socket.gethostname())
+    return f"{app_id}-eos-{host[:64] or 'host'}-{worker_index}"
 
 
 def transaction_of(app: Any) -> Transaction:
