@@ -5,7 +5,9 @@ the configured broker, waits until every process holds partitions and a warm-up 
 back, then produces ``--sessions`` sessions of ``--turns`` turns each (the last one
 ``session_done``) and reads the samples back. Latency is measured per turn from the moment its
 interaction was handed to the producer to the moment the worker produced its sample (record
-timestamp); samples are assembled per session, so it includes the session's later turns.
+timestamp), and to the moment this script's read_committed consumer received it (exactly
+once: at the worker's next commit); samples are assembled per session, so both include the
+session's later turns.
 ``--processes 1,2`` measures each count in turn (a fresh consumer group each) and prints the
 turns/s ratio against the first.
 
@@ -83,6 +85,7 @@ class Result:
     produce_rate: float
     pipeline_rate: float
     latency_ms: list[float]
+    visible_ms: list[float]  # to the moment a read_committed consumer had it
 
 
 def group_split(settings: Settings, group: str) -> list[int]:
@@ -150,11 +153,13 @@ def measure(
     tokens = (args.prompt_tokens, args.response_tokens)
     sent: dict[tuple[str, int], float] = {}
     got: dict[tuple[str, int], float] = {}
+    seen: dict[tuple[str, int], float] = {}
 
-    def drain(until: int, deadline: float, warmup: str = "") -> None:
+    def drain(until: int, deadline: float, warmup: str = "", wait_s: float = 0.2) -> None:
         """Collect samples: the measured sessions', or those of warm-up batch ``warmup``."""
         while len(got) < until and time.monotonic() < deadline and worker.poll() is None:
-            for msg in consumer.consume(1000, timeout=0.2):
+            left = max(0.0, min(wait_s, deadline - time.monotonic()))
+            for msg in consumer.consume(1000, timeout=left):
                 if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
                     s = events.decode(msg.value())
                     assert isinstance(s, events.Sample)
@@ -163,6 +168,8 @@ def measure(
                         continue
                     # When the worker produced the sample (broker CreateTime, same host clock).
                     got.setdefault((s.session_id, s.turn), msg.timestamp()[1] / 1000)
+                    # When this read_committed consumer got it: exactly once, at the commit.
+                    seen.setdefault((s.session_id, s.turn), time.time())
 
     try:
         up_deadline = time.monotonic() + 180
@@ -194,6 +201,7 @@ def measure(
         if len(got) < 2 * batch:
             sys.exit(f"workers did not come up (see {log_path})")
         got.clear()
+        seen.clear()
         sessions = [
             session(
                 f"{prefix}{i}",
@@ -205,8 +213,8 @@ def measure(
         ]
         start, wall0 = time.monotonic(), time.time()
         for i, sess in enumerate(sessions):
-            if args.rate:
-                time.sleep(max(0.0, start + i / args.rate - time.monotonic()))
+            if args.rate:  # read while pacing: the visible latency is not the script's own
+                drain(1 << 62, start + i / args.rate, wait_s=0.01)
                 producer.poll(0)
             for inter in sess:
                 sent[(inter.session_id, inter.turn)] = time.time()
@@ -239,6 +247,7 @@ def measure(
         produce_rate=len(sent) / max(produced - start, 1e-9),
         pipeline_rate=len(lat) / max(end - start, 1e-9),
         latency_ms=lat,
+        visible_ms=sorted((seen[k] - sent[k]) * 1000 for k in seen if k in sent),
     )
 
 
@@ -258,7 +267,13 @@ def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
     if n:
         p99 = lat[min(n - 1, int(0.99 * n))]
         p50 = statistics.median(lat)
-        print(f"latency p50 {p50:8.1f} ms   p99 {p99:8.1f} ms   max {lat[-1]:.1f} ms")
+        print(f"latency p50 {p50:8.1f} ms   p99 {p99:8.1f} ms   max {lat[-1]:.1f} ms"
+              "   (to the sample's write)")
+        vis = r.visible_ms
+        if vis:
+            v99 = vis[min(len(vis) - 1, int(0.99 * len(vis)))]
+            print(f"visible p50 {statistics.median(vis):8.1f} ms   p99 {v99:8.1f} ms   "
+                  f"max {vis[-1]:.1f} ms   (to a read_committed reader)")
 
 
 def process_counts(text: str) -> list[int]:

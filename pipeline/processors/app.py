@@ -116,7 +116,8 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     )
     if cfg.exactly_once:
         app.liverl_transaction = Transaction(
-            transactional_id(cfg.app_id, cfg.worker_index), cfg.app_id, cfg.transaction_timeout_s
+            transactional_id(cfg.app_id, cfg.worker_index), cfg.app_id, cfg.transaction_timeout_s,
+            idle_commit_s=cfg.commit_idle_s,
         )
         commit_on_revoke(app)
     # aiokafka and Faust's topics log every produce request at debug; building those records

@@ -17,7 +17,8 @@ producer (faust-streaming issues 177, 323, 440, 517). Here instead, as in Kafka 
   (``send_offsets_to_transaction``), commit, begin the next transaction. A unit's outputs and
   its offset are therefore in the same transaction. Commits run every
   ``broker_commit_interval`` (``[processors] commit_interval_s``), also without new offsets,
-  when only timers wrote;
+  when only timers wrote, and as soon as no unit has run for ``commit_idle_s`` (a quiet
+  worker's records are visible at once);
 - the worker's consumer reads ``read_committed`` (its inputs, and the changelogs it recovers
   state from: an aborted state write is never restored).
 
@@ -40,6 +41,7 @@ import contextlib
 import contextvars
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -63,6 +65,13 @@ class UnitLock:
         self._units = 0
         self._committing = False
         self._cond = asyncio.Condition()
+        self.last_end = 0.0  # monotonic time the last unit ended
+
+    def idle_for(self) -> float:
+        """Seconds since the last unit ended; 0 while one runs or a commit does."""
+        if self._units or self._committing:
+            return 0.0
+        return time.monotonic() - self.last_end
 
     @contextlib.asynccontextmanager
     async def unit(self) -> AsyncIterator[None]:
@@ -79,6 +88,7 @@ class UnitLock:
             _IN_UNIT.reset(token)
             async with self._cond:
                 self._units -= 1
+                self.last_end = time.monotonic()
                 self._cond.notify_all()
 
     @contextlib.asynccontextmanager
@@ -99,8 +109,10 @@ class Transaction:
     """The worker's transaction: its id, the lock units and commits share, and whether
     anything was written since the last commit."""
 
-    def __init__(self, transactional_id: str, group_id: str, timeout_s: float) -> None:
+    def __init__(self, transactional_id: str, group_id: str, timeout_s: float,
+                 idle_commit_s: float = 0.0) -> None:  # fmt: skip
         self.transactional_id = transactional_id
+        self.idle_commit_s = idle_commit_s
         self.group_id = group_id
         self.timeout_ms = int(timeout_s * 1000)
         self.lock = UnitLock()
@@ -210,6 +222,19 @@ class Consumer(faust_aiokafka.Consumer):
                 await txn.commit({})  # only timers wrote: their outputs must not wait
                 did = True
             return bool(did)
+
+    @Service.task
+    async def _commit_when_idle(self) -> None:
+        """Commit once no unit has run for ``idle_commit_s``: a quiet worker's records are
+        visible at once; a busy one commits every ``commit_interval_s`` (Faust's loop)."""
+        txn = transaction_of(self.app)
+        if txn.idle_commit_s <= 0:
+            return
+        while not self.should_stop:
+            await self.sleep(txn.idle_commit_s / 2)
+            if txn.dirty and txn.producer is not None \
+                    and txn.lock.idle_for() >= txn.idle_commit_s:
+                await self.force_commit()
 
     @Service.task
     async def _recover_past_markers(self) -> None:
