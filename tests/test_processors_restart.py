@@ -20,13 +20,15 @@ import signal
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
 from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
+from pipeline.kafka.reader import read_to_end
 from pipeline.processors.commands import outcome_event
 from pipeline.settings import Settings
 
@@ -212,26 +214,13 @@ def data_ends(settings: Settings, topic: str) -> dict[int, int]:
     """Per partition, the offset after its last record a read_committed reader gets: with
     exactly-once writers (the workers' own next states) a partition ends in a commit
     marker, which no reader is handed and no consumer group commits past."""
-    c = Consumer(settings.kafka_client_config(**{"group.id": "rst-ends",
-                                                 "enable.partition.eof": True}))
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        marks = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in parts}
-        ends = {p: 0 for p, (_low, high) in marks.items() if high > 0}
-        c.assign([TopicPartition(topic, p, low) for p, (low, _high) in marks.items() if p in ends])
-        open_ = set(ends)
-        deadline = time.monotonic() + 60
-        while open_ and time.monotonic() < deadline:
-            for msg in c.consume(1000, timeout=0.5):
-                err = msg.error()
-                if err is None:
-                    ends[msg.partition()] = msg.offset() + 1
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    open_.discard(msg.partition())
-        assert not open_, f"{topic}: partitions {open_} not read to their end"
-        return ends
-    finally:
-        c.close()
+    ends: dict[int, int] = {}
+
+    def note(msg: Any) -> None:
+        ends[msg.partition()] = msg.offset() + 1
+
+    read_to_end(settings, [topic], note, group_prefix="rst-ends-")
+    return ends
 
 
 def wait_committed(settings: Settings, group: str, topic: str, proc) -> None:  # type: ignore[no-untyped-def]

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
 from pipeline.events import Interaction, NextState, examples
 from pipeline.kafka import EventProducer, names
+from pipeline.kafka.reader import read_to_end
 from pipeline.processors import judging
 from pipeline.processors.config import DEFAULT_RULES, ProcessorSettings
 from pipeline.processors.judges import TurnContext, make_judge
@@ -231,26 +230,14 @@ CHARS = 1_000
 
 
 def changelog_sizes(settings: Settings, topic: str, sid: str) -> list[int]:
-    """Sizes of the session's values in a table's changelog, oldest first."""
-    # A transactional changelog (exactly-once workers) ends in a commit marker: the end is
-    # the partition's EOF, not the last offset.
-    c = Consumer(settings.kafka_client_config(**{"group.id": f"sizes-{topic}",
-                                                 "enable.partition.eof": True}))
-    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    """Sizes of the session's values in a table's changelog, oldest first (read to each
+    partition's end: a transactional changelog ends in a commit marker)."""
     sizes: list[int] = []
-    seen = {p: -1 for p in ends}
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(seen[p] < end - 1 for p, end in ends.items()):
-        for msg in c.consume(100, timeout=0.5):
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    seen[msg.partition()] = ends[msg.partition()]
-                continue
-            seen[msg.partition()] = msg.offset()
-            if msg.key() == sid.encode() and msg.value():
-                sizes.append(len(msg.value()))
-    c.close()
+
+    def note(msg: Any) -> None:
+        if msg.key() == sid.encode() and msg.value():
+            sizes.append(len(msg.value()))
+
+    read_to_end(settings, [topic], note, group_prefix=f"sizes-{topic}-")
     assert sizes, f"no changelog values of {sid} in {topic}"
     return sizes

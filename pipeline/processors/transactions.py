@@ -210,6 +210,8 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 class Consumer(faust_aiokafka.Consumer):
     """Faust's consumer whose commit is the transaction's (see the module docstring)."""
 
+    _handing_over: frozenset[TP] = frozenset()  # revoked, being committed before they go
+
     def _new_consumer_thread(self) -> ConsumerThread:
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -272,16 +274,16 @@ class Consumer(faust_aiokafka.Consumer):
         state and reads on from the committed offset, or it would miss state this worker
         wrote and re-read inputs whose outputs are committed. The app calls this from its
         revoke handler, after Faust has drained the agents and flushed the producer."""
-        self._handing_over = set(revoked)
+        self._handing_over = frozenset(revoked)
         try:
             await self.force_commit()
         finally:
-            self._handing_over = set()
+            self._handing_over = frozenset()
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         # Offsets of partitions this worker no longer owns would move another owner's
         # committed position back; those being handed over are still this worker's.
-        owned = set(self.assignment()) | getattr(self, "_handing_over", set())
+        owned = set(self.assignment()) | self._handing_over
         mine = {tp: o for tp, o in offsets.items() if tp in owned}
         await transaction_of(self.app).commit(mine)
         return True

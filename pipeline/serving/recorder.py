@@ -364,7 +364,9 @@ class Recorder:
         status: list[bool | None] = [False] * len(records)  # False: to send, None: in flight
         while not all(s is True for s in status):
             producer = self._get_producer()
-            refused = self._send_round(producer, records, status, resend=not first)
+            if not first:
+                self.redelivered += status.count(False)
+            refused = self._send_round(producer, records, status)
             if refused is None:
                 return False
             first = False
@@ -391,7 +393,7 @@ class Recorder:
                 if attempt:
                     self.redelivered += len(records)
                 status: list[bool | None] = [False] * len(records)
-                refused = self._send_round(producer, records, status, resend=False)
+                refused = self._send_round(producer, records, status)
                 if refused is None:
                     return False  # left open: the next producer with our id aborts it
                 attempt += 1
@@ -409,7 +411,6 @@ class Recorder:
                     step = self._txn(producer, "abort")
                     if step == "ok" and not failed:
                         continue  # only letters to swap in: at once
-                    step = "wait" if step == "ok" else step
             if step == "abort":
                 step = self._txn(producer, "abort")
             if step == "fatal":
@@ -455,8 +456,7 @@ class Recorder:
                 self._stop.wait(0.5)
 
     def _send_round(
-        self, producer: EventProducer, records: list[bytes], status: list[bool | None],
-        *, resend: bool,
+        self, producer: EventProducer, records: list[bytes], status: list[bool | None]
     ) -> int | None:
         """Send the records whose status is False and wait for their reports. Records Kafka
         refuses for good become their dead letters (status False: sent next round); how many
@@ -466,8 +466,6 @@ class Recorder:
             return None
         for i, raw in enumerate(records):
             if status[i] is False:
-                if resend:
-                    self.redelivered += 1
                 status[i] = None
                 topic, key, value, hdrs = unframe(raw)
                 try:
