@@ -1,0 +1,137 @@
+"""``liverl judges``: how each judge's verdicts agree with the outcomes recorded beside them.
+
+``liverl judges compare NAME`` reads namespace NAME's verdicts and next states (a replay
+re-judged with ``liverl workers --namespace NAME --judge ...``) to their current ends, with
+assign only (no group offsets read or committed), and joins them with
+:class:`~pipeline.processors.consistency.ConsistencyTracker`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from pipeline import events
+from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable
+
+from .consistency import ConsistencyTracker, JudgeKey, Tally
+
+
+@dataclass
+class Comparison:
+    """Per judge key its tally, plus what the read saw."""
+
+    tallies: dict[JudgeKey, Tally] = field(default_factory=dict)
+    verdicts: int = 0
+    outcomes: int = 0
+    undecodable: int = 0
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "judge_id": j,
+                "judge_version": v,
+                "agree": t.agree,
+                "disagree": t.disagree,
+                "abstain": t.abstain,
+                "agreement": t.agreement,
+                "consistency": round(t.consistency, 6),
+            }
+            for (j, v), t in sorted(self.tallies.items())
+        ]
+
+
+def compare(settings: Connectable, namespace: str | None, idle_timeout_s: float = 30.0
+            ) -> Comparison:
+    """Join every verdict of the namespace (None: the live topics) to its outcomes."""
+    from pipeline.kafka.reader import read_to_end
+
+    from .consistency import outcome_vote
+
+    prm_topic = names.resolve(names.PRM_SCORES, namespace)
+    ns_topic = names.resolve(names.NEXT_STATES, namespace)
+    verdicts: list[events.PrmScore] = []
+    states: list[events.NextState] = []
+    result = Comparison()
+
+    def handle(msg: Any) -> None:
+        try:
+            ev = events.decode(msg.value() or b"")
+        except Exception:  # noqa: BLE001 - counted and shown, never fatal
+            result.undecodable += 1
+            return
+        if isinstance(ev, events.PrmScore):
+            verdicts.append(ev)
+        elif isinstance(ev, events.NextState) and outcome_vote(ev) is not None:
+            states.append(ev)
+
+    read_to_end(settings, [prm_topic, ns_topic], handle, group_prefix="liverl-judges-compare",
+                idle_timeout_s=idle_timeout_s)
+    tracker = ConsistencyTracker()
+    tracker.feed(verdicts, states)
+    result.tallies = tracker.tallies
+    result.verdicts, result.outcomes = len(verdicts), len(states)
+    return result
+
+
+@click.group("judges")
+def judges() -> None:
+    """Judges checked against outcomes (RLAnything's reward-model consistency)."""
+
+
+@judges.command("compare")
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.pass_context
+def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
+    """Each judge's agreement with the outcomes recorded in replay namespace NAME.
+
+    A verdict agrees when an outcome of its turn (a gate's exit code, a test run, thumbs
+    feedback; a session's outcome for turns without their own) has its sign. Verdicts made
+    from the outcome itself are left out. consistency = (agree + 1) / (agree + disagree + 2).
+
+    \b
+    liverl replay --into rules-check ...
+    liverl workers --namespace rules-check --judge rules
+    liverl judges compare rules-check
+    """
+    import orjson
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.replay import namespace as nsmod
+
+    settings = ctx.obj["settings"]
+    nsmod.check_name(name)
+    topic = names.resolve(names.PRM_SCORES, name)
+    if topic not in nsmod.existing_topics(settings):
+        raise click.UsageError(
+            f"namespace {name!r} has no verdicts topic {topic}; replay into it and run its "
+            f"workers first (liverl replay ... --into {name}; liverl workers --namespace {name})"
+        )
+    result = compare(settings, name)
+    if fmt == "json":
+        doc = {"namespace": name, "judges": result.rows(), "verdicts": result.verdicts,
+               "outcomes": result.outcomes, "undecodable": result.undecodable}
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    table = Table(title=f"judges vs outcomes in {name}")
+    for col in ("judge", "version", "agree", "disagree", "abstain", "agreement",
+                "consistency"):
+        table.add_column(col, justify="left" if col in ("judge", "version") else "right")
+    for r in result.rows():
+        share = "-" if r["agreement"] is None else f"{r['agreement']:.0%}"
+        table.add_row(r["judge_id"], r["judge_version"], str(r["agree"]), str(r["disagree"]),
+                      str(r["abstain"]), share, f"{r['consistency']:.3f}")
+    console.print(table)
+    console.print(f"{result.verdicts} verdicts, {result.outcomes} outcomes"
+                  + (f", {result.undecodable} undecodable" if result.undecodable else ""))
+    if not result.tallies:
+        console.print("no verdict met an outcome: record outcomes (liverl record-outcome, "
+                      "feedback) for the sessions replayed")

@@ -1,0 +1,128 @@
+"""Judge consistency: verdicts joined to outcomes, counts and scores computed by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline.events import NextState, PrmScore, Producer
+from pipeline.processors.consistency import (
+    ConsistencyTracker,
+    Tally,
+    outcome_vote,
+    weighted_plurality,
+)
+
+P = Producer(component="test", version="1")
+
+
+def verdict(sid: str, turn: int, score: int, *, judge: str = "replies", version: str = "v1",
+            evidence: str | None = None, error: str | None = None) -> PrmScore:
+    ev = evidence or f"{sid}-ns{turn}"
+    return PrmScore(event_id=f"prm-{judge}-{version}-{sid}-{turn}-{ev}", producer=P,
+                    parents=[f"{sid}-i{turn}", ev], session_id=sid, turn=turn,
+                    score=score, votes=[score], judge_id=judge,  # type: ignore[arg-type]
+                    judge_version=version, error=error)
+
+
+def outcome(sid: str, turn: int = 0, *, passed: bool | None = None, score: float | None = None,
+            session: bool = False, eid: str | None = None, ts: int = 1, **kw: Any) -> NextState:
+    return NextState(event_id=eid or f"out-{sid}-{turn}-{passed}-{score}-{session}",
+                     producer=P, ts_ms=ts, session_id=sid, turn=turn, kind="test_result",
+                     content="", source="record-outcome", score=score,
+                     exit_code=None if passed is None else (0 if passed else 1),
+                     scope="session" if session else "turn", **kw)
+
+
+def test_outcome_vote_reads_scores_then_exit_codes_and_ignores_replies() -> None:
+    assert outcome_vote(outcome("s", score=0.4)) == 1
+    assert outcome_vote(outcome("s", score=-2.0, passed=True)) == -1  # the score decides
+    assert outcome_vote(outcome("s", score=0.0)) is None  # a neutral score is no outcome
+    assert outcome_vote(outcome("s", passed=True)) == 1
+    assert outcome_vote(outcome("s", passed=False)) == -1
+    reply = NextState(event_id="r", producer=P, session_id="s", turn=0, kind="user_reply",
+                      content="thanks", source="pairing")
+    assert outcome_vote(reply) is None
+
+
+def test_tally_consistency_is_the_posterior_mean_under_a_uniform_prior() -> None:
+    t = Tally()
+    assert t.consistency == 0.5 and t.agreement is None
+    t.agree, t.disagree, t.abstain = 3, 1, 5
+    assert t.consistency == pytest.approx(4 / 6)  # (3 + 1) / (3 + 1 + 2)
+    assert t.agreement == pytest.approx(0.75)  # abstentions count in neither
+
+
+def test_verdicts_and_outcomes_join_in_either_order() -> None:
+    tr = ConsistencyTracker()
+    # verdict first, outcome later: matched when the outcome comes
+    assert tr.verdict(verdict("a", 0, 1)) == []
+    (m,) = tr.outcome(outcome("a", passed=True))
+    assert m.agrees is True and m.session_id == "a" and m.outcome == 1
+    # outcome first, verdict later: matched at once
+    assert tr.outcome(outcome("b", passed=True)) == []
+    (m,) = tr.verdict(verdict("b", 0, -1))
+    assert m.agrees is False
+    # an abstention
+    tr.outcome(outcome("c", passed=False))
+    (m,) = tr.verdict(verdict("c", 0, 0))
+    assert m.agrees is None
+    t = tr.tallies[("replies", "v1")]
+    assert (t.agree, t.disagree, t.abstain) == (1, 1, 1)
+    assert t.consistency == pytest.approx(0.5)
+
+
+def test_a_verdict_made_from_the_outcome_itself_is_not_counted() -> None:
+    tr = ConsistencyTracker()
+    out = outcome("a", passed=False, eid="gate-1")
+    tr.outcome(out)
+    assert tr.verdict(verdict("a", 0, -1, judge="rules", evidence="gate-1")) == []
+    assert ("rules", "v1") not in tr.tallies
+    # the same turn's verdict on the user's reply is counted against the gate
+    (m,) = tr.verdict(verdict("a", 0, 1, judge="rules", evidence="reply-1"))
+    assert m.agrees is False and m.outcome_id == "gate-1"
+
+
+def test_session_outcomes_stand_for_turns_without_their_own() -> None:
+    tr = ConsistencyTracker()
+    tr.verdict(verdict("s", 0, 1))
+    tr.verdict(verdict("s", 1, -1))
+    tr.outcome(outcome("s", 1, passed=True))  # turn 1's own outcome: the -1 disagrees
+    matches = tr.outcome(outcome("s", passed=False, session=True))  # stands for turn 0 only
+    assert [(m.turn, m.agrees) for m in matches] == [(0, False)]
+    t = tr.tallies[("replies", "v1")]
+    assert (t.agree, t.disagree) == (0, 2)
+    assert t.consistency == pytest.approx(1 / 4)
+
+
+def test_each_verdict_counts_once_and_redeliveries_and_errors_are_ignored() -> None:
+    tr = ConsistencyTracker()
+    v = verdict("a", 0, 1)
+    tr.verdict(v)
+    tr.verdict(v)  # a redelivery
+    tr.verdict(verdict("a", 0, 1, version="v2", error="timeout"))
+    tr.outcome(outcome("a", passed=True, eid="o1", ts=1))
+    tr.outcome(outcome("a", passed=False, eid="o2", ts=2))  # a later outcome: no recount
+    assert tr.tallies == {("replies", "v1"): Tally(agree=1)}
+
+
+def test_judges_and_versions_are_tallied_apart_and_feed_uses_the_latest_outcome() -> None:
+    tr = ConsistencyTracker()
+    tr.feed(
+        [verdict("a", 0, 1, judge="llm"), verdict("a", 0, 1, version="v2"),
+         verdict("b", 0, -1, judge="llm")],
+        [outcome("a", passed=False, eid="o1", ts=1), outcome("a", passed=True, eid="o2", ts=5),
+         outcome("b", passed=True)],
+    )
+    assert tr.tallies[("llm", "v1")] == Tally(agree=1, disagree=1)
+    assert tr.tallies[("replies", "v2")] == Tally(agree=1)
+
+
+def test_weighted_plurality() -> None:
+    assert weighted_plurality([(1, 1.0), (-1, 1.0), (1, 1.0)]) == 1  # plain plurality
+    assert weighted_plurality([(1, 0.2), (1, 0.2), (-1, 0.9)]) == -1  # 0.4 against 0.9
+    assert weighted_plurality([(1, 0.5), (-1, 0.5)]) == 0  # a tie
+    assert weighted_plurality([(None, 1.0), (0, 0.3)]) == 0
+    assert weighted_plurality([(1, 0.0), (-1, -1.0)]) == 0  # no positive weight
+    assert weighted_plurality([]) == 0
