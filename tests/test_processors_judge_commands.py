@@ -1,0 +1,109 @@
+"""``liverl judges compare`` on the real broker: a namespace's workers judge users' replies,
+gates record outcomes, and the judge's consistency moves when its verdicts meet failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline import events
+from pipeline.events import NextState, Producer, examples
+from pipeline.kafka import EventProducer, names
+from pipeline.processors.commands import outcome_event
+from tests.test_replay import cli_env, drop, invoke, read_topic, start, stop
+
+P = Producer(component="test", version="1")
+
+
+def turn_of(sid: str) -> tuple[events.Interaction, NextState]:
+    """One trainable turn and the user's approving reply (the reply judge votes +1)."""
+    base = examples.interaction(prompt_tokens=8, response_tokens=4)
+    inter = dataclasses.replace(
+        base, event_id=f"{sid}-i0", session_id=sid, turn=0, policy_id="jc",
+        messages=[{"role": "user", "content": "Fix the failing test."}],
+        response_text="Done: the off-by-one in the loop is fixed.", tool_calls=[],
+        session_done=False,
+    )
+    reply = NextState(event_id=f"{sid}-reply", producer=P, session_id=sid, turn=0,
+                      kind="user_reply", role="user", content="Thanks, perfect!",
+                      source="pairing")
+    return inter, reply
+
+
+def verdicts(settings: Any, ns: str, sids: set[str]) -> int:
+    topic = names.resolve(names.PRM_SCORES, ns)
+    return sum(
+        1 for msgs in read_topic(settings, topic).values() for m in msgs
+        if m.key() and m.key().decode() in sids
+        and events.decode(m.value()).parents[-1].endswith("-reply")  # type: ignore[attr-defined]
+    )
+
+
+def wait_verdicts(settings: Any, ns: str, sids: set[str], proc: Any, log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while verdicts(settings, ns, sids) < len(sids):
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-3000:]
+        time.sleep(1.0)
+
+
+def compare(env: dict[str, str], ns: str) -> dict[str, Any]:
+    res = invoke(["judges", "compare", ns, "--format", "json"], env)
+    assert res.exit_code == 0, res.output
+    doc: dict[str, Any] = orjson.loads(res.output)
+    return doc
+
+
+@pytest.mark.integration
+def test_consistency_falls_when_the_judge_approves_what_gates_fail(
+    kafka_settings, unique, tmp_path, request  # type: ignore[no-untyped-def]
+) -> None:
+    ns = f"jc{unique}"
+    env = {**os.environ, **cli_env(tmp_path), "PYTHONUNBUFFERED": "1",
+           "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
+    request.addfinalizer(lambda: drop(env, ns))
+    res = invoke(["judges", "compare", ns], env)
+    assert res.exit_code != 0 and "no verdicts topic" in res.output  # before any replay
+    assert invoke(["topics", "apply", "--namespace", ns], env).exit_code == 0
+    producer = EventProducer(kafka_settings, client_id="judges-compare-test")
+
+    def send(sid: str, passed: bool) -> None:
+        inter, reply = turn_of(sid)
+        producer.send(names.resolve(names.INTERACTIONS, ns), inter)
+        producer.send(names.resolve(names.NEXT_STATES, ns), reply)
+        # the gate's outcome of the same turn: what the judge is checked against
+        gate = outcome_event(sid, passed, turn=0)
+        producer.send(names.resolve(names.NEXT_STATES, ns), gate)
+
+    first = {f"{ns}-p{i}" for i in range(3)} | {f"{ns}-f0"}
+    for sid in sorted(first):
+        send(sid, passed="-p" in sid)
+    producer.flush()
+    log = tmp_path / "workers.log"
+    proc = start(["workers", "--namespace", ns, "--app-id", f"jcapp{unique}", "--no-web"],
+                 env, log)
+    try:
+        wait_verdicts(kafka_settings, ns, first, proc, log)
+        doc = compare(env, ns)
+        (row,) = [r for r in doc["judges"] if r["judge_id"] == "replies"]
+        # three approvals met passing gates, one a failing gate; the judge's verdicts on the
+        # gates' own records (exit codes) are not counted
+        assert (row["agree"], row["disagree"], row["abstain"]) == (3, 1, 0)
+        assert row["consistency"] == pytest.approx(4 / 6, abs=1e-6)
+        second = {f"{ns}-f{i}" for i in range(1, 3)}
+        for sid in sorted(second):
+            send(sid, passed=False)
+        producer.flush()
+        wait_verdicts(kafka_settings, ns, first | second, proc, log)
+        (row,) = [r for r in compare(env, ns)["judges"] if r["judge_id"] == "replies"]
+        assert (row["agree"], row["disagree"]) == (3, 3)
+        assert row["consistency"] == pytest.approx(0.5, abs=1e-6)
+    finally:
+        stop(proc)
+    res = invoke(["judges", "compare", ns], env)
+    assert res.exit_code == 0 and "replies" in res.output and "0.500" in res.output
