@@ -69,7 +69,7 @@ def test_a_judge_option_typo_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"processors.judge_options.max_char: Extra inputs"):
         ProcessorSettings(plugins=["tests.toy_judge"], judge="toy-length",
                           judge_options={"max_char": 3})
-    with pytest.raises(ValueError, match=r"unknown judge 'toy-lenght'; known: llm, replies"):
+    with pytest.raises(ValueError, match=r"unknown judge 'toy-lenght'; known: llm, panel, replies"):
         ProcessorSettings(plugins=["tests.toy_judge"], judge="toy-lenght")
 
 

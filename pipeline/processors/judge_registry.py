@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipeline.registry import NoOptions, Registry
 
@@ -31,6 +32,31 @@ class LlmJudgeOptions(BaseModel):
     retries: int = Field(default=2, ge=0)
     concurrency: int = Field(default=8, ge=1)
     hints: bool = True
+
+
+class PanelOptions(BaseModel):
+    """Options of the "panel" judge (``pipeline/processors/panel_judge.py``): its members,
+    their fixed weights, and a ``liverl judges compare --format json`` file whose
+    consistencies weigh them instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    judges: list[str] = Field(min_length=1, max_length=16)
+    weights: dict[str, float] = Field(default_factory=dict)
+    consistency_file: Path | None = None
+    member_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("judges")
+    @classmethod
+    def _members(cls, names: list[str]) -> list[str]:
+        if "panel" in names:
+            raise ValueError("a panel cannot hold a panel")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a judge is named twice in {names}")
+        unknown = [n for n in names if n not in JUDGES]
+        if unknown:
+            raise ValueError(f"unknown judge {unknown[0]!r} (known: {', '.join(JUDGES.names())})")
+        return names
 
 
 # validated options -> the judge (a ``pipeline.processors.judges.Judge``; typed there, in
@@ -57,3 +83,11 @@ def _builtin(cls_name: str, keywords: bool) -> JudgeFactory:
 register("replies", _builtin("ReplyJudge", keywords=False))
 register("rules", _builtin("RuleJudge", keywords=False))
 register("llm", _builtin("LlmJudge", keywords=True), LlmJudgeOptions)
+
+
+def _panel(options: BaseModel) -> Any:
+    return importlib.import_module("pipeline.processors.panel_judge").PanelJudge(options)
+
+
+register("panel", _panel, PanelOptions)
+

@@ -1,0 +1,92 @@
+"""The panel judge: members' votes weighted by their measured consistency."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipeline.events import NextState, Producer
+from pipeline.processors.judge_registry import JUDGES
+from pipeline.processors.judges import RuleJudge, TurnContext, make_judge
+from pipeline.processors.panel_judge import load_consistency
+
+P = Producer(component="test", version="1")
+CTX = TurnContext("s", 0, "Explain it.", "It is like this: ...")
+
+
+def reply(text: str) -> NextState:
+    return NextState(event_id="n", producer=P, session_id="s", turn=0, kind="user_reply",
+                     role="user", content=text, source="pairing")
+
+
+def consistency_file(path: Path, rows: dict[tuple[str, str], float]) -> Path:
+    path.write_bytes(orjson.dumps({"judges": [
+        {"judge_id": j, "judge_version": v, "consistency": c} for (j, v), c in rows.items()
+    ]}))
+    return path
+
+
+# "thanks, but answer in one sentence": the reply judge reads the directive (-1, with a hint),
+# the rule judge the thanks (+1): the two members disagree, so the weights decide.
+SPLIT = "Thanks, but answer in one sentence."
+
+
+def test_the_more_consistent_member_decides_a_split_vote(tmp_path: Path) -> None:
+    replies = make_judge("replies")
+    assert asyncio.run(replies.judge(CTX, reply(SPLIT))).score == -1
+    assert asyncio.run(RuleJudge().judge(CTX, reply(SPLIT))).score == 1
+    trust_rules = consistency_file(tmp_path / "a.json", {
+        ("replies", replies.version): 0.3, ("rules", RuleJudge.version): 0.8})
+    panel = make_judge("panel", {"judges": ["replies", "rules"],
+                                 "consistency_file": str(trust_rules)})
+    v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
+    assert (v.score, v.votes, v.hints) == (1, [-1, 1], [])  # 0.8 > 0.3: no hint of the loser
+    trust_replies = consistency_file(tmp_path / "b.json", {
+        ("replies", replies.version): 0.9, ("rules", RuleJudge.version): 0.4})
+    panel2 = make_judge("panel", {"judges": ["replies", "rules"],
+                                  "consistency_file": str(trust_replies)})
+    v = asyncio.run(panel2.judge(CTX, reply(SPLIT)))
+    assert v.score == -1 and v.hints == ["Answer in one sentence."]
+    assert panel.version != panel2.version  # other weights, other verdict ids on a replay
+    assert "replies (0.90) -1" in v.rationale
+
+
+def test_weights_fall_back_to_fixed_weights_then_one_and_ties_are_zero(tmp_path: Path) -> None:
+    stale = consistency_file(tmp_path / "c.json", {("rules", "an-old-version"): 0.99})
+    panel = make_judge("panel", {"judges": ["replies", "rules"], "consistency_file": str(stale)})
+    assert panel.weights == [1.0, 1.0]  # a changed judge starts again without evidence
+    assert asyncio.run(panel.judge(CTX, reply(SPLIT))).score == 0  # 1.0 against 1.0
+    fixed = make_judge("panel", {"judges": ["replies", "rules"], "weights": {"rules": 1.5}})
+    assert asyncio.run(fixed.judge(CTX, reply(SPLIT))).score == 1
+    assert fixed.inline is True
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"judges": []}, "at least 1"),
+    ({"judges": ["replies", "replies"]}, "named twice"),
+    ({"judges": ["panel"]}, "cannot hold a panel"),
+    ({"judges": ["nope"]}, "unknown judge 'nope'"),
+    ({"judges": ["rules"], "weight": {}}, "Extra inputs"),
+])
+def test_bad_panel_options_fail_with_the_reason(options: dict[str, object], message: str) -> None:
+    with pytest.raises(Exception) as err:  # noqa: PT011 - the registry's own error type
+        JUDGES.options("panel", options)
+    assert message in str(err.value)
+
+
+def test_a_bad_consistency_file_says_what_is_wrong(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"rows": []}')
+    with pytest.raises(ValueError, match="no 'judges' list"):
+        load_consistency(bad)
+    bad.write_bytes(orjson.dumps({"judges": [
+        {"judge_id": "x", "judge_version": "1", "consistency": 1.5}]}))
+    with pytest.raises(ValueError, match="not in"):
+        load_consistency(bad)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * ((4 << 20) + 1))
+    with pytest.raises(ValueError, match="larger than"):
+        load_consistency(big)
