@@ -260,6 +260,28 @@ class GateVote(Event):
 
 
 @dataclass(slots=True, kw_only=True)
+class JudgeConsistency(Event):
+    """A judge's verdict joined to the verifiable outcome of its turn, with the judge's
+    running tally (RLAnything's reward-model consistency; processors/consistency.py). No
+    session data: verdict and outcome are named by event id, as a gate vote names a prompt
+    by digest, so forgetting a session leaves nothing here to delete."""
+
+    type: str = field(default="judge_consistency", init=False)
+    judge_id: str
+    judge_version: str
+    verdict: Vote
+    outcome: int  # -1 | +1
+    verdict_id: str
+    outcome_id: str
+    agree: int
+    disagree: int
+    abstain: int
+    consistency: float
+    flagged: bool = False
+    reason: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
 class DeadLetter(Event):
     """A record that failed processing, kept byte-exact for inspection or replay."""
 
