@@ -114,15 +114,16 @@ def headers(event: Event, *, version: int | None = None) -> list[tuple[str, byte
 
 def key(event: Event) -> bytes | None:
     """Kafka key, as in topics/*.yaml: `session_id` for session-scoped events (co-partitioned),
-    `replica_id` for serving status, the original key for dead letters, else `policy_id`."""
+    `replica_id` for serving status, the original key for dead letters, `judge_id` for judge
+    consistency, else `policy_id`."""
     if isinstance(event, TurnEvent):
         return event.session_id.encode()
     if isinstance(event, ServingStatus):
         return event.replica_id.encode()
     if isinstance(event, DeadLetter):
         return event.original_key()
-    policy_id = getattr(event, "policy_id", None)
-    return policy_id.encode() if isinstance(policy_id, str) else None
+    owner = getattr(event, "policy_id", None) or getattr(event, "judge_id", None)
+    return owner.encode() if isinstance(owner, str) else None
 
 
 def decode(

@@ -20,6 +20,7 @@ Pure and incremental: :class:`ConsistencyTracker` takes verdicts and outcomes in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,24 +43,6 @@ def outcome_vote(state: NextState) -> Vote | None:
     if state.exit_code is not None:
         return 1 if state.exit_code == 0 else -1
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class Match:
-    """One verdict joined to its outcome."""
-
-    judge: JudgeKey
-    session_id: str
-    turn: int
-    verdict: Vote
-    outcome: Vote
-    verdict_id: str
-    outcome_id: str
-
-    @property
-    def agrees(self) -> bool | None:
-        """True confirmed, False contradicted, None an abstention (verdict 0)."""
-        return None if self.verdict == 0 else self.verdict == self.outcome
 
 
 @dataclass(slots=True)
@@ -92,6 +75,25 @@ class Tally:
     def agreement(self) -> float | None:
         """The raw share of decided verdicts that agreed (None before any)."""
         return self.agree / self.decided if self.decided else None
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One verdict joined to its outcome."""
+
+    judge: JudgeKey
+    session_id: str
+    turn: int
+    verdict: Vote
+    outcome: Vote
+    verdict_id: str
+    outcome_id: str
+    tally: Tally | None = None  # the judge's counts right after this match (None: unmatched)
+
+    @property
+    def agrees(self) -> bool | None:
+        """True confirmed, False contradicted, None an abstention (verdict 0)."""
+        return None if self.verdict == 0 else self.verdict == self.outcome
 
 
 @dataclass(slots=True)
@@ -196,8 +198,9 @@ class ConsistencyTracker:
     def _match(self, sid: str, turn: int, v: _Verdict, o: _Outcome) -> Match:
         self._matched.add(v.event_id)
         m = Match(v.judge, sid, turn, v.score, o.vote, v.event_id, o.event_id)
-        self.tallies.setdefault(v.judge, Tally()).add(m)
-        return m
+        t = self.tallies.setdefault(v.judge, Tally())
+        t.add(m)
+        return dataclasses.replace(m, tally=Tally(t.agree, t.disagree, t.abstain))
 
 
 def weighted_plurality(votes: Sequence[tuple[Vote | None, float]]) -> Vote:

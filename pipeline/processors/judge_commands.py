@@ -135,3 +135,53 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
     if not result.tallies:
         console.print("no verdict met an outcome: record outcomes (liverl record-outcome, "
                       "feedback) for the sessions replayed")
+
+
+@judges.command("watch")
+@click.option("--namespace", default=None, help="Watch replay namespace NAME, not live.")
+@click.option("--flag-below", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Flag a judge whose consistency falls below this...")
+@click.option("--min-decided", type=click.IntRange(1), default=10, show_default=True,
+              help="...once it has this many confirmed or contradicted verdicts.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve liverl_judge_consistency and liverl_judge_flags_total here.")
+@click.option("--once", is_flag=True, help="Catch up to the topics' ends, publish, and exit.")
+@click.pass_context
+def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
+                  min_decided: int, metrics_port: int | None, once: bool) -> None:
+    """Join verdicts to outcomes as they arrive; publish each match on judge_consistency.
+
+    Runs beside the workers. At start it rebuilds the join from the topics' history and
+    publishes what was never published, then follows their ends until Ctrl-C. A judge whose
+    consistency drops below --flag-below is flagged (a warning, flagged: true on the match,
+    the liverl_judge_flags_total counter).
+    """
+    import signal
+    import threading
+
+    from pipeline.replay import namespace as nsmod
+
+    from .consistency_watch import ConsistencyWatcher
+
+    settings = ctx.obj["settings"]
+    if namespace:
+        nsmod.check_name(namespace)
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def say(ev: events.JudgeConsistency) -> None:
+        if ev.flagged:
+            click.echo(f"flagged {ev.judge_id} ({ev.judge_version}): {ev.reason}", err=True)
+
+    watcher = ConsistencyWatcher(settings, namespace=namespace, flag_below=flag_below,
+                                 min_decided=min_decided, on_event=say)
+    try:
+        watcher.run(stop, once=once)
+    except LookupError as exc:
+        raise click.UsageError(str(exc)) from exc
+    click.echo(f"published {watcher.sent} match(es) on {watcher.output}")

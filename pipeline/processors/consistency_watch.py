@@ -1,0 +1,246 @@
+"""The consistency processor: joins judges' verdicts to outcomes as they arrive and publishes
+each match, with the judge's running tally, on ``liverl.judge_consistency.v1``.
+
+It runs beside the workers (``liverl judges watch``), reads ``prm_scores`` and
+``next_states`` with assign only, and keeps no state of its own: at start it reads both
+topics from their beginning (their retention bounds the evidence) and the consistency topic
+to learn which matches were already published, publishes the ones that were not (a stop
+between a match and its send), then follows the topics' ends. Match ids derive from the
+verdict and the outcome, so a match published twice (a crash between send and the next
+start) is one event to every consumer that deduplicates by id.
+
+A judge is *flagged* (``flagged: true`` on the match that did it, the
+``liverl_judge_flags_total`` counter) when its consistency falls below ``flag_below`` once it
+has ``min_decided`` confirmed-or-contradicted verdicts; it is flagged again only after it has
+risen back above ``flag_below + FLAG_HYSTERESIS``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline import events
+from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable
+
+from .consistency import ConsistencyTracker, JudgeKey, Match, outcome_vote
+
+log = logging.getLogger(__name__)
+VERSION = "consistency-1"  # in every match id: change the join rules, change it
+FLAG_HYSTERESIS = 0.05
+PRODUCER = events.Producer(component="consistency", version=VERSION)
+
+
+def match_event(m: Match, flagged: bool = False, reason: str | None = None
+                ) -> events.JudgeConsistency:
+    """The event of one match, with the judge's tally as it stood right after it."""
+    assert m.tally is not None  # a match the tracker made
+    t = m.tally
+    parents = [m.verdict_id, m.outcome_id]
+    return events.JudgeConsistency(
+        event_id=events.derive_event_id("judge_consistency", parents, VERSION),
+        producer=PRODUCER,
+        parents=parents,
+        judge_id=m.judge[0],
+        judge_version=m.judge[1],
+        verdict=m.verdict,
+        outcome=m.outcome,
+        verdict_id=m.verdict_id,
+        outcome_id=m.outcome_id,
+        agree=t.agree,
+        disagree=t.disagree,
+        abstain=t.abstain,
+        consistency=t.consistency,
+        flagged=flagged,
+        reason=reason,
+    )
+
+
+@dataclass
+class Flagger:
+    """Decides which match flags its judge (see the module docstring)."""
+
+    flag_below: float = 0.5
+    min_decided: int = 10
+    flagged: set[JudgeKey] = field(default_factory=set)
+
+    def check(self, m: Match) -> str | None:
+        assert m.tally is not None
+        t = m.tally
+        if m.judge in self.flagged:
+            if t.consistency >= self.flag_below + FLAG_HYSTERESIS:
+                self.flagged.discard(m.judge)
+            return None
+        if t.decided >= self.min_decided and t.consistency < self.flag_below:
+            self.flagged.add(m.judge)
+            return (f"consistency {t.consistency:.3f} < {self.flag_below} after "
+                    f"{t.decided} decided verdicts ({t.agree} agree, {t.disagree} disagree)")
+        return None
+
+
+class ConsistencyWatcher:
+    """One process's join. ``run(stop)`` catches up, then follows until ``stop`` is set
+    (``once``: returns after the catch-up)."""
+
+    def __init__(self, settings: Connectable, *, namespace: str | None = None,
+                 flag_below: float = 0.5, min_decided: int = 10,
+                 on_event: Callable[[events.JudgeConsistency], None] | None = None) -> None:
+        self.settings = settings
+        self.namespace = namespace
+        self.tracker = ConsistencyTracker()
+        self.flagger = Flagger(flag_below, min_decided)
+        self.inputs = [names.resolve(names.PRM_SCORES, namespace),
+                       names.resolve(names.NEXT_STATES, namespace)]
+        self.output = names.resolve(names.JUDGE_CONSISTENCY, namespace)
+        self.published: set[str] = set()
+        self.sent = 0
+        self.on_event = on_event
+        self._producer: Any = None
+
+    # -- catching up -----------------------------------------------------------------------
+
+    def _ends(self) -> dict[tuple[str, int], int]:
+        from confluent_kafka import TopicPartition
+
+        from pipeline.kafka.reader import one_shot_reader
+
+        c = one_shot_reader(self.settings, "liverl-consistency-ends")
+        try:
+            out = {}
+            for topic in self.inputs:
+                meta = c.list_topics(topic, timeout=30).topics.get(topic)
+                if meta is None or meta.error is not None:
+                    raise LookupError(f"topic {topic} does not exist (liverl topics apply"
+                                      + (f" --namespace {self.namespace})" if self.namespace
+                                         else ")"))
+                for p in meta.partitions:
+                    out[(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p),
+                                                              timeout=30)[1]
+            return out
+        finally:
+            c.close()
+
+    def catch_up(self) -> dict[tuple[str, int], int]:
+        """Rebuild the join from history; publish what was never published. Returns the
+        offsets to follow from."""
+        from pipeline.kafka.reader import read_to_end
+
+        ends = self._ends()
+        read_to_end(self.settings, [self.output],
+                    lambda m: self.published.add(_event_id(m.value())),
+                    group_prefix="liverl-consistency-published")
+        verdicts: list[events.PrmScore] = []
+        states: list[events.NextState] = []
+
+        def collect(msg: Any) -> None:
+            ev = _decode(msg.value())
+            if isinstance(ev, events.PrmScore):
+                verdicts.append(ev)
+            elif isinstance(ev, events.NextState) and outcome_vote(ev) is not None:
+                states.append(ev)
+
+        read_to_end(self.settings, self.inputs, collect, group_prefix="liverl-consistency")
+        self._publish(self.tracker.feed(verdicts, states))
+        return ends
+
+    # -- following -----------------------------------------------------------------------
+
+    def handle(self, ev: events.Event | None) -> list[Match]:
+        if isinstance(ev, events.PrmScore):
+            return self.tracker.verdict(ev)
+        if isinstance(ev, events.NextState):
+            return self.tracker.outcome(ev)
+        return []
+
+    def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        from pipeline.kafka.reader import one_shot_reader
+
+        ends = self.catch_up()
+        if once:
+            self.close()
+            return
+        stop = stop or threading.Event()
+        c = one_shot_reader(self.settings, "liverl-consistency-follow")
+        try:
+            c.assign([TopicPartition(t, p, o) for (t, p), o in ends.items()])
+            while not stop.is_set():
+                msgs = c.consume(num_messages=500, timeout=0.5)
+                matches: list[Match] = []
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise RuntimeError(f"consistency reader: {err}")
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("consistency reader: %s", err)
+                        continue
+                    matches += self.handle(_decode(m.value()))
+                self._publish(matches)
+        finally:
+            c.close()
+            self.close()
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def _publish(self, matches: list[Match]) -> None:
+        if not matches:
+            return
+        if self._producer is None:
+            from pipeline.kafka import EventProducer
+
+            self._producer = EventProducer(self.settings, client_id="liverl-consistency")
+        for m in matches:
+            reason = self.flagger.check(m)
+            ev = match_event(m, reason is not None, reason)
+            _metrics(ev)
+            if reason is not None:
+                log.warning("judge %s (%s) flagged: %s", ev.judge_id, ev.judge_version, reason)
+            if ev.event_id in self.published:
+                continue
+            self._producer.send(self.output, ev, key=ev.judge_id)
+            self.published.add(ev.event_id)
+            self.sent += 1
+            if self.on_event is not None:
+                self.on_event(ev)
+        self._producer.flush()
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
+
+
+def _decode(raw: bytes | None) -> events.Event | None:
+    try:
+        return events.decode(raw or b"")
+    except Exception:  # noqa: BLE001 - another component's bad record is theirs to report
+        return None
+
+
+def _event_id(raw: bytes | None) -> str:
+    ev = _decode(raw)
+    return ev.event_id if ev is not None else ""
+
+
+_GAUGE: Any = None
+_FLAGS: Any = None
+
+
+def _metrics(ev: events.JudgeConsistency) -> None:
+    """``liverl_judge_consistency`` per judge and version; ``liverl_judge_flags_total``."""
+    global _GAUGE, _FLAGS
+    from prometheus_client import Counter, Gauge
+
+    if _GAUGE is None:
+        _GAUGE = Gauge("liverl_judge_consistency", "A judge's agreement with outcomes: "
+                       "(agree + 1) / (agree + disagree + 2)", ["judge_id", "judge_version"])
+        _FLAGS = Counter("liverl_judge_flags", "Times a judge fell below the flag threshold",
+                         ["judge_id", "judge_version"])
+    _GAUGE.labels(ev.judge_id, ev.judge_version).set(ev.consistency)
+    if ev.flagged:
+        _FLAGS.labels(ev.judge_id, ev.judge_version).inc()

@@ -1,0 +1,126 @@
+"""The consistency processor on the real broker: matches published as verdicts and outcomes
+arrive, a judge flagged once when it falls below the threshold, nothing published twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from pipeline import events
+from pipeline.events import NextState, PrmScore, Producer
+from pipeline.kafka import EventProducer, names
+from pipeline.processors.commands import outcome_event
+from pipeline.processors.consistency import ConsistencyTracker, Match, Tally
+from pipeline.processors.consistency_watch import ConsistencyWatcher, Flagger, match_event
+from pipeline.settings import Settings
+from tests.test_replay import cli_env, drop, invoke, read_topic
+
+P = Producer(component="judge", version="v1")
+
+
+def verdict(sid: str, score: int, evidence: str) -> PrmScore:
+    return PrmScore(event_id=f"prm-{sid}-{evidence}", producer=P, parents=[f"{sid}-i0", evidence],
+                    session_id=sid, turn=0, score=score, votes=[score],  # type: ignore[arg-type]
+                    judge_id="replies", judge_version="v1")
+
+
+def test_flagger_flags_once_after_the_minimum_and_again_only_after_recovering() -> None:
+    f = Flagger(flag_below=0.5, min_decided=4)
+    key = ("j", "1")
+    tally = Tally()
+
+    def step(agrees: bool) -> str | None:
+        m = Match(key, "s", 0, 1, 1 if agrees else -1, "v", "o")
+        tally.add(m)
+        return f.check(dataclasses.replace(m, tally=Tally(tally.agree, tally.disagree)))
+
+    assert [step(False) for _ in range(3)] == [None] * 3  # 1/5: below, but 3 < 4 decided
+    reason = step(False)  # 4 decided, (0 + 1) / (4 + 2) = 0.167
+    assert reason is not None and "0.167 < 0.5 after 4" in reason
+    assert step(False) is None  # already flagged
+    for _ in range(6):
+        assert step(True) is None  # 2/7 = 0.286 ... 7/13 = 0.538: not yet >= 0.55
+    assert f.flagged == {key}
+    assert step(True) is None  # 8/14 = 0.571 >= 0.55: cleared
+    assert f.flagged == set()
+    for _ in range(6):
+        step(False)  # 8/20 = 0.4, flagged again on the way down
+    assert f.flagged == {key}
+
+
+def test_each_match_carries_the_tally_as_it_stood_then() -> None:
+    tr = ConsistencyTracker()
+    tr.outcome(outcome_event("a", True, turn=0))
+    tr.outcome(outcome_event("b", False, turn=0))
+    m1, m2 = tr.feed([verdict("a", 1, "ra"), verdict("b", 1, "rb")], [])
+    assert (m1.tally, m2.tally) == (Tally(1, 0), Tally(1, 1))
+    ev = match_event(m2)
+    assert (ev.agree, ev.disagree, ev.consistency) == (1, 1, 0.5)
+    assert ev.parents == ["prm-b-rb", m2.outcome_id] and ev.judge_id == "replies"
+
+
+def published(settings: Settings, ns: str) -> list[events.JudgeConsistency]:
+    topic = names.resolve(names.JUDGE_CONSISTENCY, ns)
+    out = [events.decode(m.value()) for msgs in read_topic(settings, topic).values()
+           for m in msgs]
+    return out  # type: ignore[return-value]
+
+
+@pytest.mark.integration
+def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
+    kafka_settings, unique, tmp_path, request  # type: ignore[no-untyped-def]
+) -> None:
+    ns = f"cw{unique}"
+    env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
+    request.addfinalizer(lambda: drop(env, ns))
+    assert invoke(["topics", "apply", "--namespace", ns], env).exit_code == 0
+    producer = EventProducer(kafka_settings, client_id="consistency-watch-test")
+    prm, nxt = (names.resolve(t, ns) for t in (names.PRM_SCORES, names.NEXT_STATES))
+
+    def session(i: int, passed: bool, outcome_first: bool = False) -> None:
+        sid = f"{ns}-s{i}"
+        gate: NextState = outcome_event(sid, passed, turn=0)
+        sends: list[tuple[str, Any]] = [(prm, verdict(sid, 1, f"{sid}-reply")),
+                                        (prm, verdict(sid, -1 if not passed else 1, gate.event_id))]
+        sends.insert(0 if outcome_first else 2, (nxt, gate))
+        for topic, ev in sends:
+            producer.send(topic, ev)
+        producer.flush()
+
+    for i in range(6):  # three approvals confirmed, three contradicted
+        session(i, passed=i < 3)
+    seen: list[events.JudgeConsistency] = []
+    watcher = ConsistencyWatcher(kafka_settings, namespace=ns, flag_below=0.5, min_decided=10,
+                                 on_event=seen.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 6:
+            assert time.monotonic() < deadline and thread.is_alive(), len(seen)
+            time.sleep(0.2)
+        for i in range(6, 12):  # six more contradicted, while it follows
+            session(i, passed=False, outcome_first=i % 2 == 0)
+        while len(seen) < 12:
+            assert time.monotonic() < deadline and thread.is_alive(), len(seen)
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(30)
+    got = published(kafka_settings, ns)
+    assert len(got) == len({e.event_id for e in got}) == 12  # the gates' own verdicts: none
+    last = max(got, key=lambda e: e.agree + e.disagree)
+    assert (last.agree, last.disagree, last.abstain) == (3, 9, 0)
+    assert last.consistency == pytest.approx(4 / 14)
+    (flag,) = [e for e in got if e.flagged]
+    assert flag.agree + flag.disagree == 10 and flag.reason and "< 0.5 after 10" in flag.reason
+    # a second run rebuilds the join from history and publishes nothing again
+    res = invoke(["judges", "watch", "--namespace", ns, "--once"], env)
+    assert res.exit_code == 0 and "published 0 match(es)" in res.output, res.output
+    assert len(published(kafka_settings, ns)) == 12
