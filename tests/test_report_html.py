@@ -38,7 +38,22 @@ def judged_lake(tmp_path: Path) -> Path:
         {"policy_id": "p1", "version": 2, "ok": True, "ts_ms": BASE_MS + 140 * SEC},
         {"policy_id": "other", "version": 3, "ok": True, "ts_ms": BASE_MS + 226 * SEC},
     ])
+    archive(lake, "judge_consistency", CONSISTENCY)
     return lake
+
+
+def match(eid: str, judge: str, agree: int, disagree: int, abstain: int = 0,
+          flagged: bool = False) -> dict[str, Any]:
+    return {"type": "judge_consistency", "event_id": eid, "judge_id": judge,
+            "judge_version": "v1", "agree": agree, "disagree": disagree, "abstain": abstain,
+            "consistency": (agree + 1) / (agree + disagree + 2), "flagged": flagged}
+
+
+# replies: three matches, the second archived twice (a re-sent match), out of order; the third
+# flagged it. rules: one.
+CONSISTENCY = [match("m2", "replies", 1, 1), match("m1", "replies", 1, 0),
+               match("m2", "replies", 1, 1), match("m3", "replies", 1, 2, 1, flagged=True),
+               match("r1", "rules", 0, 0, 1)]
 
 
 def test_page_figures_match_hand_computation(tmp_path: Path) -> None:
@@ -60,6 +75,11 @@ def test_page_figures_match_hand_computation(tmp_path: Path) -> None:
                                (start + 180_000, 1)]
     assert page.samples_per_s == pytest.approx(8 / 200)
     assert page.notes == []
+    assert [(j["judge_id"], j["agree"], j["disagree"], j["abstain"], j["flags"])
+            for j in page.judges] == [("replies", 1, 2, 1, 1), ("rules", 0, 0, 1, 0)]
+    assert page.judges[0]["consistency"] == pytest.approx(2 / 5)  # (1 + 1) / (1 + 2 + 2)
+    html = render_html(page, tmp_path / "r.html").read_text()
+    assert "<td>replies</td><td>v1</td>\n<td>1</td><td>2</td><td>1</td>\n<td>0.400</td>" in html
 
 
 def test_time_buckets_split_the_reward_line(tmp_path: Path) -> None:
@@ -76,6 +96,7 @@ def test_without_archive_the_page_says_what_is_missing(tmp_path: Path) -> None:
     assert all(v.live_ms is None for v in page.versions)
     assert any("prm_scores" in n and "liverl archive" in n for n in page.notes)
     assert any("serving_status" in n for n in page.notes)
+    assert any("judge_consistency" in n and "liverl judges watch" in n for n in page.notes)
     html = render_html(page, tmp_path / "r.html").read_text()
     assert "run `liverl archive`" in html
 

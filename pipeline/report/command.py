@@ -114,6 +114,10 @@ def report(
 
         settings = Settings()
     page = build_page(lake, summary.policy, lag=lag_reader(settings) if lag else None)
+    for j in page.judges:
+        click.echo(f"judge {j['judge_id']} ({j['judge_version']}): consistency "
+                   f"{j['consistency']:.3f} ({j['agree']} agree, {j['disagree']} disagree, "
+                   f"{j['abstain']} abstain)" + (f", flagged {j['flags']}x" if j["flags"] else ""))
     target = render_html(page, html_out or out.with_suffix(".html"), png=out)
     click.echo(f"html: {target}")
 

@@ -78,6 +78,7 @@ class Page:
     samples_per_s: float | None
     lag: list[dict[str, Any]] | None
     notes: list[str] = field(default_factory=list)
+    judges: list[dict[str, Any]] = field(default_factory=list)  # judge_consistency(...)
 
 
 # ---- reading --------------------------------------------------------------------------------
@@ -143,6 +144,27 @@ def reward_series(
             )
         )
     return series
+
+
+def judge_consistency(matches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (judge, version) its latest tally (the match with the most evidence) and how
+    often it was flagged, from archived ``judge_consistency`` events."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    flags: dict[tuple[str, str], int] = {}
+    seen: set[str] = set()
+    for m in matches:
+        if m.get("type") != "judge_consistency" or m.get("event_id") in seen:
+            continue
+        seen.add(str(m.get("event_id")))
+        key = (str(m["judge_id"]), str(m["judge_version"]))
+        n = int(m["agree"]) + int(m["disagree"]) + int(m["abstain"])
+        old = latest.get(key)
+        if old is None or n > old["n"]:
+            latest[key] = {"judge_id": key[0], "judge_version": key[1], "n": n,
+                           "agree": m["agree"], "disagree": m["disagree"],
+                           "abstain": m["abstain"], "consistency": m["consistency"]}
+        flags[key] = flags.get(key, 0) + bool(m.get("flagged"))
+    return [{**row, "flags": flags[k]} for k, row in sorted(latest.items())]
 
 
 def version_rows(weights: pa.Table, live: dict[int, int]) -> list[VersionRow]:
@@ -224,6 +246,12 @@ def build_page(
         by_judge = reward_series(trained, lambda r: judge_of.get((r["session_id"], r["turn"])),
                                  buckets)
 
+    matches = _archived(lake, "judge_consistency")
+    if matches is None:
+        notes.append("no archive of judge_consistency (run `liverl judges watch` and "
+                     "`liverl archive`): judges are not checked against outcomes")
+    judges = judge_consistency(matches or [])
+
     statuses = _archived(lake, "serving_status")
     if statuses is None:
         notes.append("no archive of serving_status (run `liverl archive`): when each "
@@ -244,7 +272,7 @@ def build_page(
         except Exception as exc:  # noqa: BLE001 - any broker failure is a note, not a crash
             notes.append(f"consumer lag unavailable: {exc}")
     return Page(policy, lake, int(dt.datetime.now(dt.UTC).timestamp() * 1000), by_method,
-                by_judge, versions, minutes, rate, lag_rows, notes)
+                by_judge, versions, minutes, rate, lag_rows, notes, judges)
 
 
 # ---- rendering ------------------------------------------------------------------------------
@@ -326,6 +354,15 @@ svg { max-width: 100%; height: auto; }
 <h2>Reward over time by judge</h2>
 {% if page.by_judge %}{{ judge_svg | safe }}{{ legend(page.by_judge, "judge") }}
 {% else %}<p class="muted">no trained samples with a known judge yet</p>{% endif %}
+
+<h2>Judge consistency (verdicts checked against outcomes)</h2>
+{% if page.judges %}<table><tr><th>judge</th><th>version</th><th>agree</th><th>disagree</th>
+<th>abstain</th><th>consistency</th><th>flagged</th></tr>
+{% for j in page.judges %}<tr><td>{{ j.judge_id }}</td><td>{{ j.judge_version }}</td>
+<td>{{ j.agree }}</td><td>{{ j.disagree }}</td><td>{{ j.abstain }}</td>
+<td>{{ "%.3f" % j.consistency }}</td><td class="{{ "rejected" if j.flags else "" }}">{{
+ j.flags }}</td></tr>
+{% endfor %}</table>{% else %}<p class="muted">no verdict has met an outcome yet</p>{% endif %}
 
 <h2>Weight versions</h2>
 {% if page.versions %}<table>
