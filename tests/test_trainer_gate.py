@@ -460,3 +460,23 @@ def test_the_publish_budget_leaves_the_verdict_out() -> None:
     assert next_publish_at(1000.0, 100.0, 0.0, 0.05) == pytest.approx(2900.0)
     assert next_publish_at(1000.0, 10.0, 0.0, 1.0) == pytest.approx(1000.0)
     assert next_publish_at(1000.0, 10.0, 12.0, 0.5) == pytest.approx(1000.0)  # never before now
+
+
+def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
+    tiny: Path, tmp_path: Path
+) -> None:
+    assert G.tally([1, -1], [0.8, 0.3]) == 1 and G.tally([1, -1], [0.3, 0.8]) == -1
+    assert G.tally([1, -1], [0.5, 0.5]) == 0
+    path = tmp_path / "consistency.json"
+    path.write_text(json.dumps({"judges": [
+        {"judge_id": "llm", "judge_version": "a", "agree": 1, "disagree": 0, "consistency": 0.9},
+        {"judge_id": "llm", "judge_version": "b", "agree": 30, "disagree": 20,
+         "consistency": 31 / 52},
+    ]}))
+    cfg = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.5},
+                   gate_consistency_file=path)
+    assert G.judge_weights(cfg) == {"fluency": 0.5, "llm": pytest.approx(31 / 52)}
+    votes = [{"prompt_id": "a", "vote": 1, "judge": "fluency", "source": "held_out"},
+             {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"}]
+    status, fig = G.decide(votes, (12, 12), (None, None), cfg)  # 0.5 - 0.596 < 0: lost
+    assert (status, fig["gate_lost"]) == ("rejected", 1)

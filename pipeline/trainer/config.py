@@ -244,6 +244,17 @@ class TrainerSettings(BaseModel):
     )
     gate_llm_model: str = Field(default="default", description="Model name sent to it.")
     gate_llm_timeout_s: float = Field(default=30.0, gt=0.0)
+    gate_judge_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Weight of each gate judge's vote in a prompt's tally (capability, "
+        "fluency, hint, reward, llm; default 1).",
+    )
+    gate_consistency_file: Path | None = Field(
+        default=None,
+        description="A `liverl judges compare NAME --format json` file: a gate judge with a "
+        "row of the same judge_id votes with that consistency as its weight (over "
+        "gate_judge_weights).",
+    )
 
     # devices
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")

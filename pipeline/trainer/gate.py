@@ -146,10 +146,25 @@ class Scored:
                 self.fluency[i], self.hint[i], self.recorded[i])
 
 
-def tally(values: Sequence[int]) -> int:
-    """A prompt's side: the sign of the sum of its judges' votes."""
-    total = sum(values)
-    return (total > 0) - (total < 0)
+def tally(values: Sequence[int], weights: Sequence[float] | None = None) -> int:
+    """A prompt's side: the sign of the (weighted) sum of its judges' votes."""
+    total = sum(v * w for v, w in zip(values, weights or [1.0] * len(values), strict=True))
+    return (total > 1e-12) - (total < -1e-12)
+
+
+def judge_weights(cfg: TrainerSettings) -> dict[str, float]:
+    """Each gate judge's weight: ``gate_judge_weights``, then the consistency of the judge of
+    the same id in ``gate_consistency_file`` (the row with the most decided verdicts)."""
+    weights = dict(cfg.gate_judge_weights)
+    if cfg.gate_consistency_file is not None:
+        doc = orjson.loads(Path(cfg.gate_consistency_file).read_bytes()[: 4 << 20])
+        best: dict[str, tuple[int, float]] = {}
+        for r in doc.get("judges", []) if isinstance(doc, dict) else []:
+            n = int(r.get("agree", 0)) + int(r.get("disagree", 0))
+            if str(r["judge_id"]) not in best or n > best[str(r["judge_id"])][0]:
+                best[str(r["judge_id"])] = (n, float(r["consistency"]))
+        weights.update({j: c for j, (_, c) in best.items()})
+    return weights
 
 
 def vote(candidate: float | None, live: float | None, margin: float) -> int:
@@ -171,10 +186,12 @@ def decide(
     cfg: TrainerSettings,
 ) -> tuple[str, dict[str, Any]]:
     """(status, figures) from the votes and the capability checks (see the module docstring)."""
-    by_prompt: dict[tuple[str, str], list[int]] = {}
+    weights = judge_weights(cfg)
+    by_prompt: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for v in votes:
-        by_prompt.setdefault((v["source"], v["prompt_id"]), []).append(int(v["vote"]))
-    sides = [tally(vs) for vs in by_prompt.values()]
+        by_prompt.setdefault((v["source"], v["prompt_id"]), []).append(
+            (int(v["vote"]), weights.get(v["judge"], 1.0)))
+    sides = [tally([x for x, _ in vs], [w for _, w in vs]) for vs in by_prompt.values()]
     won, lost = sides.count(1), sides.count(-1)
     reasons = []
     if lost > len(sides) / 2:
@@ -191,6 +208,8 @@ def decide(
         "gate_prompts": len(by_prompt), "gate_won": won, "gate_lost": lost,
         "gate_tied": len(sides) - won - lost, "gate_reasons": reasons,
     }
+    if weights:
+        figures["gate_judge_weights"] = weights
     for judge in JUDGES:
         mine = [int(v["vote"]) for v in votes if v["judge"] == judge]
         if mine:
