@@ -90,8 +90,7 @@ class EventProducer:
     ) -> None:
         """Encode and produce; the key defaults to the event's session (co-partitioning)."""
         if key is None:
-            key = (getattr(event, "session_id", None) or getattr(event, "policy_id", None)
-                   or getattr(event, "judge_id", None))
+            key = getattr(event, "session_id", None) or getattr(event, "policy_id", None)
         if isinstance(event, events.DeadLetter):
             # Whoever built it, a dead letter must fit the codec limit (base64 grows a 7 MB
             # record past the broker's limit: the produce error crash-looped its consumer).

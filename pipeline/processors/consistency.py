@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.events import NextState, PrmScore
 from pipeline.events.types import Vote
@@ -140,44 +141,38 @@ class ConsistencyTracker:
 
     def outcome(self, state: NextState) -> list[Match]:
         """Record a next state; the matches it completes (none unless it is an outcome)."""
-        vote = outcome_vote(state)
-        if vote is None or state.event_id in self._seen:
+        if not self._record(state):
             return []
-        self._seen.add(state.event_id)
-        o = _Outcome(vote, state.event_id, state.ts_ms)
-        out: list[Match] = []
+        turns = self._verdicts.get(state.session_id, {})
         if is_session_outcome(state):
-            if self._newer(self._session_outcomes.get(state.session_id), o):
-                self._session_outcomes[state.session_id] = o
-            for turn, verdicts in self._verdicts.get(state.session_id, {}).items():
-                out += self._match_all(state.session_id, turn, verdicts)
-            return out
-        key = (state.session_id, state.turn)
-        if self._newer(self._turn_outcomes.get(key), o):
-            self._turn_outcomes[key] = o
-        return self._match_all(*key, self._verdicts.get(state.session_id, {}).get(state.turn, []))
+            return [m for turn, verdicts in turns.items()
+                    for m in self._match_all(state.session_id, turn, verdicts)]
+        return self._match_all(state.session_id, state.turn, turns.get(state.turn, []))
 
     def feed(self, verdicts: Iterable[PrmScore], states: Iterable[NextState]) -> list[Match]:
         """Batch form: every verdict and next state (order does not matter for the totals,
         except which of several outcomes of one turn counts: the latest by event time)."""
         for s in states:
-            vote = outcome_vote(s)
-            if vote is None or s.event_id in self._seen:
-                continue
-            self._seen.add(s.event_id)
-            o = _Outcome(vote, s.event_id, s.ts_ms)
-            if is_session_outcome(s):
-                if self._newer(self._session_outcomes.get(s.session_id), o):
-                    self._session_outcomes[s.session_id] = o
-            elif self._newer(self._turn_outcomes.get((s.session_id, s.turn)), o):
-                self._turn_outcomes[(s.session_id, s.turn)] = o
+            self._record(s)
         return [m for prm in verdicts for m in self.verdict(prm)]
 
     # -- inner workings ------------------------------------------------------------------------
 
-    @staticmethod
-    def _newer(old: _Outcome | None, new: _Outcome) -> bool:
-        return old is None or (new.ts_ms, new.event_id) >= (old.ts_ms, old.event_id)
+    def _record(self, state: NextState) -> bool:
+        """Keep a new outcome as its turn's (or session's) latest; False if it is none."""
+        vote = outcome_vote(state)
+        if vote is None or state.event_id in self._seen:
+            return False
+        self._seen.add(state.event_id)
+        o = _Outcome(vote, state.event_id, state.ts_ms)
+        table: dict[Any, _Outcome] = self._turn_outcomes
+        key: Any = (state.session_id, state.turn)
+        if is_session_outcome(state):
+            table, key = self._session_outcomes, state.session_id
+        old = table.get(key)
+        if old is None or (o.ts_ms, o.event_id) >= (old.ts_ms, old.event_id):
+            table[key] = o
+        return True
 
     def _outcome_for(self, sid: str, turn: int, v: _Verdict) -> _Outcome | None:
         for o in (self._turn_outcomes.get((sid, turn)), self._session_outcomes.get(sid)):

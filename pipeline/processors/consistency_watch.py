@@ -35,6 +35,40 @@ FLAG_HYSTERESIS = 0.05
 PRODUCER = events.Producer(component="consistency", version=VERSION)
 
 
+@dataclass
+class History:
+    """Verdicts and outcomes read from the topics' history."""
+
+    verdicts: list[events.PrmScore] = field(default_factory=list)
+    outcomes: list[events.NextState] = field(default_factory=list)
+    undecodable: int = 0
+
+
+def read_history(settings: Connectable, namespace: str | None,
+                 idle_timeout_s: float = 30.0) -> History:
+    """Every verdict and every outcome-carrying next state of the namespace (None: live),
+    from the topics' beginning to their ends now, with assign only."""
+    from pipeline.kafka.reader import read_to_end
+
+    found = History()
+
+    def collect(msg: Any) -> None:
+        try:
+            ev = events.decode(msg.value() or b"")
+        except Exception:  # noqa: BLE001 - counted and shown, never fatal
+            found.undecodable += 1
+            return
+        if isinstance(ev, events.PrmScore):
+            found.verdicts.append(ev)
+        elif isinstance(ev, events.NextState) and outcome_vote(ev) is not None:
+            found.outcomes.append(ev)
+
+    read_to_end(settings, [names.resolve(names.PRM_SCORES, namespace),
+                           names.resolve(names.NEXT_STATES, namespace)],
+                collect, group_prefix="liverl-consistency", idle_timeout_s=idle_timeout_s)
+    return found
+
+
 def match_event(m: Match, flagged: bool = False, reason: str | None = None
                 ) -> events.JudgeConsistency:
     """The event of one match, with the judge's tally as it stood right after it."""
@@ -133,18 +167,8 @@ class ConsistencyWatcher:
         read_to_end(self.settings, [self.output],
                     lambda m: self.published.add(_event_id(m.value())),
                     group_prefix="liverl-consistency-published")
-        verdicts: list[events.PrmScore] = []
-        states: list[events.NextState] = []
-
-        def collect(msg: Any) -> None:
-            ev = _decode(msg.value())
-            if isinstance(ev, events.PrmScore):
-                verdicts.append(ev)
-            elif isinstance(ev, events.NextState) and outcome_vote(ev) is not None:
-                states.append(ev)
-
-        read_to_end(self.settings, self.inputs, collect, group_prefix="liverl-consistency")
-        self._publish(self.tracker.feed(verdicts, states))
+        history = read_history(self.settings, self.namespace)
+        self._publish(self.tracker.feed(history.verdicts, history.outcomes))
         return ends
 
     # -- following -----------------------------------------------------------------------

@@ -48,34 +48,13 @@ class Comparison:
 def compare(settings: Connectable, namespace: str | None, idle_timeout_s: float = 30.0
             ) -> Comparison:
     """Join every verdict of the namespace (None: the live topics) to its outcomes."""
-    from pipeline.kafka.reader import read_to_end
+    from .consistency_watch import read_history
 
-    from .consistency import outcome_vote
-
-    prm_topic = names.resolve(names.PRM_SCORES, namespace)
-    ns_topic = names.resolve(names.NEXT_STATES, namespace)
-    verdicts: list[events.PrmScore] = []
-    states: list[events.NextState] = []
-    result = Comparison()
-
-    def handle(msg: Any) -> None:
-        try:
-            ev = events.decode(msg.value() or b"")
-        except Exception:  # noqa: BLE001 - counted and shown, never fatal
-            result.undecodable += 1
-            return
-        if isinstance(ev, events.PrmScore):
-            verdicts.append(ev)
-        elif isinstance(ev, events.NextState) and outcome_vote(ev) is not None:
-            states.append(ev)
-
-    read_to_end(settings, [prm_topic, ns_topic], handle, group_prefix="liverl-judges-compare",
-                idle_timeout_s=idle_timeout_s)
+    history = read_history(settings, namespace, idle_timeout_s)
     tracker = ConsistencyTracker()
-    tracker.feed(verdicts, states)
-    result.tallies = tracker.tallies
-    result.verdicts, result.outcomes = len(verdicts), len(states)
-    return result
+    tracker.feed(history.verdicts, history.outcomes)
+    return Comparison(tracker.tallies, len(history.verdicts), len(history.outcomes),
+                      history.undecodable)
 
 
 @click.group("judges")
