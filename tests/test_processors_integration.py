@@ -684,11 +684,20 @@ def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettere
              for i in range(1000)]  # fmt: skip
     a = feedback(sid, "a", "up", t0 + 600, score=0.5)
     b = feedback(sid, "b", "down", t0 + 601)
+    superseded = {v.event_id for v in votes[:-1]}
+
+    def letters(by) -> dict[str, events.DeadLetter]:  # type: ignore[no-untyped-def]
+        return {original_id(d): d for d in by[names.DLQ]}
+
     try:
         producer.send(names.INTERACTIONS, turns[0])
         for ev in [*votes[:500], a, b, *votes[500:]]:
             producer.send(names.NEXT_STATES, ev)
         producer.flush()
+        # The closing turn travels on another topic: sent before the worker has read every
+        # vote, it would close the session first and the votes still unread would be (rightly)
+        # dead-lettered as late rather than as superseded. Wait for the worker to reach vote 999.
+        col.poll_until(lambda by: superseded <= letters(by).keys(), proc, limit_s=180)
         producer.send(names.INTERACTIONS, turns[1])
         producer.flush()
         col.poll_until(lambda by: len(by[names.SAMPLES]) >= 2, proc, limit_s=180)
@@ -697,9 +706,6 @@ def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettere
         late = feedback(sid, "c", "down", events.now_ms())
         producer.send(names.NEXT_STATES, late)
         producer.flush()
-
-        def letters(by) -> dict[str, events.DeadLetter]:  # type: ignore[no-untyped-def]
-            return {original_id(d): d for d in by[names.DLQ]}
 
         col.poll_until(lambda by: late.event_id in letters(by), proc, limit_s=60)
         col.poll_until(lambda by: False, proc, limit_s=2)  # anything still on its way
@@ -716,7 +722,6 @@ def test_feedback_counts_once_per_caller_and_every_vote_left_out_is_dead_lettere
 
     got = letters(by)
     assert all(d.source_topic == names.NEXT_STATES for d in got.values())
-    superseded = {v.event_id for v in votes[:-1]}
     assert {i for i, d in got.items() if "superseded by a later vote" in d.error} == superseded
     assert {i for i, d in got.items() if "feedback_voters_per_turn" in d.error} == {b.event_id}
     assert {i for i, d in got.items() if "after the session was assembled" in d.error} == {

@@ -196,6 +196,12 @@ def summary(row: TapRow) -> str:
             f"{e.policy_id} v{e.version} vs v{e.live_version} {e.judge} {e.source} "
             f"{e.prompt_id[:12]} vote {e.vote:+d}{scores}"
         )
+    if t == "judge_consistency":
+        flag = f" FLAGGED: {_head(e.reason, 40)}" if e.flagged else ""
+        return (
+            f"{e.judge_id} {e.judge_version} verdict {e.verdict:+d} outcome {e.outcome:+d} "
+            f"consistency {e.consistency:.3f} ({e.agree}/{e.agree + e.disagree}){flag}"
+        )
     if t == "dlq":
         return f"{e.source_topic}[{e.source_partition}]@{e.source_offset}: {_head(e.error)}"
     from pipeline.events import json_default  # pragma: no cover - new types
