@@ -525,7 +525,7 @@ def _register_components() -> None:
     from pipeline.kafka.commands import tap
     from pipeline.lake.commands import archive, sql
     from pipeline.models.commands import models
-    from pipeline.processors.commands import record_outcome, workers
+    from pipeline.processors.commands import gates, record_outcome, workers
     from pipeline.processors.judge_commands import judges
     from pipeline.replay.commands import diff_rewards, drop_namespace, replay
     from pipeline.report import report
@@ -537,6 +537,7 @@ def _register_components() -> None:
     cli.add_command(serve)
     cli.add_command(workers)
     cli.add_command(record_outcome)
+    cli.add_command(gates)
     cli.add_command(judges)
     cli.add_command(train)
     cli.add_command(report)

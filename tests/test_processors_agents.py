@@ -32,8 +32,8 @@ from pipeline.events import PathPenalty, PrmScore, Producer, examples
 from pipeline.kafka import names
 from pipeline.processors import app as app_mod
 from pipeline.processors import runtime
-from pipeline.processors.commands import outcome_event
 from pipeline.processors.config import ProcessorSettings
+from pipeline.processors.outcomes import outcome_event
 from pipeline.settings import Settings
 
 SID = "t-s"

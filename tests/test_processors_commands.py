@@ -17,7 +17,8 @@ from pipeline import events
 from pipeline.events import examples
 from pipeline.kafka import names
 from pipeline.processors import judging
-from pipeline.processors.commands import GateResult, gate_event, record_outcome, run_gate, workers
+from pipeline.processors.commands import record_outcome, workers
+from pipeline.processors.outcomes import GateResult, gate_event, run_gate
 
 
 def test_workers_help_names_the_knobs():

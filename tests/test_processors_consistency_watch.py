@@ -14,9 +14,9 @@ import pytest
 from pipeline import events
 from pipeline.events import NextState, PrmScore, Producer
 from pipeline.kafka import EventProducer, names
-from pipeline.processors.commands import outcome_event
 from pipeline.processors.consistency import ConsistencyTracker, Match, Tally
 from pipeline.processors.consistency_watch import ConsistencyWatcher, Flagger, match_event
+from pipeline.processors.outcomes import outcome_event
 from pipeline.settings import Settings
 from tests.test_replay import cli_env, drop, invoke, read_topic
 

@@ -15,7 +15,7 @@ import pytest
 from pipeline import events
 from pipeline.events import NextState, Producer, examples
 from pipeline.kafka import EventProducer, names
-from pipeline.processors.commands import outcome_event
+from pipeline.processors.outcomes import outcome_event
 from tests.test_replay import cli_env, drop, invoke, read_topic, start, stop
 
 P = Producer(component="test", version="1")

@@ -29,7 +29,7 @@ from pipeline import events
 from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
 from pipeline.kafka.reader import read_to_end
-from pipeline.processors.commands import outcome_event
+from pipeline.processors.outcomes import outcome_event
 from pipeline.settings import Settings
 
 from .test_processors_integration import (

@@ -20,8 +20,8 @@ from pipeline.events import (
     json_default,
 )
 from pipeline.processors import grouping
-from pipeline.processors.commands import outcome_event
 from pipeline.processors.grouping import GroupIndex
+from pipeline.processors.outcomes import outcome_event
 from pipeline.processors.rewards import (
     Assembler,
     AssemblyState,

@@ -4,32 +4,28 @@
 (``supervisor.py``), one consumer group, so Kafka spreads the partitions over them.
 ``liverl record-outcome``: a quality gate's pass/fail as a ``next_states`` event; with
 ``-- CMD ARGS`` it runs the gate itself and records its exit code and the ends of its output.
+``liverl gates run``: each gate of a gates file (``gates_file.py``), recorded the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import shlex
-import signal
-import subprocess
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import click
 from click.core import ParameterSource
 
-from pipeline.events import NextState, Producer, new_event_id, now_ms
+from pipeline.events import NextState
 from pipeline.events.types import NextStateKind
 from pipeline.options import field_option, merged
 from pipeline.settings import Settings, load_settings
 
 from .config import ProcessorSettings, free_port, port_problem
-from .terminal import TAIL_CHARS, tail
+from .gates_file import DEFAULT_FILE as DEFAULT_GATES_FILE
+from .gates_file import Gate, GatesFile, GatesFileError, load_gates, run_gates
+from .gates_file import exit_code as gates_exit_code
+from .outcomes import gate_event, outcome_event, run_gate
+from .terminal import TAIL_CHARS
 
 MAX_PROCESSES = 64  # `liverl workers --processes`: a sanity bound, far above any partition count
 
@@ -298,146 +294,108 @@ def record_outcome(
     ctx.exit(gate.exit_code)
 
 
-def outcome_event(
+@click.group("gates")
+def gates() -> None:
+    """Quality gates as configuration: a gates file's commands, each outcome a reward."""
+
+
+_GATES_FILE = click.option(
+    "--file", "path", type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_GATES_FILE, show_default=True, envvar="LIVERL_GATES_FILE",
+    help="The gates file (env LIVERL_GATES_FILE); see `liverl gates check --help`.",
+)
+
+
+@gates.command("check")
+@_GATES_FILE
+def gates_check(path: Path) -> None:
+    """Check a gates file and print what `gates run` would do; runs nothing.
+
+    \b
+    gates:
+      - command: "pytest -q"      # split like sh would; never run through a shell
+        record_outcome: true      # default: recorded as `liverl record-outcome -- CMD`
+        timeout_s: 1800           # default; then killed, exit 124
+      - name: lint
+        command: ["ruff", "check", "."]
+        record_outcome: false     # gates the exit code, records nothing
+    fail_fast: false              # true: stop at the first failing gate
+
+    Per gate also: kind (test_result | feedback), turn, source, detail.
+    """
+    spec = _load_gates(path)
+    for i, gate in enumerate(spec.gates, 1):
+        what = "records its outcome" if gate.record_outcome else "not recorded"
+        click.echo(f"{i}. {gate.label}: {shlex.join(gate.argv)} ({what}, "
+                   f"timeout {gate.timeout_s:g} s)")  # fmt: skip
+    click.echo(f"{len(spec.gates)} gate(s) in {path}" + (", fail fast" if spec.fail_fast else ""))
+
+
+@gates.command("run")
+@click.option(
+    "--session", "session_id", required=True, envvar="LIVERL_SESSION_ID",
+    help="Session id (env LIVERL_SESSION_ID).",
+)
+@_GATES_FILE
+@click.option("--turn", type=int, default=None,
+              help="Attach outcomes to one turn (default: the session; a gate's turn wins).")
+@click.option("--fail-fast/--no-fail-fast", default=None,
+              help="Stop at the first failing gate (default: the file's fail_fast).")
+@click.option(
+    "--tail", "tail_chars", type=click.IntRange(1, 100_000), default=TAIL_CHARS,
+    show_default=True, help="Characters kept of the end of each command's stdout and stderr.",
+)
+@click.pass_context
+def gates_run(
+    ctx: click.Context,
     session_id: str,
-    passed: bool,
-    *,
-    turn: int | None = None,
-    kind: NextStateKind = "test_result",
-    detail: str = "",
-    source: str = "record-outcome",
-    ts_ms: int | None = None,
-) -> NextState:
-    """The next state for an outcome; without ``turn`` it is session-scoped: ``scope="session"``
-    (``turn`` is then 0 only because the schema requires one). Random id: it is a root event."""
-    return NextState(
-        event_id=new_event_id(),
-        ts_ms=ts_ms if ts_ms is not None else now_ms(),
-        producer=Producer(component=source, version="1"),
-        session_id=session_id,
-        turn=0 if turn is None else turn,
-        kind=kind,
-        content=detail or ("passed" if passed else "failed"),
-        exit_code=0 if passed else 1,
-        score=1.0 if passed else -1.0,
-        source=source,
-        detail={"passed": passed},
-        scope="session" if turn is None else "turn",
-    )
+    path: Path,
+    turn: int | None,
+    fail_fast: bool | None,
+    tail_chars: int,
+) -> None:
+    """Run each gate of the gates file for a session, in order, and record each outcome
+    exactly as `liverl record-outcome --session S -- CMD` does (their output passes through).
+
+    Exits with the first failing gate's exit code, 0 when all pass, 1 when all passed but an
+    outcome could not be recorded (Kafka down: the gates still run and say so).
+    """
+    from pipeline.kafka import EventProducer, names
+
+    spec = _load_gates(path)
+    if fail_fast is not None:
+        spec = spec.model_copy(update={"fail_fast": fail_fast})
+    settings = _settings(ctx)
+    producer: EventProducer | None = None
+
+    def record(event: NextState) -> None:
+        nonlocal producer
+        if producer is None:
+            producer = EventProducer(settings, client_id="liverl-gates")
+        producer.send(names.NEXT_STATES, event)
+        producer.flush()
+
+    def start(i: int, gate: Gate) -> None:
+        click.echo(f"[gate {i + 1}/{len(spec.gates)}] {gate.label}", err=True)
+
+    runs = run_gates(spec, session_id, record, turn=turn, tail_chars=tail_chars, on_start=start)
+    for run in runs:
+        verdict = "passed" if run.passed else f"failed (exit {run.result.exit_code})"
+        if run.event is None:
+            note = "not recorded (record_outcome: false)"
+        elif run.error:
+            note = f"NOT recorded: {run.error}"
+        else:
+            note = f"recorded {run.event.event_id}"
+        click.echo(f"{run.gate.label}: {verdict} in {run.result.duration_s:g} s; {note}", err=True)
+    skipped = len(spec.gates) - len(runs)
+    if skipped:
+        click.echo(f"{skipped} gate(s) not run (fail fast)", err=True)
+    ctx.exit(gates_exit_code(runs))
 
 
-# ---- quality gates: run a command, keep its exit code and the ends of its output --------------
-
-TIMEOUT_EXIT = 124  # as GNU timeout
-MAX_COMMAND_CHARS = 1000  # of the command line kept in the event
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """How a gate command ended: shell-style exit code (128+N for signal N, 124 timed out,
-    127 not found, 126 not runnable) and the ends of its output."""
-
-    exit_code: int
-    stdout_tail: str
-    stderr_tail: str
-    timed_out: bool
-    duration_s: float
-
-
-class _Tail:
-    """Copies a stream through while keeping only its last bytes (bounded memory)."""
-
-    def __init__(self, src: io.BufferedReader, dst: IO[bytes] | None, keep: int) -> None:
-        self.keep = keep
-        self.buf = bytearray()
-        self.thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
-        self.thread.start()
-
-    def _pump(self, src: io.BufferedReader, dst: IO[bytes] | None) -> None:
-        while chunk := src.read1(65536):
-            if dst is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    dst.write(chunk)
-                    dst.flush()
-            self.buf += chunk
-            if len(self.buf) > 2 * self.keep:
-                del self.buf[: len(self.buf) - self.keep]
-
-    def text(self, chars: int) -> str:
-        self.thread.join(timeout=5)  # a grandchild may still hold the pipe: do not wait on it
-        return tail(bytes(self.buf[-self.keep :]).decode("utf-8", "replace"), chars)
-
-
-def run_gate(
-    argv: list[str], timeout_s: float, tail_chars: int = TAIL_CHARS, echo: bool = True
-) -> GateResult:
-    """Run ``argv`` (no shell) to its end or the timeout, its output passing through to ours
-    when ``echo``; the whole process group is killed at the timeout."""
-    started = time.monotonic()
+def _load_gates(path: Path) -> GatesFile:
     try:
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-        )
-    except OSError as exc:
-        code = 127 if isinstance(exc, FileNotFoundError) else 126
-        return GateResult(code, "", tail(str(exc), tail_chars), False, 0.0)
-    # Binary pipes with the default buffering: BufferedReaders (read1 returns what is there).
-    assert isinstance(proc.stdout, io.BufferedReader)
-    assert isinstance(proc.stderr, io.BufferedReader)
-    keep = 4 * tail_chars  # bytes: UTF-8 needs at most 4 a character
-    out = _Tail(proc.stdout, click.get_binary_stream("stdout") if echo else None, keep)
-    err = _Tail(proc.stderr, click.get_binary_stream("stderr") if echo else None, keep)
-    timed_out = False
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        code = TIMEOUT_EXIT
-    if code < 0:
-        code = 128 - code  # killed by signal N: 128 + N, as a shell reports it
-    return GateResult(
-        code,
-        out.text(tail_chars),
-        err.text(tail_chars),
-        timed_out,
-        round(time.monotonic() - started, 3),
-    )
-
-
-def gate_event(
-    session_id: str,
-    argv: list[str],
-    gate: GateResult,
-    *,
-    turn: int | None = None,
-    kind: NextStateKind = "test_result",
-    detail: str = "",
-    source: str = "record-outcome",
-) -> NextState:
-    """The outcome of a gate command: pass/fail from its exit code, the judges' text from the
-    ends of its output (or ``detail`` when given), the rest in ``detail``."""
-    cmd = shlex.join(argv)
-    if len(cmd) > MAX_COMMAND_CHARS:
-        cmd = cmd[: MAX_COMMAND_CHARS - 1] + "…"
-    passed = gate.exit_code == 0
-    text = f"$ {cmd}\n{gate.stdout_tail}"
-    if gate.stderr_tail:
-        text += f"\n[stderr]\n{gate.stderr_tail}"
-    if gate.timed_out:
-        text += "\n[timed out]"
-    event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail or text,
-                          source=source)
-    event.exit_code = gate.exit_code
-    event.detail = {
-        "passed": passed,
-        "command": cmd,
-        "exit_code": gate.exit_code,
-        "stdout_tail": gate.stdout_tail,
-        "stderr_tail": gate.stderr_tail,
-        "timed_out": gate.timed_out,
-        "duration_s": gate.duration_s,
-    }
-    return event
+        return load_gates(path)
+    except GatesFileError as exc:
+        raise click.UsageError(str(exc)) from exc

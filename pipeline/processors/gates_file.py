@@ -1,0 +1,188 @@
+"""A gates file: a coding agent's quality gates as configuration (the seed's loop-engineering
+recipe), so a harness wires its tests to rewards with one file::
+
+    gates:
+      - command: "pytest -q"        # split like a shell would; never run through a shell
+        record_outcome: true        # the default: a next_states outcome, as record-outcome
+      - name: lint
+        command: ["ruff", "check", "."]
+        timeout_s: 120
+        record_outcome: false       # gates the exit code, teaches nothing
+
+``liverl gates run --session S`` runs each gate and records what ``liverl record-outcome
+--session S -- CMD`` would (the same event, built by ``outcomes.gate_event``). The file is
+checked whole before anything runs: a typo is an error naming the field, not a gate skipped.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipeline.events import NextState
+
+from .outcomes import MAX_COMMAND_CHARS, GateResult, gate_event, run_gate
+from .terminal import TAIL_CHARS
+
+MAX_FILE_BYTES = 64 * 1024
+MAX_GATES = 32
+MAX_ARGS = 256
+MAX_DEPTH = 6  # gates file -> gates list -> gate -> env/command -> value
+MAX_TIMEOUT_S = 24 * 3600.0
+DEFAULT_FILE = "gates.yaml"
+
+
+class GatesFileError(ValueError):
+    """A gates file that cannot be used, with the path and what is wrong."""
+
+
+class Gate(BaseModel):
+    """One gate: a command whose exit code passes (0) or fails the session."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | list[str] = Field(description="The command; a string is split as by sh.")
+    name: str | None = Field(default=None, max_length=100)
+    record_outcome: bool = True
+    timeout_s: float = Field(default=1800.0, gt=0, le=MAX_TIMEOUT_S)
+    kind: Literal["test_result", "feedback"] = "test_result"
+    turn: int | None = Field(default=None, ge=0, description="Attach to one turn, not the session.")
+    source: str = Field(default="record-outcome", min_length=1, max_length=100)
+    detail: str = Field(default="", max_length=10_000)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | list[str]) -> str | list[str]:
+        text = v if isinstance(v, str) else shlex.join(v)
+        if len(text) > MAX_COMMAND_CHARS:
+            raise ValueError(f"longer than {MAX_COMMAND_CHARS} characters")
+        argv = _split(v)
+        if not argv or not argv[0]:
+            raise ValueError("empty command")
+        if len(argv) > MAX_ARGS:
+            raise ValueError(f"more than {MAX_ARGS} arguments")
+        return v
+
+    @property
+    def argv(self) -> list[str]:
+        return _split(self.command)
+
+    @property
+    def label(self) -> str:
+        return self.name or shlex.join(self.argv)
+
+
+class GatesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gates: list[Gate] = Field(min_length=1, max_length=MAX_GATES)
+    fail_fast: bool = Field(default=False, description="Stop at the first failing gate.")
+
+
+def _split(command: str | list[str]) -> list[str]:
+    if isinstance(command, list):
+        return command
+    try:
+        return shlex.split(command)
+    except ValueError as exc:  # unbalanced quotes
+        raise ValueError(f"cannot split {command!r}: {exc}") from exc
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level
+
+
+def load_gates(path: Path) -> GatesFile:
+    """The gates file at ``path``, checked whole (size, depth, fields)."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise GatesFileError(f"{path}: cannot read the gates file ({exc.strerror})") from exc
+    if size > MAX_FILE_BYTES:
+        raise GatesFileError(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} allowed")
+    try:
+        doc = yaml.safe_load(path.read_text("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        raise GatesFileError(f"{path}: not valid YAML: {exc}") from exc
+    if _depth(doc) > MAX_DEPTH:
+        raise GatesFileError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+    if not isinstance(doc, dict):
+        raise GatesFileError(f"{path}: expected a mapping with a 'gates' list")
+    try:
+        return GatesFile.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in exc.errors()
+        )
+        raise GatesFileError(f"{path}: {problems}") from exc
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """A gate that ran: its result and, when recorded, its event (``error`` when the record
+    could not be sent)."""
+
+    gate: Gate
+    result: GateResult
+    event: NextState | None
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.result.exit_code == 0
+
+
+def run_gates(
+    gates: GatesFile,
+    session_id: str,
+    record: Callable[[NextState], None],
+    *,
+    turn: int | None = None,
+    tail_chars: int = TAIL_CHARS,
+    echo: bool = True,
+    on_start: Callable[[int, Gate], None] | None = None,
+) -> list[GateRun]:
+    """Run the gates in order, recording each outcome as it ends (so a long later gate does
+    not hold back an earlier one's reward). ``record`` raising is kept as the run's error;
+    the remaining gates still run. ``turn`` applies to gates that name none."""
+    runs: list[GateRun] = []
+    for i, gate in enumerate(gates.gates):
+        if on_start is not None:
+            on_start(i, gate)
+        result = run_gate(gate.argv, gate.timeout_s, tail_chars, echo=echo)
+        event = None
+        error = None
+        if gate.record_outcome:
+            event = gate_event(session_id, gate.argv, result,
+                               turn=gate.turn if gate.turn is not None else turn,
+                               kind=gate.kind, detail=gate.detail, source=gate.source)  # fmt: skip
+            if gate.name:
+                event.detail["gate"] = gate.name
+            try:
+                record(event)
+            except Exception as exc:  # noqa: BLE001 - Kafka's: the gate's verdict still stands
+                error = str(exc)
+        runs.append(GateRun(gate, result, event, error))
+        if gates.fail_fast and result.exit_code != 0:
+            break
+    return runs
+
+
+def exit_code(runs: list[GateRun]) -> int:
+    """The first failing gate's exit code; 1 when all passed but one was not recorded."""
+    for run in runs:
+        if not run.passed:
+            return run.result.exit_code
+    return 1 if any(run.error for run in runs) else 0

@@ -1,0 +1,156 @@
+"""Gates file: checked whole before anything runs; ``liverl gates run`` records each gate's
+outcome as ``liverl record-outcome -- CMD`` does, and exits with the first failure's code."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import cli
+from pipeline.events import NextState
+from pipeline.processors import gates_file
+from pipeline.processors.gates_file import GatesFileError, exit_code, load_gates, run_gates
+from tests.test_processors_commands import _next_states_from_now
+
+PY = sys.executable
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gates.yaml"
+    path.write_text(text)
+    return path
+
+
+def exit_with(code: int, say: str = "") -> str:
+    """A command as a YAML flow list (JSON is YAML)."""
+    return json.dumps([PY, "-c", f"import sys; print({say!r}); sys.exit({code})"])
+
+
+def test_a_string_command_is_split_like_sh_and_defaults_record_the_outcome(tmp_path):
+    spec = load_gates(write(tmp_path, 'gates:\n  - command: "pytest -q -k \'a or b\'"\n'))
+    (gate,) = spec.gates
+    assert gate.argv == ["pytest", "-q", "-k", "a or b"]
+    assert (gate.record_outcome, gate.timeout_s, gate.kind, gate.source) == (
+        True, 1800.0, "test_result", "record-outcome"
+    )  # fmt: skip
+    assert spec.fail_fast is False and gate.label == "pytest -q -k 'a or b'"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("gates:\n  - command: ls\n    record: true\n", "gates.0.record: Extra inputs"),
+        ("gates: []\n", "gates: List should have at least 1 item"),
+        ("gate:\n  - command: ls\n", "gate: Extra inputs"),
+        ("gates:\n  - command: ''\n", "empty command"),
+        ("gates:\n  - command: \"echo 'open\"\n", "cannot split"),
+        ("gates:\n  - command: ls\n    timeout_s: 0\n", "timeout_s: Input should be greater"),
+        ("- command: ls\n", "expected a mapping"),
+        ("gates: [\n", "not valid YAML"),
+        ("gates:\n" + "  - command: ls\n" * 33, "at most 32 items"),
+        ("gates:\n  - command: " + "x" * 1001 + "\n", "longer than 1000 characters"),
+        ("gates:\n  - command: [" + ", ".join(["a"] * 257) + "]\n", "more than 256 arguments"),
+        ("gates:\n  - command: ls\n    env: " + "[" * 6 + "]" * 6 + "\n", "deeper than 6"),
+    ],
+)
+def test_a_bad_gates_file_is_an_error_naming_what_is_wrong(tmp_path, text, says):
+    with pytest.raises(GatesFileError, match=None) as info:
+        load_gates(write(tmp_path, text))
+    assert says in str(info.value) and "gates.yaml" in str(info.value)
+
+
+def test_a_file_over_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(gates_file, "MAX_FILE_BYTES", 100)
+    path = write(tmp_path, "gates:\n" + "  - command: ls\n" * 10)  # 7 + 10 * 16 = 167 bytes
+    with pytest.raises(GatesFileError, match="167 bytes, more than the 100 allowed"):
+        load_gates(path)
+    with pytest.raises(GatesFileError, match="cannot read the gates file"):
+        load_gates(tmp_path / "missing.yaml")
+
+
+def test_run_gates_records_what_record_outcome_records_and_exits_with_the_first_failure(
+    tmp_path,
+):
+    path = write(
+        tmp_path,
+        f"gates:\n  - command: {exit_with(0, 'ok')}\n"
+        f"  - name: unit\n    command: {exit_with(3, 'boom')}\n    turn: 4\n"
+        f"  - command: {exit_with(5)}\n    record_outcome: false\n"
+        f"  - command: {exit_with(0)}\n",
+    )
+    sent: list[NextState] = []
+    runs = run_gates(load_gates(path), "s-1", sent.append, echo=False)
+    assert [r.result.exit_code for r in runs] == [0, 3, 5, 0]
+    assert exit_code(runs) == 3  # the first failing gate's, not the last's
+    assert [e.exit_code for e in sent] == [0, 3, 0]  # the unrecorded gate sent nothing
+    first, unit, _last = sent
+    assert (first.scope, first.turn, first.score, first.kind) == ("session", 0, 1.0, "test_result")
+    assert (unit.scope, unit.turn, unit.score, unit.detail["gate"]) == ("turn", 4, -1.0, "unit")
+    assert "boom" in unit.detail["stdout_tail"] and unit.detail["passed"] is False
+    assert runs[2].event is None
+
+
+def test_fail_fast_stops_and_a_failed_record_is_kept_as_the_runs_error(tmp_path):
+    path = write(
+        tmp_path,
+        f"fail_fast: true\ngates:\n  - command: {exit_with(0)}\n"
+        f"  - command: {exit_with(2)}\n  - command: {exit_with(0)}\n",
+    )
+
+    def down(event: NextState) -> None:
+        raise RuntimeError("broker down")
+
+    runs = run_gates(load_gates(path), "s-2", down, echo=False)
+    assert [r.result.exit_code for r in runs] == [0, 2]  # the third never ran
+    assert [r.error for r in runs] == ["broker down", "broker down"]
+    assert exit_code(runs) == 2
+    assert exit_code(runs[:1]) == 1  # all passed, one not recorded
+
+
+def test_gates_check_prints_the_plan_and_a_usage_error_for_a_bad_file(tmp_path):
+    path = write(tmp_path, "gates:\n  - name: tests\n    command: pytest -q\n")
+    res = CliRunner().invoke(cli, ["gates", "check", "--file", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "1. tests: pytest -q (records its outcome, timeout 1800 s)" in res.output
+    bad = write(tmp_path, "gates:\n  - commands: pytest\n")
+    res = CliRunner().invoke(cli, ["gates", "run", "--session", "s", "--file", str(bad)])
+    assert res.exit_code == 2 and "gates.0.commands: Extra inputs" in res.output
+
+
+@pytest.mark.integration
+def test_gates_run_records_each_outcome_on_the_broker(kafka_settings, unique, tmp_path):
+    """Two recorded gates (pass, fail 3) and an unrecorded one: two next states read back from
+    the real topic, the command's exit code its outcome, and the run's exit code 3."""
+    sid = f"gates-{unique}"
+    path = write(
+        tmp_path,
+        f"gates:\n  - name: tests\n    command: {exit_with(0, '5 passed')}\n"
+        f"  - command: {exit_with(3, '1 failed')}\n"
+        f"  - command: {exit_with(0)}\n    record_outcome: false\n",
+    )
+    c = _next_states_from_now(kafka_settings, f"gr-{unique}")
+    res = CliRunner().invoke(
+        cli, ["gates", "run", "--session", sid, "--file", str(path)],
+        obj={"settings": kafka_settings},
+    )  # fmt: skip
+    assert res.exit_code == 3, res.output
+    assert "5 passed" in res.output and "1 failed" in res.output  # output passed through
+    got: list[NextState] = []
+    for _ in range(60):
+        for msg in c.consume(100, timeout=0.5):
+            if msg.error() is None and msg.key() == sid.encode():
+                from pipeline import events
+
+                got.append(events.decode(msg.value(), "next_state"))
+        if len(got) >= 2:
+            break
+    c.close()
+    assert [(e.exit_code, e.score, e.scope) for e in got] == [(0, 1.0, "session"),
+                                                             (3, -1.0, "session")]
+    assert got[0].detail["gate"] == "tests" and "5 passed" in got[0].content
+    assert all(e.event_id in res.output for e in got)
+    assert "not recorded (record_outcome: false)" in res.output
