@@ -139,3 +139,52 @@ def test_bad_offline_arguments_are_usage_errors(
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not (tmp_path / "w" / "p").exists() or not any((tmp_path / "w" / "p").iterdir())
+
+
+def test_frontier_allocation_spends_the_budget_near_half_success_and_records_each_row(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """Three tasks of 4 sessions each (one prompt per task): always solved, solved half the
+    time, never solved. Rates (s + 1) / (n + 2): 5/6, 1/2, 1/6; weights 0.05 + 0.95 * 4p(1-p):
+    0.5778, 1, 0.5778. A budget of 6: quotas 1.61, 2.78, 1.61 -> 1, 2, 1 and the remainders
+    to the half task (0.78) and to one of the tied others: 3 rows of the frontier task, 2 and
+    1 of the others. Each drawn row is recorded (allocations) and trained once."""
+    topic, live, again = f"test.trainer.alloc.{unique}", f"live-{unique}", f"fr-{unique}"
+    create_topic(admin, topic, 1)
+    rng = random.Random(7)
+    prompts = {"solved": [1, 11, 12, 2], "half": [1, 21, 22, 2], "failed": [1, 31, 32, 2]}
+    rewards = {"solved": [1.0] * 4, "half": [1.0, -1.0, 1.0, -1.0], "failed": [-1.0] * 4}
+    samples = [
+        make_sample(10 * k + j, live, rng, session_id=f"{name}-{j}", turn=0,
+                    prompt_token_ids=prompts[name], reward=rewards[name][j])
+        for k, name in enumerate(prompts) for j in range(4)
+    ]  # fmt: skip
+    produce(kafka_settings, topic, samples)
+    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
+    first = run(trainer_cmd(tiny, topic, live, tmp_path, idle_s=1.5), kafka_settings)
+    assert first.returncode == 0, first.stderr[-3000:]
+    lake, weights = tmp_path / "lake", tmp_path / "weights"
+    where = f"policy_id = '{live}'"
+    cmd = [*offline_cmd(tiny, again, tmp_path, where), "--allocate", "frontier", "--budget", "6"]
+    done = run(cmd, kafka_settings)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "allocation frontier: 6 row(s) over 3 task(s)" in done.stdout, done.stdout
+
+    table = DeltaTable(str(lake / "allocations")).to_pyarrow_table().to_pylist()
+    assert len(table) == 6 and {r["allocation"] for r in table} == {"frontier"}
+    by_session = {r["session_id"]: r for r in table}
+    per_task = {name: sum(1 for s in by_session if s.startswith(name)) for name in prompts}
+    assert per_task["half"] == 3 and sorted([per_task["solved"], per_task["failed"]]) == [1, 2]
+    half = next(r for r in table if r["session_id"].startswith("half"))
+    assert (half["task_rows"], half["task_allocated"]) == (4, 3)
+    assert half["task_success_rate"] == pytest.approx(0.5) and half["task_weight"] == 1.0
+    solved = next(r for r in table if r["session_id"].startswith("solved"))
+    assert solved["task_success_rate"] == pytest.approx(5 / 6)
+    assert solved["task_weight"] == pytest.approx(0.05 + 0.95 * 4 * 5 / 6 / 6)
+    newest = ck.latest_manifest(weights, again)
+    assert newest is not None and {r["input"] for r in table} == {newest.input_topic}
+    assert sorted(rows_of(lake, again)) == sorted(r["event_id"] for r in table)
+
+    rerun = run(cmd, kafka_settings)  # resumes the same allocation: nothing new
+    assert rerun.returncode == 0 and "done: 0 steps" in rerun.stdout, rerun.stderr[-3000:]
+    assert DeltaTable(str(lake / "allocations")).to_pyarrow_table().num_rows == 6

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pipeline.events import GateVote
 
 TRAJECTORIES = "trajectories"
+ALLOCATIONS = "allocations"
 GRADIENT_STEPS = "gradient_steps"
 WEIGHTS = "weights"
 GATE_VOTES = "gate_votes"
@@ -125,17 +126,40 @@ GATE_VOTES_SCHEMA = pa.schema(
     ]
 )
 
+# One row per row an offline run (train --from-delta --allocate) chose to train on, written
+# before it trains: the allocation behind each sample, joinable to the new policy's
+# trajectories by event_id (pipeline/trainer/offline.py).
+ALLOCATIONS_SCHEMA = pa.schema(
+    [
+        ("input", pa.string()),  # the selection's name, as in the policy's manifests
+        ("policy_id", pa.string()),  # the policy trained on it
+        ("position", pa.int64()),  # offset of the row in the run's input
+        ("event_id", pa.string()),
+        ("session_id", pa.string()),
+        ("turn", pa.int64()),
+        ("task", pa.string()),  # digest of the session's first prompt
+        ("allocation", pa.string()),  # uniform | frontier
+        ("task_rows", pa.int64()),  # rows the task has in the selection
+        ("task_success_rate", pa.float64()),  # (successes + 1) / (trials + 2)
+        ("task_weight", pa.float64()),  # the task's weight (frontier), 1 (uniform)
+        ("task_allocated", pa.int64()),  # rows of the task in the budget
+        ("ts_ms", pa.int64()),  # when the allocation was made
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     TRAJECTORIES: TRAJECTORIES_SCHEMA,
     GRADIENT_STEPS: GRADIENT_STEPS_SCHEMA,
     WEIGHTS: WEIGHTS_SCHEMA,
     GATE_VOTES: GATE_VOTES_SCHEMA,
+    ALLOCATIONS: ALLOCATIONS_SCHEMA,
 }
 PARTITION_BY: dict[str, list[str] | None] = {
     TRAJECTORIES: ["day"],
     GRADIENT_STEPS: None,
     WEIGHTS: None,
     GATE_VOTES: ["day"],
+    ALLOCATIONS: None,
 }
 
 

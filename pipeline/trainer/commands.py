@@ -84,6 +84,15 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
     help="With --from-delta: SQL filter on its rows (DuckDB), e.g. \"policy_id = 'default' "
     "AND reward <> 0\".",
 )
+@_option(
+    "allocate", "--allocate", type=click.Choice(["all", "uniform", "frontier"]),
+    help="With --from-delta: train on every selected row, or on --budget of them drawn "
+    "uniformly or by frontier sampling (tasks solved near 50 % get the most; recorded per "
+    "row in the lake's allocations table).",
+)
+@_option("allocate_budget", "--budget", type=click.IntRange(min=1),
+         help="Rows --allocate uniform|frontier draws.")
+@_option("allocate_seed", "--allocate-seed", help="Seed of the allocation's draws.")
 @click.option(
     "--namespace", default=None, help="Train in replay namespace NAME: its samples topic, "
     "groups and weights (<state_dir>/replay/NAME/); never the live ones.",
@@ -210,6 +219,10 @@ def train(ctx: click.Context, **options: Any) -> None:
             raise click.ClickException(
                 f"{problem}; set --weights-root/--lake-root or state_dir (LIVERL_STATE_DIR)"
             )
+    if cfg.allocate != "all" and not cfg.from_delta:
+        raise click.UsageError("--allocate draws from --from-delta rows; give --from-delta too")
+    if cfg.allocate != "all" and cfg.allocate_budget is None:
+        raise click.UsageError(f"--allocate {cfg.allocate} needs --budget N")
     if cfg.where and not cfg.from_delta:
         raise click.UsageError("--where filters --from-delta rows; give --from-delta too")
     loop = TrainerLoop(

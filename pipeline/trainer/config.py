@@ -64,6 +64,15 @@ class TrainerSettings(BaseModel):
     where: str | None = Field(
         default=None, description="SQL filter on the --from-delta rows (DuckDB syntax)."
     )
+    allocate: Literal["all", "uniform", "frontier"] = Field(
+        default="all",
+        description="With from_delta: train on every selected row (all), or on allocate_budget "
+        "of them drawn uniformly or by frontier sampling over tasks (success near 50 %).",
+    )
+    allocate_budget: int | None = Field(
+        default=None, ge=1, description="Rows an allocation draws (allocate uniform|frontier)."
+    )
+    allocate_seed: int = Field(default=0, description="Seed of the allocation's draws.")
 
     # batching: every bound holds at once
     batch_max_samples: int = Field(default=16, ge=1)

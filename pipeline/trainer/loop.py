@@ -212,11 +212,21 @@ class TrainerLoop:
 
         cfg = self.cfg
         newest = ck.newest_valid(cfg.weights_root, cfg.policy, lambda _v, _r: None)
+        allocation = offline.Allocation(cfg.allocate, cfg.allocate_budget, cfg.allocate_seed)
         table_version = offline.pinned_version(
-            newest.input_topic if newest else None, cfg.from_delta or "", cfg.where
+            newest.input_topic if newest else None, cfg.from_delta or "", cfg.where,
+            allocation.spec,
         )
         selection = offline.select(cfg.lake_root, cfg.from_delta or "", cfg.where,
                                    version=table_version)
+        drawn_from = selection.rows.num_rows
+        # Drawn the same way again on a resume: same rows, same seed, same table version.
+        selection = offline.allocate(selection, allocation, policy_id=cfg.policy)
+        for line in offline.allocation_summary(selection):
+            self.echo(line)
+        if offline.record_allocation(cfg.lake_root, selection):
+            self.echo(f"allocation of {selection.rows.num_rows} of {drawn_from} row(s) "
+                      "recorded in the lake's allocations table")
         # The selection stands for the input topic in manifests (resume, refusal).
         self.cfg = cfg = cfg.model_copy(update={"input_topic": selection.input_name})
         self.echo(f"offline: {selection.rows.num_rows} row(s) of {cfg.from_delta} "
