@@ -13,10 +13,14 @@ The capability probe (20 fixed factual questions, never trained on) is printed f
 run, base vs final: greedy answers correct, and fluency (mean log-prob per token of sampled
 answers under the frozen base model), because one RL step once turned sampled answers into
 gibberish while greedy ones stayed right. Runs are appended to ``--out`` as they finish, so
-a long sweep that is interrupted keeps what it measured. Prints figures; asserts nothing.
+a long sweep that is interrupted keeps what it measured. ``--frontier`` / ``--adapt`` turn on
+the simulated users' critic (pipeline/sim/critic.py): runs with and without it are separate
+rows of the table ("critic" column), so the effect is read on the same seeds. Prints figures;
+asserts nothing.
 
     .venv/bin/python bench/learning.py [--methods rl opd hybrid] [--seeds 0 1 2]
         [--hint-rates 1.0 0.5] [--kl-coefs 0 0.05] [--rounds 10] [--users 6]
+        [--frontier] [--adapt]
         [--out .liverl/bench-learning.json]
 """
 
@@ -54,7 +58,8 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
               f"{time.strftime('%H%M%S')}")
     cfg = DemoConfig(method=method, preference=args.preference, hint_rate=hint_rate,
                      users=args.users, rounds=args.rounds, eval_questions=args.eval_questions,
-                     seed=seed, pace_s=args.pace_s, settle_s=args.pace_s)
+                     seed=seed, pace_s=args.pace_s, settle_s=args.pace_s,
+                     frontier=args.frontier, adapt=args.adapt)
     if args.gate is not None:  # None: the product default (trainer.gate)
         extra["LIVERL_TRAINER_GATE"] = "true" if args.gate else "false"
     extra.update(dict(kv.split("=", 1) for kv in args.env))
@@ -65,6 +70,7 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
     summary = result.summary()
     summary["kl_coef"] = kl_coef
     summary["env"] = extra
+    summary["frontier"], summary["adapt"] = args.frontier, args.adapt
     return summary
 
 
@@ -103,6 +109,12 @@ def _probe_mean(runs: list[dict], key: str) -> str:
     return f"{share:.0%} {statistics.mean(flus):.2f}" if flus else f"{share:.0%} n/a"
 
 
+def _variant(r: dict) -> str:
+    """The critic's part in a run: off (uniform, plain), frontier, adapt or both."""
+    on = [name for name in ("frontier", "adapt") if r.get(name)]
+    return "+".join(on) or "off"
+
+
 def _pct(values: list[float]) -> str:
     mean = statistics.mean(values)
     spread = f" ({min(values):.0%}-{max(values):.0%})" if len(values) > 1 else ""
@@ -128,6 +140,10 @@ def main() -> None:
                     "180 s; longer keeps a run's figures the same when the CPU is shared)")
     ap.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
                     help="the trainer's promotion gate on/off (default: the product default)")
+    ap.add_argument("--frontier", action=argparse.BooleanOptionalAction, default=False,
+                    help="questions drawn by frontier sampling (pipeline/sim/critic.py)")
+    ap.add_argument("--adapt", action=argparse.BooleanOptionalAction, default=False,
+                    help="the critic adapts the users' phrasing to the policy's success")
     ap.add_argument("--env", nargs="*", default=[], metavar="LIVERL_TRAINER_X=V",
                     help="extra settings for the loop (e.g. LIVERL_TRAINER_PPO_EPOCHS=1)")
     ap.add_argument("--out", type=Path, default=Path(".liverl/bench-learning.json"))
@@ -163,20 +179,24 @@ def main() -> None:
 
     print(f"\nSmolLM2-135M-Instruct + LoRA, {args.users} users per round, preference "
           f"'{args.preference}', moving share over {args.window} sessions")
-    print(f"{'method':<8}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}{'until 75 %':>14}"
-          f"{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
+    print(f"{'method':<8}{'critic':>16}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}"
+          f"{'until 75 %':>14}{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
           f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}"
           f"{'wall s':>8}")
-    keys = sorted({(r.get("kl_coef", 0.0), r["hint_rate"], r["method"]) for r in runs},
+
+    def key(r: dict) -> tuple:
+        return (r.get("kl_coef", 0.0), r["hint_rate"], r["method"], _variant(r))
+
+    keys = sorted({key(r) for r in runs},
                   key=lambda k: (k[1] != 1.0, k[0], ["hybrid", "rl", "opd"].index(k[2])
-                                 if k[2] in ("hybrid", "rl", "opd") else 9))
-    for kl_coef, hint_rate, method in keys:
-        mine = [r for r in runs if (r.get("kl_coef", 0.0), r["hint_rate"], r["method"])
-                == (kl_coef, hint_rate, method) and "train_satisfied" in r]
+                                 if k[2] in ("hybrid", "rl", "opd") else 9, k[3]))
+    for kl_coef, hint_rate, method, variant in keys:
+        mine = [r for r in runs if key(r) == (kl_coef, hint_rate, method, variant)
+                and "train_satisfied" in r]
         if not mine:
             continue
         most = max(len(r["train_satisfied"]) for r in mine)
-        print(f"{method:<8}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
+        print(f"{method:<8}{variant:>16}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
               f"{_until(mine, 0.5, args.window, most):>14}"
               f"{_until(mine, 0.75, args.window, most):>14}"
               f"{_pct([r['heldout_before']['satisfied'] for r in mine]):>15}"

@@ -23,7 +23,8 @@ def write_outputs(result: DemoResult, out: Path) -> tuple[Path, Path]:
     doc["sessions_detail"] = [
         {"index": s.index, "round": s.round, "user": s.user_id, "question": s.question,
          "answer": s.answer, "satisfied": s.satisfied, "meets_preference": s.meets_preference,
-         "quality_ok": s.quality_ok, "reply": s.reply, "version": s.version}
+         "quality_ok": s.quality_ok, "reply": s.reply, "version": s.version,
+         "session_id": s.session_id, "prompt": s.prompt, "allocation": s.allocation}
         for s in result.sessions
     ]
     doc["heldout_answers"] = {"before": result.before.answers, "after": result.after.answers}

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.sim import (
+    PREFERENCES,
+    Critic,
     ProbeResult,
     Question,
     TurnResult,
@@ -59,6 +61,10 @@ class DemoConfig:
     pace_s: float = 180.0  # at most this long per round
     probe: bool = True  # the capability probe before and after (fluency needs the base model)
     model: str | None = None  # the loop's model, whose base scores fluency; None: default
+    # The critic (pipeline/sim/critic.py): frontier-drawn questions, adapted phrasing. Both
+    # off: questions drawn uniformly, asked plainly (every figure before issue 26).
+    frontier: bool = False
+    adapt: bool = False
 
 
 @dataclass
@@ -97,6 +103,8 @@ class Session:
     version: int | None
     asked_at: float
     replied_at: float
+    prompt: str = ""  # what the user sent (the question, phrased by the critic when on)
+    allocation: dict[str, Any] | None = None  # why the critic drew it (None: uniform, plain)
 
 
 @dataclass
@@ -113,6 +121,7 @@ class DemoResult:
     probe_after: Capability | None = None
     probe_note: str | None = None  # why fluency is missing, when it is
     gate: dict[int, str] = field(default_factory=dict)  # version -> promoted | rejected
+    critic_levels: list[int] = field(default_factory=list)  # per round, when a critic planned
 
     def summary(self) -> dict[str, Any]:
         fresh = self.freshness_s
@@ -147,9 +156,27 @@ class DemoResult:
                 "reject_share": (sum(v == "rejected" for v in self.gate.values())
                                  / len(self.gate) if self.gate else None),
             },
+            "critic": _critic_summary(self.sessions) if self.critic_levels else None,
             "wall_s": round(self.wall_s, 1),
             "config": asdict(self.config),
         }
+
+
+def _critic_summary(sessions: list[Session]) -> dict[str, Any]:
+    """How the critic drew the sessions: counts by level and draw, and per round."""
+    drawn = [s.allocation for s in sessions if s.allocation]
+    levels: dict[str, int] = {}
+    draws: dict[str, int] = {}
+    for a in drawn:
+        levels[a["level"]] = levels.get(a["level"], 0) + 1
+        draws[a["drawn"]] = draws.get(a["drawn"], 0) + 1
+    rounds: dict[int, list[str]] = {}
+    for s in sessions:
+        if s.allocation:
+            rounds.setdefault(s.round, []).append(s.allocation["level"])
+    return {"levels": levels, "drawn": draws,
+            "per_round": {r: {lv: v.count(lv) for lv in sorted(set(v))}
+                          for r, v in sorted(rounds.items())}}
 
 
 def _share(flags: list[bool]) -> float | None:
@@ -217,6 +244,10 @@ class DemoRunner:
         self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed,
                                 shared_history=True)
         self.rng = random.Random(cfg.seed)
+        self.critic: Critic | None = None
+        if cfg.frontier or cfg.adapt:
+            self.critic = Critic(train_q, (cfg.preference,), seed=cfg.seed,
+                                 frontier=cfg.frontier, adapt=cfg.adapt)
         self._scorer: tuple[Any, Any] | None = None  # (base model, tokenizer), loaded once
         self.probe_note: str | None = None
 
@@ -306,15 +337,24 @@ class DemoRunner:
         return cap
 
     def train_round(self, round_no: int, start_index: int) -> list[Session]:
-        """One session per user, concurrently (as real users would arrive)."""
-        questions = self.rng.sample(self.train_questions, len(self.users))
+        """One session per user, concurrently (as real users would arrive); with a critic,
+        the questions, preferences and phrasing it plans from what the policy fails at."""
+        plan = self.critic.plan(len(self.users)) if self.critic else None
+        if plan is None:
+            questions = self.rng.sample(self.train_questions, len(self.users))
+            prompts: list[str | None] = [None] * len(self.users)
+        else:
+            questions = [a.question for a in plan]
+            prompts = [a.prompt for a in plan]
+            for user, a in zip(self.users, plan, strict=True):
+                user.preference = PREFERENCES[a.preference]
         run = f"{self.policy}-r{round_no}"
 
         def one(i: int) -> Session:
             asked = time.monotonic()
             r = run_session(self.client, self.policy, self.users[i], questions[i],
                             session_id=f"{run}-u{i}", max_tokens=self.cfg.max_tokens,
-                            temperature=self.cfg.temperature, train=True)
+                            temperature=self.cfg.temperature, train=True, prompt=prompts[i])
             # The reply request answers within a token, so its end stands for when the
             # user's reply was recorded (freshness is measured from there).
             replied = time.monotonic()
@@ -325,11 +365,15 @@ class DemoRunner:
                 satisfied=r.judgement.satisfied,
                 meets_preference=r.judgement.meets_preference,
                 quality_ok=r.judgement.quality.ok, reply=r.reply, version=r.weight_version,
-                asked_at=asked, replied_at=replied,
+                asked_at=asked, replied_at=replied, prompt=r.prompt,
+                allocation=plan[i].record() if plan else None,
             )
 
         with ThreadPoolExecutor(max_workers=len(self.users)) as pool:
             sessions = list(pool.map(one, range(len(self.users))))
+        if plan is not None and self.critic is not None:
+            for a, sess in zip(plan, sessions, strict=True):
+                self.critic.observe(a, sess.satisfied)
         for s in sessions:
             self.on_progress("session", {"session": s})
         return sessions
@@ -363,7 +407,8 @@ class DemoRunner:
         fresh = freshness(lake, self.policy, sessions, self.first_seen)
         return DemoResult(self.cfg, self.policy, before, after, sessions, dict(self.first_seen),
                           fresh, time.monotonic() - start, probe_before, probe_after,
-                          self.probe_note, verdicts(lake, self.policy))
+                          self.probe_note, verdicts(lake, self.policy),
+                          list(self.critic.levels) if self.critic else [])
 
     def _wait_for_newer(self, live: int, lake: Path, round_sessions: list[Session]) -> None:
         """Until a version newer than ``live`` serves, or the version trained on this round

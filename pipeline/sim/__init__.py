@@ -4,6 +4,7 @@ Pure Python; the session driver talks to a gateway through an ``openai.OpenAI`` 
 capability probe (:mod:`.probe`) imports torch only when it generates or scores.
 """
 
+from .critic import Assignment, Critic, CriticBounds
 from .preferences import JARGON, PREFERENCES, Preference
 from .probe import (
     PROBE,
@@ -22,6 +23,9 @@ from .session import TurnResult, run_session, weight_version
 from .users import Judgement, SimUser, make_users
 
 __all__ = [
+    "Assignment",
+    "Critic",
+    "CriticBounds",
     "JARGON",
     "PREFERENCES",
     "PROBE",
