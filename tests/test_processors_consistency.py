@@ -46,6 +46,22 @@ def test_outcome_vote_reads_scores_then_exit_codes_and_ignores_replies() -> None
     assert outcome_vote(reply) is None
 
 
+def test_a_repeated_question_is_an_outcome_that_a_judge_of_that_reply_is_tested_on() -> None:
+    """Pairing marks a reply that asks the question again; it is -1 for the turn, and the
+    verdict read from that very reply counts (agreeing needs the judge to see a repeat),
+    unlike a verdict read from an exit code."""
+    again = NextState(event_id="ns-again", producer=P, ts_ms=5, session_id="q", turn=0,
+                      kind="user_reply", content="How do I boil an egg?", source="pairing",
+                      detail={"repeats_question": True})  # fmt: skip
+    assert outcome_vote(again) == -1
+    tr = ConsistencyTracker()
+    tr.outcome(again)
+    (m,) = tr.verdict(verdict("q", 0, 1, judge="replies", evidence="ns-again"))
+    assert m.agrees is False and m.outcome_id == "ns-again"
+    (m,) = tr.verdict(verdict("q", 0, -1, judge="rules", evidence="ns-again"))
+    assert m.agrees is True
+
+
 def test_tally_consistency_is_the_posterior_mean_under_a_uniform_prior() -> None:
     t = Tally()
     assert t.consistency == 0.5 and t.agreement is None

@@ -5,11 +5,18 @@ from __future__ import annotations
 import dataclasses
 
 import orjson
+import pytest
 from pydantic import TypeAdapter
 
 from pipeline.events import derive_event_id, examples
 from pipeline.processors.config import DEFAULT_RULES
-from pipeline.processors.pairing import Pairer, PairingState, PrevTurn, added_messages
+from pipeline.processors.pairing import (
+    Pairer,
+    PairingState,
+    PrevTurn,
+    added_messages,
+    repeats_question,
+)
 from pipeline.processors.penalties import load_rules
 
 SYS = {"role": "system", "content": "sys"}
@@ -124,3 +131,32 @@ def test_added_messages_falls_back_after_history_rewrite():
     msgs = [SYS, {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
     assert added_messages(5, msgs) == [{"role": "user", "content": "y"}]
     assert added_messages(1, msgs) == [{"role": "user", "content": "y"}]
+
+
+@pytest.mark.parametrize(
+    ("question", "reply", "repeats"),
+    [
+        ("How do I boil an egg?", "How do I boil an egg??", True),
+        ("How do I boil an egg?", "I asked: how do I boil an egg?", True),  # contained
+        ("How do I boil an egg?", "how do i boil eggs", True),  # ratio 0.89 >= 0.85
+        ("How do I boil an egg?", "Thanks, that worked.", False),
+        ("How do I boil an egg?", "How do I fry an egg?", False),  # 0.82: another question
+        ("Why?", "Why?", False),  # under three words: never a repeat
+    ],
+)
+def test_repeats_question(question: str, reply: str, repeats: bool) -> None:
+    assert repeats_question(question, reply) is repeats
+
+
+def test_a_reply_asking_the_question_again_is_marked_for_the_judges_consistency():
+    p = pairer()
+    q = {"role": "user", "content": "How do I boil an egg?"}
+    out0 = p.on_interaction(None, turn(0, [SYS, q]))
+    msgs1 = [SYS, q, {"role": "assistant", "content": "Eggs are nice."},
+             {"role": "user", "content": "How do I boil an egg?"}]  # fmt: skip
+    (ns,) = p.on_interaction(out0.state, turn(1, msgs1)).next_states
+    assert ns.kind == "user_reply" and ns.detail["repeats_question"] is True
+    thanks = [*msgs1[:3], {"role": "user", "content": "Thanks!"}]
+    fresh = p.on_interaction(None, turn(0, [SYS, q])).state
+    (ok,) = p.on_interaction(fresh, turn(1, thanks)).next_states
+    assert "repeats_question" not in ok.detail

@@ -7,7 +7,9 @@ thumbs feedback) has the same sign, *contradicted* when the sign is opposite, an
 *abstention* when the verdict is 0. A session-scoped outcome (``record-outcome`` without
 ``--turn``) stands for every turn of its session that has no outcome of its own. A verdict
 that was made *from* the outcome itself (its parents name the outcome's event) is skipped:
-a judge reading an exit code agrees with it by construction and would look perfect.
+a judge reading an exit code agrees with it by construction and would look perfect. A user
+asking the question again (``detail.repeats_question``, set by pairing) is an outcome too,
+-1, and a verdict read from that very reply still counts: recognising a repeat is the test.
 
 The score is the posterior mean of agreement under a uniform prior,
 ``consistency = (agree + 1) / (agree + disagree + 2)``: 0.5 with no evidence, so a new judge
@@ -36,13 +38,15 @@ JudgeKey = tuple[str, str]  # (judge_id, judge_version)
 
 def outcome_vote(state: NextState) -> Vote | None:
     """The verifiable outcome a next state carries: the sign of its explicit score, else +1
-    for exit code 0 and -1 for any other code, else None (a reply is evidence, not an
-    outcome)."""
+    for exit code 0 and -1 for any other code, else -1 for a user asking the question again,
+    else None (any other reply is evidence, not an outcome)."""
     if state.score is not None:
         s = sign(state.score)
         return s if s != 0 else None
     if state.exit_code is not None:
         return 1 if state.exit_code == 0 else -1
+    if state.kind == "user_reply" and (state.detail or {}).get("repeats_question") is True:
+        return -1  # asked again: the answer did not answer (processors/pairing.py)
     return None
 
 
@@ -110,6 +114,9 @@ class _Outcome:
     vote: Vote
     event_id: str
     ts_ms: int
+    # Read from words (a repeated question), not stated: a judge that read the same reply
+    # had to understand it, so its verdict is a fair test and is not skipped.
+    read: bool = False
 
 
 @dataclass
@@ -164,7 +171,8 @@ class ConsistencyTracker:
         if vote is None or state.event_id in self._seen:
             return False
         self._seen.add(state.event_id)
-        o = _Outcome(vote, state.event_id, state.ts_ms)
+        read = state.score is None and state.exit_code is None
+        o = _Outcome(vote, state.event_id, state.ts_ms, read)
         table: dict[Any, _Outcome] = self._turn_outcomes
         key: Any = (state.session_id, state.turn)
         if is_session_outcome(state):
@@ -176,7 +184,7 @@ class ConsistencyTracker:
 
     def _outcome_for(self, sid: str, turn: int, v: _Verdict) -> _Outcome | None:
         for o in (self._turn_outcomes.get((sid, turn)), self._session_outcomes.get(sid)):
-            if o is not None and o.event_id not in v.evidence:
+            if o is not None and (o.read or o.event_id not in v.evidence):
                 return o
         return None
 

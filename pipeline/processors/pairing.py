@@ -27,8 +27,10 @@ credits while it would take more than the other half.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +152,31 @@ def added_messages(prev_len: int, messages: list[dict[str, Any]]) -> list[dict[s
         return messages[prev_len + 1 :]
     last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
     return messages[last + 1 :]
+
+
+REPEAT_RATIO = 0.85  # difflib similarity above which a reply is the question asked again
+REPEAT_CHARS = 1000  # of each text compared: the check stays cheap on long messages
+_NON_WORD = re.compile(r"[^a-z0-9]+")
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return content_text(m.get("content"))
+    return ""
+
+
+def repeats_question(question: str, reply: str) -> bool:
+    """Whether ``reply`` asks ``question`` again: nearly the same words (difflib ratio >=
+    REPEAT_RATIO), or the whole question inside the reply ("I asked: how do I boil an
+    egg?"). A question of fewer than three words never counts ("why?" is not a repeat)."""
+    q = _NON_WORD.sub(" ", question[:REPEAT_CHARS].lower()).strip()
+    r = _NON_WORD.sub(" ", reply[:REPEAT_CHARS].lower()).strip()
+    if len(q.split()) < 3 or not r:
+        return False
+    if f" {q} " in f" {r} ":
+        return True
+    return difflib.SequenceMatcher(None, q, r, autojunk=False).ratio() >= REPEAT_RATIO
 
 
 def comes_after(inter: Interaction, prev: PrevTurn) -> bool:
@@ -274,6 +301,13 @@ class Pairer:
         kind: NextStateKind = "user_reply" if "user" in roles or not roles else "tool_result"
         role = "user" if "user" in roles else (roles[0] if roles else None)
         detail: dict[str, Any] = {"messages": added}
+        if kind == "user_reply" and repeats_question(
+            last_user_text(inter.messages[: prev.messages_len]),
+            last_user_text(added),
+        ):
+            # The user asking again is a verifiable outcome: the answer did not answer
+            # (processors/consistency.py reads it as -1 for the judges' consistency).
+            detail["repeats_question"] = True
         exit_code = None
         if kind == "tool_result":
             shells = [r for m in added if (r := parse_tool_message(m)) is not None]
