@@ -480,3 +480,8 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
              {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"}]
     status, fig = G.decide(votes, (12, 12), (None, None), cfg)  # 0.5 - 0.596 < 0: lost
     assert (status, fig["gate_lost"]) == ("rejected", 1)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"judges": [{"judge_id": "llm", "judge_version": "a",
+                                           "consistency": 1.5}]}))
+    with pytest.raises(ValueError, match="consistency 1.5 of llm is not in"):
+        G.Gate(settings(tiny, tmp_path, gate_consistency_file=bad))  # at start, not a verdict

@@ -14,34 +14,17 @@ import asyncio
 import hashlib
 from pathlib import Path
 
-import orjson
-
 from pipeline.events import NextState
 
 from .consistency import weighted_plurality
+from .consistency_file import read_compare_file
 from .judge_registry import PanelOptions
 from .judges import Judge, TurnContext, Verdict, make_judge
-
-MAX_CONSISTENCY_FILE_BYTES = 4 << 20
 
 
 def load_consistency(path: Path) -> dict[tuple[str, str], float]:
     """(judge_id, judge_version) -> consistency from a ``judges compare --format json`` file."""
-    raw = Path(path).read_bytes()
-    if len(raw) > MAX_CONSISTENCY_FILE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_CONSISTENCY_FILE_BYTES} bytes")
-    doc = orjson.loads(raw)
-    rows = doc.get("judges") if isinstance(doc, dict) else None
-    if not isinstance(rows, list):
-        raise ValueError(f"{path}: no 'judges' list (write it with liverl judges compare "
-                         "NAME --format json)")
-    out = {}
-    for r in rows:
-        c = float(r["consistency"])
-        if not 0.0 <= c <= 1.0:
-            raise ValueError(f"{path}: consistency {c} of {r['judge_id']} is not in [0, 1]")
-        out[(str(r["judge_id"]), str(r["judge_version"]))] = c
-    return out
+    return {(r.judge_id, r.judge_version): r.consistency for r in read_compare_file(path)}
 
 
 class PanelJudge:

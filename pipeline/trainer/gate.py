@@ -157,12 +157,12 @@ def judge_weights(cfg: TrainerSettings) -> dict[str, float]:
     the same id in ``gate_consistency_file`` (the row with the most decided verdicts)."""
     weights = dict(cfg.gate_judge_weights)
     if cfg.gate_consistency_file is not None:
-        doc = orjson.loads(Path(cfg.gate_consistency_file).read_bytes()[: 4 << 20])
+        from pipeline.processors.consistency_file import read_compare_file
+
         best: dict[str, tuple[int, float]] = {}
-        for r in doc.get("judges", []) if isinstance(doc, dict) else []:
-            n = int(r.get("agree", 0)) + int(r.get("disagree", 0))
-            if str(r["judge_id"]) not in best or n > best[str(r["judge_id"])][0]:
-                best[str(r["judge_id"])] = (n, float(r["consistency"]))
+        for r in read_compare_file(Path(cfg.gate_consistency_file)):
+            if r.judge_id not in best or r.decided > best[r.judge_id][0]:
+                best[r.judge_id] = (r.decided, r.consistency)
         weights.update({j: c for j, (_, c) in best.items()})
     return weights
 
@@ -244,6 +244,7 @@ class Gate:
     def __post_init__(self) -> None:
         self.probe_items = (P.load_probe(self.cfg.gate_probe_file)
                             if self.cfg.gate_probe_file else P.PROBE)
+        judge_weights(self.cfg)  # a bad consistency file fails at start, not at a verdict
         # Every held-out turn is kept (a prompt is judged freshly, whatever its reward); the
         # newest distinct prompts are the evaluation set.
         self.rows = deque(maxlen=max(4 * self.cfg.gate_eval_samples, 64))
