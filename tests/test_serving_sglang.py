@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.base import SamplingParams
@@ -28,8 +29,39 @@ def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
     answer = [*answer, tokenizer.eos_token_id]
     app = FastAPI()
 
+    def event(out: list[int], start: int, finished: bool) -> dict[str, Any]:
+        """SGLang's answer (or stream event) for tokens ``out[start:]``; ``start`` 0 is the
+        cumulative form."""
+        n = len(out)
+        reason = None
+        if finished:
+            reason = {"type": "stop" if n == len(answer) else "length"}
+        return {
+            "text": tokenizer.decode(out[start:], skip_special_tokens=True),
+            "output_ids": out[start:],
+            "meta_info": {
+                "finish_reason": reason,
+                "output_token_logprobs": [[-0.5 - i / 10, t, None]
+                                          for i, t in enumerate(out)][start:],
+                "weight_version": state["version"],
+            },
+        }
+
+    async def events(out: list[int]) -> Any:
+        """One SSE event per token, as SGLang streams (``state["incremental"]``: only the new
+        token in each; else all so far), then [DONE]. ``state["hold"]``: after the first
+        event, wait until the test says it received it."""
+        for k in range(1, len(out) + 1):
+            start = k - 1 if state.get("incremental") else 0
+            yield b"data: " + orjson.dumps(event(out[:k], start, k == len(out))) + b"\n\n"
+            if k == 1 and state.get("hold") is not None:
+                state["held"] = await asyncio.to_thread(state["hold"].wait, 10)
+        if state.get("error_midway"):
+            yield b'data: {"error": {"message": "CUDA out of memory"}}\n\n'
+        yield b"data: [DONE]\n\n"
+
     @app.post("/generate")
-    async def generate(request: Request) -> dict[str, Any]:
+    async def generate(request: Request) -> Any:
         body = await request.json()
         state["requests"].append(body)
         lora_name = body.get("lora_path")
@@ -39,15 +71,14 @@ def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
             await asyncio.sleep(state["slow"])
         n = min(len(answer), body["sampling_params"]["max_new_tokens"])
         out = answer[:n]
-        return {
-            "text": tokenizer.decode(out, skip_special_tokens=True),
-            "output_ids": out,
-            "meta_info": {
-                "finish_reason": {"type": "stop" if n == len(answer) else "length"},
-                "output_token_logprobs": [[-0.5 - i / 10, t, None] for i, t in enumerate(out)],
-                "weight_version": state["version"],
-            },
-        }
+        if body.get("stream"):
+            return StreamingResponse(events(out), media_type="text/event-stream")
+        return event(out, 0, True)
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        state["info_calls"] = state.get("info_calls", 0) + 1
+        return {"incremental_streaming_output": bool(state.get("incremental"))}
 
     @app.post("/update_weights_from_disk")
     async def update(request: Request) -> dict[str, Any]:
@@ -110,7 +141,10 @@ def test_gateway_over_sglang_records_engine_tokens(sglang) -> None:  # type: ign
         streamed = httpx.post(
             f"{gw_url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
         )
-        assert "Paris" in streamed.text and streamed.text.rstrip().endswith("[DONE]")
+        deltas = [orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                  for line in streamed.text.splitlines() if line.startswith("data: {")]
+        assert "".join(deltas) == "Paris is the capital."  # one token per chunk now
+        assert streamed.text.rstrip().endswith("[DONE]")
     sent = state["requests"][0]
     assert sent["input_ids"] == rec.interactions()[0].prompt_token_ids
     assert sent["return_logprob"] is True
@@ -226,3 +260,91 @@ def test_env_proxy_is_read_once_from_the_environment(monkeypatch: pytest.MonkeyP
     assert env_proxy("http://sglang:30000") == "http://proxy.internal:3128"
     assert env_proxy("https://sglang:30000") is None  # no https_proxy set
     assert env_proxy("http://127.0.0.1:30000") is None  # bypassed
+
+
+# ---- streaming: token by token, as SGLang sends it ----------------------------------------------
+
+
+def collect(backend: SGLangBackend, on_first: Any = None) -> list[Any]:
+    async def go() -> list[Any]:
+        got = []
+        try:
+            async for item in backend.generate([1, 2, 3], SamplingParams(max_tokens=50)):
+                got.append(item)
+                if on_first is not None and len(got) == 1:
+                    on_first()
+        finally:
+            await backend.close()
+        return got
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_answers_stream_one_token_per_event_with_the_same_ids_and_logprobs(
+    sglang, incremental: bool  # type: ignore[no-untyped-def]
+) -> None:
+    """Both of SGLang's streaming forms (cumulative by default, incremental with
+    --incremental-streaming-output; "auto" asks /server_info once) give the tokens and
+    log-probs of the one-call answer, one piece per event; the first piece arrives while the
+    server still holds the rest (it waits until the test has it)."""
+    import threading
+
+    url, path, state = sglang
+    whole = collect(SGLangBackend(url, path, policy_id="pol", stream="off"))
+    assert state["requests"][-1]["stream"] is False
+    state["incremental"] = incremental
+    state["hold"] = threading.Event()
+    backend = SGLangBackend(url, path, policy_id="pol")  # auto
+    pieces = collect(backend, on_first=state["hold"].set)
+    assert state["held"] is True  # the first token was ours before the server sent the second
+    assert state["requests"][-1]["stream"] is True and state["info_calls"] == 1
+    *tokens, done = pieces
+    assert all(len(p.token_ids) == 1 for p in tokens) and len(tokens) == len(whole[0].token_ids)
+    assert [t for p in tokens for t in p.token_ids] == whole[0].token_ids
+    assert [x for p in tokens for x in p.logprobs] == pytest.approx(whole[0].logprobs)
+    assert tokens[1].logprobs == [pytest.approx(-0.6)]
+    assert (done.finish_reason, done.weight_version) == ("stop", 0) == (
+        whole[1].finish_reason, whole[1].weight_version)
+    collect(backend)
+    assert state["info_calls"] == 1  # asked once per backend
+
+
+def test_a_cumulative_reader_of_an_incremental_server_says_what_to_set(sglang) -> None:  # type: ignore[no-untyped-def]
+    url, path, state = sglang
+    state["incremental"] = True
+    with pytest.raises(SGLangError, match="incremental-streaming-output"):
+        collect(SGLangBackend(url, path, policy_id="pol", stream="cumulative"))
+
+
+def test_an_error_in_the_stream_is_an_sglang_error(sglang) -> None:  # type: ignore[no-untyped-def]
+    url, path, state = sglang
+    state["error_midway"] = True
+    with pytest.raises(SGLangError, match="CUDA out of memory"):
+        collect(SGLangBackend(url, path, policy_id="pol", stream="cumulative"))
+
+
+def test_the_gateway_streams_sglang_tokens_to_the_client_as_they_come(sglang) -> None:  # type: ignore[no-untyped-def]
+    """Through the gateway: the client's SSE stream has the first content chunk while the
+    fake server still holds the rest of the answer."""
+    import threading
+
+    url, path, state = sglang
+    state["hold"] = threading.Event()
+    backend = SGLangBackend(url, path, policy_id="pol")
+    rec = FakeRecorder()
+    gw = Gateway(ServeSettings(record=False, reload=False), backend, rec)  # type: ignore[arg-type]
+    body = {"model": "pol", "messages": [{"role": "user", "content": "capital?"}],
+            "max_tokens": 50, "stream": True}
+    with running(create_app(gw)) as gw_url, httpx.stream(
+        "POST", f"{gw_url}/v1/chat/completions", json=body, timeout=30
+    ) as resp:
+        text = []
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                chunk = orjson.loads(line[6:])["choices"][0]["delta"].get("content")
+                if chunk:
+                    text.append(chunk)
+                    state["hold"].set()
+    assert state["held"] is True
+    assert len(text) >= 2 and "".join(text) == "Paris is the capital."

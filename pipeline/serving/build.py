@@ -35,6 +35,7 @@ def build_backend(cfg: ServeSettings) -> Backend:
             version=cfg.weight_version,
             context_length=cfg.context_length or 32768,
             timeout_s=cfg.sglang_timeout_s,
+            stream=cfg.sglang_stream,
         )
     from .backends.hf import HFBackend
 

@@ -46,6 +46,12 @@ class ServeSettings(BaseModel):
     dtype: str = "float32"
     sglang_url: str = "http://127.0.0.1:30000"
     sglang_timeout_s: float = 600.0
+    sglang_stream: Literal["auto", "cumulative", "incremental", "off"] = Field(
+        default="auto",
+        description="How SGLang's streaming /generate events come: auto asks /server_info; "
+        "cumulative is SGLang's default, incremental its --incremental-streaming-output; off "
+        "makes one non-streaming call per answer.",
+    )
     context_length: int | None = Field(
         default=None, description="Max prompt+completion tokens; default from the model config."
     )

@@ -5,7 +5,14 @@ We render the chat template ourselves and send ``input_ids`` to ``POST /generate
 engine's own tokens and log-probs, never re-tokenized. Start SGLang with
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` so its log-probs use the same basis as the hf backend
 (raw distribution, temperature 1); otherwise they are the sampler's temperature/top-p ones.
-Generation is one non-streaming call; the gateway still streams it to the client as SSE.
+
+Answers stream token by token: ``/generate`` with ``"stream": true`` sends one SSE event per
+decoding step and ``data: [DONE]``; each new token id and log-prob is yielded as it comes, so
+the gateway forwards it at once. By default SGLang's events are cumulative (every event holds
+all output ids and log-probs so far); with ``--incremental-streaming-output`` each holds only
+the new ones. ``sglang_stream = "auto"`` asks the server which (``/server_info``) once;
+``cumulative`` / ``incremental`` say it; ``off`` makes one non-streaming call. A cumulative
+event that does not extend what was already yielded is an error, never a silent re-read.
 The HTTP client is aiohttp with orjson bodies: httpx's connection pool checked every pooled
 connection's socket on each request and cost ~1.5 ms of gateway CPU per request at 16 in
 flight (``bench/gateway.py``, profiled), more than the rest of the gateway together.
@@ -26,7 +33,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -39,6 +46,63 @@ from .base import Done, Piece, SamplingParams, StopReason
 
 log = logging.getLogger(__name__)
 _JSON = {"Content-Type": "application/json"}
+StreamMode = Literal["auto", "cumulative", "incremental", "off"]
+MAX_EVENT_BYTES = 64 << 20  # one SSE event (a cumulative one of a long answer is large)
+
+
+class StreamDecoder:
+    """SGLang's streaming ``/generate`` events to new tokens: in ``cumulative`` mode each
+    event repeats everything so far, in ``incremental`` mode it holds only the new tokens."""
+
+    def __init__(self, mode: Literal["cumulative", "incremental"]) -> None:
+        self.mode = mode
+        self.ids: list[int] = []
+        self.finish: str | None = None
+        self.meta: dict[str, Any] = {}
+
+    def feed(self, event: dict[str, Any]) -> Piece | None:
+        """The tokens this event adds (None if none); records the finish when it comes."""
+        if "error" in event:
+            err = event["error"]
+            detail = err.get("message") if isinstance(err, dict) else err
+            raise SGLangError(f"SGLang /generate stream failed: {str(detail)[:300]}")
+        meta = event.get("meta_info") or {}
+        pairs = meta.get("output_token_logprobs") or []
+        output_ids = event.get("output_ids")
+        if self.mode == "cumulative":
+            seen = len(self.ids)
+            if len(pairs) < seen or [int(p[1]) for p in pairs[:seen]] != self.ids:
+                raise SGLangError(
+                    "SGLang stream events do not repeat the tokens already sent: is the "
+                    "server started with --incremental-streaming-output? Set "
+                    "serve.sglang_stream = \"incremental\" (or \"auto\")"
+                )
+            pairs = pairs[seen:]
+            if output_ids is not None:
+                output_ids = list(output_ids)[seen:]
+        ids = [int(p[1]) for p in pairs]
+        if output_ids and not pairs:
+            raise SGLangError("SGLang returned no output_token_logprobs (return_logprob ignored?)")
+        if output_ids is not None and list(output_ids) != ids:
+            raise SGLangError("SGLang output_ids and output_token_logprobs disagree")
+        self.ids += ids
+        self.meta = meta
+        reason = meta.get("finish_reason")
+        if reason is not None:
+            self.finish = (reason or {}).get("type", "stop") if isinstance(reason, dict) else "stop"
+        return Piece(ids, [float(p[0]) for p in pairs]) if ids else None
+
+
+def sse_events(buffer: bytearray) -> list[bytes]:
+    """Complete ``data:`` payloads at the head of ``buffer`` (consumed from it)."""
+    out = []
+    while (end := buffer.find(b"\n\n")) >= 0:
+        block = bytes(buffer[:end])
+        del buffer[: end + 2]
+        data = [line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:")]
+        if data:
+            out.append(b"\n".join(data))
+    return out
 
 
 class SGLangBackend:
@@ -51,6 +115,7 @@ class SGLangBackend:
         version: int = 0,
         context_length: int = 32768,
         timeout_s: float = 600.0,
+        stream: StreamMode = "auto",
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -66,6 +131,10 @@ class SGLangBackend:
         self._http: aiohttp.ClientSession | None = None  # made in (and bound to) a running loop
         self._http_loop: asyncio.AbstractEventLoop | None = None
         self._proxy: str | None = None
+        self.stream: StreamMode = stream
+        self._mode: Literal["cumulative", "incremental"] | None = (
+            stream if stream in ("cumulative", "incremental") else None
+        )
 
     @property
     def version(self) -> int:
@@ -87,18 +156,36 @@ class SGLangBackend:
             "input_ids": prompt_ids,
             "sampling_params": sampling,
             "return_logprob": True,
-            "stream": False,
+            "stream": self.stream != "off",
         }
         version, adapter = self._version, self._adapter  # this request's snapshot
         if adapter is not None:
             body["lora_path"] = adapter
             self._in_use[adapter] += 1
         try:
-            status, raw = await self._post("/generate", body)
+            if self.stream == "off":
+                decoder = StreamDecoder("incremental")  # one answer: one event of it all
+                piece = decoder.feed(await self._generate_once(body))
+                if piece is not None:
+                    yield piece
+            else:
+                decoder = StreamDecoder(await self._stream_mode())
+                async for piece in self._generate_stream(body, decoder):
+                    yield piece
         finally:
             if adapter is not None:
                 self._in_use[adapter] -= 1
                 await self._unload_unused()
+        finish = decoder.finish or "stop"
+        reason: StopReason = "length" if finish == "length" else "stop"
+        if finish == "abort":
+            reason = "abort"
+        # With an adapter the version is the adapter's; SGLang's weight_version is the base's.
+        served = version if adapter is not None else _version(decoder.meta, version)
+        yield Done(finish_reason=reason, weight_version=served)
+
+    async def _generate_once(self, body: dict[str, Any]) -> dict[str, Any]:
+        status, raw = await self._post("/generate", body)
         if status != 200:
             raise SGLangError(f"SGLang /generate answered {status}: {_text(raw)}")
         try:
@@ -107,22 +194,70 @@ class SGLangBackend:
             data = None
         if not isinstance(data, dict):
             raise SGLangError(f"SGLang /generate answered no JSON object: {_text(raw)}")
-        meta = data.get("meta_info") or {}
-        pairs = meta.get("output_token_logprobs") or []
-        ids = [int(p[1]) for p in pairs]
-        logprobs = [float(p[0]) for p in pairs]
-        if not pairs and data.get("output_ids"):
-            raise SGLangError("SGLang returned no output_token_logprobs (return_logprob ignored?)")
-        if data.get("output_ids") is not None and list(data["output_ids"]) != ids:
-            raise SGLangError("SGLang output_ids and output_token_logprobs disagree")
-        yield Piece(ids, logprobs)
-        finish = (meta.get("finish_reason") or {}).get("type", "stop")
-        reason: StopReason = "length" if finish == "length" else "stop"
-        if finish == "abort":
-            reason = "abort"
-        # With an adapter the version is the adapter's; SGLang's weight_version is the base's.
-        served = version if adapter is not None else _version(meta, version)
-        yield Done(finish_reason=reason, weight_version=served)
+        return data
+
+    async def _generate_stream(
+        self, body: dict[str, Any], decoder: StreamDecoder
+    ) -> AsyncIterator[Piece]:
+        """Yield each event's new tokens as it arrives; the connection closes (and SGLang
+        aborts the request) when the caller stops early."""
+        try:
+            session = self._session()
+            async with session.post(
+                self.url + "/generate", data=orjson.dumps(body), headers=_JSON,
+                proxy=self._proxy,
+            ) as resp:  # fmt: skip
+                if resp.status != 200:
+                    raise SGLangError(
+                        f"SGLang /generate answered {resp.status}: {_text(await resp.read())}"
+                    )
+                buffer = bytearray()
+                done = False
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    if len(buffer) > MAX_EVENT_BYTES:
+                        raise SGLangError(f"SGLang stream event over {MAX_EVENT_BYTES} bytes")
+                    for data in sse_events(buffer):
+                        if data == b"[DONE]":
+                            done = True
+                            break
+                        try:
+                            event = orjson.loads(data)
+                        except orjson.JSONDecodeError:
+                            raise SGLangError(
+                                f"SGLang stream sent no JSON: {_text(data)}"
+                            ) from None
+                        if not isinstance(event, dict):
+                            raise SGLangError(f"SGLang stream sent no object: {_text(data)}")
+                        piece = decoder.feed(event)
+                        if piece is not None:
+                            yield piece
+                    if done:
+                        break
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SGLangError(f"SGLang at {self.url} unreachable: {exc!r}") from exc
+        if decoder.finish is None:
+            raise SGLangError("SGLang /generate stream ended before the answer finished")
+
+    async def _stream_mode(self) -> Literal["cumulative", "incremental"]:
+        """``auto``: what the server says it sends (asked once); SGLang's default otherwise."""
+        if self._mode is None:
+            mode: Literal["cumulative", "incremental"] = "cumulative"
+            for path in ("/server_info", "/get_server_info"):
+                try:
+                    session = self._session()
+                    async with session.get(self.url + path, proxy=self._proxy) as resp:
+                        if resp.status != 200:
+                            continue
+                        info = orjson.loads(await resp.read())
+                except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+                    continue
+                if isinstance(info, dict) and info.get("incremental_streaming_output"):
+                    mode = "incremental"
+                break
+            self._mode = mode
+            log.info("SGLang streams %s events", mode)
+        return self._mode
 
     async def reload(self, path: Path, version: int) -> None:
         if lora.is_adapter_dir(path):
