@@ -151,6 +151,8 @@ def test_each_limit_is_crossed_at_the_edge_and_records_nothing(backend: HFBacken
     for _ in range(5):  # 6 levels
         deep = node("group", children=[deep])
     err(post(c, "g-2", action=act, tree=wide), 400, "tree")
+    same_id = screen(*[node("button", "b", id="dup") for _ in range(10)])  # one key, 11 nodes
+    assert err(post(c, "g-2", action=act, tree=same_id), 400)["code"] == "tree_too_large"
     assert "more than 10 nodes" in err(post(c, "g-2", action=act, tree=wide), 400)["message"]
     assert err(post(c, "g-2", action=act, tree=deep), 400, "tree")["code"] == "tree_too_deep"
     long_name = screen(node("button", "x" * 51))

@@ -22,7 +22,10 @@ no-op actions). Trees are bounded here like every other input: bytes, nodes, dep
 string lengths (``GuiOptions``), 4xx beyond and nothing recorded.
 
 Elements are matched by ``id`` when the tree gives one, else by role, name and their
-occurrence among elements of that role and name.
+occurrence among elements of that role and name. The kept trees are a replica's own: behind
+replicas without sticky sessions, a harness should post its own diffs (a replica that never
+saw the session's last tree records a first screen, one that saw an older tree a diff
+spanning several actions).
 """
 
 from __future__ import annotations
@@ -106,15 +109,17 @@ def flatten(tree: Mapping[str, Any], options: GuiOptions) -> Flat:
     out: dict[str, tuple[str, str, str]] = {}
     seen: dict[tuple[str, str], int] = {}
     focused = ""
+    nodes = 0
     stack: list[tuple[Any, int, str]] = [(tree, 1, "tree")]
     while stack:
         node, depth, where = stack.pop()
+        nodes += 1
         if not isinstance(node, Mapping):
             raise _bad(f"{where} must be an object", "tree")
         if depth > options.max_depth:
             raise _bad(f"the tree nests deeper than {options.max_depth} levels", "tree",
                        "tree_too_deep")
-        if len(out) >= options.max_nodes:
+        if nodes > options.max_nodes:  # counted, not keyed: a repeated id is still a node
             raise _bad(f"the tree has more than {options.max_nodes} nodes", "tree",
                        "tree_too_large")
         role, name, value, nid = (_text(node, k, where, options) for k in
