@@ -143,7 +143,11 @@ def test_each_limit_is_crossed_at_the_edge_and_records_nothing(backend: HFBacken
               "max_string_chars": 50}
     c = client(backend, rec, next_state_max_body_bytes=8192, source_options={"gui": limits})
     chat(c, "g-2")
-    assert post(c, "g-2", action=click("a"), tree=LOGIN).status_code == 200
+    at_limits = screen(*[node("button", "x" * 50) for _ in range(5)],  # 10 nodes, 5 levels
+                       node("group", children=[node("group", children=[node("group", children=[
+                           node("button", "deepest")])])]))
+    for tree in (at_limits, LOGIN):
+        assert post(c, "g-2", action=click("a"), tree=tree).status_code == 200
     rec.records.clear()
     act = click("save")
     wide = screen(*[node("button", f"b{i}") for i in range(10)])  # 11 nodes

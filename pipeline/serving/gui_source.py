@@ -109,19 +109,15 @@ def flatten(tree: Mapping[str, Any], options: GuiOptions) -> Flat:
     out: dict[str, tuple[str, str, str]] = {}
     seen: dict[tuple[str, str], int] = {}
     focused = ""
-    nodes = 0
+    nodes = 1  # seen so far, waiting ones included (counted, not keyed: an id may repeat)
     stack: list[tuple[Any, int, str]] = [(tree, 1, "tree")]
     while stack:
         node, depth, where = stack.pop()
-        nodes += 1
         if not isinstance(node, Mapping):
             raise _bad(f"{where} must be an object", "tree")
         if depth > options.max_depth:
             raise _bad(f"the tree nests deeper than {options.max_depth} levels", "tree",
                        "tree_too_deep")
-        if nodes > options.max_nodes:  # counted, not keyed: a repeated id is still a node
-            raise _bad(f"the tree has more than {options.max_nodes} nodes", "tree",
-                       "tree_too_large")
         role, name, value, nid = (_text(node, k, where, options) for k in
                                   ("role", "name", "value", "id"))
         n = seen.get((role, name), 0)
@@ -133,6 +129,10 @@ def flatten(tree: Mapping[str, Any], options: GuiOptions) -> Flat:
         children = node.get("children", [])
         if not isinstance(children, list):
             raise _bad(f"{where}.children must be a list", "tree")
+        nodes += len(children)
+        if nodes > options.max_nodes:  # before any of them is stacked
+            raise _bad(f"the tree has more than {options.max_nodes} nodes", "tree",
+                       "tree_too_large")
         stack.extend((c, depth + 1, f"{where}.children[{i}]")
                      for i, c in reversed(list(enumerate(children))))
     return out, focused
