@@ -195,6 +195,7 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     a repeated no-op: Phi -0.1, so the turn's path part is 0.5 * -0.1 = -0.05)."""
     from pipeline.kafka import names
     from pipeline.processors.config import DEFAULT_RULES
+    from pipeline.processors.judges import ReplyJudge
     from pipeline.serving.build import build_app
     from pipeline.serving.threaded import running
     from tests.test_processors_integration import (
@@ -228,9 +229,25 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     col = Collector(kafka_settings, sid, start)
     start_group_at(kafka_settings, app_id, inputs)
     proc = start_worker(app_id, sid, DEFAULT_RULES, tmp_path, hint_wait_s="2")
+    judge_version = ReplyJudge().version  # the worker's default judge
+
+    def ours(by: dict[str, list[events.Event]]) -> tuple[dict[str, events.PrmScore],
+                                                          dict[int, events.Reward],
+                                                          dict[int, events.Sample]]:
+        """This worker's verdicts (by next state), rewards and samples (by turn): a worker of
+        other code on a shared broker may judge the same session, under its judge version."""
+        prm = {p.parents[-1]: p for p in by[names.PRM_SCORES]
+               if isinstance(p, events.PrmScore) and p.judge_version == judge_version}
+        ids = {p.event_id for p in prm.values()}
+        rewards = {r.turn: r for r in by[names.REWARDS]
+                   if isinstance(r, events.Reward) and ids & set(r.parents)}
+        rids = {r.event_id for r in rewards.values()}
+        samples = {s.turn: s for s in by[names.SAMPLES]
+                   if isinstance(s, events.Sample) and rids & set(s.parents)}
+        return prm, rewards, samples
 
     def done(by: dict[str, list[events.Event]]) -> bool:
-        return len({e.event_id for e in by[names.SAMPLES]}) >= 5
+        return len(ours(by)[2]) >= 5
 
     try:
         col.poll_until(done, proc)
@@ -241,10 +258,10 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     by = col.by_topic
     log = (tmp_path / f"{app_id}.log").read_text()[-3000:]
     assert done(by), f"{ {t: len(v) for t, v in by.items()} }\n{log}"
+    prm, rewards, samples = ours(by)
 
     gui = {e.event_id: e for e in by[names.NEXT_STATES] if e.event_id in gui_ids}
     assert [gui[i].detail["gui"]["no_op"] for i in gui_ids] == [False, False, False, True, True]
-    prm = {p.parents[-1]: p for p in by[names.PRM_SCORES] if isinstance(p, events.PrmScore)}
     assert [prm[i].score for i in gui_ids] == [0, -1, 1, 0, 0]
     assert prm[gui_ids[1]].rationale == "error dialog appeared: 'Error: email required'"
     assert prm[gui_ids[2]].rationale.startswith("goal words ['settings'] appeared")
@@ -256,7 +273,6 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     assert noop.hits == [{"rule_id": "repeated-noop-action",
                           "detail": "click:apply: changed nothing 2 times"}]
 
-    rewards = {r.turn: r for r in by[names.REWARDS] if isinstance(r, events.Reward)}
     own = {p.turn: p for p in pens.values() if p.parents[0] not in gui_ids}
     assert own[3].penalty == 0.0  # no tool calls: the turn's own path part is 0
     assert rewards[3].penalty == pytest.approx(-0.05)
@@ -266,6 +282,5 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
         assert rewards[turn].prm == pytest.approx(sum(verdicts.values()) / len(verdicts))
     assert prm[gui_ids[1]].event_id in rewards[1].parents
     assert prm[gui_ids[2]].event_id in rewards[2].parents
-    samples = {s.turn: s for s in by[names.SAMPLES] if isinstance(s, events.Sample)}
     assert "The click on apply changed nothing; try another element." in samples[3].hints
     assert "The click on save raised an error: Error: email required." in samples[1].hints

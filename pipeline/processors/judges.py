@@ -178,7 +178,7 @@ class RuleJudge:
     """
 
     judge_id = "rules"
-    version = "rules-judge-1"
+    version = "rules-judge-2"  # 2: gui next states scored from their screen diff
 
     def __init__(
         self,
@@ -374,7 +374,7 @@ class ReplyJudge:
             if isinstance(rules, ReplyRules)
             else ReplyRules.load(rules or DEFAULT_REPLY_RULES)
         )
-        self.version = f"replies-judge-1/{self.rules.version}"
+        self.version = f"replies-judge-2/{self.rules.version}"  # 2: gui next states
         self._vader: Any = None
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
