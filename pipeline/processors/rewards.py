@@ -5,7 +5,8 @@ Why per session: "each session keeps at least one sample" and the step-wise outc
 therefore delays a session's samples, never a user's answer.
 
 Per turn: O = session outcome (0 when none), prm = mean of the turn's judge scores, or with an
-outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. A turn the
+outcome the mean of all valid votes; penalty = beta * Phi (plus beta * Phi of the turn's
+GUI actions' own penalties, ``action_penalties``); total = O + prm + penalty. A turn the
 judge never scored takes the session's outcome alone (prm 0); without an outcome it has no
 reward. The RL mask (``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no
 reward, or a total of exactly 0 without a session outcome outside a group, has no RL signal
