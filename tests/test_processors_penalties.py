@@ -267,3 +267,54 @@ def test_design_rules_are_enforced(rule, message):
 def test_malformed_rule_set_is_a_config_error():
     with pytest.raises(RuleConfigError, match="malformed"):
         RuleSet.from_dict({"version": "v", "beta": 0.5, "rules": [{"id": "x"}]})
+
+
+# ---- GUI actions: repeated no-ops (gui next states, in session order) -----------------------
+
+NOOP_RULE = {"id": "noop", "kind": "repeated_noop_action", "max_repeats": 1, "penalty": 0.1,
+             "compliance": 0.02}
+
+
+def test_a_repeated_noop_action_is_penalised_once_per_turn_and_recovery_pays_once() -> None:
+    rs = rules(rules=[*BASE["rules"], NOOP_RULE])  # type: ignore[list-item]
+    h = PathHistory()
+    click = "click:save:"
+    steps = [  # (turn, action, no_op) -> (phi, bonus, rule ids): by hand, N = 1 allowed
+        ((0, click, None), (0.0, 0.0, [])),  # first screen: nothing known
+        ((0, click, True), (0.0, 0.0, [])),  # 1st no-op: allowed
+        ((1, click, True), (-0.1, 0.0, ["noop"])),  # 2nd in a row: -lambda
+        ((1, click, True), (0.0, 0.0, [])),  # 3rd, same turn: once per turn
+        ((2, click, True), (-0.1, 0.0, ["noop"])),  # 4th, next turn: again
+        ((2, "type:name:bob", False), (0.02, 0.02, ["noop"])),  # the screen changed: +mu
+        ((3, click, True), (0.0, 0.0, [])),  # a new run starts at 1
+        ((3, click, True), (-0.1, 0.0, ["noop"])),
+        ((4, "key:Enter:", False), (0.0, 0.0, [])),  # recovery from click:save: paid already
+    ]
+    got = []
+    for (turn, key, no_op), _ in steps:
+        r = rs.evaluate_gui(turn, key, no_op, h)
+        got.append((r.phi, r.compliance_bonus, r.rule_ids))
+    assert got == [want for _, want in steps]
+    assert h.noops == []
+    assert PathHistory.from_json(h.to_json()) == h
+
+
+def test_noops_on_different_targets_are_no_run() -> None:
+    rs = rules(rules=[NOOP_RULE])
+    h = PathHistory()
+    phis = [rs.evaluate_gui(0, k, True, h).phi for k in ("click:a:", "click:b:", "click:a:")]
+    assert phis == [0.0, 0.0, 0.0] and h.noops == ["click:a:", 1]
+    r = rs.evaluate_gui(0, "click:a:", True, h)
+    assert (r.phi, r.hits) == (-0.1, [{"rule_id": "noop",
+                                       "detail": "click:a: changed nothing 2 times"}])
+
+
+def test_tool_calls_never_fire_the_noop_rule_and_old_histories_load() -> None:
+    rs = rules(rules=[NOOP_RULE])
+    assert rs.evaluate(0, [call("ls", "ok"), call("ls", "ok")], PathHistory()).hits == []
+    old = {"failures": {}, "commands": [], "failed_goals": [], "credited": []}
+    assert PathHistory.from_json(old).noops == []
+    with pytest.raises(RuleConfigError, match="max_repeats"):
+        rules(rules=[{**NOOP_RULE, "max_repeats": 0}])
+    with pytest.raises(RuleConfigError, match="compliance"):
+        rules(rules=[{**NOOP_RULE, "compliance": 0.0}])

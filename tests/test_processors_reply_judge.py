@@ -346,7 +346,7 @@ def test_normalise_hint_bounds_length() -> None:
 def test_reply_judge_is_the_default_and_rules_still_work() -> None:
     assert ProcessorSettings().judge == "replies"
     j = make_judge("replies")
-    assert j.judge_id == "replies" and j.version.startswith("replies-judge-1/")
+    assert j.judge_id == "replies" and j.version.startswith("replies-judge-2/")
     assert make_judge("rules").judge_id == "rules"
     assert make_judge("llm", base_url="http://127.0.0.1:1/v1", model="m").judge_id == "llm:m"
 
@@ -361,7 +361,7 @@ def test_patterns_come_from_a_file(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     j = ReplyJudge(custom)
-    assert j.version == "replies-judge-1/custom-1"
+    assert j.version == "replies-judge-2/custom-1"
     assert j.read("Kiitos!").score == 1 and ReplyJudge().read("Kiitos!").score == 0
     assert ReplyJudge(ReplyRules.load(custom)).read("Kiitos!").score == 1
 

@@ -640,3 +640,20 @@ def test_only_feedback_on_a_turn_is_a_vote():
     assert voter_of(ns(0)) is None  # the conversation's own next state
     session_wide = outcome_event("s", True, kind="feedback")
     assert voter_of(session_wide) is None  # a session outcome: the latest wins already
+
+
+def test_an_actions_penalty_adds_to_its_turns_path_part():
+    """Turn 0: judged +1, its own penalty 0.5 * -0.2 and a GUI action's 0.5 * -0.1 (a repeated
+    no-op): penalty -0.15, total 0.85, both penalties among the reward's parents."""
+    asm = Assembler()
+    state = feed(asm, [(1, [1], -0.2)])
+    action = dataclasses.replace(pen(0, -0.1), event_id="gui-x0", parents=["gui-n0"])
+    state = asm.on_action_penalty(state, action)
+    state = asm.on_action_penalty(state, action)  # redelivered: counted once
+    (r,) = asm.complete(state, 1).rewards
+    assert (r.prm, r.penalty, r.total) == pytest.approx((1.0, -0.15, 0.85))
+    assert r.parents == ["p0", "x0", "gui-x0"]
+    plain = feed(Assembler(), [(1, [1], -0.2)])
+    (r,) = Assembler().complete(plain, 1).rewards  # without one: as before
+    assert (r.penalty, r.total, r.parents) == (pytest.approx(-0.1), pytest.approx(0.9),
+                                               ["p0", "x0"])

@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from pipeline.events import Interaction, NextState
 from pipeline.events.types import Vote
+from pipeline.processors.gui import gui_vote
 
 # The registry lives in judge_registry.py (light: loading the settings checks the judge's name
 # and options without importing this module); re-exported here, where plug-ins look for it.
@@ -138,6 +139,17 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
+def gui_verdict(state: NextState, request: str) -> Verdict | None:
+    """A ``gui`` next state's vote from its screen diff (``processors/gui.py``): the goal is
+    the one posted with it, else the turn's request; None for any other next state."""
+    gui = state.detail.get("gui")
+    if state.kind != "gui" or not isinstance(gui, Mapping):
+        return None
+    goal = gui.get("goal")
+    r = gui_vote(gui, goal if isinstance(goal, str) and goal else request)
+    return Verdict(r.score, [r.score], r.rationale, r.hints)
+
+
 # ---- rule verifiers --------------------------------------------------------------------------
 
 DEFAULT_CORRECTIONS = (
@@ -166,7 +178,7 @@ class RuleJudge:
     """
 
     judge_id = "rules"
-    version = "rules-judge-1"
+    version = "rules-judge-2"  # 2: gui next states scored from their screen diff
 
     def __init__(
         self,
@@ -177,12 +189,14 @@ class RuleJudge:
         self.thanks = tuple(p.lower() for p in thanks)
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
-        return self.verdict(state)
+        return self.verdict(state, ctx.request if ctx is not None else "")
 
-    def verdict(self, state: NextState) -> Verdict:
+    def verdict(self, state: NextState, request: str = "") -> Verdict:
         if state.score is not None:
             s = sign(state.score)
             return Verdict(s, [s], f"explicit score {state.score:g}")
+        if (gui := gui_verdict(state, request)) is not None:
+            return gui
         if state.exit_code is not None:
             s = 1 if state.exit_code == 0 else -1
             return Verdict(s, [s], f"exit code {state.exit_code}")
@@ -360,19 +374,21 @@ class ReplyJudge:
             if isinstance(rules, ReplyRules)
             else ReplyRules.load(rules or DEFAULT_REPLY_RULES)
         )
-        self.version = f"replies-judge-1/{self.rules.version}"
+        self.version = f"replies-judge-2/{self.rules.version}"  # 2: gui next states
         self._vader: Any = None
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
-        return self.verdict(state)
+        return self.verdict(state, ctx.request if ctx is not None else "")
 
-    def verdict(self, state: NextState) -> Verdict:
+    def verdict(self, state: NextState, request: str = "") -> Verdict:
         reply = state.kind in ("user_reply", "feedback") and bool(state.content.strip())
         if state.score is not None:
             s = sign(state.score)
             # A thumbs-down with a directive ("please answer in one sentence") keeps its hint.
             hints = self.read(state.content).hints if s < 0 and reply else []
             return Verdict(s, [s], f"explicit score {state.score:g}", hints)
+        if (gui := gui_verdict(state, request)) is not None:
+            return gui
         if state.exit_code is not None:
             s = 1 if state.exit_code == 0 else -1
             return Verdict(s, [s], f"exit code {state.exit_code}")

@@ -357,6 +357,34 @@ class Pairer:
             hits=result.hits,
         )
 
+    def on_gui(self, state: PairingState, ns: NextState) -> PathPenalty | None:
+        """The path penalty of a ``gui`` next state's action (the repeated no-op rule, which
+        reads the session's GUI actions in order), or None when no rule fired. It is the
+        action's own, beside the turn's penalty that pairing writes when the next turn comes."""
+        gui = ns.detail.get("gui")
+        if not isinstance(gui, dict) or not isinstance(gui.get("action_key"), str):
+            return None
+        no_op = None if gui.get("first") else bool(gui.get("no_op"))
+        history = PathHistory.from_json(state.history)
+        key = bounded_id(gui["action_key"], self.text_chars)
+        result = self.rules.evaluate_gui(ns.turn, key, no_op, history)
+        state.history = self._bounded_history(history)
+        if not result.hits:
+            return None
+        parents = [ns.event_id]
+        return PathPenalty(
+            event_id=derive_event_id("path_penalty", parents, self.rules.version),
+            producer=self.penalty_producer,
+            parents=parents,
+            session_id=ns.session_id,
+            turn=ns.turn,
+            rule_ids=result.rule_ids,
+            penalty=result.phi,
+            compliance_bonus=result.compliance_bonus,
+            beta=self.rules.beta,
+            hits=result.hits,
+        )
+
     def _bounded_history(self, history: PathHistory) -> dict[str, Any]:
         """The history as JSON within half the state bound: oldest commands go first, then
         the oldest failure counts, then the oldest credits (each is at most one call's

@@ -7,9 +7,11 @@ not be worth more than the outcome): a forbidden pattern pays mu only for a call
 its ``alternatives`` (each alternative once per session), a required step for the trigger done
 after its requirement, and a repeated failing call for a *recovery*: a goal (program and first
 argument, see :func:`goal_of`) that failed and then verifiably succeeded (a result that is not a
-failure; no result is not a success), once per goal per session. Read-only commands (``ls``,
-``git stash list``, ...: ``read_only_patterns``) never earn a bonus: they cost nothing, so a bonus
-for them could be farmed. Validation enforces RLVP's four design rules
+failure; no result is not a success), once per goal per session; a GUI action that changed
+nothing repeated in a row (``repeated_noop_action``, read from ``gui`` next states:
+:meth:`RuleSet.evaluate_gui`) for the action that changes the screen after it. Read-only
+commands (``ls``, ``git stash list``, ...: ``read_only_patterns``) never earn a bonus: they cost
+nothing, so a bonus for them could be farmed. Validation enforces RLVP's four design rules
 (docs/architecture.md#path-penalties):
 (1) only verifiable bad actions, never lack of progress; (2) the outcome stays the main driver;
 (3) every penalty is paired with a compliance reward; (4) the compliant path is reachable and
@@ -32,7 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipeline.events import RuleHit
 from pipeline.processors.errors import RuleConfigError
 
-VERIFIABLE_KINDS = ("repeated_failing_call", "forbidden_pattern", "required_step")
+VERIFIABLE_KINDS = (
+    "repeated_failing_call", "forbidden_pattern", "required_step", "repeated_noop_action"
+)
 # Kinds people reach for that reward or punish (lack of) progress: rule (1) forbids them.
 PROGRESS_KINDS = ("no_progress", "idle", "too_many_turns", "slow", "length", "inaction")
 # Commands that change nothing: no bonus may be paid for them (design rule 4). Matched at the
@@ -117,13 +121,15 @@ class ToolCall:
 @dataclass
 class PathHistory:
     """Per-session memory the rules need (JSON-able): failure counts, recent commands, the
-    goals that failed and still await their recovery, and the bonuses already credited
-    (``"<rule id> <alternative index>"``, ``"<rule id> recovered <goal>"``)."""
+    goals that failed and still await their recovery, the bonuses already credited
+    (``"<rule id> <alternative index>"``, ``"<rule id> recovered <goal>"``), and the GUI
+    action that changed nothing, in a row (``noops``: [action key, count], empty for none)."""
 
     failures: dict[str, int] = field(default_factory=dict)
     commands: list[tuple[int, str]] = field(default_factory=list)
     failed_goals: list[str] = field(default_factory=list)  # failed, not yet recovered
     credited: list[str] = field(default_factory=list)
+    noops: list[Any] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,6 +137,7 @@ class PathHistory:
             "commands": [list(c) for c in self.commands],
             "failed_goals": self.failed_goals,
             "credited": self.credited,
+            "noops": self.noops,
         }
 
     @classmethod
@@ -144,6 +151,7 @@ class PathHistory:
             # a recovery from them is not verifiable, so none is paid.
             list(obj.get("failed_goals", [])),
             list(obj.get("credited", [])),
+            list(obj.get("noops", [])),  # states written before GUI next states: none
         )
 
 
@@ -239,6 +247,47 @@ class RuleSet:
         del history.failed_goals[:-50]
         return PathResult(round(phi, 10), round(bonus, 10), hits)
 
+    def evaluate_gui(
+        self, turn: int, action_key: str, no_op: bool | None, history: PathHistory
+    ) -> PathResult:
+        """Score one GUI action (a ``gui`` next state, in session order) and update
+        ``history``. ``no_op``: the screen did not change; None when nothing is known (the
+        session's first screen), which neither extends nor breaks a run of no-ops.
+
+        ``repeated_noop_action``: the same action (type, target, text) that changed nothing
+        more than ``max_repeats`` times in a row is penalised, once per turn; its bonus pays
+        for the action that changes the screen after such a penalised run, once per action
+        key and session (the run cost more than the bonus pays: it cannot be farmed)."""
+        key, count = (str(history.noops[0]), int(history.noops[1])) if history.noops else ("", 0)
+        hits: list[RuleHit] = []
+        phi = bonus = 0.0
+        for rule in self.spec.rules:
+            if rule.kind != "repeated_noop_action":
+                continue
+            assert rule.max_repeats is not None
+            if no_op:
+                run = count + 1 if key == action_key else 1
+                tag = f"{rule.id} turn {turn}"
+                if run > rule.max_repeats and tag not in history.credited:
+                    history.credited.append(tag)
+                    phi -= rule.penalty
+                    hits.append({"rule_id": rule.id,
+                                 "detail": f"{action_key[:160]} changed nothing {run} times"})
+            elif no_op is False and count > rule.max_repeats:
+                tag = f"{rule.id} recovered {key}"
+                if tag not in history.credited:
+                    history.credited.append(tag)
+                    phi += rule.compliance
+                    bonus += rule.compliance
+                    hits.append({"rule_id": rule.id, "detail": f"compliance: after {key[:120]} "
+                                 f"changed nothing {count} times, {action_key[:120]} did"})
+        if no_op:
+            history.noops = [action_key, count + 1 if key == action_key else 1]
+        elif no_op is False:
+            history.noops = []
+        del history.credited[:-200]
+        return PathResult(round(phi, 10), round(bonus, 10), hits)
+
     def _recovery(self, calls: Sequence[ToolCall], history: PathHistory) -> str | None:
         """The goal this turn recovered (if any), updating the goals still failed. Calls are
         taken in order: a failing call's goal becomes failed; a later call of a failed goal
@@ -293,6 +342,8 @@ class RuleSet:
                 history.credited.append(tag)
                 return False, f"recovered: {recovery[:160]} failed, then succeeded"
             return None
+        if rule.kind == "repeated_noop_action":
+            return None  # GUI actions come as next states: evaluate_gui
         if rule.kind == "required_step":
             trigger, requires = c.trigger, c.requires
             assert trigger is not None and requires is not None  # validate_spec checks both
@@ -391,7 +442,7 @@ def validate_spec(spec: RuleSetSpec) -> None:
                         f"{where}: alternative {p!r} matches every command, so its bonus is "
                         "farmable (design rule 4)"
                     )
-        elif r.kind == "repeated_failing_call":
+        elif r.kind in ("repeated_failing_call", "repeated_noop_action"):
             if r.max_repeats is None or r.max_repeats < 1:
                 problems.append(f"{where}: max_repeats (N) must be >= 1")
         elif r.kind == "required_step":

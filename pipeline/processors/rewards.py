@@ -5,7 +5,8 @@ Why per session: "each session keeps at least one sample" and the step-wise outc
 therefore delays a session's samples, never a user's answer.
 
 Per turn: O = session outcome (0 when none), prm = mean of the turn's judge scores, or with an
-outcome the mean of all valid votes; penalty = beta * Phi; total = O + prm + penalty. A turn the
+outcome the mean of all valid votes; penalty = beta * Phi (plus beta * Phi of the turn's
+GUI actions' own penalties, ``action_penalties``); total = O + prm + penalty. A turn the
 judge never scored takes the session's outcome alone (prm 0); without an outcome it has no
 reward. The RL mask (``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no
 reward, or a total of exactly 0 without a session outcome outside a group, has no RL signal
@@ -357,6 +358,9 @@ class AssemblyTurn:
     hints: dict[str, tuple[int, str]] = field(default_factory=dict)
     skip: bool = False
     votes: dict[str, VoteEntry] = field(default_factory=dict)  # caller -> the vote that counts
+    # Penalties of the actions a harness reported for the turn (gui next states), by event
+    # id, beside the turn's own ``penalty``; their Phi adds to it.
+    action_penalties: dict[str, PenaltyEntry] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -561,6 +565,14 @@ class Assembler:
         )
         return state
 
+    def on_action_penalty(self, state: AssemblyState | None, pen: PathPenalty) -> AssemblyState:
+        """An action's penalty (a gui next state's), added to its turn's path part."""
+        state = state if state is not None else AssemblyState()
+        self._turn(state, pen.session_id, pen.turn).action_penalties[pen.event_id] = (
+            PenaltyEntry(event_id=pen.event_id, phi=pen.penalty, beta=pen.beta)
+        )
+        return state
+
     def on_hint(self, state: AssemblyState | None, hint: Hint) -> AssemblyState:
         state = state if state is not None else AssemblyState()
         self._turn(state, hint.session_id, hint.turn).hints[hint.event_id] = (
@@ -643,18 +655,18 @@ class Assembler:
             if judged:
                 judged_turns.add(t)
             pen = info.penalty
+            actions = [info.action_penalties[k] for k in sorted(info.action_penalties)]
             votes = [v for j in judged for v in j.votes]
+            beta, phi = (pen.beta, pen.phi) if pen else (0.0, 0.0)
+            if actions:  # beta * Phi summed over the turn's penalties, as one part
+                phi, beta = beta * phi + sum(a.beta * a.phi for a in actions), 1.0
             # An unjudged turn of a session with an outcome takes the outcome alone (prm 0).
             o, prm, penalty, total = reward_parts(
-                [j.score for j in judged],
-                votes,
-                o_val,
-                pen.beta if pen else 0.0,
-                pen.phi if pen else 0.0,
+                [j.score for j in judged], votes, o_val, beta, phi
             )
             parents = [j.event_id for j in judged] + [
                 x for x in (pen and pen.event_id, outcome and outcome.event_id) if x
-            ]
+            ] + [a.event_id for a in actions]
             rewards[t] = Reward(
                 event_id=derive_event_id("reward", parents, self.reward_version),
                 ts_ms=now_ms,

@@ -135,6 +135,11 @@ class SessionStage:
         if is_derived(ns) or (turn is not None and ns.event_id in turn.next_states):
             return Step(applied=False)  # derived here, or a redelivery: applied already
         step = Step()
+        if ns.kind == "gui" and not state.assembly.done:
+            pen = self.pairer.on_gui(state.pairing, ns)
+            if pen is not None:  # before its verdict, so the reward always counts it
+                step.penalties.append(pen)
+                state.assembly = self.assembler.on_action_penalty(state.assembly, pen)
         self._next_state(state, ns, now_ms, step)
         return step
 

@@ -128,10 +128,10 @@ class ServeSettings(BaseModel):
         "next-state sources (pipeline.serving.sources.register).",
     )
     sources: list[str] = Field(
-        default_factory=lambda: ["terminal"],
+        default_factory=lambda: ["terminal", "gui"],
         validate_default=True,
         description="Next-state sources answering at POST /v1/next_states/<name> (built in: "
-        "terminal; a plug-in module registers more).",
+        "terminal, gui; a plug-in module registers more).",
     )
     # Each source's own options, validated by the model it registered with (a typo is an
     # error naming the key): [serve.source_options.terminal] passing_exit_codes = [0, 5].

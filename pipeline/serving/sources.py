@@ -17,9 +17,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pipeline.registry import NoOptions, Registry
 
@@ -33,6 +33,29 @@ class SourceRequest:
     key_id: str  # the caller's API key id ("anonymous" without keys)
     max_chars: int  # longest text a next state may carry (serve.next_state_max_chars)
     last_turn: Callable[[str], int | None]  # the session's latest turn on this gateway
+
+
+def session_turn(
+    request: SourceRequest, session_id: str | None, turn: int | Literal["last"]
+) -> tuple[str, int]:
+    """The post's session (its ``session_id``, else the header) and turn (a number, or the
+    session's last one on this gateway); a 400 when either is unknown."""
+    from .errors import ApiError  # light module: the settings import this one
+
+    sid = session_id or request.session_header
+    if not sid:
+        raise ApiError(400, "give session_id (or the X-Session-Id header)",
+                       param="session_id", code="missing_session")
+    last = request.last_turn(sid)
+    if turn == "last" and last is None:
+        raise ApiError(400, f"session {sid!r} has no open turn on this gateway; pass the "
+                       "turn number", param="session_id", code="session_not_found")
+    number = last if turn == "last" else turn
+    assert number is not None
+    if last is not None and number > last:
+        raise ApiError(400, f"turn {number} of session {sid!r} has not been recorded (last "
+                       f"is {last})", param="turn", code="turn_not_found")
+    return sid, number
 
 
 class NextStateSource(Protocol):
@@ -81,5 +104,21 @@ class TerminalOptions(BaseModel):
     source: str = "terminal"  # the events' ``source`` field
 
 
+class GuiOptions(BaseModel):
+    """Options of the "gui" source (``[serve.source_options.gui]``): the limits a posted
+    accessibility tree must keep (400 beyond; the body limit still applies first)."""
+
+    model_config = {"extra": "forbid"}
+
+    max_tree_bytes: int = Field(default=256 * 1024, ge=1)
+    max_nodes: int = Field(default=5000, ge=1)
+    max_depth: int = Field(default=24, ge=1)  # the body's JSON depth limit (64) allows ~31
+    max_string_chars: int = Field(default=1000, ge=1)  # role, name, value, id of a node
+    max_listed: int = Field(default=50, ge=1)  # entries kept per diff list in the event
+    max_sessions: int = Field(default=256, ge=1)  # previous trees kept (LRU)
+    source: str = "gui"
+
+
 register("terminal", _builtin("pipeline.serving.terminal_source", "TerminalSource"),
          TerminalOptions)
+register("gui", _builtin("pipeline.serving.gui_source", "GuiSource"), GuiOptions)

@@ -21,7 +21,7 @@ from pipeline import __version__, events
 from .errors import ApiError
 from .protocol import validated
 from .sessions import MAX_ID_CHARS
-from .sources import SourceRequest, TerminalOptions
+from .sources import SourceRequest, TerminalOptions, session_turn
 
 MAX_TURN = 2**31 - 1
 MAX_COMMAND_CHARS = 1000
@@ -44,22 +44,10 @@ class TerminalSource:
 
     def next_states(self, request: SourceRequest) -> list[Any]:
         post = validated(TerminalPost, request.body)
-        sid = post.session_id or request.session_header
-        if not sid:
-            raise ApiError(400, "give session_id (or the X-Session-Id header)",
-                           param="session_id", code="missing_session")
         if len(post.output) > request.max_chars:
             raise ApiError(400, f"output is longer than {request.max_chars} characters",
                            param="output", code="text_too_long")
-        last = request.last_turn(sid)
-        if post.turn == "last" and last is None:
-            raise ApiError(400, f"session {sid!r} has no open turn on this gateway; pass the "
-                           "turn number", param="session_id", code="session_not_found")
-        turn = last if post.turn == "last" else post.turn
-        assert turn is not None
-        if last is not None and turn > last:
-            raise ApiError(400, f"turn {turn} of session {sid!r} has not been recorded (last "
-                           f"is {last})", param="turn", code="turn_not_found")
+        sid, turn = session_turn(request, post.session_id, post.turn)
         passed = post.exit_code in self.options.passing_exit_codes
         return [events.NextState(
             event_id=events.new_event_id(),
