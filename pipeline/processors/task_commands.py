@@ -246,8 +246,9 @@ def check_command(ctx: click.Context, task_id: str, namespace: str | None,
 
 @tasks.command("replay")
 @click.option("--into", "into", required=True, help="Namespace NAME: topics replay.NAME.*.")
+@click.option("--session-prefix", default="", help="Only tasks of sessions starting with this.")
 @click.pass_context
-def replay_command(ctx: click.Context, into: str) -> None:
+def replay_command(ctx: click.Context, into: str, session_prefix: str) -> None:
     """Republish the accepted tasks' sessions (interactions, next states) into namespace --into.
 
     The pool as offline RL through the usual path: liverl replay --sessions of the accepted
@@ -261,8 +262,8 @@ def replay_command(ctx: click.Context, into: str) -> None:
     from pipeline.replay.commands import DEFAULT_TOPICS, replay
 
     pool = _pool(_settings(ctx), None)
-    sessions = sorted({str(t.provenance["session_id"]) for t in pool.values()
-                       if t.status == "accepted"})
+    sessions = sorted({sid for t in pool.values() if t.status == "accepted"
+                       and (sid := str(t.provenance["session_id"])).startswith(session_prefix)})
     if not sessions:
         raise click.UsageError(f"no accepted task in the pool ({len(pool)} task(s)): "
                                "liverl tasks watch builds it")
