@@ -16,15 +16,13 @@ from typing import IO, Any
 import click
 
 from pipeline import events
-from pipeline.settings import Settings
 
 from .task_pool import TaskPool, build_judges, read_tasks
 
 
-def _settings(ctx: click.Context) -> Settings:
-    obj: dict[str, Any] = ctx.find_root().obj or {}
-    settings: Settings = obj.get("settings") or Settings()
-    return settings
+def _settings(ctx: click.Context) -> Any:
+    """The composed settings the command layer (pipeline.cli) loaded."""
+    return (ctx.find_root().obj or {})["settings"]
 
 
 def _check_namespace(namespace: str | None) -> None:
@@ -34,7 +32,7 @@ def _check_namespace(namespace: str | None) -> None:
         nsmod.check_name(namespace)
 
 
-def _pool(settings: Settings, namespace: str | None) -> dict[str, events.VerifiedTask]:
+def _pool(settings: Any, namespace: str | None) -> dict[str, events.VerifiedTask]:
     from pipeline.kafka import names
     from pipeline.replay import namespace as nsmod
 
