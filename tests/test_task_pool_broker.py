@@ -1,7 +1,7 @@
 """The task pool on the real broker: sessions with a passing gate enter the pool only after a
 majority of three judges, a session with one vote of three is published rejected, a session
 without a verified outcome gives no task; a rerun publishes nothing; list, export and replay
-read the pool."""
+read the pool; forget removes a session's task."""
 
 from __future__ import annotations
 
@@ -120,3 +120,8 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     assert got == sorted([(p + "a", "interaction"), (p + "a", "interaction"),
                           (p + "a", "next_state"), (p + "d", "interaction"),
                           (p + "d", "next_state")])
+    # forgetting a session removes its task from the pool (a tombstone on the compacted topic)
+    res = invoke(["forget", "--session", p + "a"], env)
+    assert res.exit_code == 0 and f"{names.TASKS}: " in res.output, res.output
+    left = read_tasks(kafka_settings)
+    assert a.task_id not in left and d.task_id in left

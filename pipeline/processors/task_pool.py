@@ -39,6 +39,7 @@ from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable
 
 from .consistency import outcome_vote
+from .forget import ChangelogHit
 from .judges import Judge, TurnContext, answer_text, content_text, last_user_text
 
 log = logging.getLogger(__name__)
@@ -445,3 +446,37 @@ class TaskPool:
                 self._loop.run_until_complete(aclose())
         if not self._loop.is_closed():
             self._loop.close()
+
+
+# ---- forgetting ------------------------------------------------------------------------------
+
+
+def forget_survey(connection: Connectable, sessions: list[str], present: set[str]
+                  ) -> list[ChangelogHit]:
+    """``liverl forget``'s part: per tasks topic (live and every replay namespace's copy), the
+    keys whose latest task came from one of ``sessions`` (a task holds the session's prompt
+    and answer). The topic is compacted, so a tombstone per key (``processors.forget.erase``)
+    removes them."""
+    from pipeline.kafka.reader import read_to_end
+
+    from .forget import GROUP_PREFIX
+
+    topics = sorted(t for t in present if names.live(t, names.namespace_of(t)) == names.TASKS)
+    wanted = set(sessions)
+    latest: dict[tuple[str, int, bytes], bool] = {}  # key -> its latest task is the sessions'
+
+    def handle(m: Any) -> None:
+        key = m.key()
+        if key is None:
+            return
+        ev = None if m.value() is None else _decode(m.value())
+        mine = isinstance(ev, events.VerifiedTask) and \
+            ev.provenance.get("session_id") in wanted
+        latest[(m.topic(), m.partition(), key)] = mine
+
+    read_to_end(connection, topics, handle, group_prefix=GROUP_PREFIX)
+    hits: dict[str, ChangelogHit] = {}
+    for (topic, partition, key), mine in sorted(latest.items()):
+        if mine:
+            hits.setdefault(topic, ChangelogHit(topic, [])).keys.append((partition, key))
+    return list(hits.values())
