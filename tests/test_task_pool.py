@@ -189,3 +189,16 @@ def test_find_task_takes_a_unique_prefix() -> None:
         find_task(pool, a.task_id[:-1])
     with pytest.raises(click.UsageError, match="unknown task"):
         find_task(pool, "zzz")
+
+
+def test_the_default_offline_judge_confirms_the_checker_it_reads() -> None:
+    """``tasks.judges`` = ["replies"]: it reads the outcome's score, so it accepts what the
+    checker passed; only judges of the answer can overrule a checker (docs say so)."""
+    judges = build_judges(TaskSettings().judges)
+    j = TaskJoin()
+    j.interaction(turn("s", 0, "Done."))
+    (c,) = j.outcome(passed("s"))
+    task = decide(c, judges)
+    assert task.status == "accepted" and task.k == 1
+    assert task.votes[0]["judge_id"] == "replies" and task.votes[0]["vote"] == 1
+    assert "explicit score 1" in task.votes[0]["rationale"]
