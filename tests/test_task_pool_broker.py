@@ -115,13 +115,91 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     replayed = [events.decode(m.value()) for topic in (names.INTERACTIONS, names.NEXT_STATES)
                 for msgs in read_topic(kafka_settings, names.resolve(topic, ns)).values()
                 for m in msgs]
-    got = sorted((e.session_id, e.type) for e in replayed  # type: ignore[attr-defined]
-                 if getattr(e, "session_id", "").startswith(p))
-    assert got == sorted([(p + "a", "interaction"), (p + "a", "interaction"),
-                          (p + "a", "next_state"), (p + "d", "interaction"),
-                          (p + "d", "next_state")])
+    # (live workers on this broker may have derived next states of these sessions: they are
+    # the sessions' records too, and replayed with them)
+    got = {(e.session_id, e.type) for e in replayed  # type: ignore[attr-defined]
+           if getattr(e, "session_id", "").startswith(p)}
+    assert got == {(p + "a", "interaction"), (p + "a", "next_state"),
+                   (p + "d", "interaction"), (p + "d", "next_state")}
+    ids = {e.event_id for e in replayed}
+    assert {*(i["event_id"] for t in (a, d) for i in t.provenance["interactions"]),
+            a.provenance["outcome_id"], d.provenance["outcome_id"]} <= ids
     # forgetting a session removes its task from the pool (a tombstone on the compacted topic)
     res = invoke(["forget", "--session", p + "a"], env)
     assert res.exit_code == 0 and f"{names.TASKS}: " in res.output, res.output
     left = read_tasks(kafka_settings)
     assert a.task_id not in left and d.task_id in left
+
+
+@pytest.mark.integration
+def test_the_accepted_pool_trains_offline_through_a_replay_namespace(
+    kafka_settings: Settings, unique: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """liverl tasks replay puts only the accepted tasks' sessions into a namespace; its
+    workers turn them into samples and its trainer trains a version from them (the usual
+    exactly-once path of replay namespaces)."""
+    import dataclasses
+
+    from tests.test_replay import drop_worker_state, start, stop, wait_rewards
+
+    p, ns, app_id, policy = f"to{unique}-", f"to{unique}", f"to-{unique}", f"top-{unique}"
+    env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+           "PYTHONUNBUFFERED": "1", "LIVERL_PROCESSORS_SESSION_PREFIX": p,
+           "LIVERL_PROCESSORS_GRACE_S": "2", "LIVERL_PROCESSORS_SWEEP_INTERVAL_S": "1"}
+    producer = EventProducer(kafka_settings, client_id="task-offline-test")
+
+    def session(sid: str, answer: str) -> None:
+        for t in range(2):
+            inter = dataclasses.replace(
+                turn(sid, t, answer if t == 1 else "Looking."), policy_id=policy,
+                prompt_token_ids=[t + 1, t + 2], response_token_ids=[10 + t, 20 + t],
+                response_logprobs=[-0.5, -0.25], session_done=t == 1)
+            producer.send(names.INTERACTIONS, inter)
+        producer.send(names.NEXT_STATES, outcome_event(sid, True))
+        producer.flush()
+
+    session(p + "yes", "Fixed the import; the tests pass.")  # 2 of 3: accepted
+    session(p + "no", "I refactored the module.")  # 1 of 3: rejected
+    seen: list[events.VerifiedTask] = []
+    pool = TaskPool(kafka_settings, build_judges(sorted(WORDS), WORDS, PLUGINS),
+                    session_prefix=p, on_task=seen.append)
+    request.addfinalizer(lambda: tombstones(kafka_settings, [t.task_id for t in seen]))
+    pool.run(once=True)
+    assert sorted((t.provenance["session_id"], t.status) for t in seen) == [
+        (p + "no", "rejected"), (p + "yes", "accepted")]
+    request.addfinalizer(lambda: drop_worker_state(kafka_settings, app_id))
+    request.addfinalizer(lambda: drop(env, ns))
+    res = invoke(["tasks", "replay", "--into", ns, "--session-prefix", p], env)
+    assert res.exit_code == 0 and "replaying 1 session(s)" in res.output, res.output
+    replayed = {m.key() for ms in read_topic(kafka_settings, names.resolve(names.INTERACTIONS, ns)
+                                              ).values() for m in ms}
+    assert replayed == {(p + "yes").encode()}
+    log = tmp_path / "workers.log"
+    proc = start(["workers", "--namespace", ns, "--app-id", app_id, "--no-web"], env, log)
+    keys = {(p + "yes").encode(), (p + "no").encode()}
+    try:
+        rewards = wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), keys, 2, proc,
+                               log)
+        samples = names.resolve(names.SAMPLES, ns)
+        deadline = time.monotonic() + 60
+        while len(got := [m for ms in read_topic(kafka_settings, samples).values()
+                          for m in ms if m.key() in keys]) < 2:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        stop(proc)
+    assert {k for k, _ in rewards} == {p + "yes"}  # the rejected session never trains
+    assert {m.key() for m in got} == {(p + "yes").encode()}
+    train_log = tmp_path / "train.log"
+    trainer = start(
+        ["train", "--namespace", ns, "--policy", policy, "--model", "tiny", "--device", "cpu",
+         "--batch-samples", "2", "--batch-wait", "0.05", "--publish-max-overhead", "1",
+         "--exit-when-idle", "2"], env, train_log)
+    try:
+        assert trainer.wait(300) == 0, train_log.read_text()[-3000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    manifest = tmp_path / "state" / "replay" / ns / "weights" / policy / "v1" / "manifest.json"
+    assert manifest.is_file(), train_log.read_text()[-3000:]
+    assert orjson.loads(manifest.read_bytes())["input_topic"] == samples
