@@ -231,9 +231,9 @@ class TaskSettings(BaseSettings):
     # program (argv[0], as recorded) is named here. Empty: nothing from event content runs.
     allowed_commands: list[str] = Field(default_factory=list)
     check_timeout_s: float = Field(default=1800.0, gt=0)
-    # Bounds on what a task keeps of the session (characters).
-    prompt_chars: int = Field(default=8000, ge=100)
-    answer_chars: int = Field(default=8000, ge=100)
+    # What a task keeps of the session's texts, in characters each: the prompt, the first
+    # interaction's messages (together), the final answer.
+    text_chars: int = Field(default=8000, ge=100)
 
     @field_validator("judges")
     @classmethod

@@ -116,7 +116,7 @@ def watch_command(ctx: click.Context, namespace: str | None, judges: tuple[str, 
                    err=True)
 
     pool = TaskPool(settings, built, namespace=namespace, session_prefix=session_prefix,
-                    chars=settings.tasks.prompt_chars, on_task=say)
+                    chars=settings.tasks.text_chars, on_task=say)
     try:
         pool.run(stop, once=once)
     except LookupError as exc:
