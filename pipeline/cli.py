@@ -527,6 +527,7 @@ def _register_components() -> None:
     from pipeline.models.commands import models
     from pipeline.processors.commands import gates, record_outcome, workers
     from pipeline.processors.judge_commands import judges
+    from pipeline.processors.task_commands import tasks
     from pipeline.replay.commands import diff_rewards, drop_namespace, replay
     from pipeline.report import report
     from pipeline.serving.commands import serve
@@ -539,6 +540,7 @@ def _register_components() -> None:
     cli.add_command(record_outcome)
     cli.add_command(gates)
     cli.add_command(judges)
+    cli.add_command(tasks)
     cli.add_command(train)
     cli.add_command(report)
     cli.add_command(tap)

@@ -16,7 +16,8 @@ store owns, so a change to a format is a change to its forget:
 - **Trainer version folders** (:mod:`pipeline.trainer.forget`): ``vN/trainer/
   trajectories.parquet`` rewritten without the rows, the manifest's sha256 updated.
 - **Faust changelogs** (:mod:`pipeline.processors.forget`): a tombstone for each of the
-  sessions' keys whose latest value is not one already.
+  sessions' keys whose latest value is not one already; likewise each task of the sessions
+  in the compacted tasks topics (:func:`pipeline.processors.task_pool.forget_survey`).
 - **Gateway spools** (:mod:`pipeline.serving.spool_forget`): rewritten only under the
   spool's lock taken exclusively, so never under a running gateway; a live spool still
   holding undelivered frames of the sessions is a refusal (they are about to reach Kafka);
@@ -326,6 +327,7 @@ def _survey(
     live: dict[Path, bool],
 ) -> Survey:
     from pipeline.processors import forget as processors_forget
+    from pipeline.processors import task_pool
     from pipeline.serving import spool_forget
     from pipeline.trainer import forget as trainer_forget
 
@@ -342,7 +344,7 @@ def _survey(
     s.delta = survey_delta(settings, lake, sessions)
     s.changelogs = processors_forget.survey(
         settings, settings.processors.app_id, sessions, present
-    )
+    ) + task_pool.forget_survey(settings, sessions, present)
     s.spools = [spool_forget.survey(p, sessions, live.get(p, False)) for p in spools]
     s.versions = trainer_forget.survey(weights_roots(settings), sessions)
     now = time.time() * 1000

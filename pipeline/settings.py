@@ -32,7 +32,7 @@ from pipeline.kafka.connection import (
     KafkaSettings,
     TopicSettings,
 )
-from pipeline.processors.config import ProcessorSettings
+from pipeline.processors.config import ProcessorSettings, TaskSettings
 from pipeline.serving.settings import ServeSettings
 from pipeline.trainer.config import TrainerSettings
 
@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     serve: ServeSettings = Field(default_factory=ServeSettings)
     processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    tasks: TaskSettings = Field(default_factory=TaskSettings)
 
     @classmethod
     def settings_customise_sources(

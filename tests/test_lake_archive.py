@@ -100,6 +100,17 @@ def test_envelope_of_events_and_of_everything_else() -> None:
         pa.array(col, ARCHIVE_SCHEMA.field(name).type)
 
 
+def test_a_task_is_archived_under_the_session_it_came_from() -> None:
+    """A verified task is keyed by task id, not session; its row names the session of its
+    provenance, so liverl forget finds it in the archive too."""
+    from pipeline.events.examples import examples
+
+    task = examples()["verified_task"]
+    cols = envelope_columns([events.encode(task)])
+    assert cols["session_id"] == [task.provenance["session_id"]]  # type: ignore[attr-defined]
+    assert cols["event_type"] == ["verified_task"] and cols["turn"] == [None]
+
+
 def test_resolve_topics_short_full_comma_and_unknown() -> None:
     from pipeline.kafka import names
 

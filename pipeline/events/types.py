@@ -26,6 +26,7 @@ NextStateKind = Literal[
 WeightsStatus = Literal["candidate", "promoted", "rejected"]
 Vote = Literal[-1, 0, 1]  # a PRM score: bad, neutral, good
 GateVoteSource = Literal["held_out", "probe"]
+TaskStatus = Literal["accepted", "rejected"]
 
 
 class WeightFile(TypedDict):
@@ -279,6 +280,27 @@ class JudgeConsistency(Event):
     consistency: float
     flagged: bool = False
     reason: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class VerifiedTask(Event):
+    """A session whose outcome was verified (a gate passed, a test run green, positive
+    feedback), kept as a task: its prompt, the checker that verified it, where it came from in
+    the log, and the votes of the k judges that validated it (processors/task_pool.py; ScaleCUA's
+    VeriGen from real traffic). Rejected tasks are events too, so every decision is auditable.
+    Keyed by ``task_id``, derived from the session and the outcome event: a rerun is the same
+    record of a compacted topic."""
+
+    type: str = field(default="verified_task", init=False)
+    task_id: str
+    status: TaskStatus
+    k: int
+    prompt: str
+    answer: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    checker: dict[str, Any]
+    provenance: dict[str, Any]
+    votes: list[dict[str, Any]]
 
 
 @dataclass(slots=True, kw_only=True)

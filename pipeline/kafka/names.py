@@ -16,6 +16,7 @@ WEIGHTS = "liverl.weights.v1"
 SERVING_STATUS = "liverl.serving_status.v1"
 GATE_VOTES = "liverl.gate_votes.v1"
 JUDGE_CONSISTENCY = "liverl.judge_consistency.v1"
+TASKS = "liverl.tasks.v1"
 DLQ = "liverl.dlq.v1"
 
 # Every topic the project declares: derived from topics/*.yaml (their ``name:``), so a new topic

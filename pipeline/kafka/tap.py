@@ -202,6 +202,12 @@ def summary(row: TapRow) -> str:
             f"{e.judge_id} {e.judge_version} verdict {e.verdict:+d} outcome {e.outcome:+d} "
             f"consistency {e.consistency:.3f} ({e.agree}/{e.agree + e.disagree}){flag}"
         )
+    if t == "verified_task":
+        yes = sum(1 for v in e.votes if v.get("vote") == 1)
+        return (
+            f"{e.task_id} {e.status} ({yes}/{e.k} judges) {e.checker.get('kind')} "
+            f"{e.provenance.get('session_id')}: {_head(e.prompt, 40)}"
+        )
     if t == "dlq":
         return f"{e.source_topic}[{e.source_partition}]@{e.source_offset}: {_head(e.error)}"
     from pipeline.events import json_default  # pragma: no cover - new types

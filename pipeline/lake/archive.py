@@ -213,6 +213,9 @@ def envelope_columns(values: Sequence[bytes | None]) -> dict[str, list[Any]]:
         v = doc.get("schema_version")
         versions.append(v if type(v) is int and -(2**31) <= v < 2**31 else None)
         v = doc.get("session_id")
+        if v is None and kind == "verified_task":  # keyed by task; it names its session here
+            prov = doc.get("provenance")
+            v = prov.get("session_id") if type(prov) is dict else None
         sessions.append(v if type(v) is str else None)
         v = doc.get("turn")
         turns.append(v if type(v) is int and -(2**63) <= v < 2**63 else None)

@@ -213,3 +213,34 @@ class ProcessorSettings(BaseSettings):
         if self.hint_wait_s is not None:
             return self.hint_wait_s
         return 0.0 if judge_inline else JUDGE_AGENT_HINT_WAIT_S
+
+
+class TaskSettings(BaseSettings):
+    """``[tasks]``: the verified-task pool (processors/task_pool.py, ``liverl tasks``)."""
+
+    model_config = SettingsConfigDict(env_prefix="LIVERL_TASKS_", extra="ignore")
+
+    # The k judges that vote on each verified session, by registry name (plug-ins from
+    # ``processors.plugins``); k odd, so a strict majority always decides. The default, the
+    # offline judges, reads the verifying outcome itself (exit code, score): it accepts what the
+    # checker passed. Add judges that read the answer (llm, a plug-in) to make the vote bite.
+    judges: list[str] = Field(default_factory=lambda: ["replies"], min_length=1, max_length=15)
+    # Per judge name, its options (validated by the options model it registered with).
+    judge_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Gate commands `liverl tasks check` may run again: a task's command runs only when its
+    # program (argv[0], as recorded) is named here. Empty: nothing from event content runs.
+    allowed_commands: list[str] = Field(default_factory=list)
+    check_timeout_s: float = Field(default=1800.0, gt=0)
+    # What a task keeps of the session's texts, in characters each: the prompt, the first
+    # interaction's messages (together), the final answer.
+    text_chars: int = Field(default=8000, ge=100)
+
+    @field_validator("judges")
+    @classmethod
+    def _odd_and_distinct(cls, judges: list[str]) -> list[str]:
+        if len(judges) % 2 == 0:
+            raise ValueError(f"k = {len(judges)} judges: k must be odd, so a strict majority "
+                             "always decides")
+        if len(set(judges)) != len(judges):
+            raise ValueError(f"a judge is named twice in {judges}")
+        return judges

@@ -1,0 +1,271 @@
+"""``liverl tasks``: the pool of verified tasks (processors/task_pool.py) for people.
+
+``watch`` builds it; ``list``, ``show`` and ``export`` read it (the compacted tasks topic, to
+its end, assign only); ``check`` re-runs a task's gate command, only when its program is
+allowed (``tasks.allowed_commands``: nothing from event content runs by default); ``replay``
+republishes the accepted tasks' sessions into a replay namespace, where the workers and the
+trainer train on them through the usual exactly-once path.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import IO, Any
+
+import click
+
+from pipeline import events
+
+from .task_pool import TaskPool, build_judges, read_tasks
+
+
+def _settings(ctx: click.Context) -> Any:
+    """The composed settings the command layer (pipeline.cli) loaded."""
+    return (ctx.find_root().obj or {})["settings"]
+
+
+def _check_namespace(namespace: str | None) -> None:
+    if namespace:
+        from pipeline.replay import namespace as nsmod
+
+        nsmod.check_name(namespace)
+
+
+def _pool(settings: Any, namespace: str | None) -> dict[str, events.VerifiedTask]:
+    from pipeline.kafka import names
+    from pipeline.replay import namespace as nsmod
+
+    topic = names.resolve(names.TASKS, namespace)
+    if topic not in nsmod.existing_topics(settings):
+        raise click.UsageError(f"no tasks topic {topic}: liverl topics apply"
+                               + (f" --namespace {namespace}" if namespace else ""))
+    return read_tasks(settings, namespace)
+
+
+def find_task(pool: dict[str, events.VerifiedTask], task_id: str) -> events.VerifiedTask:
+    """The task of id ``task_id``, or of the one id it begins (a prefix, as git's)."""
+    if task_id in pool:
+        return pool[task_id]
+    hits = [t for i, t in sorted(pool.items()) if i.startswith(task_id)]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise click.UsageError(f"task id {task_id!r} is ambiguous: "
+                               + ", ".join(t.task_id for t in hits[:5]))
+    raise click.UsageError(f"unknown task {task_id!r} ({len(pool)} in the pool; "
+                           "liverl tasks list shows them)")
+
+
+def task_doc(t: events.VerifiedTask) -> dict[str, Any]:
+    """A task as people and scripts read it (``show``, ``export``)."""
+    return {"task_id": t.task_id, "status": t.status, "k": t.k,
+            "yes": sum(1 for v in t.votes if v.get("vote") == 1), "prompt": t.prompt,
+            "messages": t.messages, "answer": t.answer, "checker": t.checker,
+            "provenance": t.provenance, "votes": t.votes, "event_id": t.event_id,
+            "ts_ms": t.ts_ms}
+
+
+@click.group("tasks")
+def tasks() -> None:
+    """Verified tasks from traffic: sessions whose outcome was verified, validated by k judges."""
+
+
+namespace_option = click.option("--namespace", default=None,
+                                help="The pool of replay namespace NAME, not live.")
+
+
+@tasks.command("watch")
+@namespace_option
+@click.option("--judge", "judges", multiple=True,
+              help="A judge by registry name, repeated (k of them, k odd) [default: tasks.judges].")
+@click.option("--session-prefix", default="", help="Only sessions whose id starts with this.")
+@click.option("--once", is_flag=True, help="Catch up to the topics' ends, publish, and exit.")
+@click.pass_context
+def watch_command(ctx: click.Context, namespace: str | None, judges: tuple[str, ...],
+                  session_prefix: str, once: bool) -> None:
+    """Turn verified sessions into tasks, each after a vote of k judges; publish on tasks.
+
+    A session is verified by a positive outcome: a gate or test run with exit code 0
+    (liverl record-outcome), explicit feedback with a positive score. The task is accepted
+    when a strict majority of the judges votes +1, else rejected (still published, for audit).
+    At start the pool is rebuilt from the topics' history and only tasks never published are
+    sent; then it follows until Ctrl-C.
+    """
+    import signal
+    import threading
+
+    settings = _settings(ctx)
+    _check_namespace(namespace)
+    names_ = list(judges) or settings.tasks.judges
+    if len(names_) % 2 == 0:
+        raise click.UsageError(f"{len(names_)} judges: k must be odd, so a strict majority "
+                               "always decides")
+    try:
+        built = build_judges(names_, settings.tasks.judge_options, settings.processors.plugins)
+    except (KeyError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    stop = threading.Event()
+    if not once:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def say(t: events.VerifiedTask) -> None:
+        yes = sum(1 for v in t.votes if v["vote"] == 1)
+        click.echo(f"{t.task_id} {t.status} ({yes}/{t.k}) {t.provenance['session_id']}",
+                   err=True)
+
+    pool = TaskPool(settings, built, namespace=namespace, session_prefix=session_prefix,
+                    chars=settings.tasks.text_chars, on_task=say)
+    try:
+        pool.run(stop, once=once)
+    except LookupError as exc:
+        raise click.UsageError(str(exc)) from exc
+    s = pool.stats
+    click.echo(f"published {s.sent} task(s) on {pool.output}: {s.accepted} accepted, "
+               f"{s.rejected} rejected")
+
+
+@tasks.command("list")
+@namespace_option
+@click.option("--status", type=click.Choice(["accepted", "rejected", "all"]), default="all",
+              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.pass_context
+def list_command(ctx: click.Context, namespace: str | None, status: str, fmt: str) -> None:
+    """The pool: one row per task (id, status, votes, checker, session, prompt)."""
+    import orjson
+    from rich.console import Console
+    from rich.table import Table
+
+    _check_namespace(namespace)
+    pool = _pool(_settings(ctx), namespace)
+    rows = sorted((t for t in pool.values() if status in ("all", t.status)),
+                  key=lambda t: (t.ts_ms, t.task_id))
+    if fmt == "json":
+        doc = [{k: v for k, v in task_doc(t).items() if k not in ("messages", "votes")}
+               for t in rows]
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    table = Table(title=f"tasks ({len(rows)} of {len(pool)})")
+    for col in ("task", "status", "yes/k", "checker", "session", "prompt"):
+        table.add_column(col)
+    for t in rows:
+        d = task_doc(t)
+        checker = t.checker.get("command") or t.checker.get("kind", "")
+        table.add_row(t.task_id, t.status, f"{d['yes']}/{t.k}", str(checker)[:40],
+                      str(t.provenance.get("session_id", "")), " ".join(t.prompt.split())[:60])
+    console.print(table)
+
+
+@tasks.command("show")
+@click.argument("task_id")
+@namespace_option
+@click.pass_context
+def show_command(ctx: click.Context, task_id: str, namespace: str | None) -> None:
+    """One task, whole, as JSON (TASK_ID or a unique prefix of it)."""
+    import orjson
+
+    _check_namespace(namespace)
+    task = find_task(_pool(_settings(ctx), namespace), task_id)
+    click.echo(orjson.dumps(task_doc(task), option=orjson.OPT_INDENT_2).decode())
+
+
+@tasks.command("export")
+@namespace_option
+@click.option("--output", "-o", type=click.File("wb"), default="-", show_default=True,
+              help="JSONL file to write.")
+@click.pass_context
+def export_command(ctx: click.Context, namespace: str | None, output: IO[bytes]) -> None:
+    """The accepted tasks as JSONL, one task a line, oldest first (rejected ones never)."""
+    import orjson
+
+    _check_namespace(namespace)
+    pool = _pool(_settings(ctx), namespace)
+    accepted = sorted((t for t in pool.values() if t.status == "accepted"),
+                      key=lambda t: (t.ts_ms, t.task_id))
+    for t in accepted:
+        output.write(orjson.dumps(task_doc(t)) + b"\n")
+    output.flush()
+    click.echo(f"exported {len(accepted)} accepted task(s) of {len(pool)}", err=True)
+
+
+def allowed_argv(command: str | None, allowed: list[str]) -> list[str]:
+    """The argv of a task's recorded command, if the operator allows it; else a UsageError
+    saying why. Only the program (argv[0], exactly as recorded) or the whole command line,
+    named in ``tasks.allowed_commands``, is allowed: event content picks nothing to run."""
+    if not command:
+        raise click.UsageError("this task's checker is not a command (nothing to run)")
+    if command.endswith("…"):
+        raise click.UsageError("the recorded command was cut to fit the event; it cannot be "
+                               "run again as recorded")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise click.UsageError(f"cannot split the recorded command {command!r}: {exc}") from exc
+    if not argv:
+        raise click.UsageError("the recorded command is empty")
+    if argv[0] not in allowed and command not in allowed:
+        listed = ", ".join(allowed) if allowed else "none: the list is empty"
+        raise click.UsageError(
+            f"{argv[0]!r} is not an allowed command (tasks.allowed_commands: {listed}); "
+            "a task's command runs only where the operator allows it, e.g. "
+            f"LIVERL_TASKS_ALLOWED_COMMANDS='[\"{argv[0]}\"]'")
+    return argv
+
+
+@tasks.command("check")
+@click.argument("task_id")
+@namespace_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=None, help="Seconds the command may run [default: tasks.check_timeout_s].")
+@click.pass_context
+def check_command(ctx: click.Context, task_id: str, namespace: str | None,
+                  timeout_s: float | None) -> None:
+    """Run a task's gate command again, here, if tasks.allowed_commands allows its program.
+
+    Exits with the command's exit code (124 on timeout), so it can stand in for the gate.
+    """
+    from .commands import run_gate
+
+    settings = _settings(ctx)
+    _check_namespace(namespace)
+    task = find_task(_pool(settings, namespace), task_id)
+    argv = allowed_argv(task.checker.get("command"), settings.tasks.allowed_commands)
+    gate = run_gate(argv, timeout_s or settings.tasks.check_timeout_s)
+    was = task.checker.get("exit_code")
+    verdict = "passed" if gate.exit_code == 0 else "failed"
+    click.echo(f"{task.task_id}: {verdict} (exit {gate.exit_code}; recorded exit {was})",
+               err=True)
+    ctx.exit(gate.exit_code)
+
+
+@tasks.command("replay")
+@click.option("--into", "into", required=True, help="Namespace NAME: topics replay.NAME.*.")
+@click.option("--session-prefix", default="", help="Only tasks of sessions starting with this.")
+@click.pass_context
+def replay_command(ctx: click.Context, into: str, session_prefix: str) -> None:
+    """Republish the accepted tasks' sessions (interactions, next states) into namespace --into.
+
+    The pool as offline RL through the usual path: liverl replay --sessions of the accepted
+    tasks, then the namespace's workers score them and its trainer trains exactly once.
+
+    \b
+    liverl tasks replay --into pool
+    liverl workers --namespace pool
+    liverl train --namespace pool
+    """
+    from pipeline.replay.commands import DEFAULT_TOPICS, replay
+
+    pool = _pool(_settings(ctx), None)
+    sessions = sorted({sid for t in pool.values() if t.status == "accepted"
+                       and (sid := str(t.provenance["session_id"])).startswith(session_prefix)})
+    if not sessions:
+        raise click.UsageError(f"no accepted task in the pool ({len(pool)} task(s)): "
+                               "liverl tasks watch builds it")
+    click.echo(f"replaying {len(sessions)} session(s) of accepted tasks into {into}", err=True)
+    ctx.invoke(replay, source_kind="kafka", topic_args=(DEFAULT_TOPICS,), since=None,
+               until=None, session_args=(",".join(sessions),), speed="max", into=into,
+               again=False, lake_root=None)

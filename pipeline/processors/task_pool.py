@@ -1,0 +1,482 @@
+"""The verified-task pool (#26 item 4, ScaleCUA's VeriGen from real traffic): sessions whose
+outcome was verified become tasks, once k judges have voted on them.
+
+A *verified* outcome is a next state whose verifiable signal is positive
+(:func:`~pipeline.processors.consistency.outcome_vote` is +1: a gate or test run with exit
+code 0, explicit feedback with a positive score). Each one is joined to its session's main-line
+interactions (all of them for a session-scoped outcome, those up to its turn for a turn-scoped
+one) and becomes a candidate task: the session's first user message as the prompt, the final
+answer, the checker (the gate's command line, exit code, score, source) and the provenance
+(every event id, and its topic, partition and offset when read from Kafka).
+
+Each of the k judges (``tasks.judges``, by registry name) judges the final turn against the
+verifying outcome, as the workers judge a turn against its next state; the task is *accepted*
+only when a strict majority votes +1 (an abstention counts against), else *rejected*, and is
+published either way on ``liverl.tasks.v1`` so every decision can be audited. A judge that
+reads the exit code (rules, replies) confirms the checker; one that reads the answer (llm, a
+plug-in) can overrule it.
+
+:class:`TaskPool` follows the consistency watcher's shape: at start it reads the tasks topic
+(which ids were published), then interactions and next states from their beginning, builds
+and publishes the tasks never published, then follows the topics' ends. The task id derives
+from the session and the outcome event, so a rerun, or a crash between a send and the next
+start, rewrites the same key of the compacted topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline import events
+from pipeline.events import Interaction, NextState
+from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable
+
+from .consistency import outcome_vote
+from .forget import ChangelogHit
+from .judges import Judge, TurnContext, answer_text, content_text, last_user_text
+
+log = logging.getLogger(__name__)
+VERSION = "tasks-1"  # in every task's event id: change the join or the vote, change it
+PRODUCER = events.Producer(component="task_pool", version=VERSION)
+RATIONALE_CHARS = 500
+CONTENT_CHARS = 2000
+
+At = tuple[str, int, int]  # topic, partition, offset
+
+
+def _cut(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a task keeps of one interaction (bounded texts, never its tokens)."""
+
+    event_id: str
+    session_id: str
+    turn: int
+    ts_ms: int
+    prompt: str  # the first user message of its messages
+    request: str  # the last user message
+    answer: str
+    messages: tuple[tuple[str, str], ...]
+    at: At | None = None
+
+    @classmethod
+    def of(cls, inter: Interaction, at: At | None = None, chars: int = 8000) -> Turn:
+        msgs: list[tuple[str, str]] = []
+        left = chars
+        for m in inter.messages:
+            if left <= 0:
+                break
+            text = _cut(content_text(m.get("content")), left)
+            left -= len(text)
+            msgs.append((str(m.get("role") or ""), text))
+        first = next((content_text(m.get("content")) for m in inter.messages
+                      if m.get("role") == "user"), "")
+        return cls(inter.event_id, inter.session_id, inter.turn, inter.ts_ms,
+                   _cut(first, chars), _cut(last_user_text(inter.messages), chars),
+                   _cut(answer_text(inter), chars), tuple(msgs), at)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: NextState
+    at: At | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A verified outcome joined to the turns it verified (in turn order, at least one)."""
+
+    outcome: Outcome
+    turns: tuple[Turn, ...]
+
+    @property
+    def session_id(self) -> str:
+        return self.outcome.state.session_id
+
+    @property
+    def task_id(self) -> str:
+        return task_id(self.session_id, self.outcome.state.event_id)
+
+
+def task_id(session_id: str, outcome_id: str) -> str:
+    """``task-`` and 16 hex digits of the session and the outcome event: stable across reruns."""
+    digest = hashlib.sha256(f"{VERSION}\0{session_id}\0{outcome_id}".encode()).hexdigest()
+    return f"task-{digest[:16]}"
+
+
+def verified(state: NextState) -> bool:
+    """Whether a next state verifies its session (or turn) as solved."""
+    return outcome_vote(state) == 1
+
+
+def majority(votes: Sequence[int]) -> bool:
+    """A strict majority of all the votes is +1 (abstentions and errors count against)."""
+    return 2 * sum(1 for v in votes if v == 1) > len(votes)
+
+
+class TaskJoin:
+    """Joins verified outcomes to their sessions' interactions, in either order (they are
+    different topics); each outcome becomes a candidate once, when its session has a turn."""
+
+    def __init__(self, session_prefix: str = "", chars: int = 8000) -> None:
+        self.session_prefix = session_prefix
+        self.chars = chars
+        self.turns: dict[str, dict[str, Turn]] = {}
+        self.waiting: dict[str, dict[str, Outcome]] = {}
+        self.joined: set[str] = set()  # outcome event ids
+
+    def _mine(self, session_id: str) -> bool:
+        return session_id.startswith(self.session_prefix)
+
+    def interaction(self, inter: Interaction, at: At | None = None) -> list[Candidate]:
+        if inter.turn_type != "main" or not self._mine(inter.session_id):
+            return []
+        self.turns.setdefault(inter.session_id, {}).setdefault(
+            inter.event_id, Turn.of(inter, at, self.chars))
+        waiting = self.waiting.pop(inter.session_id, {})
+        out = [c for o in waiting.values() if (c := self._join(o)) is not None]
+        left = {i: o for i, o in waiting.items() if i not in self.joined}
+        if left:
+            self.waiting[inter.session_id] = left
+        return out
+
+    def outcome(self, state: NextState, at: At | None = None) -> list[Candidate]:
+        if not verified(state) or not self._mine(state.session_id) \
+                or state.event_id in self.joined:
+            return []
+        o = Outcome(state, at)
+        c = self._join(o)
+        if c is None:
+            self.waiting.setdefault(state.session_id, {})[state.event_id] = o
+            return []
+        return [c]
+
+    def _join(self, o: Outcome) -> Candidate | None:
+        s = o.state
+        turns = [t for t in self.turns.get(s.session_id, {}).values()
+                 if s.scope == "session" or t.turn <= s.turn]
+        if not turns:
+            return None
+        self.joined.add(s.event_id)
+        return Candidate(o, tuple(sorted(turns, key=lambda t: (t.turn, t.ts_ms, t.event_id))))
+
+    def feed(self, interactions: Iterable[tuple[Interaction, At | None]],
+             outcomes: Iterable[tuple[NextState, At | None]]) -> list[Candidate]:
+        """A batch read: every interaction first, then the outcomes in order."""
+        for inter, at in interactions:
+            self.interaction(inter, at)
+        out: list[Candidate] = []
+        for state, at in outcomes:
+            out += self.outcome(state, at)
+        return out
+
+
+# ---- the vote ------------------------------------------------------------------------------
+
+
+def checker_of(state: NextState, chars: int = CONTENT_CHARS) -> dict[str, Any]:
+    """What verified the session: a gate's command (``record-outcome -- CMD``), a recorded
+    test result, or feedback."""
+    command = state.detail.get("command") if isinstance(state.detail, dict) else None
+    kind = ("command" if isinstance(command, str) and command
+            else "feedback" if state.kind == "feedback" else "test_result")
+    return {"kind": kind, "command": command if kind == "command" else None,
+            "exit_code": state.exit_code, "score": state.score, "source": state.source,
+            "content": _cut(state.content, chars)}
+
+
+async def _votes(judges: Sequence[tuple[str, Judge]], ctx: TurnContext, state: NextState
+                 ) -> list[dict[str, Any]]:
+    async def one(name: str, j: Judge) -> dict[str, Any]:
+        try:
+            v = await j.judge(ctx, state)
+            vote, why = int(v.score), v.rationale or (v.error or "")
+        except Exception as exc:  # noqa: BLE001 - a judge never blocks the pool: it abstains
+            vote, why = 0, f"error: {exc}"
+        return {"judge_id": name, "judge_version": str(j.version), "vote": vote,
+                "rationale": _cut(why, RATIONALE_CHARS)}
+
+    return list(await asyncio.gather(*(one(n, j) for n, j in judges)))
+
+
+def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 8000,
+           loop: asyncio.AbstractEventLoop | None = None) -> events.VerifiedTask:
+    """The task of a candidate with its judges' votes: accepted on a strict majority of +1.
+    ``loop``: the one to run the judges on (a judge may hold a client bound to its loop)."""
+    final = c.turns[-1]
+    ctx = TurnContext(c.session_id, final.turn, final.request, final.answer)
+    vote = _votes(judges, ctx, c.outcome.state)
+    votes = loop.run_until_complete(vote) if loop is not None else asyncio.run(vote)
+    first = c.turns[0]
+    s = c.outcome.state
+    parents = [*(t.event_id for t in c.turns), s.event_id]
+    spec = ";".join(f"{n}={j.version}" for n, j in judges)
+
+    def coords(at: At | None) -> dict[str, Any]:
+        return {"topic": at[0], "partition": at[1], "offset": at[2]} if at else {
+            "topic": None, "partition": None, "offset": None}
+
+    return events.VerifiedTask(
+        event_id=events.derive_event_id("verified_task", parents, VERSION, spec),
+        producer=PRODUCER,
+        parents=parents,
+        task_id=c.task_id,
+        status="accepted" if majority([v["vote"] for v in votes]) else "rejected",
+        k=len(votes),
+        prompt=first.prompt,
+        answer=_cut(final.answer, chars),
+        messages=[{"role": r, "content": t} for r, t in first.messages],
+        checker=checker_of(s),
+        provenance={
+            "session_id": c.session_id,
+            "outcome_id": s.event_id,
+            "outcome_at": None if c.outcome.at is None else {
+                "topic": c.outcome.at[0], "partition": c.outcome.at[1],
+                "offset": c.outcome.at[2]},
+            "interactions": [{"event_id": t.event_id, "turn": t.turn, **coords(t.at)}
+                             for t in c.turns],
+        },
+        votes=votes,
+    )
+
+
+def build_judges(names_: Sequence[str], options: dict[str, dict[str, Any]] | None = None,
+                 plugins: Sequence[str] = ()) -> list[tuple[str, Judge]]:
+    """The judges by registry name (plug-in modules imported first)."""
+    from pipeline.registry import load_plugins
+
+    from .judges import make_judge
+
+    load_plugins(list(plugins), "processors")
+    return [(n, make_judge(n, (options or {}).get(n))) for n in names_]
+
+
+# ---- reading and following -----------------------------------------------------------------
+
+
+def _at(msg: Any) -> At:
+    return (str(msg.topic()), int(msg.partition()), int(msg.offset()))
+
+
+def _decode(raw: bytes | None) -> events.Event | None:
+    try:
+        return events.decode(raw or b"")
+    except Exception:  # noqa: BLE001 - another component's bad record is theirs to report
+        return None
+
+
+def read_tasks(settings: Connectable, namespace: str | None = None,
+               idle_timeout_s: float = 30.0) -> dict[str, events.VerifiedTask]:
+    """The pool as it stands: per task id its latest record (tombstones remove it)."""
+    from pipeline.kafka.reader import read_to_end
+
+    found: dict[str, events.VerifiedTask] = {}
+
+    def collect(msg: Any) -> None:
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        if msg.value() is None:
+            found.pop(key, None)
+            return
+        ev = _decode(msg.value())
+        if isinstance(ev, events.VerifiedTask):
+            found[ev.task_id] = ev
+
+    read_to_end(settings, [names.resolve(names.TASKS, namespace)], collect,
+                group_prefix="liverl-tasks-read", idle_timeout_s=idle_timeout_s)
+    return found
+
+
+@dataclass
+class PoolStats:
+    accepted: int = 0
+    rejected: int = 0
+    skipped: int = 0  # built again, but already published
+
+    @property
+    def sent(self) -> int:
+        return self.accepted + self.rejected
+
+
+@dataclass
+class TaskPool:
+    """One process's pool. ``run(stop)`` catches up, then follows until ``stop`` is set
+    (``once``: returns after the catch-up)."""
+
+    settings: Connectable
+    judges: list[tuple[str, Judge]]
+    namespace: str | None = None
+    session_prefix: str = ""
+    chars: int = 8000
+    on_task: Callable[[events.VerifiedTask], None] | None = None
+    stats: PoolStats = field(default_factory=PoolStats)
+
+    def __post_init__(self) -> None:
+        if len(self.judges) % 2 == 0:
+            raise ValueError(f"k = {len(self.judges)} judges: k must be odd")
+        self.join = TaskJoin(self.session_prefix, self.chars)
+        self.inputs = [names.resolve(names.INTERACTIONS, self.namespace),
+                       names.resolve(names.NEXT_STATES, self.namespace)]
+        self.output = names.resolve(names.TASKS, self.namespace)
+        self.published: set[str] = set()
+        self._producer: Any = None
+        self._loop = asyncio.new_event_loop()
+
+    def handle(self, msg: Any) -> list[Candidate]:
+        ev = _decode(msg.value())
+        if isinstance(ev, Interaction):
+            return self.join.interaction(ev, _at(msg))
+        if isinstance(ev, NextState):
+            return self.join.outcome(ev, _at(msg))
+        return []
+
+    def _ends(self) -> dict[tuple[str, int], int]:
+        from confluent_kafka import TopicPartition
+
+        from pipeline.kafka.reader import one_shot_reader
+
+        c = one_shot_reader(self.settings, "liverl-tasks-ends")
+        try:
+            out = {}
+            for topic in [*self.inputs, self.output]:
+                meta = c.list_topics(topic, timeout=30).topics.get(topic)
+                if meta is None or meta.error is not None:
+                    raise LookupError(f"topic {topic} does not exist (liverl topics apply"
+                                      + (f" --namespace {self.namespace})" if self.namespace
+                                         else ")"))
+                if topic == self.output:
+                    continue
+                for p in meta.partitions:
+                    out[(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p),
+                                                              timeout=30)[1]
+            return out
+        finally:
+            c.close()
+
+    def catch_up(self) -> dict[tuple[str, int], int]:
+        """Rebuild the join from history; publish what was never published. Returns the
+        offsets to follow from."""
+        from pipeline.kafka.reader import read_to_end
+
+        ends = self._ends()
+        self.published |= set(read_tasks(self.settings, self.namespace))
+        inters: list[tuple[Interaction, At | None]] = []
+        outcomes: list[tuple[NextState, At | None]] = []
+
+        def collect(msg: Any) -> None:
+            if (msg.topic(), msg.partition()) in ends and \
+                    msg.offset() >= ends[(msg.topic(), msg.partition())]:
+                return  # past the ends captured: the follower reads it
+            ev = _decode(msg.value())
+            if isinstance(ev, Interaction):
+                inters.append((ev, _at(msg)))
+            elif isinstance(ev, NextState) and verified(ev):
+                outcomes.append((ev, _at(msg)))
+
+        read_to_end(self.settings, self.inputs, collect, group_prefix="liverl-tasks-history")
+        outcomes.sort(key=lambda o: (o[0].ts_ms, o[0].event_id))
+        self._publish(self.join.feed(inters, outcomes))
+        return ends
+
+    def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        from pipeline.kafka.reader import one_shot_reader
+
+        ends = self.catch_up()
+        if once:
+            self.close()
+            return
+        stop = stop or threading.Event()
+        c = one_shot_reader(self.settings, "liverl-tasks-follow")
+        try:
+            c.assign([TopicPartition(t, p, o) for (t, p), o in ends.items()])
+            while not stop.is_set():
+                found: list[Candidate] = []
+                for m in c.consume(num_messages=500, timeout=0.5):
+                    err = m.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise RuntimeError(f"task pool reader: {err}")
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("task pool reader: %s", err)
+                        continue
+                    found += self.handle(m)
+                self._publish(found)
+        finally:
+            c.close()
+            self.close()
+
+    def _publish(self, found: list[Candidate]) -> None:
+        todo = [c for c in found if c.task_id not in self.published]
+        self.stats.skipped += len(found) - len(todo)
+        if not todo:
+            return
+        if self._producer is None:
+            from pipeline.kafka import EventProducer
+
+            self._producer = EventProducer(self.settings, client_id="liverl-tasks")
+        for c in todo:
+            task = decide(c, self.judges, chars=self.chars, loop=self._loop)
+            self._producer.send(self.output, task, key=task.task_id)
+            self.published.add(task.task_id)
+            if task.status == "accepted":
+                self.stats.accepted += 1
+            else:
+                self.stats.rejected += 1
+            if self.on_task is not None:
+                self.on_task(task)
+        self._producer.flush()
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush()
+        for _, j in self.judges:
+            aclose = getattr(j, "aclose", None)
+            if aclose is not None and not self._loop.is_closed():
+                self._loop.run_until_complete(aclose())
+        if not self._loop.is_closed():
+            self._loop.close()
+
+
+# ---- forgetting ------------------------------------------------------------------------------
+
+
+def forget_survey(connection: Connectable, sessions: list[str], present: set[str]
+                  ) -> list[ChangelogHit]:
+    """``liverl forget``'s part: per tasks topic (live and every replay namespace's copy), the
+    keys whose latest task came from one of ``sessions`` (a task holds the session's prompt
+    and answer). The topic is compacted, so a tombstone per key (``processors.forget.erase``)
+    removes them."""
+    from pipeline.kafka.reader import read_to_end
+
+    from .forget import GROUP_PREFIX
+
+    topics = sorted(t for t in present if names.live(t, names.namespace_of(t)) == names.TASKS)
+    wanted = set(sessions)
+    latest: dict[tuple[str, int, bytes], bool] = {}  # key -> its latest task is the sessions'
+
+    def handle(m: Any) -> None:
+        key = m.key()
+        if key is None:
+            return
+        ev = None if m.value() is None else _decode(m.value())
+        mine = isinstance(ev, events.VerifiedTask) and \
+            ev.provenance.get("session_id") in wanted
+        latest[(m.topic(), m.partition(), key)] = mine
+
+    read_to_end(connection, topics, handle, group_prefix=GROUP_PREFIX)
+    hits: dict[str, ChangelogHit] = {}
+    for (topic, partition, key), mine in sorted(latest.items()):
+        if mine:
+            hits.setdefault(topic, ChangelogHit(topic, [])).keys.append((partition, key))
+    return list(hits.values())

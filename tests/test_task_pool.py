@@ -1,0 +1,204 @@
+"""The verified-task pool: which outcomes become candidates, the majority vote, the task's
+fields, and the allow-list that guards a task's command (processors/task_pool.py,
+task_commands.py). The real-broker run is in test_task_pool_broker.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pipeline import events
+from pipeline.events import Interaction, NextState
+from pipeline.events.examples import interaction
+from pipeline.processors.commands import GateResult, gate_event, outcome_event
+from pipeline.processors.config import TaskSettings
+from pipeline.processors.task_commands import allowed_argv, find_task
+from pipeline.processors.task_pool import (
+    TaskJoin,
+    build_judges,
+    checker_of,
+    decide,
+    majority,
+    task_id,
+)
+
+BASE = interaction(8, 4)
+PLUGINS = ["tests.toy_task_judges"]
+WORDS = {"word-a": {"word": "fixed"}, "word-b": {"word": "tests"}, "word-c": {"word": "refactor"}}
+
+
+def turn(sid: str, t: int, answer: str, prompt: str = "Fix the import error.",
+         side: bool = False) -> Interaction:
+    return dataclasses.replace(
+        BASE, event_id=f"{sid}-i{t}", session_id=sid, turn=t, ts_ms=1000 + t,
+        messages=[{"role": "system", "content": "You are an agent."},
+                  {"role": "user", "content": prompt if t == 0 else f"and now step {t}"}],
+        response_text=answer, turn_type="side" if side else "main", tool_calls=[])
+
+
+def passed(sid: str, turn_: int | None = None) -> NextState:
+    return outcome_event(sid, True, turn=turn_)
+
+
+@pytest.mark.parametrize(("votes", "accepted"), [
+    ([1, 1, -1], True),   # 2 of 3
+    ([1, -1, -1], False),  # 1 of 3
+    ([1, 1, 0], True),
+    ([1, 0, 0], False),   # abstentions count against
+    ([1], True),
+    ([0], False),
+    ([1, 1, 1, -1, -1], True),  # 3 of 5
+    ([1, 1, 0, -1, 0], False),  # 2 of 5
+])
+def test_a_strict_majority_of_all_votes_accepts(votes: list[int], accepted: bool) -> None:
+    assert majority(votes) is accepted
+
+
+def test_an_outcome_joins_its_sessions_main_turns_in_either_order() -> None:
+    j = TaskJoin()
+    assert j.interaction(turn("s", 1, "second")) == []
+    (c,) = j.outcome(passed("s"))  # session-scoped: every main turn so far
+    assert [t.turn for t in c.turns] == [1]
+    # the outcome first: it waits for a turn of its session
+    j2 = TaskJoin()
+    gate = passed("w")
+    assert j2.outcome(gate) == []
+    assert j2.interaction(turn("w", 0, "side", side=True)) == []  # side turns are no part
+    (c2,) = j2.interaction(turn("w", 0, "main"))
+    assert c2.outcome.state.event_id == gate.event_id
+    assert j2.interaction(turn("w", 1, "later")) == []  # joined once
+    assert c2.task_id == task_id("w", gate.event_id) == task_id("w", gate.event_id)
+    assert task_id("w", gate.event_id) != task_id("w", "another-outcome")
+
+
+def test_only_positive_verifiable_outcomes_of_the_prefix_count() -> None:
+    j = TaskJoin(session_prefix="t-")
+    for t in range(3):
+        j.interaction(turn("t-1", t, f"answer {t}"))
+    j.interaction(turn("other", 0, "x"))
+    assert j.outcome(outcome_event("t-1", False)) == []  # a failed gate
+    reply = dataclasses.replace(events.examples.examples()["next_state"], session_id="t-1")
+    assert j.outcome(reply) == []  # a reply is evidence, not a verified outcome
+    assert j.outcome(passed("other")) == []  # outside the prefix
+    (c,) = j.outcome(passed("t-1", turn_=1))  # turn-scoped: the turns up to it
+    assert [t.turn for t in c.turns] == [0, 1]
+    fb = dataclasses.replace(outcome_event("t-1", True, kind="feedback"), exit_code=None,
+                             score=0.5)
+    (c2,) = j.outcome(fb)  # explicit positive feedback for the session: all three turns
+    assert [t.turn for t in c2.turns] == [0, 1, 2]
+    assert j.outcome(fb) == []  # the same outcome again: nothing
+
+
+def test_three_judges_decide_the_task_and_it_carries_prompt_checker_provenance() -> None:
+    judges = build_judges(["word-a", "word-b", "word-c"], WORDS, PLUGINS)
+    j = TaskJoin()
+    j.interaction(turn("s", 0, "Looking."), ("liverl.interactions.v1", 2, 40))
+    j.interaction(turn("s", 1, "Fixed the import; the tests pass."),
+                  ("liverl.interactions.v1", 2, 41))
+    gate = gate_event("s", ["pytest", "-q"], GateResult(0, "3 passed", "", False, 1.5))
+    (c,) = j.outcome(gate, ("liverl.next_states.v1", 2, 7))
+    task = decide(c, judges)
+    assert [v["vote"] for v in task.votes] == [1, 1, -1]  # "fixed", "tests", no "refactor"
+    assert (task.status, task.k, task.task_id) == ("accepted", 3, c.task_id)
+    assert task.prompt == "Fix the import error."  # the session's first user message
+    assert task.answer == "Fixed the import; the tests pass."  # the final answer
+    assert task.checker == {"kind": "command", "command": "pytest -q", "exit_code": 0,
+                            "score": 1.0, "source": "record-outcome",
+                            "content": "$ pytest -q\n3 passed"}
+    assert task.provenance == {
+        "session_id": "s", "outcome_id": gate.event_id,
+        "outcome_at": {"topic": "liverl.next_states.v1", "partition": 2, "offset": 7},
+        "interactions": [
+            {"event_id": "s-i0", "turn": 0, "topic": "liverl.interactions.v1",
+             "partition": 2, "offset": 40},
+            {"event_id": "s-i1", "turn": 1, "topic": "liverl.interactions.v1",
+             "partition": 2, "offset": 41}]}
+    assert events.decode(events.encode(task)) == task  # valid against its schema
+    assert decide(c, judges).event_id == task.event_id  # deterministic
+    # the same session answered otherwise: only "refactor" holds, 1 of 3
+    j2 = TaskJoin()
+    j2.interaction(turn("r", 0, "I refactored the module."))
+    (c2,) = j2.outcome(passed("r"))
+    rejected = decide(c2, judges)
+    assert [v["vote"] for v in rejected.votes] == [-1, -1, 1]
+    assert rejected.status == "rejected"
+    assert checker_of(c2.outcome.state)["kind"] == "test_result"
+
+
+def test_k_must_be_odd_and_the_judges_distinct() -> None:
+    assert TaskSettings().judges == ["replies"]
+    with pytest.raises(ValueError, match="k must be odd"):
+        TaskSettings(judges=["rules", "replies"])
+    with pytest.raises(ValueError, match="named twice"):
+        TaskSettings(judges=["rules", "rules", "replies"])
+
+
+def _task(command: str | None) -> events.VerifiedTask:
+    ex = events.examples.examples()["verified_task"]
+    assert isinstance(ex, events.VerifiedTask)
+    return dataclasses.replace(ex, checker={**ex.checker, "command": command})
+
+
+def test_a_command_runs_only_when_its_program_is_allowed() -> None:
+    assert TaskSettings().allowed_commands == []  # nothing by default
+    with pytest.raises(click.UsageError, match="not an allowed command.*the list is empty"):
+        allowed_argv("rm -rf /tmp/x", [])
+    with pytest.raises(click.UsageError, match="'rm' is not an allowed command"):
+        allowed_argv("rm -rf /tmp/x", ["pytest"])
+    assert allowed_argv("pytest -q 'tests/a b.py'", ["pytest"]) == ["pytest", "-q", "tests/a b.py"]
+    assert allowed_argv("make check", ["make check"]) == ["make", "check"]  # a whole line
+    with pytest.raises(click.UsageError, match="cut to fit"):
+        allowed_argv("pytest -q tests/…", ["pytest"])
+    with pytest.raises(click.UsageError, match="not a command"):
+        allowed_argv(None, ["pytest"])
+
+
+def test_tasks_check_refuses_a_command_not_allowed_and_runs_one_that_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path  # type: ignore[no-untyped-def]
+) -> None:
+    from pipeline.cli import cli
+    from pipeline.processors import task_commands
+
+    marker = tmp_path / "ran"
+    script = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('x')"
+    import shlex
+
+    task = _task(shlex.join([sys.executable, "-c", script]))
+    monkeypatch.setattr(task_commands, "_pool", lambda settings, ns: {task.task_id: task})
+    env = {"LIVERL_STATE_DIR": str(tmp_path / "state")}
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id[:9]], env=env)
+    assert res.exit_code == 2 and "is not an allowed command" in res.output, res.output
+    assert not marker.exists()  # nothing ran
+    env["LIVERL_TASKS_ALLOWED_COMMANDS"] = f'["{sys.executable}"]'
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
+    assert res.exit_code == 0 and marker.read_text() == "x", res.output
+    res = CliRunner().invoke(cli, ["tasks", "show", "task-nope"], env=env)
+    assert res.exit_code == 2 and "unknown task 'task-nope' (1 in the pool" in res.output
+
+
+def test_find_task_takes_a_unique_prefix() -> None:
+    a, b = _task(None), _task(None)
+    b = dataclasses.replace(b, task_id=a.task_id[:-1] + "0")
+    pool = {a.task_id: a, b.task_id: b}
+    assert find_task(pool, a.task_id) is a
+    with pytest.raises(click.UsageError, match="ambiguous"):
+        find_task(pool, a.task_id[:-1])
+    with pytest.raises(click.UsageError, match="unknown task"):
+        find_task(pool, "zzz")
+
+
+def test_the_default_offline_judge_confirms_the_checker_it_reads() -> None:
+    """``tasks.judges`` = ["replies"]: it reads the outcome's score, so it accepts what the
+    checker passed; only judges of the answer can overrule a checker (docs say so)."""
+    judges = build_judges(TaskSettings().judges)
+    j = TaskJoin()
+    j.interaction(turn("s", 0, "Done."))
+    (c,) = j.outcome(passed("s"))
+    task = decide(c, judges)
+    assert task.status == "accepted" and task.k == 1
+    assert task.votes[0]["judge_id"] == "replies" and task.votes[0]["vote"] == 1
+    assert "explicit score 1" in task.votes[0]["rationale"]
