@@ -228,7 +228,7 @@ def check_command(ctx: click.Context, task_id: str, namespace: str | None,
 
     Exits with the command's exit code (124 on timeout), so it can stand in for the gate.
     """
-    from .commands import run_gate
+    from .outcomes import run_gate
 
     settings = _settings(ctx)
     _check_namespace(namespace)
