@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from pipeline import events
 from pipeline.events import Interaction, NextState
 from pipeline.events.examples import interaction
-from pipeline.processors.commands import GateResult, gate_event, outcome_event
 from pipeline.processors.config import TaskSettings
+from pipeline.processors.outcomes import GateResult, gate_event, outcome_event
 from pipeline.processors.task_commands import allowed_argv, find_task
 from pipeline.processors.task_pool import (
     TaskJoin,

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline import events
 from pipeline.kafka import EventProducer, names
-from pipeline.processors.commands import GateResult, gate_event, outcome_event
+from pipeline.processors.outcomes import GateResult, gate_event, outcome_event
 from pipeline.processors.task_pool import TaskPool, build_judges, read_tasks
 from pipeline.settings import Settings
 from tests.test_replay import cli_env, drop, invoke, read_topic
