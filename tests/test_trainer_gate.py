@@ -476,6 +476,16 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
     cfg = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.5},
                    gate_consistency_file=path)
     assert G.judge_weights(cfg) == {"fluency": 0.5, "llm": pytest.approx(31 / 52)}
+    # the reward judge's votes rest on the reward pipeline's judge: its row weights them
+    rows = json.loads(path.read_text())["judges"]
+    rows.append({"judge_id": "replies", "judge_version": "r", "agree": 6, "disagree": 2,
+                 "consistency": 0.7})
+    withrep = tmp_path / "with-replies.json"
+    withrep.write_text(json.dumps({"judges": rows}))
+    got = G.judge_weights(settings(tiny, tmp_path, gate_consistency_file=withrep))
+    assert got["reward"] == 0.7 and got["replies"] == 0.7
+    off = settings(tiny, tmp_path, gate_consistency_file=withrep, gate_reward_judge=None)
+    assert "reward" not in G.judge_weights(off)
     votes = [{"prompt_id": "a", "vote": 1, "judge": "fluency", "source": "held_out"},
              {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"}]
     status, fig = G.decide(votes, (12, 12), (None, None), cfg)  # 0.5 - 0.596 < 0: lost

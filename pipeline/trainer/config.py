@@ -264,6 +264,12 @@ class TrainerSettings(BaseModel):
         "row of the same judge_id votes with that consistency as its weight (over "
         "gate_judge_weights).",
     )
+    gate_reward_judge: str | None = Field(
+        default="replies",
+        description="The reward pipeline's judge (its judge_id) whose consistency row in "
+        "gate_consistency_file weights the gate's reward votes: recorded rewards are its "
+        "verdicts. None: the reward judge matches only a row named reward.",
+    )
 
     # devices
     device: str = Field(default="auto", description="auto | cpu | cuda | cuda:N")

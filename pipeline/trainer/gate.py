@@ -154,7 +154,8 @@ def tally(values: Sequence[int], weights: Sequence[float] | None = None) -> int:
 
 def judge_weights(cfg: TrainerSettings) -> dict[str, float]:
     """Each gate judge's weight: ``gate_judge_weights``, then the consistency of the judge of
-    the same id in ``gate_consistency_file`` (the row with the most decided verdicts)."""
+    the same id in ``gate_consistency_file`` (the row with the most decided verdicts); the
+    ``reward`` judge takes the row of ``gate_reward_judge``, the judge behind the rewards."""
     weights = dict(cfg.gate_judge_weights)
     if cfg.gate_consistency_file is not None:
         from pipeline.processors.consistency_file import read_compare_file
@@ -164,6 +165,8 @@ def judge_weights(cfg: TrainerSettings) -> dict[str, float]:
             if r.judge_id not in best or r.decided > best[r.judge_id][0]:
                 best[r.judge_id] = (r.decided, r.consistency)
         weights.update({j: c for j, (_, c) in best.items()})
+        if cfg.gate_reward_judge in best:  # the recorded rewards are that judge's verdicts
+            weights["reward"] = best[cfg.gate_reward_judge][1]
     return weights
 
 
