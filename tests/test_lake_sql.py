@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pyarrow as pa
+import pytest
 from click.testing import CliRunner
 from deltalake import write_deltalake
 
@@ -89,3 +90,31 @@ def test_errors_are_one_line_exit_2(tmp_path: Path) -> None:
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), res.output
         assert "Traceback" not in res.output
+
+
+def test_judge_consistency_view_types_the_archived_matches(tmp_path: Path) -> None:
+    """Archived byte-exact like the topic (a match sent twice, a dead letter): one row per
+    judge and version, the tally of its newest match, its matches counted once."""
+    from deltalake import write_deltalake
+
+    from pipeline.lake.sql import run_query
+
+    def match(eid: str, judge: str, agree: int, disagree: int, flagged: bool = False) -> bytes:
+        return orjson.dumps({"type": "judge_consistency", "event_id": eid, "judge_id": judge,
+                             "judge_version": "v1", "agree": agree, "disagree": disagree,
+                             "abstain": 0, "consistency": (agree + 1) / (agree + disagree + 2),
+                             "flagged": flagged, "ts_ms": 1000 + agree + disagree})
+    rows = [("m1", match("m1", "replies", 1, 0)), ("m2", match("m2", "replies", 1, 1)),
+            ("m2", match("m2", "replies", 1, 1)), ("m3", match("m3", "replies", 1, 2, True)),
+            ("r1", match("r1", "rules", 0, 1)), (None, b"\xff not json")]
+    write_deltalake(str(tmp_path / "events" / "judge_consistency"), pa.table({
+        "payload": pa.array([p for _, p in rows], pa.binary()),
+        "event_id": pa.array([e for e, _ in rows], pa.string()),
+        "event_type": pa.array(["judge_consistency" if e else None for e, _ in rows],
+                               pa.string()),
+    }))  # fmt: skip
+    cols, got = run_query(tmp_path, "SELECT judge_id, agree, disagree, consistency, matches, "
+                          "flags FROM judge_consistency ORDER BY judge_id")  # fmt: skip
+    assert cols[0] == "judge_id"
+    assert got == [("replies", 1, 2, pytest.approx(2 / 5), 3, 1),
+                   ("rules", 0, 1, pytest.approx(1 / 3), 1, 0)]  # fmt: skip

@@ -5,7 +5,9 @@ Every folder under the lake holding a ``_delta_log`` is a table (``trajectories`
 ``gradient_steps``, ``weights``, nested ones such as ``events/interactions``), registered
 as a view named by its path with slashes (and other non-identifier characters) as
 underscores: ``events_interactions``. Tables are read with ``deltalake`` as pyarrow
-datasets, so DuckDB pushes filters and projections into the Parquet scan.
+datasets, so DuckDB pushes filters and projections into the Parquet scan. With the
+``judge_consistency`` topic archived, the view ``judge_consistency`` types it: one row per
+judge and version with its current tally.
 """
 
 from __future__ import annotations
@@ -45,6 +47,38 @@ def find_tables(lake: Path) -> dict[str, Path]:
     return found
 
 
+# Typed per judge and version from the archived judge_consistency topic (byte-exact JSON):
+# the tally of its newest match (the most verdicts decided), and how many matches flagged it.
+# A match archived twice (a re-sent event) counts once.
+JUDGE_CONSISTENCY_VIEW = """
+CREATE VIEW judge_consistency AS
+WITH raw AS (
+    SELECT DISTINCT ON (event_id) decode(payload) AS j
+    FROM events_judge_consistency
+    WHERE event_type = 'judge_consistency' AND payload IS NOT NULL
+), m AS (
+    SELECT json_extract_string(j, '$.judge_id') AS judge_id,
+           json_extract_string(j, '$.judge_version') AS judge_version,
+           CAST(json_extract(j, '$.agree') AS BIGINT) AS agree,
+           CAST(json_extract(j, '$.disagree') AS BIGINT) AS disagree,
+           CAST(json_extract(j, '$.abstain') AS BIGINT) AS abstain,
+           CAST(json_extract(j, '$.consistency') AS DOUBLE) AS consistency,
+           coalesce(CAST(json_extract(j, '$.flagged') AS BOOLEAN), false) AS flagged,
+           CAST(json_extract(j, '$.ts_ms') AS BIGINT) AS ts_ms
+    FROM raw
+)
+SELECT judge_id, judge_version,
+       arg_max(agree, agree + disagree + abstain) AS agree,
+       arg_max(disagree, agree + disagree + abstain) AS disagree,
+       arg_max(abstain, agree + disagree + abstain) AS abstain,
+       arg_max(consistency, agree + disagree + abstain) AS consistency,
+       count(*) AS matches,
+       count(*) FILTER (WHERE flagged) AS flags,
+       max(ts_ms) AS last_ts_ms
+FROM m GROUP BY judge_id, judge_version
+"""
+
+
 def connect(lake: Path) -> tuple[Any, dict[str, Path]]:
     """A DuckDB connection with every table of the lake registered as a view."""
     import duckdb
@@ -65,6 +99,8 @@ def connect(lake: Path) -> tuple[Any, dict[str, Path]]:
             log.warning("skipping %s: %s: %s", path, type(exc).__name__, exc)
             continue
         con.register(name, dataset)
+    if "events_judge_consistency" in tables:
+        con.execute(JUDGE_CONSISTENCY_VIEW)
     return con, tables
 
 
