@@ -142,3 +142,20 @@ def test_weighted_plurality() -> None:
     assert weighted_plurality([(None, 1.0), (0, 0.3)]) == 0
     assert weighted_plurality([(1, 0.0), (-1, -1.0)]) == 0  # no positive weight
     assert weighted_plurality([]) == 0
+
+
+def test_forget_before_bounds_memory_and_keeps_the_tallies() -> None:
+    tr = ConsistencyTracker()
+    old, new = verdict("old", 0, 1), verdict("new", 0, -1)
+    old.ts_ms, new.ts_ms = 1_000, 5_000
+    tr.verdict(old)
+    tr.verdict(new)
+    (m,) = tr.outcome(outcome("old", passed=True, ts=1_500))
+    assert m.agrees is True and tr.sessions == 2
+    assert tr.forget_before(2_000) == 1 and tr.sessions == 1  # "old": newest event 1,500
+    assert tr.tallies[("replies", "v1")].agree == 1  # the tally stays
+    assert tr.outcome(outcome("old", passed=False, ts=9_000, eid="late")) == []  # forgotten
+    (m,) = tr.outcome(outcome("new", passed=True, ts=6_000))
+    assert m.agrees is False
+    # "old" is kept again from its late outcome (9,000), "new" up to 6,000: both go now
+    assert tr.forget_before(10_000) == 2 and tr.sessions == 0

@@ -134,12 +134,40 @@ class ConsistencyTracker:
     _session_outcomes: dict[str, _Outcome] = field(default_factory=dict)
     _matched: set[str] = field(default_factory=set)
     _seen: set[str] = field(default_factory=set)
+    _last: dict[str, int] = field(default_factory=dict)  # session -> newest event time (ms)
+    _ids: dict[str, list[str]] = field(default_factory=dict)  # session -> its ids in _seen
+    _outcome_turns: dict[str, set[int]] = field(default_factory=dict)
+
+    def forget_before(self, ts_ms: int) -> int:
+        """Drop what is kept of sessions whose newest event is older than ``ts_ms`` (the
+        tallies stay): the watcher's memory bound. An outcome arriving for a forgotten
+        session finds no verdict to match. Returns the sessions dropped."""
+        old = [sid for sid, t in self._last.items() if t < ts_ms]
+        for sid in old:
+            for eid in self._ids.pop(sid, []):
+                self._seen.discard(eid)
+                self._matched.discard(eid)
+            self._verdicts.pop(sid, None)
+            self._session_outcomes.pop(sid, None)
+            for turn in self._outcome_turns.pop(sid, ()):
+                self._turn_outcomes.pop((sid, turn), None)
+            del self._last[sid]
+        return len(old)
+
+    def _touch(self, sid: str, ts_ms: int, event_id: str) -> None:
+        self._seen.add(event_id)
+        self._ids.setdefault(sid, []).append(event_id)
+        self._last[sid] = max(self._last.get(sid, ts_ms), ts_ms)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._last)
 
     def verdict(self, prm: PrmScore) -> list[Match]:
         """Record a verdict; the match it makes now, if its outcome is known."""
         if prm.event_id in self._seen or prm.error is not None:
             return []  # a redelivery; a failed judgement is no verdict
-        self._seen.add(prm.event_id)
+        self._touch(prm.session_id, prm.ts_ms, prm.event_id)
         v = _Verdict((prm.judge_id, prm.judge_version), prm.score, prm.event_id,
                      frozenset(prm.parents))
         self._verdicts.setdefault(prm.session_id, {}).setdefault(prm.turn, []).append(v)
@@ -170,13 +198,15 @@ class ConsistencyTracker:
         vote = outcome_vote(state)
         if vote is None or state.event_id in self._seen:
             return False
-        self._seen.add(state.event_id)
+        self._touch(state.session_id, state.ts_ms, state.event_id)
         read = state.score is None and state.exit_code is None
         o = _Outcome(vote, state.event_id, state.ts_ms, read)
         table: dict[Any, _Outcome] = self._turn_outcomes
         key: Any = (state.session_id, state.turn)
         if is_session_outcome(state):
             table, key = self._session_outcomes, state.session_id
+        else:
+            self._outcome_turns.setdefault(state.session_id, set()).add(state.turn)
         old = table.get(key)
         if old is None or (o.ts_ms, o.event_id) >= (old.ts_ms, old.event_id):
             table[key] = o

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +123,8 @@ class ConsistencyWatcher:
 
     def __init__(self, settings: Connectable, *, namespace: str | None = None,
                  flag_below: float = 0.5, min_decided: int = 10,
-                 on_event: Callable[[events.JudgeConsistency], None] | None = None) -> None:
+                 on_event: Callable[[events.JudgeConsistency], None] | None = None,
+                 horizon_s: float = 7 * 86_400.0) -> None:
         self.settings = settings
         self.namespace = namespace
         self.tracker = ConsistencyTracker()
@@ -134,6 +136,8 @@ class ConsistencyWatcher:
         self.sent = 0
         self.on_event = on_event
         self._producer: Any = None
+        self.horizon_ms = int(horizon_s * 1000)  # sessions quiet longer are forgotten
+        self._forgot_at = 0.0
 
     # -- catching up -----------------------------------------------------------------------
 
@@ -169,7 +173,20 @@ class ConsistencyWatcher:
                     group_prefix="liverl-consistency-published")
         history = read_history(self.settings, self.namespace)
         self._publish(self.tracker.feed(history.verdicts, history.outcomes))
+        # From here every match involves an event past the ends: none was published before.
+        self.published.clear()
+        self._forget(force=True)
         return ends
+
+    def _forget(self, force: bool = False) -> None:
+        """At most once a minute: drop sessions quiet for longer than the horizon."""
+        if not force and time.monotonic() - self._forgot_at < 60.0:
+            return
+        self._forgot_at = time.monotonic()
+        dropped = self.tracker.forget_before(events.now_ms() - self.horizon_ms)
+        if dropped:
+            log.info("consistency: forgot %d session(s) quiet for over %.0f h; %d kept",
+                     dropped, self.horizon_ms / 3_600_000, self.tracker.sessions)
 
     # -- following -----------------------------------------------------------------------
 
@@ -206,6 +223,7 @@ class ConsistencyWatcher:
                         continue
                     matches += self.handle(_decode(m.value()))
                 self._publish(matches)
+                self._forget()
         finally:
             c.close()
             self.close()

@@ -124,10 +124,14 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
               help="...once it has this many confirmed or contradicted verdicts.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve liverl_judge_consistency and liverl_judge_flags_total here.")
+@click.option("--horizon-h", type=click.FloatRange(0, min_open=True), default=168.0,
+              show_default=True, help="Forget sessions quiet for this long (memory bound; "
+              "an outcome after that matches nothing). Default: the topics' 7-day retention.")
 @click.option("--once", is_flag=True, help="Catch up to the topics' ends, publish, and exit.")
 @click.pass_context
 def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
-                  min_decided: int, metrics_port: int | None, once: bool) -> None:
+                  min_decided: int, metrics_port: int | None, horizon_h: float,
+                  once: bool) -> None:
     """Join verdicts to outcomes as they arrive; publish each match on judge_consistency.
 
     Runs beside the workers. At start it rebuilds the join from the topics' history and
@@ -158,7 +162,8 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
             click.echo(f"flagged {ev.judge_id} ({ev.judge_version}): {ev.reason}", err=True)
 
     watcher = ConsistencyWatcher(settings, namespace=namespace, flag_below=flag_below,
-                                 min_decided=min_decided, on_event=say)
+                                 min_decided=min_decided, on_event=say,
+                                 horizon_s=horizon_h * 3600)
     try:
         watcher.run(stop, once=once)
     except LookupError as exc:
