@@ -99,6 +99,18 @@ def _sessions(values: tuple[str, ...]) -> list[str] | None:
     help="Only these sessions (repeated or comma-separated); each must have an event in the range.",
 )
 @click.option(
+    "--allocate", type=click.Choice(["all", "uniform", "frontier"]), default="all",
+    show_default=True,
+    help="Replay --budget sessions of the lake's trajectories drawn uniformly or by frontier "
+    "sampling (tasks solved near 50 % first) instead of every session; recorded in the "
+    "allocations table. Instead of --sessions.",
+)
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Sessions --allocate draws.")
+@click.option("--allocate-seed", type=int, default=0, show_default=True)
+@click.option("--where", default=None,
+              help="With --allocate: SQL filter on the trajectories rows drawn from.")
+@click.option(
     "--speed",
     default="max",
     show_default=True,
@@ -116,7 +128,8 @@ def _sessions(values: tuple[str, ...]) -> list[str] | None:
     "--lake-root",
     type=click.Path(path_type=Path),
     default=None,
-    help="With --from delta: the lake holding events/ [default: <state_dir>/lake].",
+    help="With --from delta: the lake holding events/; with --allocate: the lake whose "
+    "trajectories are drawn from [default: <state_dir>/lake].",
 )
 @click.pass_context
 def replay(
@@ -126,6 +139,10 @@ def replay(
     since: str | None,
     until: str | None,
     session_args: tuple[str, ...],
+    allocate: str,
+    budget: int | None,
+    allocate_seed: int,
+    where: str | None,
     speed: str,
     into: str,
     again: bool,
@@ -170,6 +187,17 @@ def replay(
             f"--since {since} is not before --until {until}: the range would be empty"
         )
     sessions = _sessions(session_args)
+    console = Console(stderr=True)
+    path = nsmod.local_dir(settings.state_dir, into) / MANIFEST
+    try:
+        manifest = Manifest.load(path)
+    except Exception as exc:  # noqa: BLE001 - a damaged manifest: say where, change nothing
+        raise click.ClickException(f"cannot read the replay manifest {path}: {exc}") from exc
+    allocation_spec, drawn = None, None
+    if allocate != "all":
+        sessions, allocation_spec, drawn = _allocated_sessions(
+            settings, manifest, sessions, allocate, budget, allocate_seed, where, into,
+            lake_root, console)  # fmt: skip
     keys = {s.encode() for s in sessions} if sessions else None
     request = {
         "from": source_kind,
@@ -178,12 +206,8 @@ def replay(
         "until": canonical_time(until),
         "sessions": sessions,
     }
-    console = Console(stderr=True)
-    path = nsmod.local_dir(settings.state_dir, into) / MANIFEST
-    try:
-        manifest = Manifest.load(path)
-    except Exception as exc:  # noqa: BLE001 - a damaged manifest: say where, change nothing
-        raise click.ClickException(f"cannot read the replay manifest {path}: {exc}") from exc
+    if allocation_spec is not None:  # absent otherwise: older manifests stay equal
+        request["allocation"] = allocation_spec
     source: KafkaSource | DeltaSource
     if source_kind == "kafka":
         source = KafkaSource(settings)
@@ -247,6 +271,11 @@ def replay(
             console.print(f"namespace {into}: created {len(created)} topic(s)", highlight=False)
         _check_partitions(settings, manifest)
         manifest.save(path)
+        if drawn is not None:
+            from pipeline.trainer import offline
+
+            root = lake_root or settings.trainer.under_state_dir(settings.state_dir).lake_root
+            offline.record_allocation(Path(root), drawn)
         starts, resumed = resume_points(settings, manifest)
         done = sum(max(0, starts[(s.topic, s.partition)] - s.start) for s in manifest.spans)
         if resumed:
@@ -269,6 +298,39 @@ def replay(
         f"{', '.join(topics)} into {into} in {stats.seconds:.1f}s "
         f"({stats.rate:,.0f} records/s); pass {manifest.passes} complete"
     )
+
+
+def _allocated_sessions(
+    settings: Settings, manifest: Any, sessions: list[str] | None, allocate: str,
+    budget: int | None, seed: int, where: str | None, into: str, lake_root: Path | None,
+    console: Any,
+) -> tuple[list[str], str, Any]:
+    """The sessions an allocation draws; a replay resumed with the same allocation keeps the
+    sessions its manifest holds (the lake has grown since: a new draw would differ)."""
+    from pipeline.trainer import offline
+    from pipeline.trainer.errors import OfflineInputError
+
+    from .allocation import allocate_sessions
+
+    if sessions:
+        raise click.UsageError("give --sessions or --allocate, not both")
+    if budget is None:
+        raise click.UsageError(f"--allocate {allocate} needs --budget N (sessions)")
+    allocation = offline.Allocation(allocate, budget, seed)
+    spec = f"{allocation.spec}|{where or ''}"
+    if manifest is not None and manifest.request.get("allocation") == spec:
+        return list(manifest.request["sessions"]), spec, None
+    root = lake_root or settings.trainer.under_state_dir(settings.state_dir).lake_root
+    try:
+        drawn, chosen = allocate_sessions(Path(root), where, allocation, into)
+    except OfflineInputError as exc:
+        raise click.UsageError(f"--allocate: {exc}") from None
+    if not drawn:
+        raise click.UsageError("--allocate: no session in the lake's trajectories"
+                               + (f" where {where}" if where else ""))
+    for line in offline.allocation_summary(chosen):
+        console.print(line, highlight=False)
+    return drawn, spec, chosen
 
 
 def fmt_bound(value: str | None) -> str:
