@@ -241,10 +241,10 @@ class ConsistencyWatcher:
             reason = self.flagger.check(m)
             ev = match_event(m, reason is not None, reason)
             _metrics(ev)
+            if ev.event_id in self.published:
+                continue  # published (and said) before a restart: said once
             if reason is not None:
                 log.warning("judge %s (%s) flagged: %s", ev.judge_id, ev.judge_version, reason)
-            if ev.event_id in self.published:
-                continue
             self._producer.send(self.output, ev, key=ev.judge_id)
             self.published.add(ev.event_id)
             self.sent += 1
