@@ -121,3 +121,38 @@ def read_to_end(
                     pending.discard(tp)
     finally:
         consumer.close()
+
+
+def follow(
+    connection: Connectable,
+    offsets: dict[tuple[str, int], int],
+    on_batch: Callable[[list[Any]], None],
+    stop: Any,
+    *,
+    group_prefix: str,
+    label: str,
+) -> None:
+    """Read on from ``offsets`` until ``stop`` (a ``threading.Event``) is set, never joining a
+    group or committing: each poll's good records go to ``on_batch`` (an empty list on a
+    quiet poll, so the caller can do timed work). A fatal error raises; others are logged."""
+    import logging
+
+    from confluent_kafka import KafkaError, TopicPartition
+
+    log = logging.getLogger(__name__)
+    consumer = one_shot_reader(connection, group_prefix)
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        while not stop.is_set():
+            good = []
+            for msg in consumer.consume(num_messages=500, timeout=0.5):
+                err = msg.error()
+                if err is None:
+                    good.append(msg)
+                elif err.fatal():
+                    raise RuntimeError(f"{label}: {err}")
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("%s: %s", label, err)
+            on_batch(good)
+    finally:
+        consumer.close()

@@ -198,34 +198,21 @@ class ConsistencyWatcher:
         return []
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
-        from confluent_kafka import KafkaError, TopicPartition
-
-        from pipeline.kafka.reader import one_shot_reader
+        from pipeline.kafka.reader import follow
 
         ends = self.catch_up()
         if once:
             self.close()
             return
-        stop = stop or threading.Event()
-        c = one_shot_reader(self.settings, "liverl-consistency-follow")
+
+        def batch(msgs: list[Any]) -> None:
+            self._publish([m for msg in msgs for m in self.handle(_decode(msg.value()))])
+            self._forget()
+
         try:
-            c.assign([TopicPartition(t, p, o) for (t, p), o in ends.items()])
-            while not stop.is_set():
-                msgs = c.consume(num_messages=500, timeout=0.5)
-                matches: list[Match] = []
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.fatal():
-                            raise RuntimeError(f"consistency reader: {err}")
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consistency reader: %s", err)
-                        continue
-                    matches += self.handle(_decode(m.value()))
-                self._publish(matches)
-                self._forget()
+            follow(self.settings, ends, batch, stop or threading.Event(),
+                   group_prefix="liverl-consistency-follow", label="consistency reader")
         finally:
-            c.close()
             self.close()
 
     # -- publishing ------------------------------------------------------------------------

@@ -388,32 +388,20 @@ class TaskPool:
         return ends
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:
-        from confluent_kafka import KafkaError, TopicPartition
-
-        from pipeline.kafka.reader import one_shot_reader
+        from pipeline.kafka.reader import follow
 
         ends = self.catch_up()
         if once:
             self.close()
             return
-        stop = stop or threading.Event()
-        c = one_shot_reader(self.settings, "liverl-tasks-follow")
+
+        def batch(msgs: list[Any]) -> None:
+            self._publish([c for msg in msgs for c in self.handle(msg)])
+
         try:
-            c.assign([TopicPartition(t, p, o) for (t, p), o in ends.items()])
-            while not stop.is_set():
-                found: list[Candidate] = []
-                for m in c.consume(num_messages=500, timeout=0.5):
-                    err = m.error()
-                    if err is not None:
-                        if err.fatal():
-                            raise RuntimeError(f"task pool reader: {err}")
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("task pool reader: %s", err)
-                        continue
-                    found += self.handle(m)
-                self._publish(found)
+            follow(self.settings, ends, batch, stop or threading.Event(),
+                   group_prefix="liverl-tasks-follow", label="task pool reader")
         finally:
-            c.close()
             self.close()
 
     def _publish(self, found: list[Candidate]) -> None:
