@@ -156,3 +156,25 @@ def follow(
             on_batch(good)
     finally:
         consumer.close()
+
+
+def end_offsets(
+    connection: Connectable, topics: Iterable[str], *, group_prefix: str, hint: str = ""
+) -> dict[tuple[str, int], int]:
+    """The high watermark of every partition of ``topics`` (where a catch-up ends and a
+    follower starts). ``LookupError`` names a topic the broker lacks, with ``hint``."""
+    from confluent_kafka import TopicPartition
+
+    consumer = one_shot_reader(connection, group_prefix)
+    try:
+        out = {}
+        for topic in topics:
+            meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
+            if meta is None or meta.error is not None:
+                raise LookupError(f"topic {topic} does not exist" + (f" ({hint})" if hint else ""))
+            for p in meta.partitions:
+                out[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                                 timeout=30)[1]  # fmt: skip
+        return out
+    finally:
+        consumer.close()

@@ -142,25 +142,11 @@ class ConsistencyWatcher:
     # -- catching up -----------------------------------------------------------------------
 
     def _ends(self) -> dict[tuple[str, int], int]:
-        from confluent_kafka import TopicPartition
+        from pipeline.kafka.reader import end_offsets
 
-        from pipeline.kafka.reader import one_shot_reader
-
-        c = one_shot_reader(self.settings, "liverl-consistency-ends")
-        try:
-            out = {}
-            for topic in self.inputs:
-                meta = c.list_topics(topic, timeout=30).topics.get(topic)
-                if meta is None or meta.error is not None:
-                    raise LookupError(f"topic {topic} does not exist (liverl topics apply"
-                                      + (f" --namespace {self.namespace})" if self.namespace
-                                         else ")"))
-                for p in meta.partitions:
-                    out[(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p),
-                                                              timeout=30)[1]
-            return out
-        finally:
-            c.close()
+        hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace else "")
+        return end_offsets(self.settings, self.inputs, group_prefix="liverl-consistency-ends",
+                           hint=hint)
 
     def catch_up(self) -> dict[tuple[str, int], int]:
         """Rebuild the join from history; publish what was never published. Returns the

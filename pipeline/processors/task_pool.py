@@ -340,27 +340,13 @@ class TaskPool:
         return []
 
     def _ends(self) -> dict[tuple[str, int], int]:
-        from confluent_kafka import TopicPartition
+        """The inputs' ends (the output must exist too: tasks are published there)."""
+        from pipeline.kafka.reader import end_offsets
 
-        from pipeline.kafka.reader import one_shot_reader
-
-        c = one_shot_reader(self.settings, "liverl-tasks-ends")
-        try:
-            out = {}
-            for topic in [*self.inputs, self.output]:
-                meta = c.list_topics(topic, timeout=30).topics.get(topic)
-                if meta is None or meta.error is not None:
-                    raise LookupError(f"topic {topic} does not exist (liverl topics apply"
-                                      + (f" --namespace {self.namespace})" if self.namespace
-                                         else ")"))
-                if topic == self.output:
-                    continue
-                for p in meta.partitions:
-                    out[(topic, p)] = c.get_watermark_offsets(TopicPartition(topic, p),
-                                                              timeout=30)[1]
-            return out
-        finally:
-            c.close()
+        hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace else "")
+        ends = end_offsets(self.settings, [*self.inputs, self.output],
+                           group_prefix="liverl-tasks-ends", hint=hint)
+        return {(t, p): o for (t, p), o in ends.items() if t != self.output}
 
     def catch_up(self) -> dict[tuple[str, int], int]:
         """Rebuild the join from history; publish what was never published. Returns the
