@@ -50,7 +50,9 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    # soft_wrap: one line however long (a namespace's missing topics run past any width);
+    # rich would otherwise break it, and a command or a test reading it would see two.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

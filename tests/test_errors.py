@@ -83,3 +83,16 @@ def test_error_message_with_brackets_is_printed_verbatim(
         _fail("reading liverl.samples.v1[3]: [bold]no record[/bold]", 4)
     assert done.value.code == 4
     assert "liverl.samples.v1[3]: [bold]no record[/bold]" in capsys.readouterr().err
+
+
+def test_a_long_error_stays_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``error: <one line>`` even past the console's width (a namespace's missing topics, 15
+    of them, once broke the command line it suggests over two lines)."""
+    from pipeline.cli import _fail
+
+    message = "no topic(s) " + ", ".join(f"replay.ns.liverl.t{i}.v1" for i in range(15))
+    with pytest.raises(SystemExit):
+        _fail(message + "; create them with `liverl topics apply --namespace ns`")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`liverl topics apply --namespace ns`" in err
+    assert len(err) > 300
