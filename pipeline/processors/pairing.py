@@ -40,7 +40,7 @@ from pipeline.events import Interaction, NextState, PathPenalty, Producer, deriv
 from pipeline.events.types import NextStateKind
 
 from .judges import content_text
-from .penalties import PathHistory, RuleSet, ToolCall
+from .penalties import PathHistory, PathResult, RuleSet, ToolCall
 from .terminal import combined_exit_code, parse_tool_message
 
 log = logging.getLogger(__name__)
@@ -343,19 +343,7 @@ class Pairer:
         history = PathHistory.from_json(state.history)
         result = self.rules.evaluate(prev.turn, calls, history)
         state.history = self._bounded_history(history)
-        parents = [prev.event_id]
-        return PathPenalty(
-            event_id=derive_event_id("path_penalty", parents, self.rules.version),
-            producer=self.penalty_producer,
-            parents=parents,
-            session_id=state.session_id,
-            turn=prev.turn,
-            rule_ids=result.rule_ids,
-            penalty=result.phi,
-            compliance_bonus=result.compliance_bonus,
-            beta=self.rules.beta,
-            hits=result.hits,
-        )
+        return self._penalty_event(prev.event_id, state.session_id, prev.turn, result)
 
     def on_gui(self, state: PairingState, ns: NextState) -> PathPenalty | None:
         """The path penalty of a ``gui`` next state's action (the repeated no-op rule, which
@@ -371,13 +359,19 @@ class Pairer:
         state.history = self._bounded_history(history)
         if not result.hits:
             return None
-        parents = [ns.event_id]
+        return self._penalty_event(ns.event_id, ns.session_id, ns.turn, result)
+
+    def _penalty_event(
+        self, parent: str, session_id: str, turn: int, result: PathResult
+    ) -> PathPenalty:
+        """A path_penalty derived from ``parent`` (a turn, or a gui next state)."""
+        parents = [parent]
         return PathPenalty(
             event_id=derive_event_id("path_penalty", parents, self.rules.version),
             producer=self.penalty_producer,
             parents=parents,
-            session_id=ns.session_id,
-            turn=ns.turn,
+            session_id=session_id,
+            turn=turn,
             rule_ids=result.rule_ids,
             penalty=result.phi,
             compliance_bonus=result.compliance_bonus,
