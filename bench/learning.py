@@ -20,7 +20,7 @@ asserts nothing.
 
     .venv/bin/python bench/learning.py [--methods rl opd hybrid] [--seeds 0 1 2]
         [--hint-rates 1.0 0.5] [--kl-coefs 0 0.05] [--rounds 10] [--users 6]
-        [--frontier] [--adapt]
+        [--frontier] [--adapt] [--feedback 0.3] [--label NAME] [--env LIVERL_X=V ...]
         [--out .liverl/bench-learning.json]
 """
 
@@ -59,7 +59,7 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
     cfg = DemoConfig(method=method, preference=args.preference, hint_rate=hint_rate,
                      users=args.users, rounds=args.rounds, eval_questions=args.eval_questions,
                      seed=seed, pace_s=args.pace_s, settle_s=args.pace_s,
-                     frontier=args.frontier, adapt=args.adapt)
+                     frontier=args.frontier, adapt=args.adapt, feedback=args.feedback)
     if args.gate is not None:  # None: the product default (trainer.gate)
         extra["LIVERL_TRAINER_GATE"] = "true" if args.gate else "false"
     extra.update(dict(kv.split("=", 1) for kv in args.env))
@@ -71,6 +71,7 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
     summary["kl_coef"] = kl_coef
     summary["env"] = extra
     summary["frontier"], summary["adapt"] = args.frontier, args.adapt
+    summary["label"] = args.label
     return summary
 
 
@@ -110,9 +111,11 @@ def _probe_mean(runs: list[dict], key: str) -> str:
 
 
 def _variant(r: dict) -> str:
-    """The critic's part in a run: off (uniform, plain), frontier, adapt or both."""
+    """The critic's part in a run (off: uniform, plain; frontier, adapt or both), then the
+    run's ``--label`` (e.g. the judge panel it ran with)."""
     on = [name for name in ("frontier", "adapt") if r.get(name)]
-    return "+".join(on) or "off"
+    critic = "+".join(on) or "off"
+    return f"{critic} {r['label']}" if r.get("label") else critic
 
 
 def _pct(values: list[float]) -> str:
@@ -144,6 +147,10 @@ def main() -> None:
                     help="questions drawn by frontier sampling (pipeline/sim/critic.py)")
     ap.add_argument("--adapt", action=argparse.BooleanOptionalAction, default=False,
                     help="the critic adapts the users' phrasing to the policy's success")
+    ap.add_argument("--feedback", type=float, default=0.0,
+                    help="share of training sessions whose user gives thumbs up/down")
+    ap.add_argument("--label", default="",
+                    help="a name for these runs, shown beside the critic (e.g. 'panel weighted')")
     ap.add_argument("--env", nargs="*", default=[], metavar="LIVERL_TRAINER_X=V",
                     help="extra settings for the loop (e.g. LIVERL_TRAINER_PPO_EPOCHS=1)")
     ap.add_argument("--out", type=Path, default=Path(".liverl/bench-learning.json"))
@@ -179,7 +186,7 @@ def main() -> None:
 
     print(f"\nSmolLM2-135M-Instruct + LoRA, {args.users} users per round, preference "
           f"'{args.preference}', moving share over {args.window} sessions")
-    print(f"{'method':<8}{'critic':>16}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}"
+    print(f"{'method':<8}{'critic / label':>26}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}"
           f"{'until 75 %':>14}{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
           f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}"
           f"{'wall s':>8}")
@@ -196,7 +203,7 @@ def main() -> None:
         if not mine:
             continue
         most = max(len(r["train_satisfied"]) for r in mine)
-        print(f"{method:<8}{variant:>16}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
+        print(f"{method:<8}{variant:>26}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
               f"{_until(mine, 0.5, args.window, most):>14}"
               f"{_until(mine, 0.75, args.window, most):>14}"
               f"{_pct([r['heldout_before']['satisfied'] for r in mine]):>15}"

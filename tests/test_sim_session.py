@@ -42,6 +42,12 @@ def fake() -> Iterator[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
             response["system_fingerprint"] = state["fingerprint"]
         return response
 
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> dict[str, Any]:
+        seen.append({"headers": dict(request.headers), "body": await request.json(),
+                     "path": "/v1/feedback"})
+        return {"object": "feedback", "recorded": True, "paired": True}
+
     with running(app) as url:
         yield url, seen, state
 
@@ -128,3 +134,29 @@ def test_weight_version_parsing() -> None:
     assert weight_version("liverl-v12") == 12
     assert weight_version(None) is None
     assert weight_version("fp_44709d6fcb") is None
+
+
+def test_thumbs_rate_the_answer_before_the_closing_reply(fake) -> None:
+    url, seen, state = fake
+    user = SimUser("u4", PREFERENCES["concise"])
+    for answer, thumbs in ((ANSWER, "up"), ("You are a helpful AI, trained by Hugging Face",
+                                             "down")):
+        seen.clear()
+        state.update(answer=answer, fingerprint="liverl-v1")
+        result = run_session(_client(url), "m", user, SLEEP, session_id="s-4", thumbs=True)
+        assert [s.get("path") for s in seen] == [None, "/v1/feedback", None]
+        assert seen[1]["body"] == {"session_id": "s-4", "turn": "last", "thumbs": thumbs}
+        assert seen[1]["headers"]["authorization"] == "Bearer k"
+        assert result.thumbs == thumbs and result.judgement.satisfied is (thumbs == "up")
+        assert "x-session-done" not in seen[0]["headers"]
+        assert seen[2]["headers"]["x-session-done"] == "true"
+
+
+def test_held_out_users_never_rate(fake) -> None:
+    url, seen, state = fake
+    seen.clear()
+    state.update(answer=ANSWER, fingerprint="liverl-v1")
+    result = run_session(_client(url), "m", SimUser("u5", PREFERENCES["concise"]), SLEEP,
+                         session_id="s-5", train=False, thumbs=True)
+    assert all(s.get("path") is None for s in seen) and len(seen) == 2
+    assert result.thumbs is None

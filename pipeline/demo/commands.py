@@ -42,6 +42,10 @@ import click
               help="A critic adapts the users' phrasing to the policy's recent success: "
               "easier (the hint in the question, at most half the users) while it fails, "
               "chattier while it succeeds. Held-out users always ask plainly.")
+@click.option("--feedback", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+              help="Share of training sessions whose user also gives thumbs up or down "
+              "(POST /v1/feedback): outcomes that count in the reward and that `liverl "
+              "judges compare` checks the judges against.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the PNG and JSON go [default: <state_dir>/demo/<policy>].")
 @click.option("--url", default=None, help="Use a running gateway (…/v1) instead of starting "
@@ -50,8 +54,8 @@ import click
 @click.pass_context
 def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rate: float,
          rounds: int | None, users: int, eval_questions: int | None, seed: int, pace: bool,
-         model: str | None, probe: bool, frontier: bool, adapt: bool, out: Path | None,
-         url: str | None, policy: str | None) -> None:
+         model: str | None, probe: bool, frontier: bool, adapt: bool, feedback: float,
+         out: Path | None, url: str | None, policy: str | None) -> None:
     """Simulated users with a hidden preference talk to the live policy through the gateway.
 
     Each user asks a question, checks the answer against their preference (e.g. one short
@@ -81,7 +85,8 @@ def demo(ctx: click.Context, quick: bool, method: str, preference: str, hint_rat
     cfg = DemoConfig(method=method, preference=preference, hint_rate=hint_rate, users=users,
                      rounds=rounds or (10 if quick else 20),
                      eval_questions=eval_questions or (8 if quick else 16), seed=seed,
-                     pace=pace, probe=probe, model=model, frontier=frontier, adapt=adapt)
+                     pace=pace, probe=probe, model=model, frontier=frontier, adapt=adapt,
+                     feedback=feedback)
     policy = policy or f"demo-{method}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = out or Path(settings.state_dir) / "demo" / policy
     lake = Path(settings.trainer.under_state_dir(Path(settings.state_dir)).lake_root)

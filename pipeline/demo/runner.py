@@ -65,6 +65,14 @@ class DemoConfig:
     # off: questions drawn uniformly, asked plainly (every figure before issue 26).
     frontier: bool = False
     adapt: bool = False
+    # Share of training sessions whose user also gives thumbs up/down (POST /v1/feedback):
+    # the verifiable outcomes judges' consistency is measured against. Drawn from its own
+    # generator, so the questions of a seed are the same at any share.
+    feedback: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.feedback <= 1.0:
+            raise ValueError(f"feedback is a share of sessions in [0, 1], got {self.feedback}")
 
 
 @dataclass
@@ -105,6 +113,7 @@ class Session:
     replied_at: float
     prompt: str = ""  # what the user sent (the question, phrased by the critic when on)
     allocation: dict[str, Any] | None = None  # why the critic drew it (None: uniform, plain)
+    thumbs: str | None = None  # "up" / "down": the user's feedback (DemoConfig.feedback)
 
 
 @dataclass
@@ -157,6 +166,9 @@ class DemoResult:
                                  / len(self.gate) if self.gate else None),
             },
             "critic": _critic_summary(self.sessions) if self.critic_levels else None,
+            "feedback": {"share": self.config.feedback,
+                         "up": sum(s.thumbs == "up" for s in self.sessions),
+                         "down": sum(s.thumbs == "down" for s in self.sessions)},
             "wall_s": round(self.wall_s, 1),
             "config": asdict(self.config),
         }
@@ -244,6 +256,7 @@ class DemoRunner:
         self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed,
                                 shared_history=True)
         self.rng = random.Random(cfg.seed)
+        self.feedback_rng = random.Random(f"feedback-{cfg.seed}")
         self.critic: Critic | None = None
         if cfg.frontier or cfg.adapt:
             self.critic = Critic(train_q, (cfg.preference,), seed=cfg.seed,
@@ -349,12 +362,14 @@ class DemoRunner:
             for user, a in zip(self.users, plan, strict=True):
                 user.preference = PREFERENCES[a.preference]
         run = f"{self.policy}-r{round_no}"
+        rates = [self.feedback_rng.random() < self.cfg.feedback for _ in self.users]
 
         def one(i: int) -> Session:
             asked = time.monotonic()
             r = run_session(self.client, self.policy, self.users[i], questions[i],
                             session_id=f"{run}-u{i}", max_tokens=self.cfg.max_tokens,
-                            temperature=self.cfg.temperature, train=True, prompt=prompts[i])
+                            temperature=self.cfg.temperature, train=True, prompt=prompts[i],
+                            thumbs=rates[i])
             # The reply request answers within a token, so its end stands for when the
             # user's reply was recorded (freshness is measured from there).
             replied = time.monotonic()
@@ -366,7 +381,7 @@ class DemoRunner:
                 meets_preference=r.judgement.meets_preference,
                 quality_ok=r.judgement.quality.ok, reply=r.reply, version=r.weight_version,
                 asked_at=asked, replied_at=replied, prompt=r.prompt,
-                allocation=plan[i].record() if plan else None,
+                allocation=plan[i].record() if plan else None, thumbs=r.thumbs,
             )
 
         with ThreadPoolExecutor(max_workers=len(self.users)) as pool:

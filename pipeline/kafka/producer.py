@@ -88,9 +88,11 @@ class EventProducer:
         on_delivery: DeliveryCallback | None = None,
         validate: bool = False,
     ) -> None:
-        """Encode and produce; the key defaults to the event's session (co-partitioning)."""
+        """Encode and produce; the key defaults to the one topics/*.yaml names for the event
+        (:func:`pipeline.events.key`: the session, so topics stay co-partitioned; a serving
+        status's replica; a dead letter's original key)."""
         if key is None:
-            key = getattr(event, "session_id", None) or getattr(event, "policy_id", None)
+            key = events.key(event)
         if isinstance(event, events.DeadLetter):
             # Whoever built it, a dead letter must fit the codec limit (base64 grows a 7 MB
             # record past the broker's limit: the produce error crash-looped its consumer).

@@ -4,7 +4,9 @@ Turn 0: the user asks the question; its answer is judged. Then the user's reply 
 next user message in a second request with ``X-Session-Done: true``: the gateway records the
 reply as the next state of turn 0 and closes the session. The second request's own answer is
 not judged (``max_tokens=1``). ``train=False`` sends ``X-Liverl-Train: false`` on both
-requests, so nothing is recorded (held-out evaluation).
+requests, so nothing is recorded (held-out evaluation). ``thumbs=True``: before replying, the
+user also rates the answer through ``POST /v1/feedback`` (up when satisfied), the verifiable
+outcome that ``liverl judges compare`` checks the judges against.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 from .questions import Question
 from .users import Judgement, SimUser
@@ -38,6 +42,7 @@ class TurnResult:
     latency_s: float  # the first request, sent to answer received
     prompt: str = ""  # the user message actually sent (the question, or question + hint)
     replied_at: float = 0.0  # time.time() when the reply was sent (0.0: not sent)
+    thumbs: str | None = None  # "up" / "down" when the user rated the answer
 
 
 def run_session(
@@ -53,6 +58,7 @@ def run_session(
     extra_headers: dict | None = None,
     prompt: str | None = None,
     send_reply: bool = True,
+    thumbs: bool = False,
 ) -> TurnResult:
     """Ask, judge, reply. ``prompt`` overrides the user message (e.g. question + hint, to
     measure what the model does when told); ``send_reply=False`` skips the second request."""
@@ -73,6 +79,12 @@ def run_session(
     answer = response.choices[0].message.content or ""
     judgement = user.judge(question, answer)
     reply = user.reply(judgement)
+    rated = None
+    if thumbs and train:
+        # while the session is open, so "last" names turn 0 and the reward waits for it
+        rated = "up" if judgement.satisfied else "down"
+        client.post("/feedback", cast_to=httpx.Response,
+                    body={"session_id": session_id, "turn": "last", "thumbs": rated})
     replied_at = 0.0
     if send_reply:
         replied_at = time.time()
@@ -98,4 +110,5 @@ def run_session(
         latency_s=latency,
         prompt=asked,
         replied_at=replied_at,
+        thumbs=rated,
     )
