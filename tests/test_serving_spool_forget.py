@@ -83,20 +83,30 @@ def test_user_sessions_reads_the_users_interactions(tmp_path: Path) -> None:
     assert spool_forget.user_sessions(path, "other.topic", "alice") == set()
 
 
-def test_a_damaged_region_is_kept_unexamined(tmp_path: Path) -> None:
+def test_frames_after_a_damaged_region_are_found_and_erased(tmp_path: Path) -> None:
+    # a-0, then b-0 with a damaged payload, then a-1 and c-0: the gateway quarantines b-0 and
+    # delivers a-1 and c-0, so forget must find a-1 past the damage and keep c-0.
     path = tmp_path / "spool"
     spool = Spool(path)
-    spool.append([turn("a", 0), turn("b", 0)])
+    spool.append([turn("a", 0), turn("b", 0), turn("a", 1), turn("c", 0)])
     spool.close()
     (seg,) = path.glob("*.log")
     data = seg.read_bytes()
     first_end = 8 + int.from_bytes(data[:4], "big")
+    second_end = first_end + 8 + int.from_bytes(data[first_end:first_end + 4], "big")
     damaged = data[:first_end + 9] + b"\xff" + data[first_end + 10:]  # b's payload
     seg.write_bytes(damaged)
-    hit = spool_forget.survey(path, ["a", "b"], live=False)
-    assert (hit.pending, hit.delivered) == (1, 0)
-    assert spool_forget.erase(hit, ["a", "b"]) == 1
-    assert seg.read_bytes() == damaged[first_end:]  # a's frame gone, the rest verbatim
+    hit = spool_forget.survey(path, ["a"], live=False)
+    assert (hit.pending, hit.delivered) == (2, 0)
+    assert spool_forget.survey(path, ["c"], live=False).pending == 1
+    assert spool_forget.erase(hit, ["a"]) == 2
+    after = seg.read_bytes()
+    assert b"secret of a" not in after
+    assert after.startswith(damaged[first_end:second_end])  # the damage kept verbatim
+    reopened = Spool(path)
+    frames, _ = reopened.peek(10)
+    assert event_ids(frames) == ["c-0"] and len(reopened.quarantined_now) == 1
+    reopened.close()
 
 
 def test_locks_tell_a_running_gateway(tmp_path: Path) -> None:

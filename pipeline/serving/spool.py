@@ -389,13 +389,16 @@ def encode_frame(payload: bytes) -> bytes:
 
 def frames(data: bytes) -> Iterator[tuple[int, int, bytes | None]]:
     """(start, end, payload) of each whole frame of a segment's bytes, in order. A damaged
-    region ends the walk as one ``(start, len(data), None)``: what follows it is not
-    examined (peek's resync decides where delivery goes on)."""
+    region is one ``(start, end, None)`` reaching to the next valid frame, found by the same
+    resync as :meth:`Spool.peek`'s, so a reader (forget) sees every frame the gateway will
+    deliver after it; a torn tail reaches to the end."""
     pos = 0
     while pos < len(data):
         if not _valid_at(data, pos):
-            yield pos, len(data), None
-            return
+            skip = _resync(data[pos:])
+            yield pos, pos + skip, None
+            pos += skip
+            continue
         end = pos + _FRAME.size + _FRAME.unpack_from(data, pos)[0]
         yield pos, end, data[pos + _FRAME.size : end]
         pos = end
