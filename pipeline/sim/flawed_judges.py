@@ -35,8 +35,9 @@ class VerboseJudge:
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
         words = len(ctx.answer.split())
-        score = 1 if words >= self.min_words else -1
-        return Verdict(score, [score], f"{words} words (long from {self.min_words})")
+        if words >= self.min_words:
+            return Verdict(1, [1], f"{words} words (long from {self.min_words})")
+        return Verdict(-1, [-1], f"{words} words (long from {self.min_words})")
 
 
 class AgreeableJudge:
