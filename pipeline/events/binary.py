@@ -106,6 +106,46 @@ def _surely_finite(raw: bytes) -> bool:
     return b"\x7f" not in top and b"\xff" not in top
 
 
+def unpack_field(text: str | bytes, f: ArrayField, schema: str) -> Sequence[Any]:
+    """One field's items from its base64 text (or its ASCII bytes), with every rule but
+    ``same_length_as`` (which needs the other field) checked; raises EventValidationError
+    naming the field."""
+    name = f.name
+    eq: Any = "=" if isinstance(text, str) else b"="
+    try:
+        raw = pybase64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise EventValidationError(f"not valid base64: {exc}", name, schema) from None
+    # Padding must complete the last group of 4 ("AAAA==" is not base64, RFC 4648).
+    pad = 2 if text.endswith(eq + eq) else 1 if text.endswith(eq) else 0
+    if len(text) % 4 or len(raw) != len(text) // 4 * 3 - pad:
+        raise EventValidationError(
+            "not valid base64: padding must complete the last group of 4", name, schema
+        )
+    size = f.itemsize
+    if len(raw) % size:
+        raise EventValidationError(
+            f"decodes to {len(raw)} bytes, not a whole number of {f.dtype} items "
+            f"({size} bytes each)",
+            name,
+            schema,
+        )
+    if f.enum is not None and raw.translate(None, f.enum):  # some byte is not allowed
+        index = next(i for i, b in enumerate(raw) if b not in f.enum)
+        allowed = ", ".join(map(str, f.enum))
+        raise EventValidationError(
+            f"item {index} is {raw[index]}, must be one of {allowed}", name, schema
+        )
+    arr: Sequence[Any] = PACKED_TYPES[f.dtype].from_le_bytes(raw)  # type: ignore[assignment]
+    if f.dtype == "float64" and not _surely_finite(raw):
+        bad = next((i for i, x in enumerate(arr) if not math.isfinite(x)), None)
+        if bad is not None:
+            raise EventValidationError(
+                f"item {bad} is {arr[bad]}, must be a finite number", name, schema
+            )
+    return arr
+
+
 def unpack(
     obj: Mapping[str, Any], fields: Mapping[str, ArrayField], schema: str
 ) -> dict[str, Sequence[Any]]:
@@ -117,46 +157,13 @@ def unpack(
         text = obj.get(name)
         if text is None:  # an optional field left out (the schema checked required ones)
             continue
-        try:
-            raw = pybase64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise EventValidationError(f"not valid base64: {exc}", name, schema) from None
-        # Padding must complete the last group of 4 ("AAAA==" is not base64, RFC 4648).
-        pad = 2 if text.endswith("==") else 1 if text.endswith("=") else 0
-        if len(text) % 4 or len(raw) != len(text) // 4 * 3 - pad:
-            raise EventValidationError(
-                "not valid base64: padding must complete the last group of 4", name, schema
-            )
-        size = f.itemsize
-        if len(raw) % size:
-            raise EventValidationError(
-                f"decodes to {len(raw)} bytes, not a whole number of {f.dtype} items "
-                f"({size} bytes each)",
-                name,
-                schema,
-            )
-        if f.enum is not None and raw.translate(None, f.enum):  # some byte is not allowed
-            index = next(i for i, b in enumerate(raw) if b not in f.enum)
-            allowed = ", ".join(map(str, f.enum))
-            raise EventValidationError(
-                f"item {index} is {raw[index]}, must be one of {allowed}", name, schema
-            )
-        arr: Sequence[Any] = PACKED_TYPES[f.dtype].from_le_bytes(raw)  # type: ignore[assignment]
-        if f.dtype == "float64" and not _surely_finite(raw):
-            bad = next((i for i, x in enumerate(arr) if not math.isfinite(x)), None)
-            if bad is not None:
-                raise EventValidationError(
-                    f"item {bad} is {arr[bad]}, must be a finite number", name, schema
-                )
-        out[name] = arr
+        out[name] = unpack_field(text, f, schema)
     for name, values in out.items():
         f = fields[name]
         if f.same_length_as is None or (f.empty_allowed and not values):
             continue
         other = out.get(f.same_length_as, obj.get(f.same_length_as))
-        if isinstance(other, Sequence) and not isinstance(other, str) and len(values) != len(
-            other
-        ):
+        if isinstance(other, Sequence) and not isinstance(other, str) and len(values) != len(other):
             also = " (or none)" if f.empty_allowed else ""
             raise EventValidationError(
                 f"has {len(values)} items, must have as many as {f.same_length_as} "

@@ -22,6 +22,7 @@ import orjson
 from . import binary
 from .arrays import json_default
 from .errors import EventValidationError
+from .typed import decode_fast
 from .types import EVENT_TYPES, DeadLetter, Event, Producer, ServingStatus, TurnEvent
 from .validation import binary_layout, check
 from .validation import wire_version as _wire_version
@@ -132,15 +133,24 @@ def decode(
     *,
     max_bytes: int | None = None,
     version_header: bytes | None = None,
+    one_pass: bool = True,
 ) -> Event:
     """Parse, validate and type a wire value of any codec version. Raises EventValidationError
     on any defect, including a ``liverl-schema-version`` header (``version_header``) that
     disagrees with the value's ``schema_version``: filters that trust the header would
-    misroute such a record."""
+    misroute such a record.
+
+    A valid value is decoded in one pass (`typed.py`); anything that pass does not accept
+    takes the full path (orjson, the schema validator), whose verdict and message stand.
+    ``one_pass=False`` takes the full path only (the contract tests and the codec bench
+    compare the two)."""
     if raw is None:
         raise EventValidationError("value is null (tombstone), not an event")
     if max_bytes is not None and len(raw) > max_bytes:
         raise EventValidationError(f"value of {len(raw)} bytes exceeds limit {max_bytes}")
+    fast = decode_fast(raw, expected_type) if one_pass else None
+    if fast is not None and (version_header is None or version_header == str(fast[1]).encode()):
+        return fast[0]
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
