@@ -106,18 +106,18 @@ def _surely_finite(raw: bytes) -> bool:
     return b"\x7f" not in top and b"\xff" not in top
 
 
-def unpack_field(text: str | bytes, f: ArrayField, schema: str) -> Sequence[Any]:
+def unpack_field(text: str | bytes | memoryview, f: ArrayField, schema: str) -> Sequence[Any]:
     """One field's items from its base64 text (or its ASCII bytes), with every rule but
     ``same_length_as`` (which needs the other field) checked; raises EventValidationError
     naming the field."""
     name = f.name
-    eq: Any = "=" if isinstance(text, str) else b"="
     try:
         raw = pybase64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise EventValidationError(f"not valid base64: {exc}", name, schema) from None
     # Padding must complete the last group of 4 ("AAAA==" is not base64, RFC 4648).
-    pad = 2 if text.endswith(eq + eq) else 1 if text.endswith(eq) else 0
+    tail = text[-2:].encode() if isinstance(text, str) else bytes(text[-2:])
+    pad = 2 if tail == b"==" else 1 if tail[-1:] == b"=" else 0
     if len(text) % 4 or len(raw) != len(text) // 4 * 3 - pad:
         raise EventValidationError(
             "not valid base64: padding must complete the last group of 4", name, schema

@@ -237,91 +237,41 @@ def _object(schema: Mapping[str, Any], where: str) -> _Node:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Part:
-    """A top-level field that holds objects or free-form JSON: checked by decoding its raw
-    bytes against its compiled type, its value parsed by orjson (as the full path parses it:
-    dicts in document order, integers past 64 bits as floats)."""
-
-    index: int
-    verdict: msgspec.json.Decoder[Any]
-
-    def value(self, raw: msgspec.Raw) -> Any:
-        """The field's value; raises ValueError when the fast path cannot decide it."""
-        try:
-            self.verdict.decode(raw)
-        except msgspec.ValidationError:
-            raise ValueError from None
-        return orjson.loads(memoryview(raw))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Slot:
-    """Where one dataclass field's value comes from: the decoded tuple (``index``), else its
-    default (absent optional fields, the in-memory ``type`` and ``schema_version``)."""
-
-    name: str
-    index: int | None
-    default: Any
-    factory: Callable[[], Any] | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class TypedDecoder:
     """A schema's one-pass decoder: :meth:`decode` gives the typed event or None (undecided:
     run the full path)."""
 
     type_name: str
     version: int
-    decoder: msgspec.json.Decoder[Any]
-    parts: tuple[_Part, ...]
-    arrays: tuple[tuple[int, binary.ArrayField], ...]
-    ties: tuple[tuple[int, int, bool], ...]  # (array index, index it matches, empty allowed)
-    slots: tuple[_Slot, ...]
     cls: type[Event]
+    source: str  # the generated function's code, for reading and debugging
+    run: Callable[[bytes | memoryview], Event | None]
 
     def decode(self, raw: bytes | memoryview) -> Event | None:
-        try:
-            values = list(msgspec.structs.astuple(self.decoder.decode(raw)))
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return None
-        unset = msgspec.UNSET
-        try:
-            for part in self.parts:
-                if values[part.index] is not unset:
-                    values[part.index] = part.value(values[part.index])
-            schema = f"{self.type_name}.v{self.version}"
-            for index, f in self.arrays:
-                text = values[index]
-                if text is not unset:
-                    # The text's raw bytes, quotes and all: an escape in them fails base64.
-                    text = bytes(text)
-                    if text[:1] != b'"':
-                        return None
-                    values[index] = binary.unpack_field(text[1:-1], f, schema)
-        except (ValueError, EventValidationError):
-            return None
-        for index, other, empty_allowed in self.ties:
-            mine, theirs = values[index], values[other]
-            if mine is unset or theirs is unset or (empty_allowed and not mine):
-                continue
-            if not isinstance(theirs, str) and len(mine) != len(theirs):
-                return None
-        event: Event = object.__new__(self.cls)
-        for slot in self.slots:
-            value = unset if slot.index is None else values[slot.index]
-            if value is unset:
-                value = slot.default if slot.factory is None else slot.factory()
-            object.__setattr__(event, slot.name, value)
-        producer = event.producer
-        if not isinstance(producer, dict):
-            return None
-        object.__setattr__(event, "producer", Producer(**producer))
-        return event
+        return self.run(raw)
+
+
+def _plain_struct(node: _Node, cls: type) -> bool:
+    """Whether ``node`` is a closed object of exactly ``cls``'s fields, all required."""
+    struct = node.verdict
+    if node.free or not isinstance(struct, type) or not issubclass(struct, msgspec.Struct):
+        return False
+    names = {f.name for f in dataclasses.fields(cls)}
+    info = msgspec.inspect.type_info(struct)
+    return (
+        isinstance(info, msgspec.inspect.StructType)
+        and info.forbid_unknown_fields
+        and {f.name for f in info.fields} == names
+        and all(f.required for f in info.fields)
+    )
 
 
 def compile_schema(schema: Mapping[str, Any]) -> TypedDecoder:
     """The decoder of one schema document; raises Unsupported for a construct it does not
-    translate exactly."""
+    translate exactly.
+
+    The decoder is generated code, as dataclasses generate ``__init__``: one event is ~25
+    fields, and a loop over field descriptors cost as much as the parse."""
     type_ = schema.get("properties", {}).get("type", {}).get("const")
     version = schema.get("properties", {}).get("schema_version", {}).get("const")
     if type_ not in EVENT_TYPES or not isinstance(version, int):
@@ -334,54 +284,119 @@ def compile_schema(schema: Mapping[str, Any]) -> TypedDecoder:
     }:
         raise Unsupported(f"{type_}.v{version}: the top level must be a closed object")
     cls = EVENT_TYPES[type_]
-    if hasattr(cls, "__post_init__"):
-        raise Unsupported(f"{cls.__name__} has a __post_init__ the fast path would skip")
+    if hasattr(cls, "__post_init__") or cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise Unsupported(f"{cls.__name__}: a __post_init__ or frozen fields")
     props: dict[str, Any] = schema["properties"]
     init = {f.name for f in dataclasses.fields(cls) if f.init}
-    if set(props) - init != set(_FIXED) or not init <= set(props):
+    if set(props) - init != set(_FIXED) or not init <= set(props) or "producer" not in props:
         raise Unsupported(f"{type_}.v{version}: properties differ from {cls.__name__}'s fields")
     required = set(schema.get("required", []))
     layout = binary.layout(schema)
-    position = {name: i for i, name in enumerate(props)}
+    name_space: dict[str, Any] = {
+        "UNSET": msgspec.UNSET,
+        "DecodeError": msgspec.DecodeError,
+        "ValidationError": msgspec.ValidationError,
+        "EventValidationError": EventValidationError,
+        "loads": orjson.loads,
+        "unpack": binary.unpack_field,
+        "new": object.__new__,
+        "cls": cls,
+        "Producer": Producer,
+        "SCHEMA": f"{type_}.v{version}",
+    }
     fields: list[Any] = []
-    parts: list[_Part] = []
-    for index, (name, sub) in enumerate(props.items()):
+    checks: list[str] = []  # lines inside the try: parts and arrays
+    producer = "Producer(**v_producer)"
+    for name, sub in props.items():
         node = _node(sub, f"{type_}.v{version}.{name}")
         t = node.decode
-        if node.verdict is not None or node.free:
+        optional = name not in required
+        if name == "producer" and _plain_struct(node, Producer):
+            t = node.verdict  # a dataclass whatever the order: decoded straight to its Struct
+            step = []
+            value = ", ".join(f"{k}=v_producer.{k}" for k in t.__struct_fields__)
+            producer = f"Producer({value})"
+        elif node.verdict is not None or node.free:
             verdict = node.verdict if node.verdict is not None else node.decode
-            parts.append(_Part(index, msgspec.json.Decoder(verdict)))
+            name_space[f"check_{name}"] = msgspec.json.Decoder(verdict).decode
+            # checked against its compiled type, its value parsed as the full path parses it
+            step = [f"check_{name}(v_{name})", f"v_{name} = loads(memoryview(v_{name}))"]
             t = msgspec.Raw
         elif name in layout:
-            t = msgspec.Raw  # no str built for the bulk text: unpack_field reads the bytes
-        if name in required:
-            fields.append((name, t))
+            name_space[f"field_{name}"] = layout[name]
+            # the text's raw bytes, quotes and all: an escape in them fails the strict base64
+            step = [
+                f"v_{name} = memoryview(v_{name})",
+                f"if v_{name}[0] != 34: return None",  # not a string (34 is a quote)
+                f"v_{name} = unpack(v_{name}[1:-1], field_{name}, SCHEMA)",
+            ]
+            t = msgspec.Raw  # no str built for the bulk text
         else:
+            step = []
+        checks.append(f"v_{name} = s.{name}")
+        if step and optional:
+            checks.append(f"if v_{name} is not UNSET:")
+            checks += [f"    {line}" for line in step]
+        else:
+            checks += step
+        if optional:
             fields.append((name, Union[t, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
+        else:
+            fields.append((name, t))
     struct = msgspec.defstruct(
         f"{cls.__name__}V{version}", fields, forbid_unknown_fields=True, kw_only=True
     )
-    slots = []
+    name_space["top"] = msgspec.json.Decoder(struct).decode
+    ties: list[str] = []
+    for name, array in layout.items():
+        other = array.same_length_as
+        if other is None:
+            continue
+        cond = [f"v_{name} is not UNSET", f"v_{other} is not UNSET"]
+        if array.empty_allowed:
+            cond.append(f"len(v_{name})")
+        if other not in layout:
+            cond.append(f"not isinstance(v_{other}, str)")
+        ties.append(f"if {' and '.join(cond)} and len(v_{name}) != len(v_{other}): return None")
+    build: list[str] = []
     for f in dataclasses.fields(cls):
-        factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
-        default = None if f.default is dataclasses.MISSING else f.default
-        slots.append(
-            _Slot(f.name, None if f.name in _FIXED else position[f.name], default, factory)
-        )
-    return TypedDecoder(
-        type_name=type_,
-        version=version,
-        decoder=msgspec.json.Decoder(struct),
-        parts=tuple(parts),
-        arrays=tuple((position[n], f) for n, f in layout.items()),
-        ties=tuple(
-            (position[n], position[f.same_length_as], f.empty_allowed)
-            for n, f in layout.items()
-            if f.same_length_as is not None
-        ),
-        slots=tuple(slots),
-        cls=cls,
-    )
+        if f.name in _FIXED:  # the in-memory values, whatever the wire version
+            name_space[f"fixed_{f.name}"] = f.default
+            build.append(f"e.{f.name} = fixed_{f.name}")
+            continue
+        if f.default_factory is not dataclasses.MISSING:
+            name_space[f"factory_{f.name}"] = f.default_factory
+            fallback = f"factory_{f.name}()"
+        elif f.default is not dataclasses.MISSING:
+            name_space[f"default_{f.name}"] = f.default
+            fallback = f"default_{f.name}"
+        else:
+            fallback = None
+        value = producer if f.name == "producer" else f"v_{f.name}"
+        if fallback is None and f.name not in required:
+            raise Unsupported(f"{type_}.v{version}: {f.name} is optional but has no default")
+        if fallback is None or f.name in required:
+            build.append(f"e.{f.name} = {value}")
+        else:
+            build.append(f"e.{f.name} = {fallback} if v_{f.name} is UNSET else {value}")
+    body = [
+        "def decode(raw):",
+        "    try:",
+        "        s = top(raw)",
+        "    except (ValidationError, DecodeError):",
+        "        return None",
+        "    try:",
+        *(f"        {line}" for line in checks),
+        "    except (ValueError, ValidationError, EventValidationError):",
+        "        return None",
+        *(f"    {line}" for line in ties),
+        "    e = new(cls)",
+        *(f"    {line}" for line in build),
+        "    return e",
+    ]
+    source = "\n".join(body) + "\n"
+    exec(compile(source, f"<typed decoder {type_}.v{version}>", "exec"), name_space)  # noqa: S102
+    return TypedDecoder(type_, version, cls, source, name_space["decode"])
 
 
 @cache
@@ -410,10 +425,16 @@ def decode_fast(
     m = _PREFIX.search(raw, 0, 256)
     if m is None:
         return None
-    type_ = m[1].decode()
-    if expected_type is not None and type_ != expected_type:
+    decoder = _by_prefix(schemas_dir()).get(m[0])
+    if decoder is None or (expected_type is not None and decoder.type_name != expected_type):
         return None
-    version = int(m[2])
-    decoder = decoders().get((type_, version))
-    event = None if decoder is None else decoder.decode(raw)
-    return None if event is None else (event, version)
+    event = decoder.run(raw)
+    return None if event is None else (event, decoder.version)
+
+
+@cache
+def _by_prefix(root: Path) -> dict[bytes, TypedDecoder]:
+    # Keyed by the bytes the prefix pattern matches, as the codec writes them.
+    return {
+        f'"type":"{t}","schema_version":{v}'.encode(): d for (t, v), d in _decoders(root).items()
+    }
