@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -91,6 +92,10 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], trainer_log: Path, offs
     raise LoopError(f"the loop was not ready after {timeout_s:.0f} s:\n{_tail(up_log)}")
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
     """Start ``liverl up`` for ``cfg.policy``, wait until it serves and trains, stop it after."""
@@ -110,10 +115,17 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
                                 stdin=subprocess.DEVNULL, env=_env(cfg, state_dir),
                                 start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
+    # `up` runs in its own session, so a SIGTERM to this process would leave it serving, and
+    # later stopping the broker under the next run: turn SIGTERM into an exit that cleans up.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _wait_ready(url, proc, trainer_log, offset, cfg.policy, cfg.start_timeout_s, up_log)
         yield Loop(url=url, policy=cfg.policy, logs=logs, proc=proc)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)  # `up` stops its children in order
             try:

@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 import msgspec
 import orjson
@@ -314,7 +314,8 @@ def compile_schema(schema: Mapping[str, Any]) -> TypedDecoder:
         if name == "producer" and _plain_struct(node, Producer):
             t = node.verdict  # a dataclass whatever the order: decoded straight to its Struct
             step = []
-            value = ", ".join(f"{k}=v_producer.{k}" for k in t.__struct_fields__)
+            names = [k.name for k in msgspec.structs.fields(cast(Any, t))]
+            value = ", ".join(f"{k}=v_producer.{k}" for k in names)
             producer = f"Producer({value})"
         elif node.verdict is not None or node.free:
             verdict = node.verdict if node.verdict is not None else node.decode
