@@ -7,7 +7,6 @@ import dataclasses
 
 import orjson
 import pytest
-from pydantic import TypeAdapter
 
 from pipeline import events
 from pipeline.events import (
@@ -33,6 +32,7 @@ from pipeline.processors.rewards import (
     token_payload,
     zscore_by_group_step,
 )
+from pipeline.processors.state_json import StateJson
 
 P = Producer(component="t", version="1")
 
@@ -329,12 +329,12 @@ def test_assembly_state_round_trips_through_pydantic_json():
     assert state.turns[1].hints == {"h1": (0, "run pytest first")}
     tokens = state.turns[2].interaction.tokens
     assert isinstance(tokens, TokenPayload) and tokens.response_logprobs
-    ta = TypeAdapter(AssemblyState)
-    back = ta.validate_json(ta.dump_json(state))
+    ta = StateJson(AssemblyState)  # what the worker stores it with
+    back = ta.load(ta.dump(state))
     assert back == state
     assert isinstance(back.turns[1].hints["h1"], tuple) and list(back.turns) == [0, 1, 2, 3]
     assert isinstance(back.turns[2].interaction, KeptInteraction)
-    assert ta.validate_json(ta.dump_json(AssemblyState())) == AssemblyState()
+    assert ta.load(ta.dump(AssemblyState())) == AssemblyState()
 
 
 def test_group_index_membership_and_round_trip():
@@ -349,8 +349,8 @@ def test_group_index_membership_and_round_trip():
     index.done, index.touched_ms = True, 1_100
     assert not grouping.is_complete(index, 2, 1_100, 1_000)
     assert grouping.on_session(index, "s3", 1_200)[1] == "late"
-    ta = TypeAdapter(GroupIndex)
-    assert ta.validate_json(ta.dump_json(index)) == index
+    ta = StateJson(GroupIndex)
+    assert ta.load(ta.dump(index)) == index
 
 
 def outside_hint(turn: int, event_id: str, component: str = "person") -> Hint:
@@ -440,8 +440,9 @@ def test_token_payload_table_value_round_trips_and_reads_the_older_json() -> Non
 def test_assembly_state_dumps_packed_token_arrays_as_lists() -> None:
     tokens = token_payload(events.decode(events.encode(inter(0))))  # decoded: packed arrays
     assert type(tokens.prompt_token_ids) is events.U32Array
-    ta = TypeAdapter(TokenPayload)
-    assert ta.validate_json(ta.dump_json(tokens)) == tokens
+    ta = StateJson(TokenPayload)
+    raw = ta.dump(tokens)
+    assert raw.startswith(b'{"prompt_token_ids":[') and ta.load(raw) == tokens
 
 
 # ---- issue 23: no failed session gets a positive advantage ----------------------------------

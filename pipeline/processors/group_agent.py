@@ -15,7 +15,6 @@ import logging
 import faust
 import orjson
 from faust.types import TopicT
-from pydantic import TypeAdapter, ValidationError
 
 from pipeline import events
 from pipeline.kafka import names
@@ -24,10 +23,11 @@ from . import grouping, runtime
 from .grouping import GroupIndex
 from .records import GROUP_MEMBERS, GROUPS, held_samples, member_key, sample_of
 from .runtime import Runtime
+from .state_json import StateJson, StateUnreadable
 
 log = logging.getLogger(__name__)
 
-_INDEX: TypeAdapter[GroupIndex] = TypeAdapter(GroupIndex)
+_INDEX: StateJson[GroupIndex] = StateJson(GroupIndex)
 
 
 class GroupAgent:
@@ -43,11 +43,11 @@ class GroupAgent:
 
     async def read(self, gid: bytes) -> GroupIndex | None:
         """The group's index; one that cannot be read back is dead-lettered and dropped."""
-        return await self.rt.read_state(self.groups, gid, _INDEX.validate_json, "group index")
+        return await self.rt.read_state(self.groups, gid, _INDEX.load, "group index")
 
     def save(self, gid: bytes, index: GroupIndex) -> None:
         index.touched_ms = runtime.now_ms()
-        self.groups[gid] = _INDEX.dump_json(index)
+        self.groups[gid] = _INDEX.dump(index)
 
     async def flush(self, gid: bytes, index: GroupIndex) -> None:
         members: dict[str, list[events.Sample]] = {}
@@ -107,8 +107,8 @@ class GroupAgent:
         now = runtime.now_ms()
         for gid, raw in list(self.groups.items()):
             try:
-                index = _INDEX.validate_json(raw)
-            except ValidationError:
+                index = _INDEX.load(raw)
+            except StateUnreadable:
                 continue  # the agent dead-letters it when the group is next seen
             due = (not index.done and now - index.first_ms >= self.timeout_ms) or (
                 index.done and now - (index.touched_ms or now) >= self.retain_ms

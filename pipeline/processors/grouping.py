@@ -9,7 +9,7 @@ in, or ``timeout_ms`` after its first session (then it is normalised with what i
 that arrives after its group was emitted is passed on unchanged: its group cannot be reopened.
 
 Pure state handling: the index per group is a :class:`GroupIndex` dataclass (a Faust table
-value; it round-trips exactly through a pydantic ``TypeAdapter`` JSON dump), updated in place and
+value; it round-trips exactly through its JSON, `state_json.py`), updated in place and
 returned by :func:`on_session`; the members' samples are stored once each, under their own key,
 by the worker.
 """

@@ -15,7 +15,6 @@ import asyncio
 from dataclasses import dataclass, field
 
 import faust
-from pydantic import TypeAdapter
 
 from pipeline import events
 from pipeline.kafka import names
@@ -25,6 +24,7 @@ from .judges import Judge
 from .judging import JudgeState
 from .records import JUDGE_PARKED, JUDGING, park, parked_key, parked_next_state, touched
 from .runtime import Runtime
+from .state_json import StateJson
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class JudgeAgentState:
     touched_ms: int = 0
 
 
-_STATE: TypeAdapter[JudgeAgentState] = TypeAdapter(JudgeAgentState)
+_STATE: StateJson[JudgeAgentState] = StateJson(JudgeAgentState)
 
 
 class JudgeAgent:
@@ -51,12 +51,12 @@ class JudgeAgent:
     async def load(self, key: bytes) -> JudgeAgentState:
         """Like the session agent's: a value another code version wrote (the four-agent
         pipeline kept dicts in this table) is dead-lettered, never a crash loop."""
-        state = await self.rt.read_state(self.states, key, _STATE.validate_json, "judge state")
+        state = await self.rt.read_state(self.states, key, _STATE.load, "judge state")
         return JudgeAgentState() if state is None else state
 
     def save(self, key: bytes, state: JudgeAgentState) -> None:
         state.touched_ms = runtime.now_ms()
-        self.states[key] = _STATE.dump_json(state)
+        self.states[key] = _STATE.dump(state)
 
     async def run_judge(self, work: list[judging.JudgeWork]) -> None:
         results = await asyncio.gather(*(judging.judge_one(self.judge, w) for w in work))

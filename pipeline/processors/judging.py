@@ -1,7 +1,7 @@
 """Judge stage logic: match next states to their turns, judge, and build the output events.
 
 Pure state handling (a typed :class:`JudgeState` per session, which the session table's
-pydantic serialiser round-trips exactly) plus one async call into the judge. The state
+JSON, `state_json.py`, round-trips exactly) plus one async call into the judge. The state
 functions may update the state they are given in place and return it, so callers always go on
 with the returned object. A next state for a turn not seen yet waits up to the grace period
 (interactions and next states are different topics, so either may be read first), then goes to
@@ -19,12 +19,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from pydantic import TypeAdapter
-
 from pipeline.events import Hint, Interaction, NextState, PrmScore, Producer, derive_event_id
 
 from .judges import Judge, TurnContext, Verdict, as_vote
 from .rewards import is_session_outcome
+from .state_json import StateJson
 
 log = logging.getLogger(__name__)
 TEXT_CHARS = 4_096  # defaults of ProcessorSettings.state_text_chars / state_max_bytes
@@ -58,9 +57,8 @@ class JudgeState:
     pending: dict[str, Pending] = field(default_factory=dict)  # by next-state id
 
 
-# Sizes are measured as the session table serialises them (pydantic JSON).
-_TURN_JSON = TypeAdapter(JudgeTurn)
-_STATE_JSON = TypeAdapter(JudgeState)
+# Sizes are measured as the session table serialises them (state_json.py).
+_STATE_JSON = StateJson(JudgeState)
 
 
 @dataclass
@@ -94,7 +92,7 @@ def on_interaction(
         inter.event_id, ctx.request[-text_chars:], ctx.answer[-text_chars:]
     )
     # Everything but the turns (the state with none: it counts their braces twice, harmlessly).
-    rest = len(_STATE_JSON.dump_json(JudgeState(pending=state.pending)))
+    rest = len(_STATE_JSON.dump(JudgeState(pending=state.pending)))
     _newest_that_fit(state.turns, max_bytes - rest, inter)
     return state
 
@@ -102,7 +100,7 @@ def on_interaction(
 def _newest_that_fit(turns: dict[int, JudgeTurn], budget: int, inter: Interaction) -> None:
     """Drop the oldest turns (in place) until the rest encode within ``budget`` bytes."""
     # "<turn>": value, per turn, in braces
-    sizes = {t: len(str(t)) + 4 + len(_TURN_JSON.dump_json(v)) for t, v in turns.items()}
+    sizes = {t: len(str(t)) + 4 + len(StateJson.dump(v)) for t, v in turns.items()}
     total = sum(sizes.values()) + 2
     for t in sorted(turns):
         if total <= budget:

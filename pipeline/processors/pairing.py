@@ -5,7 +5,7 @@ judges see a verifiable pass/fail instead of raw tool text. Also evaluates the t
 penalties, because pairing is where a turn's tool calls meet their results, in session order.
 
 :class:`Pairer` is pure: a session's state is a :class:`PairingState` (typed, so the session
-table's pydantic serialiser round-trips it exactly), and every call returns the events to emit
+table's JSON, `state_json.py`, round-trips it exactly), and every call returns the events to emit
 with the state. A call may update the state it is given in place and returns it, so callers
 always go on with the returned object. Event ids are derived from the parent interaction ids
 and the config version, so a replay emits the same ids.

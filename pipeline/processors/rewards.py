@@ -35,8 +35,8 @@ out of the per-session state (``on_interaction(..., keep_tokens=False)``) and ha
 :meth:`Assembler.complete` from a table written once per turn.
 
 State: a session's :class:`AssemblyState` is a typed dataclass (turn numbers are ``int`` keys)
-that round-trips exactly through a pydantic ``TypeAdapter`` JSON dump, so the worker can store it
-as part of a table value. The ``Assembler.on_*`` methods and :meth:`Assembler.complete` update
+that round-trips exactly through its JSON (`state_json.py`), so the worker can store it as
+part of a table value. The ``Assembler.on_*`` methods and :meth:`Assembler.complete` update
 the state they are given in place and return it (``None`` starts an empty one); callers always
 use the returned object.
 """
@@ -48,10 +48,9 @@ import struct
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
-from pydantic import PlainSerializer
 
 from pipeline.events import (
     F64Array,
@@ -86,13 +85,9 @@ def group_of(inter: Interaction) -> str | None:
     return legacy if isinstance(legacy, str) and legacy else None
 
 
-def _as_list(values: Sequence[Any]) -> list[Any]:
-    return values.tolist() if hasattr(values, "tolist") else list(values)
-
-
-# Lists or packed arrays; a state kept with its tokens dumps them as JSON lists.
-_Ints = Annotated[Sequence[int], PlainSerializer(_as_list)]
-_Floats = Annotated[Sequence[float], PlainSerializer(_as_list)]
+# Lists or packed arrays; a state kept with its tokens dumps them as JSON lists (state_json).
+_Ints = Sequence[int]
+_Floats = Sequence[float]
 
 
 @dataclass(slots=True)

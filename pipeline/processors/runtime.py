@@ -23,7 +23,6 @@ import faust
 import orjson
 from faust.types import TableT, TopicT
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from pydantic import ValidationError
 
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
@@ -34,6 +33,7 @@ from pipeline.kafka.producer import bound_dead_letter
 from .config import ProcessorSettings
 from .records import TABLE_SESSION, Parked, key_partition, parked_key, session_of
 from .rewards import LeftOut, UnmatchedHint
+from .state_json import StateUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class Runtime:
             return None
         try:
             return parse(raw)
-        except ValidationError as exc:
+        except StateUnreadable as exc:
             await self.dead_letter_state(table.name, key, raw, f"{what} unreadable: {exc}")
             del table[key]
             return None

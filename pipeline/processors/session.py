@@ -26,14 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import TypeAdapter
-
 from pipeline.events import Hint, Interaction, NextState, PathPenalty, PrmScore
 
 from . import judging
 from .judging import JUDGE_COMPONENT, JudgeState, JudgeWork
 from .pairing import Pairer, PairingState
 from .rewards import Assembler, AssemblyState, LeftOut
+from .state_json import StateJson
 
 # What the stage's pairing writes to next_states carries this producer component and source:
 # when the agent reads it back it has already been applied.
@@ -56,16 +55,16 @@ class SessionState:
     touched_ms: int = 0
 
 
-_ADAPTER: TypeAdapter[SessionState] = TypeAdapter(SessionState)
+_JSON: StateJson[SessionState] = StateJson(SessionState)
 
 
 def dump(state: SessionState) -> bytes:
-    return _ADAPTER.dump_json(state)
+    return _JSON.dump(state)
 
 
 def load(raw: bytes) -> SessionState:
-    """A stored state; pydantic's ValidationError for a value another code version wrote."""
-    return _ADAPTER.validate_json(raw)
+    """A stored state; StateUnreadable for a value another code version wrote."""
+    return _JSON.load(raw)
 
 
 @dataclass
