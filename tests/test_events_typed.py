@@ -98,6 +98,8 @@ def _raw_cases() -> Iterator[tuple[str, bytes]]:
             yield f"{type_} whitespace", b" \n" + orjson.dumps(doc, option=orjson.OPT_INDENT_2)
             yield f"{type_} reordered", orjson.dumps(dict(reversed(list(doc.items()))))
             yield f"{type_} trailing", raw + b" x"
+            yield f"{type_} trailing NUL", raw + b"\x00"
+            yield f"{type_} BOM", b"\xef\xbb\xbf" + raw
             yield f"{type_} truncated", raw[:-1]
             for wide in (2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30):
                 yield (
