@@ -10,6 +10,7 @@ order, integers past 64 bits, invalid UTF-8.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,3 +155,13 @@ def test_the_expected_type_and_the_header_still_rule() -> None:
     with pytest.raises(events.EventValidationError, match="header"):
         events.decode(raw, version_header=b"2")
     assert events.decode(raw, version_header=b"1") == examples.examples()["reward"]
+
+
+def test_a_base64_field_with_more_rules_keeps_the_full_path() -> None:
+    """The one pass reads a v2 array's text as raw bytes and checks only what base64 implies:
+    a schema that puts another rule on that text (here a length) gets no one-pass decoder."""
+    schema = copy.deepcopy(V2["interaction"])
+    schema["properties"]["prompt_token_ids"]["maxLength"] = 8
+    with pytest.raises(typed.Unsupported, match="prompt_token_ids: rules beside base64"):
+        typed.compile_schema(schema)
+    assert typed.compile_schema(V2["interaction"]).version == 2

@@ -40,7 +40,7 @@ import orjson
 from . import binary
 from .errors import EventValidationError
 from .types import EVENT_TYPES, Event, Producer
-from .validation import _B64_KEYS, B64_PATTERN, _schema_files, load_schema, schemas_dir
+from .validation import _schema_files, load_schema, plain_b64_array, schemas_dir
 
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # msgspec's bounds fit an int64; larger: full path
 _NOTES = {"description", "title", "default", "$schema", "$id", "examples", binary.ANNOTATION}
@@ -91,22 +91,15 @@ def _float(schema: Mapping[str, Any]) -> Any:
 
 
 def _literal(values: list[Any], schema: Mapping[str, Any]) -> Any:
-    if None in values and schema.get("type") in (
-        None,
-        ["integer", "null"],
-        ["string", "null"],
-        ["null", "integer"],
-        ["null", "string"],
+    kind = schema.get("type")
+    if None in values and (
+        kind is None or (isinstance(kind, list) and len(kind) == 2 and "null" in kind)
     ):
-        rest = [v for v in values if v is not None]
-        kind = schema.get("type")
-        inner = None if kind is None else next(k for k in kind if k != "null")
-        core = _literal(
-            rest,
-            {k: v for k, v in schema.items() if k != "type"}
-            | ({} if inner is None else {"type": inner}),
-        )
-        return Union[core, None]  # noqa: UP007
+        # An enum with null: the literal of the rest, or None.
+        rest = {k: v for k, v in schema.items() if k != "type"}
+        if kind is not None:
+            rest["type"] = next(k for k in kind if k != "null")
+        return Union[_literal([v for v in values if v is not None], rest), None]  # noqa: UP007
     kinds = {type(v) for v in values}
     if not values or not (kinds == {str} or kinds == {int}):
         raise Unsupported(f"enum/const of {sorted(k.__name__ for k in kinds)}")
@@ -159,8 +152,6 @@ def _node(schema: Any, where: str) -> _Node:
     if kind not in _SCALAR_KEYS:
         raise Unsupported(f"{where}: type {kind!r}")
     extra = set(schema) - _NOTES - {"type"} - _SCALAR_KEYS[kind]
-    if kind == "string" and binary.ANNOTATION in schema:
-        extra -= _B64_KEYS
     if extra:
         raise Unsupported(f"{where}: keywords {sorted(extra)}")
     if kind == "string":
@@ -169,10 +160,7 @@ def _node(schema: Any, where: str) -> _Node:
             meta["min_length"] = schema["minLength"]
         if "maxLength" in schema:
             meta["max_length"] = schema["maxLength"]
-        # A v2 array's base64 pattern is implied by the strict decode in `binary.unpack_field`.
-        if "pattern" in schema and not (
-            binary.ANNOTATION in schema and schema["pattern"] == B64_PATTERN
-        ):
+        if "pattern" in schema:
             meta["pattern"] = schema["pattern"]
         return _Node(Annotated[str, msgspec.Meta(**meta)] if meta else str, None, False)
     if kind == "integer":
@@ -308,22 +296,12 @@ def compile_schema(schema: Mapping[str, Any]) -> TypedDecoder:
     checks: list[str] = []  # lines inside the try: parts and arrays
     producer = "Producer(**v_producer)"
     for name, sub in props.items():
-        node = _node(sub, f"{type_}.v{version}.{name}")
-        t = node.decode
         optional = name not in required
-        if name == "producer" and _plain_struct(node, Producer):
-            t = node.verdict  # a dataclass whatever the order: decoded straight to its Struct
-            step = []
-            names = [k.name for k in msgspec.structs.fields(cast(Any, t))]
-            value = ", ".join(f"{k}=v_producer.{k}" for k in names)
-            producer = f"Producer({value})"
-        elif node.verdict is not None or node.free:
-            verdict = node.verdict if node.verdict is not None else node.decode
-            name_space[f"check_{name}"] = msgspec.json.Decoder(verdict).decode
-            # checked against its compiled type, its value parsed as the full path parses it
-            step = [f"check_{name}(v_{name})", f"v_{name} = loads(memoryview(v_{name}))"]
-            t = msgspec.Raw
-        elif name in layout:
+        if name in layout:
+            # The bulk text is read as raw bytes, no str built: only a field whose one text
+            # rule is the base64 pattern (which unpack_field's strict decode implies) can be.
+            if not plain_b64_array(sub):
+                raise Unsupported(f"{type_}.v{version}.{name}: rules beside base64")
             name_space[f"field_{name}"] = layout[name]
             # the text's raw bytes, quotes and all: an escape in them fails the strict base64
             step = [
@@ -331,9 +309,20 @@ def compile_schema(schema: Mapping[str, Any]) -> TypedDecoder:
                 f"if v_{name}[0] != 34: return None",  # not a string (34 is a quote)
                 f"v_{name} = unpack(v_{name}[1:-1], field_{name}, SCHEMA)",
             ]
-            t = msgspec.Raw  # no str built for the bulk text
+            t: Any = msgspec.Raw
         else:
-            step = []
+            node = _node(sub, f"{type_}.v{version}.{name}")
+            t, step = node.decode, []
+            if name == "producer" and _plain_struct(node, Producer):
+                t = node.verdict  # a dataclass whatever the order: decoded straight to it
+                names = [k.name for k in msgspec.structs.fields(cast(Any, t))]
+                producer = f"Producer({', '.join(f'{k}=v_producer.{k}' for k in names)})"
+            elif node.verdict is not None or node.free:
+                verdict = node.verdict if node.verdict is not None else node.decode
+                name_space[f"check_{name}"] = msgspec.json.Decoder(verdict).decode
+                # checked against its compiled type, its value parsed as the full path does
+                step = [f"check_{name}(v_{name})", f"v_{name} = loads(memoryview(v_{name}))"]
+                t = msgspec.Raw
         checks.append(f"v_{name} = s.{name}")
         if step and optional:
             checks.append(f"if v_{name} is not UNSET:")

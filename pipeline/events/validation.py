@@ -131,6 +131,16 @@ B64_PATTERN = "^[A-Za-z0-9+/]*={0,2}$"
 _B64_KEYS = {"type", "contentEncoding", "contentMediaType", "pattern", binary.ANNOTATION}
 
 
+def plain_b64_array(prop: dict[str, Any]) -> bool:
+    """Whether a property is a v2 array field whose only text rule is :data:`B64_PATTERN`,
+    which the strict decode in `binary.unpack_field` implies: the hot paths may skip it."""
+    return (
+        binary.ANNOTATION in prop
+        and prop.get("pattern") == B64_PATTERN
+        and set(prop) - {"description"} <= _B64_KEYS
+    )
+
+
 def _compile(schema: dict[str, Any]) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
     """(fast, full) validators. ``fast`` may leave the patterns of base64 array fields
     unchecked: :func:`check` runs ``full`` whenever decoding one of them fails."""
@@ -140,11 +150,7 @@ def _compile(schema: dict[str, Any]) -> tuple[Callable[[Any], Any], Callable[[An
     light = copy.deepcopy(schema)
     lightened = False
     for name, prop in schema.get("properties", {}).items():
-        if (
-            binary.ANNOTATION in prop
-            and prop.get("pattern") == B64_PATTERN
-            and set(prop) - {"description"} <= _B64_KEYS
-        ):
+        if plain_b64_array(prop):
             light["properties"][name] = {"type": "string"}
             lightened = True
             continue

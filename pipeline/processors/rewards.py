@@ -85,19 +85,15 @@ def group_of(inter: Interaction) -> str | None:
     return legacy if isinstance(legacy, str) and legacy else None
 
 
-# Lists or packed arrays; a state kept with its tokens dumps them as JSON lists (state_json).
-_Ints = Sequence[int]
-_Floats = Sequence[float]
-
-
 @dataclass(slots=True)
 class TokenPayload:
     """What a sample needs of an interaction's tokens: the bulk of a session, so the worker
     stores it once per turn outside the session state (see :func:`token_payload`)."""
 
-    prompt_token_ids: _Ints = field(default_factory=list)
-    response_token_ids: _Ints = field(default_factory=list)
-    response_logprobs: _Floats = field(default_factory=list)
+    # Lists or packed arrays; a state kept with its tokens stores them as JSON lists.
+    prompt_token_ids: Sequence[int] = field(default_factory=list)
+    response_token_ids: Sequence[int] = field(default_factory=list)
+    response_logprobs: Sequence[float] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         """The table value: a tag, the three lengths, then the little-endian arrays (a copy
