@@ -159,3 +159,31 @@ def test_forget_before_bounds_memory_and_keeps_the_tallies() -> None:
     assert m.agrees is False
     # "old" is kept again from its late outcome (9,000), "new" up to 6,000: both go now
     assert tr.forget_before(10_000) == 2 and tr.sessions == 0
+
+
+def test_a_panel_verdict_tallies_each_member_by_its_own_vote() -> None:
+    def panel(sid: str, votes: tuple[int, int, int]) -> PrmScore:
+        score = 1 if sum(votes) >= 0 else -1  # the panel's weighted plurality, by hand
+        members = [{"judge_id": j, "judge_version": f"{j}-1", "vote": v, "weight": 0.5}
+                   for j, v in zip(("replies", "rules", "llm"), votes, strict=True)]
+        return PrmScore(event_id=f"prm-panel-{sid}", producer=P, parents=[f"{sid}-i0", "ns"],
+                        session_id=sid, turn=0, score=score, votes=list(votes),  # type: ignore[arg-type]
+                        judge_id="panel", judge_version="panel-1/x", members=members)
+
+    tr = ConsistencyTracker()
+    # a: gate passed; replies +1 (agree), rules -1 (disagree), llm 0 (abstain), panel +1
+    # b: verdict first, outcome later: failed; replies +1 (disagree), rules -1, llm -1 (agree)
+    first = tr.verdict(panel("a", (1, -1, 0)))
+    assert first == []  # no outcome yet
+    matches = tr.outcome(outcome("a", passed=True))
+    assert {(m.judge, m.verdict_id) for m in matches} == {
+        (("panel", "panel-1/x"), "prm-panel-a"), (("replies", "replies-1"), "prm-panel-a/replies"),
+        (("rules", "rules-1"), "prm-panel-a/rules"), (("llm", "llm-1"), "prm-panel-a/llm")}
+    tr.outcome(outcome("b", passed=False))
+    assert len(tr.verdict(panel("b", (1, -1, -1)))) == 4
+    assert len(tr.verdict(panel("b", (1, -1, -1)))) == 0  # a redelivery counts nobody again
+    assert tr.tallies == {("panel", "panel-1/x"): Tally(agree=2),
+                          ("replies", "replies-1"): Tally(agree=1, disagree=1),
+                          ("rules", "rules-1"): Tally(agree=1, disagree=1),
+                          ("llm", "llm-1"): Tally(agree=1, abstain=1)}
+    assert tr.tallies[("llm", "llm-1")].consistency == pytest.approx(2 / 3)  # (1+1)/(1+2)

@@ -90,3 +90,53 @@ def test_a_bad_consistency_file_says_what_is_wrong(tmp_path: Path) -> None:
     big.write_bytes(b" " * ((4 << 20) + 1))
     with pytest.raises(ValueError, match="larger than"):
         load_consistency(big)
+
+
+class Source:
+    """Consistencies by (judge_id, version), as the topic reader answers them."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], float] = {}
+
+    def consistency(self, judge_id: str, judge_version: str) -> float | None:
+        return self.rows.get((judge_id, judge_version))
+
+
+def test_a_live_panel_follows_its_source_and_names_what_decided_each_verdict() -> None:
+    from pipeline import events
+    from pipeline.processors import judging
+
+    panel = make_judge("panel", {"judges": ["replies", "rules"], "live": True,
+                                 "weights": {"rules": 0.6}})
+    replies = make_judge("replies")
+    # no source yet: fixed weights, else the prior 0.5: rules 0.6 beats replies 0.5
+    assert panel.weights == [0.5, 0.6]
+    src = Source()
+    panel.use_live(src)
+    work = judging.JudgeWork(CTX, "i-1", reply(SPLIT))
+    first = asyncio.run(judging.judge_one(panel, work)).prm
+    assert (first.score, first.judge_version) == (1, panel.version)
+    # the topic now says rules is contradicted more than replies: 0.333 -> 0.33, 0.875 -> 0.88
+    src.rows = {("rules", RuleJudge.version): 1 / 3, ("replies", replies.version): 7 / 8}
+    out = asyncio.run(judging.judge_one(panel, work))
+    prm = out.prm
+    assert prm.score == -1 and [h.hint for h in out.hints] == ["Answer in one sentence."]
+    assert prm.members == [
+        {"judge_id": "replies", "judge_version": replies.version, "vote": -1, "weight": 0.88},
+        {"judge_id": "rules", "judge_version": RuleJudge.version, "vote": 1, "weight": 0.33}]
+    # the verdict's version (and so its id) names the weights it was made with
+    assert prm.judge_version != first.judge_version and prm.event_id != first.event_id
+    assert prm.judge_version == panel.weigh()[1]
+    assert prm.event_id == events.derive_event_id("prm_score", ["i-1", "n"], prm.judge_version)
+    back = events.decode(events.encode(prm))  # the schema takes the members
+    assert isinstance(back, events.PrmScore) and back.members == prm.members
+    # a move under the rounding step keeps the version: ids stay put between small moves
+    src.rows[("rules", RuleJudge.version)] = 0.334
+    assert panel.weigh()[1] == prm.judge_version
+
+
+def test_a_static_panel_keeps_its_version_and_still_reports_its_members() -> None:
+    panel = make_judge("panel", {"judges": ["replies", "rules"]})
+    v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
+    assert v.version == panel.version and [m["vote"] for m in v.members] == [-1, 1]
+    assert [m["weight"] for m in v.members] == [1.0, 1.0]

@@ -495,3 +495,32 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
                                            "consistency": 1.5}]}))
     with pytest.raises(ValueError, match="consistency 1.5 of llm is not in"):
         G.Gate(settings(tiny, tmp_path, gate_consistency_file=bad))  # at start, not a verdict
+
+
+def test_live_consistency_weights_the_gate_over_the_file(tiny: Path, tmp_path: Path) -> None:
+    from pipeline.processors.consistency_file import JudgeRow
+
+    class Live:
+        def __init__(self, rows: list[JudgeRow]) -> None:
+            self._rows = rows
+
+        def rows(self) -> list[JudgeRow]:
+            return self._rows
+
+    path = tmp_path / "consistency.json"
+    path.write_text(json.dumps({"judges": [
+        {"judge_id": "llm", "judge_version": "a", "agree": 9, "disagree": 0, "consistency": 0.9},
+        {"judge_id": "replies", "judge_version": "r", "agree": 9, "disagree": 0,
+         "consistency": 0.9}]}))
+    cfg = settings(tiny, tmp_path, gate_consistency_file=path, gate_consistency_live=True,
+                   gate_judge_weights={"fluency": 0.5})
+    # the topic has since seen llm contradicted (2 agree, 6 disagree: 3/10); the version with
+    # the most decided verdicts speaks for the judge
+    live = Live([JudgeRow("llm", "a", 0.3, 8), JudgeRow("llm", "old", 0.95, 2)])
+    assert G.judge_weights(cfg, live) == {"fluency": 0.5, "llm": 0.3, "replies": 0.9,
+                                          "reward": 0.9}
+    votes = [{"prompt_id": "a", "vote": 1, "judge": "llm", "source": "held_out"},
+             {"prompt_id": "a", "vote": -1, "judge": "fluency", "source": "held_out"}]
+    assert G.decide(votes, (12, 12), (None, None), cfg)[0] == "promoted"  # file: 0.9 > 0.5
+    status, fig = G.decide(votes, (12, 12), (None, None), cfg, live)  # live: 0.3 < 0.5
+    assert (status, fig["gate_lost"], fig["gate_judge_weights"]["llm"]) == ("rejected", 1, 0.3)

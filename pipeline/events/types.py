@@ -124,6 +124,9 @@ class PrmScore(TurnEvent):
     judge_version: str
     rationale: str = ""
     error: str | None = None
+    # A panel's members in vote order: {judge_id, judge_version, vote, weight} each, so the
+    # consistency processor can tally every member by its own verdicts.
+    members: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -43,6 +43,7 @@ from pipeline.kafka import topics as kafka_topics
 from pipeline.kafka.connection import Connectable, connection_of
 
 from .config import ProcessorSettings
+from .consistency_live import LiveConsistency
 from .group_agent import GroupAgent
 from .judge_agent import JudgeAgent
 from .judges import Judge, make_judge
@@ -61,6 +62,9 @@ INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.PRM_SCORES, names.PATH_PE
           names.HINTS)
 
 
+LIVE_CATCH_UP_S = 30.0  # a live panel's worker waits this long for the consistency history
+
+
 def build_judge(cfg: ProcessorSettings) -> Judge:
     return make_judge(cfg.judge, cfg.effective_judge_options())
 
@@ -71,6 +75,7 @@ class ProcessorsApp(faust.App):
 
     liverl_agents: tuple[AgentT, ...]
     liverl_transaction: Transaction | None = None
+    liverl_consistency: LiveConsistency | None = None  # a live panel's reader
     liverl_timers: dict[str, Callable[[], Awaitable[None]]]
     liverl_topics: dict[str, TopicT]
 
@@ -133,6 +138,9 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     # (ids, votes and hints of the session's turns).
     part_bytes = min(cfg.state_max_bytes, conn.max_event_bytes) * 2 // 5
     judge = build_judge(cfg)
+    if getattr(judge, "live", False):  # a panel weighted by the consistency topic as it moves
+        app.liverl_consistency = LiveConsistency(conn, ns).start(wait_s=LIVE_CATCH_UP_S)
+        judge.use_live(app.liverl_consistency)  # type: ignore[attr-defined]
     inline = bool(getattr(judge, "inline", True))
     pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version,
                     text_chars=cfg.state_text_chars, max_bytes=part_bytes)

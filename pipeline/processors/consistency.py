@@ -18,6 +18,10 @@ is neither trusted nor distrusted, and one lucky verdict moves it only to 2/3.
 Pure and incremental: :class:`ConsistencyTracker` takes verdicts and outcomes in any order
 (they are different topics) and returns each match once, so a streaming consumer and the
 ``liverl judges compare`` batch read share it.
+
+A panel's verdict (``prm_score.members``) also counts as one verdict of each member, under
+the member's own judge id and version (match id ``<prm_score id>/<member judge_id>``): the
+panel is weighted by those tallies, so each member must be tallied by its own votes.
 """
 
 from __future__ import annotations
@@ -164,15 +168,26 @@ class ConsistencyTracker:
         return len(self._last)
 
     def verdict(self, prm: PrmScore) -> list[Match]:
-        """Record a verdict; the match it makes now, if its outcome is known."""
+        """Record a verdict, and each panel member's vote in it as a verdict of that member;
+        the matches they make now, if their outcome is known."""
         if prm.event_id in self._seen or prm.error is not None:
             return []  # a redelivery; a failed judgement is no verdict
         self._touch(prm.session_id, prm.ts_ms, prm.event_id)
-        v = _Verdict((prm.judge_id, prm.judge_version), prm.score, prm.event_id,
-                     frozenset(prm.parents))
-        self._verdicts.setdefault(prm.session_id, {}).setdefault(prm.turn, []).append(v)
-        found = self._outcome_for(prm.session_id, prm.turn, v)
-        return [self._match(prm.session_id, prm.turn, v, found)] if found else []
+        evidence = frozenset(prm.parents)
+        mine = [_Verdict((prm.judge_id, prm.judge_version), prm.score, prm.event_id, evidence)]
+        for m in prm.members or ():
+            vid = member_verdict_id(prm.event_id, str(m["judge_id"]))
+            if vid not in self._seen:
+                self._touch(prm.session_id, prm.ts_ms, vid)
+                mine.append(_Verdict((str(m["judge_id"]), str(m["judge_version"])),
+                                     m["vote"], vid, evidence))
+        self._verdicts.setdefault(prm.session_id, {}).setdefault(prm.turn, []).extend(mine)
+        out = []
+        for v in mine:
+            found = self._outcome_for(prm.session_id, prm.turn, v)
+            if found:
+                out.append(self._match(prm.session_id, prm.turn, v, found))
+        return out
 
     def outcome(self, state: NextState) -> list[Match]:
         """Record a next state; the matches it completes (none unless it is an outcome)."""
@@ -234,6 +249,11 @@ class ConsistencyTracker:
         t = self.tallies.setdefault(v.judge, Tally())
         t.add(m)
         return dataclasses.replace(m, tally=Tally(t.agree, t.disagree, t.abstain))
+
+
+def member_verdict_id(prm_id: str, judge_id: str) -> str:
+    """The id a panel member's vote is matched under: its panel verdict's id and its name."""
+    return f"{prm_id}/{judge_id}"
 
 
 def weighted_plurality(votes: Sequence[tuple[Vote | None, float]]) -> Vote:

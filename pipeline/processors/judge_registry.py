@@ -36,14 +36,16 @@ class LlmJudgeOptions(BaseModel):
 
 class PanelOptions(BaseModel):
     """Options of the "panel" judge (``pipeline/processors/panel_judge.py``): its members,
-    their fixed weights, and a ``liverl judges compare --format json`` file whose
-    consistencies weigh them instead."""
+    their fixed weights, a ``liverl judges compare --format json`` file whose consistencies
+    weigh them instead, and ``live``: weigh them by the consistency topic as it moves."""
 
     model_config = ConfigDict(extra="forbid")
 
     judges: list[str] = Field(min_length=1, max_length=16)
     weights: dict[str, float] = Field(default_factory=dict)
     consistency_file: Path | None = None
+    # Weight by the consistency topic as `liverl judges watch` keeps it (the worker reads it).
+    live: bool = False
     member_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("judges")

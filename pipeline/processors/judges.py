@@ -56,6 +56,10 @@ class Verdict:
     rationale: str = ""
     hints: list[str] = field(default_factory=list)
     error: str | None = None
+    # A panel's members ({judge_id, judge_version, vote, weight}) and the version the verdict
+    # was made under when it is not the judge's ``version`` now (weights read live).
+    members: list[dict[str, Any]] | None = None
+    version: str | None = None
 
 
 class Judge(Protocol):

@@ -158,9 +158,12 @@ async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:
             verdict = Verdict(0, [], error=f"judge returned {bad[0]!r}, not a vote (-1, 0, 1)")
     ns = work.state
     parents = [work.interaction_id, ns.event_id]
-    producer = Producer(component=JUDGE_COMPONENT, version=judge.version)
+    # A judge whose configuration moves while it runs (a panel weighted live) names the
+    # version its verdict was made under: the id must derive from what decided it.
+    version = verdict.version or judge.version
+    producer = Producer(component=JUDGE_COMPONENT, version=version)
     prm = PrmScore(
-        event_id=derive_event_id("prm_score", parents, judge.version),
+        event_id=derive_event_id("prm_score", parents, version),
         producer=producer,
         parents=parents,
         session_id=ns.session_id,
@@ -168,13 +171,14 @@ async def judge_one(judge: Judge, work: JudgeWork) -> JudgeOutput:
         score=verdict.score,
         votes=verdict.votes,
         judge_id=judge.judge_id,
-        judge_version=judge.version,
+        judge_version=version,
         rationale=verdict.rationale,
         error=verdict.error,
+        members=verdict.members,
     )
     hints = [
         Hint(
-            event_id=derive_event_id("hint", parents, judge.version, rank),
+            event_id=derive_event_id("hint", parents, version, rank),
             producer=producer,
             parents=parents,
             session_id=ns.session_id,

@@ -1,11 +1,15 @@
 """The "panel" judge: several judges vote on each next state, each weighted by how well its
 verdicts have agreed with verifiable outcomes (RLAnything's reward-model consistency).
 
-A member's weight is its consistency from a ``liverl judges compare NAME --format json``
-file, matched by judge id *and* version (a changed judge starts again at no evidence, 0.5),
-else ``weights[name]``, else 1.0. The verdict is the members' :func:`weighted_plurality`;
-the hints are those of the members that voted with it. The panel's version names its
-members' versions and weights, so changing either re-derives every verdict id on a replay.
+A member's weight is, first, with ``live = true``, its consistency now on the
+``judge_consistency`` topic (``liverl judges watch`` keeps it from the members' own votes,
+which every panel verdict carries in ``prm_score.members``); else its consistency in a
+``liverl judges compare NAME --format json`` file; both matched by judge id *and* version,
+so a changed judge starts again without evidence; else ``weights[name]``; else 0.5 (the
+consistency prior) when live, 1.0 otherwise. The verdict is the members'
+:func:`weighted_plurality`; the hints are those of the members that voted with it. The
+panel's version names its members' versions and weights, so changing either re-derives every
+verdict id (a live panel's verdict names the version it was made under: ``Verdict.version``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
+from typing import Protocol
 
 from pipeline.events import NextState
 
@@ -21,10 +26,18 @@ from .consistency_file import read_compare_file
 from .judge_registry import PanelOptions
 from .judges import Judge, TurnContext, Verdict, make_judge
 
+NO_EVIDENCE = 0.5  # a live member without a tally yet: the consistency prior
+
 
 def load_consistency(path: Path) -> dict[tuple[str, str], float]:
     """(judge_id, judge_version) -> consistency from a ``judges compare --format json`` file."""
     return {(r.judge_id, r.judge_version): r.consistency for r in read_compare_file(path)}
+
+
+class ConsistencySource(Protocol):
+    """Where live consistencies come from (``consistency_live.LiveConsistency``)."""
+
+    def consistency(self, judge_id: str, judge_version: str) -> float | None: ...
 
 
 class PanelJudge:
@@ -34,27 +47,53 @@ class PanelJudge:
         self.members: list[tuple[str, Judge]] = [
             (n, make_judge(n, options.member_options.get(n))) for n in options.judges
         ]
-        known = load_consistency(options.consistency_file) if options.consistency_file else {}
-        self.weights = [
-            known.get((j.judge_id, j.version), options.weights.get(n, 1.0))
-            for n, j in self.members
-        ]
+        self.live = options.live
+        self.source: ConsistencySource | None = None
+        self._file = load_consistency(options.consistency_file) if options.consistency_file else {}
+        self._fixed = dict(options.weights)
         self.inline = all(bool(getattr(j, "inline", True)) for _, j in self.members)
-        spec = ";".join(f"{j.version}={w:.6f}" for (_, j), w in zip(self.members, self.weights,
+        self.weights, self.version = self.weigh()
+
+    def use_live(self, source: ConsistencySource) -> None:
+        """Weight members by ``source`` from the next verdict on (the worker attaches the
+        topic reader when ``live`` is set)."""
+        self.source = source
+        self.weights, self.version = self.weigh()
+
+    def weigh(self) -> tuple[list[float], str]:
+        """The members' weights now and the panel version naming them. A live weight is
+        rounded to 0.01, so the version (and the verdict ids derived from it) changes when a
+        weight has moved by that much, not at every match."""
+        weights = []
+        for n, j in self.members:
+            live = self.source.consistency(j.judge_id, j.version) if self.source else None
+            if live is not None:
+                weights.append(round(live, 2))
+                continue
+            known = self._file.get((j.judge_id, j.version))
+            weights.append(known if known is not None
+                           else self._fixed.get(n, NO_EVIDENCE if self.live else 1.0))
+        spec = ";".join(f"{j.version}={w:.6f}" for (_, j), w in zip(self.members, weights,
                                                                    strict=True))
-        self.version = f"panel-1/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
+        return weights, f"panel-1/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
+        weights, version = self.weigh() if self.source is not None else (self.weights,
+                                                                          self.version)
         verdicts = await asyncio.gather(*(j.judge(ctx, state) for _, j in self.members))
-        score = weighted_plurality([(v.score, w) for v, w in zip(verdicts, self.weights,
+        score = weighted_plurality([(v.score, w) for v, w in zip(verdicts, weights,
                                                                   strict=True)])
         hints: list[str] = []
         for v in verdicts:
             if score != 0 and v.score == score:
                 hints += [h for h in v.hints if h not in hints]
         why = "; ".join(f"{n} ({w:.2f}) {v.score:+d}: {v.rationale}" for (n, _), v, w
-                        in zip(self.members, verdicts, self.weights, strict=True))
+                        in zip(self.members, verdicts, weights, strict=True))
         errors = [f"{n}: {v.error}" for (n, _), v in zip(self.members, verdicts, strict=True)
                   if v.error]
+        members = [{"judge_id": j.judge_id, "judge_version": j.version, "vote": v.score,
+                    "weight": w}
+                   for (_, j), v, w in zip(self.members, verdicts, weights, strict=True)
+                   if not v.error]  # a failed member's 0 is no verdict to tally
         return Verdict(score, [v.score for v in verdicts], why[:2000], hints,
-                       "; ".join(errors)[:500] or None)
+                       "; ".join(errors)[:500] or None, members=members, version=version)

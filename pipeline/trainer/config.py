@@ -264,11 +264,17 @@ class TrainerSettings(BaseModel):
         "row of the same judge_id votes with that consistency as its weight (over "
         "gate_judge_weights).",
     )
+    gate_consistency_live: bool = Field(
+        default=False,
+        description="Weight the gate's judges by their consistency now on the "
+        "judge_consistency topic (`liverl judges watch` keeps it), read while the trainer "
+        "runs; over gate_consistency_file for a judge the topic has.",
+    )
     gate_reward_judge: str | None = Field(
         default="replies",
         description="The reward pipeline's judge (its judge_id) whose consistency row in "
-        "gate_consistency_file weights the gate's reward votes: recorded rewards are its "
-        "verdicts. None: the reward judge matches only a row named reward.",
+        "gate_consistency_file (or on the topic) weights the gate's reward votes: recorded "
+        "rewards are its verdicts. None: the reward judge matches only a row named reward.",
     )
 
     # devices

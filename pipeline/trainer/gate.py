@@ -56,7 +56,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import pyarrow.compute as pc
@@ -70,6 +70,15 @@ from pipeline.trainer import rollout as R
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.prompts import teacher_prompt
 from pipeline.trainer.scoring import HELD_OUT
+
+if TYPE_CHECKING:
+    from pipeline.processors.consistency_file import JudgeRow
+
+
+class LiveRows(Protocol):
+    """Judges' consistency now (``pipeline.processors.consistency_live.LiveConsistency``)."""
+
+    def rows(self) -> list[JudgeRow]: ...
 
 VERDICT_FILE = "verdict.json"
 VERDICT_DONE = "verdict.done"
@@ -152,21 +161,33 @@ def tally(values: Sequence[int], weights: Sequence[float] | None = None) -> int:
     return (total > 1e-12) - (total < -1e-12)
 
 
-def judge_weights(cfg: TrainerSettings) -> dict[str, float]:
+def _best(rows: Iterable[JudgeRow]) -> dict[str, float]:
+    """judge_id -> the consistency of its row with the most decided verdicts."""
+    best: dict[str, tuple[int, float]] = {}
+    for r in rows:
+        if r.judge_id not in best or r.decided > best[r.judge_id][0]:
+            best[r.judge_id] = (r.decided, r.consistency)
+    return {j: c for j, (_, c) in best.items()}
+
+
+def judge_weights(cfg: TrainerSettings, live: LiveRows | None = None) -> dict[str, float]:
     """Each gate judge's weight: ``gate_judge_weights``, then the consistency of the judge of
-    the same id in ``gate_consistency_file`` (the row with the most decided verdicts); the
-    ``reward`` judge takes the row of ``gate_reward_judge``, the judge behind the rewards."""
+    the same id in ``gate_consistency_file``, then its consistency now on the consistency
+    topic (``live``, with ``gate_consistency_live``); of several versions of a judge, the row
+    with the most decided verdicts. The ``reward`` judge takes the row of
+    ``gate_reward_judge``, the judge behind the rewards."""
     weights = dict(cfg.gate_judge_weights)
+    sources = []
     if cfg.gate_consistency_file is not None:
         from pipeline.processors.consistency_file import read_compare_file
 
-        best: dict[str, tuple[int, float]] = {}
-        for r in read_compare_file(Path(cfg.gate_consistency_file)):
-            if r.judge_id not in best or r.decided > best[r.judge_id][0]:
-                best[r.judge_id] = (r.decided, r.consistency)
-        weights.update({j: c for j, (_, c) in best.items()})
+        sources.append(_best(read_compare_file(Path(cfg.gate_consistency_file))))
+    if live is not None:
+        sources.append(_best(live.rows()))
+    for best in sources:
+        weights.update(best)
         if cfg.gate_reward_judge in best:  # the recorded rewards are that judge's verdicts
-            weights["reward"] = best[cfg.gate_reward_judge][1]
+            weights["reward"] = best[cfg.gate_reward_judge]
     return weights
 
 
@@ -187,9 +208,10 @@ def decide(
     probe_correct: tuple[int, int],
     fluency: tuple[float | None, float | None],
     cfg: TrainerSettings,
+    live: LiveRows | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """(status, figures) from the votes and the capability checks (see the module docstring)."""
-    weights = judge_weights(cfg)
+    weights = judge_weights(cfg, live)
     by_prompt: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for v in votes:
         by_prompt.setdefault((v["source"], v["prompt_id"]), []).append(
@@ -243,6 +265,8 @@ class Gate:
                                                               repr=False)
 
     probe_items: tuple[P.ProbeItem, ...] = field(default=(), init=False, repr=False)
+    # The consistency topic read live (gate_consistency_live; the trainer starts the reader).
+    consistency: LiveRows | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.probe_items = (P.load_probe(self.cfg.gate_probe_file)
@@ -469,7 +493,7 @@ class Gate:
         probe = (sum(bool(cand.correct[i]) for i in probe_at),
                  sum(bool(live.correct[i]) for i in probe_at))
         fluency = (_mean(cand.fluency), _mean(live.fluency))
-        status, figures = decide(votes, probe, fluency, self.cfg)
+        status, figures = decide(votes, probe, fluency, self.cfg, self.consistency)
         return {
             "status": status,
             "votes": votes,

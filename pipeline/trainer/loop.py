@@ -105,6 +105,17 @@ class TrainerLoop:
     def stop(self, *_: Any) -> None:
         self._stop = True
 
+    def _gate(self, cfg: TrainerSettings) -> Gate | None:
+        """The promotion gate (None when off), reading judges' consistency live if asked."""
+        if not cfg.gate:
+            return None
+        live = None
+        if cfg.gate_consistency_live:
+            from pipeline.processors.consistency_live import LiveConsistency
+
+            live = LiveConsistency(self.settings).start(wait_s=30.0)
+        return Gate(cfg, consistency=live)
+
     # ---- set-up ---------------------------------------------------------------------------
 
     def _recover(self, publisher: Publisher) -> tuple[TrainerCore, int, dict[int, int]]:
@@ -195,7 +206,7 @@ class TrainerLoop:
             except Exception as exc:  # noqa: BLE001 - informational only
                 log.warning("offset commit failed (restart uses the manifest): %s", exc)
 
-        gate = Gate(cfg) if cfg.gate else None
+        gate = self._gate(cfg)
         publisher = Publisher(cfg, producer, commit, self.on_stage, gate=gate)
         try:
             core, version, offsets = self._recover(publisher)
@@ -233,7 +244,7 @@ class TrainerLoop:
                   f"v{selection.table_version}" + (f" where {cfg.where}" if cfg.where else ""))
         producer = EventProducer(self.settings, client_id=f"liverl-trainer-{cfg.policy}")
         source = offline.DeltaSource(selection, cfg.policy)
-        gate = Gate(cfg) if cfg.gate else None
+        gate = self._gate(cfg)
         publisher = Publisher(cfg, producer, lambda _offsets: None, self.on_stage, gate=gate)
         try:
             core, version, offsets = self._recover(publisher)
