@@ -130,7 +130,7 @@ def test_three_judges_decide_the_task_and_it_carries_prompt_checker_provenance()
 
 
 def test_k_must_be_odd_and_the_judges_distinct() -> None:
-    assert TaskSettings().judges == ["replies"]
+    assert len(TaskSettings().judges) == 3
     with pytest.raises(ValueError, match="k must be odd"):
         TaskSettings(judges=["rules", "replies"])
     with pytest.raises(ValueError, match="named twice"):
@@ -191,14 +191,24 @@ def test_find_task_takes_a_unique_prefix() -> None:
         find_task(pool, "zzz")
 
 
-def test_the_default_offline_judge_confirms_the_checker_it_reads() -> None:
-    """``tasks.judges`` = ["replies"]: it reads the outcome's score, so it accepts what the
-    checker passed; only judges of the answer can overrule a checker (docs say so)."""
+@pytest.mark.parametrize(("answer", "votes", "status", "why"), [
+    ("Fixed the import; the tests pass now.", [1, 1, 1], "accepted", "well-formed"),
+    ("1.1.1.1.1.1.1.1.1.1", [-1, -1, 1], "rejected", "degenerate"),
+    ("Fix the import error.", [-1, -1, 1], "rejected", "repeats the request"),
+    ("I'm sorry, but I can't help with that.", [-1, -1, 1], "rejected", "a refusal"),
+    # fluent but off the request's topic: one answer judge objects, the checker's vote stands
+    ("The weather in Paris is lovely in spring.", [1, -1, 1], "accepted", "well-formed"),
+])
+def test_the_default_judges_read_the_answer_and_outvote_a_checker_on_junk(
+    answer: str, votes: list[int], status: str, why: str
+) -> None:
+    """``tasks.judges`` = answer, on_topic, replies: a passed checker is one vote of three."""
+    assert TaskSettings().judges == ["answer", "on_topic", "replies"]
     judges = build_judges(TaskSettings().judges)
     j = TaskJoin()
-    j.interaction(turn("s", 0, "Done."))
+    j.interaction(turn("s", 0, answer))
     (c,) = j.outcome(passed("s"))
     task = decide(c, judges)
-    assert task.status == "accepted" and task.k == 1
-    assert task.votes[0]["judge_id"] == "replies" and task.votes[0]["vote"] == 1
-    assert "explicit score 1" in task.votes[0]["rationale"]
+    assert [v["vote"] for v in task.votes] == votes and (task.status, task.k) == (status, 3)
+    assert why in task.votes[0]["rationale"]
+    assert "explicit score 1" in task.votes[2]["rationale"]  # replies reads the checker

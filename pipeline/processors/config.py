@@ -221,10 +221,12 @@ class TaskSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LIVERL_TASKS_", extra="ignore")
 
     # The k judges that vote on each verified session, by registry name (plug-ins from
-    # ``processors.plugins``); k odd, so a strict majority always decides. The default, the
-    # offline judges, reads the verifying outcome itself (exit code, score): it accepts what the
-    # checker passed. Add judges that read the answer (llm, a plug-in) to make the vote bite.
-    judges: list[str] = Field(default_factory=lambda: ["replies"], min_length=1, max_length=15)
+    # ``processors.plugins``); k odd, so a strict majority always decides. The default: two
+    # judges of the answer itself (well-formed; on the request's topic: answer_judges.py) and
+    # one of the verifying outcome (replies): an empty, degenerate, echoed or refused answer
+    # is rejected whatever its checker said. Add llm (or a plug-in) to read meaning.
+    judges: list[str] = Field(default_factory=lambda: ["answer", "on_topic", "replies"],
+                              min_length=1, max_length=15)
     # Per judge name, its options (validated by the options model it registered with).
     judge_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # Gate commands `liverl tasks check` may run again: a task's command runs only when its

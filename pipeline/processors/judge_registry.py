@@ -87,6 +87,18 @@ register("rules", _builtin("RuleJudge", keywords=False))
 register("llm", _builtin("LlmJudge", keywords=True), LlmJudgeOptions)
 
 
+def _answer_reader(cls_name: str) -> JudgeFactory:
+    def build(options: BaseModel) -> Any:
+        return getattr(importlib.import_module("pipeline.processors.answer_judges"), cls_name)()
+
+    return build
+
+
+# Judges of the answer alone (the task pool's default voters; answer_judges.py).
+register("answer", _answer_reader("AnswerJudge"))
+register("on_topic", _answer_reader("OnTopicJudge"))
+
+
 def _panel(options: BaseModel) -> Any:
     return importlib.import_module("pipeline.processors.panel_judge").PanelJudge(options)
 

@@ -65,7 +65,9 @@ def normalise(text: str) -> str:
     return " ".join(_TOKEN.findall(text.lower()))
 
 
-def _degenerate(answer: str) -> list[str]:
+def degenerate_reasons(answer: str) -> list[str]:
+    """Why ``answer`` is empty or degenerate (the reasons above); [] for a real answer. The
+    task pool's answer judges hold answers to the same bar (processors/answer_judges.py)."""
     text = answer.strip()
     if not text:
         return [EMPTY]
@@ -115,7 +117,7 @@ def check_quality(
     """Whether ``answer`` answers ``question``; ``earlier_answers`` are answers to other
     questions (an answer that fits every question answers none); ``hint``, the user's
     instruction, must not be parroted back."""
-    reasons = _degenerate(answer)
+    reasons = degenerate_reasons(answer)
     if reasons == [EMPTY]:
         return Quality(False, reasons)
     if not mentions(answer, question.keywords):
