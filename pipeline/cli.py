@@ -353,8 +353,9 @@ def topics_list(ctx: click.Context) -> None:
     "--without",
     "without",
     multiple=True,
-    type=click.Choice(["gateway", "workers", "trainer", "archive"]),
-    help="Leave a component out (repeatable).",
+    type=click.Choice(["gateway", "workers", "judges", "trainer", "archive"]),
+    help="Leave a component out (repeatable). judges: `liverl judges watch`, which keeps each "
+    "judge's consistency with outcomes (a live panel and the gate read it).",
 )
 @click.option(
     "--gateways",
@@ -387,9 +388,9 @@ def up(
     """Run the whole loop on this machine until Ctrl-C.
 
     Starts the local broker (unless LIVERL_KAFKA_BOOTSTRAP names a cluster), applies
-    topics/, then runs the Faust workers, the trainer, the gateway and the archive
-    (every topic into <state_dir>/lake/events) as child processes (logs in
-    <state_dir>/logs/). Point any OpenAI client at the printed base URL.
+    topics/, then runs the Faust workers, the judges' consistency watcher, the trainer, the
+    gateway and the archive (every topic into <state_dir>/lake/events) as child processes
+    (logs in <state_dir>/logs/). Point any OpenAI client at the printed base URL.
     """
     from pipeline import stack
     from pipeline.durable import writable_problem
@@ -431,6 +432,8 @@ def up(
     if "workers" not in without and "workers" in cli.commands:
         scale = ["--processes", str(worker_processes)] if worker_processes > 1 else []
         components.append(stack.Component("workers", ["workers", *scale]))
+    if "judges" not in without and "judges" in cli.commands:
+        components.append(stack.Component("judges", ["judges", "watch"]))
     if "trainer" not in without:
         components.append(
             stack.Component(

@@ -238,6 +238,9 @@ def test_up_runs_the_reward_workers_as_asked(
 
     settings = _settings_from(tmp_path, "[kafka]\nbootstrap = 'k:9092'\n")
     assert up_children(settings, "--without", "archive")["workers"] == ["workers"]
+    # the judges' consistency watcher runs beside them (a live panel and the gate read it)
+    assert up_children(settings)["judges"] == ["judges", "watch"]
+    assert "judges" not in up_children(settings, "--without", "judges")
     got = up_children(settings, "--without", "archive", "--worker-processes", "3")
     assert got["workers"] == ["workers", "--processes", "3"]
     result = CliRunner().invoke(cli.up, ["--worker-processes", "0"], obj={"settings": settings})
