@@ -105,3 +105,26 @@ def test_a_partition_that_stalls_is_a_read_error(monkeypatch: pytest.MonkeyPatch
         read_to_end(ConnectionSettings(bootstrap="b:1"), ["t"], lambda m: None,
                     group_prefix="p-", idle_timeout_s=0.01)
     assert Stalled.closed
+
+
+def test_watermarks_wait_out_a_leader_election_and_raise_anything_else() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from pipeline.kafka.reader import watermarks
+
+    class Consumer:
+        def __init__(self, errors: list[int]) -> None:
+            self.errors, self.calls = errors, 0
+
+        def get_watermark_offsets(self, tp: object, timeout: float) -> tuple[int, int]:
+            self.calls += 1
+            if self.errors:
+                raise KafkaException(KafkaError(self.errors.pop(0)))
+            return 3, 7
+
+    electing = Consumer([KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE])
+    assert watermarks(electing, "tp", 5.0) == (3, 7) and electing.calls == 3
+    with pytest.raises(KafkaException):
+        watermarks(Consumer([KafkaError.TOPIC_AUTHORIZATION_FAILED]), "tp", 5.0)
+    with pytest.raises(KafkaException):  # still electing past the deadline
+        watermarks(Consumer([KafkaError.NOT_LEADER_FOR_PARTITION] * 100), "tp", 0.3)

@@ -88,9 +88,7 @@ def read_to_end(
             if meta is None or meta.error is not None:
                 continue
             for p in sorted(meta.partitions):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=idle_timeout_s
-                )
+                low, high = watermarks(consumer, TopicPartition(topic, p), idle_timeout_s)
                 if high > low:
                     todo.append(TopicPartition(topic, p, low))
                     ends[(topic, p)] = high
@@ -158,6 +156,28 @@ def follow(
         consumer.close()
 
 
+def watermarks(consumer: Any, tp: Any, timeout_s: float) -> tuple[int, int]:
+    """(low, high) of a partition, retried while its leader is being elected: a topic just
+    created (``topics apply`` right before ``liverl up`` starts its readers) answers "not
+    leader" for a moment, which must not kill a reader at start."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    electing = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.UNKNOWN_TOPIC_OR_PART}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s)
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retry = getattr(err, "retriable", lambda: False)() or getattr(
+                err, "code", lambda: None)() in electing
+            if not retry or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def end_offsets(
     connection: Connectable, topics: Iterable[str], *, group_prefix: str, hint: str = ""
 ) -> dict[tuple[str, int], int]:
@@ -173,8 +193,7 @@ def end_offsets(
             if meta is None or meta.error is not None:
                 raise LookupError(f"topic {topic} does not exist" + (f" ({hint})" if hint else ""))
             for p in meta.partitions:
-                out[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                                 timeout=30)[1]  # fmt: skip
+                out[(topic, p)] = watermarks(consumer, TopicPartition(topic, p), 30.0)[1]
         return out
     finally:
         consumer.close()
