@@ -17,6 +17,7 @@ turns/s ratio against the first.
     .venv/bin/python bench/rewards.py --group-size 4           # sessions in groups of 4
     .venv/bin/python bench/rewards.py --profile /tmp/w.prof    # cProfile (processes=1 only)
     .venv/bin/python bench/rewards.py --guarantees at-least-once,exactly-once  # cost of EOS
+    .venv/bin/python bench/rewards.py --session-batch 1,256 --sessions 1000  # batching's gain
 
 Offered load: ``--rate`` is sessions/s, ``--turn-rate`` turns/s (= ``--rate`` x ``--turns``;
 a session's turns are sent together, so 500 turns/s with 5 turns is 100 bursts of 5 a
@@ -79,6 +80,7 @@ def session(
 class Result:
     processes: int
     guarantee: str
+    batch: int | None  # the session agent's batch size (None: the configured one)
     sessions: int
     sent: int
     received: int
@@ -104,7 +106,8 @@ def group_split(settings: Settings, group: str) -> list[int]:
 
 
 def measure(
-    args: argparse.Namespace, processes: int, settings: Settings, guarantee: str
+    args: argparse.Namespace, processes: int, settings: Settings, guarantee: str,
+    batch: int | None = None,
 ) -> Result:
     """One run: ``processes`` workers in a fresh group, warm-up, then the measured load."""
     run = uuid.uuid4().hex[:8]
@@ -131,6 +134,8 @@ def measure(
     )
     if args.group_size:
         env["LIVERL_PROCESSORS_GROUP_SIZE"] = str(args.group_size)
+    if batch is not None:
+        env["LIVERL_PROCESSORS_SESSION_BATCH"] = str(batch)
     env.setdefault("LIVERL_STATE_DIR", tempfile.mkdtemp(prefix="liverl-bench-"))
     code = "from pipeline.processors.commands import workers; workers()"
     if args.profile and processes == 1:
@@ -241,6 +246,7 @@ def measure(
     return Result(
         processes=processes,
         guarantee=guarantee,
+        batch=batch,
         sessions=args.sessions,
         sent=len(sent),
         received=len(lat),
@@ -252,7 +258,7 @@ def measure(
 
 
 def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
-    print(f"== processes {r.processes}, {r.guarantee}")
+    print(f"== processes {r.processes}, {r.guarantee}{label(r)}")
     print(
         f"turns produced {r.sent}, samples received {r.received} "
         f"({args.sessions} sessions x {args.turns} turns, "
@@ -260,8 +266,8 @@ def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
     )
     print(f"produce rate      {r.produce_rate:10.1f} turns/s")
     ratio = (f"   x{r.pipeline_rate / base.pipeline_rate:.2f} vs processes={base.processes}, "
-             f"{base.guarantee}") if base is not None and base is not r and base.pipeline_rate \
-        else ""
+             f"{base.guarantee}{label(base)}") if base is not None and base is not r \
+        and base.pipeline_rate else ""
     print(f"pipeline rate     {r.pipeline_rate:10.1f} turns/s (interaction -> sample){ratio}")
     lat, n = r.latency_ms, r.received
     if n:
@@ -274,6 +280,10 @@ def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
             v99 = vis[min(len(vis) - 1, int(0.99 * len(vis)))]
             print(f"visible p50 {statistics.median(vis):8.1f} ms   p99 {v99:8.1f} ms   "
                   f"max {vis[-1]:.1f} ms   (to a read_committed reader)")
+
+
+def label(r: Result) -> str:
+    return "" if r.batch is None else f", session batch {r.batch}"
 
 
 def process_counts(text: str) -> list[int]:
@@ -313,6 +323,9 @@ def main() -> None:
     ap.add_argument("--guarantees", type=guarantees, default=["exactly-once"],
                     help="processing guarantees to measure in turn, e.g. "
                     "at-least-once,exactly-once (the cost of transactions; default exactly-once)")
+    ap.add_argument("--session-batch", type=process_counts, default=None,
+                    help="session agent batch sizes to measure in turn, e.g. 1,256 (1: one "
+                    "record per unit, as before batching; default: the configured one)")
     ap.add_argument("--profile", default="",
                     help="write the processes=1 worker's cProfile stats here")
     args = ap.parse_args()
@@ -326,14 +339,15 @@ def main() -> None:
     settings = Settings()
     results: list[Result] = []
     for guarantee in args.guarantees:
-        for n in args.processes:
-            results.append(measure(args, n, settings, guarantee))
-            report(results[-1], args, results[0])
-            sys.stdout.flush()
+        for batch in args.session_batch or [None]:
+            for n in args.processes:
+                results.append(measure(args, n, settings, guarantee, batch))
+                report(results[-1], args, results[0])
+                sys.stdout.flush()
     if len(results) > 1 and results[0].pipeline_rate:
         first = results[0]
         print(f"== turns/s vs processes={first.processes}, {first.guarantee}: " + ", ".join(
-            f"{r.processes} {r.guarantee}: x{r.pipeline_rate / first.pipeline_rate:.2f}"
+            f"{r.processes} {r.guarantee}{label(r)}: x{r.pipeline_rate / first.pipeline_rate:.2f}"
             for r in results
         ))
 

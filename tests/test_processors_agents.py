@@ -89,7 +89,7 @@ def h(tmp_path, monkeypatch) -> Harness:  # type: ignore[no-untyped-def]
 
 async def put(
     agent: Any, topic: str, value: bytes | events.Event, key: bytes | None = None
-) -> None:
+) -> Any:
     """Put one record as if read from ``topic`` (multi-topic agents cannot tell otherwise)."""
     if isinstance(value, events.Event):
         key = key if key is not None else events.key(value)
@@ -102,13 +102,18 @@ async def put(
         return msg
 
     agent.to_message = to_message
-    await agent.put(value=value, key=key)
+    return await agent.put(value=value, key=key)
 
 
 async def flush(agent: Any, topic: str) -> None:
-    """A record the agent ignores (foreign session prefix): once it is taken, the previous one
-    has been handled completely (sequential agents only)."""
-    await put(agent, topic, b"{}", b"flush")
+    """A record the agent ignores (foreign session prefix): once it is handled, every record
+    put before it has been. The session agent takes records in batches, so a record being
+    taken says nothing: it names the last record of each batch it is done with. Other agents
+    are sequential: taking the next record means the one before is done."""
+    ev = await put(agent, topic, b"{}", b"flush")
+    owner = getattr(agent.fun, "__self__", None)
+    if hasattr(owner, "last_handled"):
+        await eventually(lambda: owner.last_handled is ev.message)
 
 
 async def eventually(cond: Callable[[], bool], limit_s: float = 20.0) -> None:
@@ -779,3 +784,31 @@ def test_votes_that_do_not_count_are_dead_lettered_counted_and_not_judged(h: Har
     assert 'liverl_workers_inputs_left_out_total{reason="superseded"} 1.0' in text
     assert 'liverl_workers_inputs_left_out_total{reason="late"} 1.0' in text
     assert "liverl_workers_dead_lettered_total 2.0" in text
+
+
+def test_a_burst_of_a_sessions_records_is_one_state_write(h: Harness) -> None:
+    """Records taken in one batch share a state read and write per session: three turns
+    and another session's turn, taken together, write two sessions values, not four; the
+    outputs are those of one record at a time."""
+    async def run(app: faust.App, burst: bool) -> None:
+        async with agent_named(app, "session").test_context() as agent:
+            for t in range(3):
+                await put(agent, names.INTERACTIONS, inter(t, session_done=t == 2))
+            await put(agent, names.INTERACTIONS, inter(0, sid="t-s2"))
+            if burst:
+                await eventually(lambda: sum(t == "sessions" for t, _, _ in h.changelog) > 1)
+            await flush(agent, names.INTERACTIONS)
+
+    asyncio.run(run(h.app(session_batch=4, session_batch_s=1.0), burst=True))
+    batched_writes = [k for t, k, _ in h.changelog if t == "sessions"]
+    def outputs() -> list[tuple[str, str]]:  # event ids: deterministic, unlike ts_ms
+        return [(t, events.decode(v).event_id) for t, _, v in h.sent]
+
+    batched_out = outputs()
+    h.sent.clear()
+    h.changelog.clear()
+    asyncio.run(run(h.app(session_batch=1), burst=False))
+    single_writes = [k for t, k, _ in h.changelog if t == "sessions"]
+    assert sorted(batched_writes) == sorted([b"t-s2", SID.encode()])
+    assert sorted(single_writes) == sorted([b"t-s2"] + [SID.encode()] * 3)
+    assert outputs() == batched_out and len(batched_out) >= 8  # the same events, same order

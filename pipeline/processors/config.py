@@ -136,6 +136,11 @@ class ProcessorSettings(BaseSettings):
     # an error naming the key). For "llm", the llm_* fields below are its defaults.
     judge_options: dict[str, Any] = Field(default_factory=dict)
     judge_batch: int = 32
+    # The session agent takes records in batches of up to this many, waiting at most
+    # session_batch_s for one to fill: a session's records of a batch share one state read and
+    # one state write (one changelog record). 1 makes every record its own unit.
+    session_batch: int = Field(default=256, ge=1, le=10_000)
+    session_batch_s: float = Field(default=0.005, ge=0.0, le=1.0)
     rules_path: Path = DEFAULT_RULES
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = "judge"

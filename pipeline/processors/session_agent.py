@@ -70,6 +70,7 @@ class SessionAgent:
         # their topic only from the judge agent.
         inputs: tuple[str, ...] = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
         self.inputs = inputs if stage.judge_inline else (*inputs, names.PRM_SCORES)
+        self.last_handled: Any = None  # the newest record whose batch is done (tests wait on it)
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -187,56 +188,83 @@ class SessionAgent:
     # ---- the agent --------------------------------------------------------------------------
 
     async def process(self, stream: faust.StreamT) -> None:
+        """Records in batches (``session_batch`` within ``session_batch_s``), each batch one
+        unit: a session's records of a batch are applied in order to one state, read once
+        and written once, so a burst of turns costs one changelog record, not one each."""
+        rt, cfg = self.rt, self.rt.cfg
+        async for evs in rt.unit_batches(stream, cfg.session_batch, within=cfg.session_batch_s):
+            by_key: dict[bytes | None, list[Any]] = {}
+            for raw_ev in evs:  # by the record's key: a session's records in their order
+                by_key.setdefault(raw_ev.message.key, []).append(raw_ev)
+            for records in by_key.values():
+                state: SessionState | None = None
+                dirty = False
+                released: list[str] = []
+                for raw_ev in records:  # decoded (or dead-lettered) in the session's order
+                    item = await rt.decode_one(raw_ev, self.inputs)
+                    if item is None:
+                        continue
+                    key, ev = item
+                    if state is None:
+                        state = await self.read(key)
+                    changed, freed = await self.handle(key, state, ev, raw_ev)
+                    dirty |= changed
+                    released += freed
+                if state is None:
+                    continue
+                if released:  # verdicts acknowledged before the parked records are forgotten
+                    await rt.app.producer.flush()
+                    for nid in released:
+                        self.parked.pop(parked_key(key, nid), None)
+                if dirty:
+                    self.save(key, state)
+            if evs:
+                self.last_handled = evs[-1].message
+
+    async def handle(self, key: bytes, state: SessionState, ev: events.Event, raw_ev: Any
+                     ) -> tuple[bool, list[str]]:
+        """Apply one record to its session's state: (whether the state changed, the parked
+        next states it released, to forget once their verdicts are sent)."""
         rt, stage = self.rt, self.stage
-        async for raw_ev in rt.units(stream):
-            item = await rt.decode_one(raw_ev, self.inputs)
-            if item is None:
-                continue
-            key, ev = item
-            state = await self.read(key)
-            work: list[judging.JudgeWork] = []
-            released: list[str] = []
-            if isinstance(ev, events.Interaction):
-                before = self.kept_interaction(state, ev.turn)
-                step = stage.on_interaction(state, ev, runtime.now_ms())
-                self.keep_tokens(key, before, state, ev)
-                if stage.judge_inline:
-                    work = self.unpark(key, state, ev.turn)
-                    released = [w.state.event_id for w in work]
-            elif isinstance(ev, events.NextState):
-                step = stage.on_next_state(state, ev, runtime.now_ms())
-                if not step.applied:
-                    continue  # our own, read back (or a redelivery): nothing to write
-                for nxt in step.parked:  # this record, waiting for its turn
-                    self.parked[parked_key(key, nxt.event_id)] = park(raw_ev.message)
-                step.parked = []
-            elif isinstance(ev, events.PrmScore):
-                stage.on_verdict(state, ev, [], runtime.now_ms())
-                step = Step()
-            elif isinstance(ev, events.Hint):
-                outcome = stage.on_hint(state, ev)
-                if outcome == "late":
-                    await rt.dead_letter(
-                        raw_ev.message,
-                        f"hint for turn {ev.turn} of session {ev.session_id} arrived after the "
-                        "session was assembled (its samples have left; processors.hint_wait_s "
-                        "makes closed sessions wait for hints)",
-                    )
-                if outcome != "applied":
-                    continue  # known already (the inline judge's own), or dead-lettered
-                step = Step()
-            else:  # decode_one let only the input types through
-                continue
-            await self.publish(key, state, step, raw_ev.message, ev)
-            work = [*step.work, *work]
-            if work:
-                await self.judge_all(state, work)
-            await self.complete_or_wait(key, state)
-            if released:  # verdicts acknowledged before the parked records are forgotten
-                await rt.app.producer.flush()
-                for nid in released:
-                    self.parked.pop(parked_key(key, nid), None)
-            self.save(key, state)
+        work: list[judging.JudgeWork] = []
+        released: list[str] = []
+        if isinstance(ev, events.Interaction):
+            before = self.kept_interaction(state, ev.turn)
+            step = stage.on_interaction(state, ev, runtime.now_ms())
+            self.keep_tokens(key, before, state, ev)
+            if stage.judge_inline:
+                work = self.unpark(key, state, ev.turn)
+                released = [w.state.event_id for w in work]
+        elif isinstance(ev, events.NextState):
+            step = stage.on_next_state(state, ev, runtime.now_ms())
+            if not step.applied:
+                return False, []  # our own, read back (or a redelivery): nothing to write
+            for nxt in step.parked:  # this record, waiting for its turn
+                self.parked[parked_key(key, nxt.event_id)] = park(raw_ev.message)
+            step.parked = []
+        elif isinstance(ev, events.PrmScore):
+            stage.on_verdict(state, ev, [], runtime.now_ms())
+            step = Step()
+        elif isinstance(ev, events.Hint):
+            outcome = stage.on_hint(state, ev)
+            if outcome == "late":
+                await rt.dead_letter(
+                    raw_ev.message,
+                    f"hint for turn {ev.turn} of session {ev.session_id} arrived after the "
+                    "session was assembled (its samples have left; processors.hint_wait_s "
+                    "makes closed sessions wait for hints)",
+                )
+            if outcome != "applied":
+                return False, []  # known already (the inline judge's own), or dead-lettered
+            step = Step()
+        else:  # decode_one let only the input types through
+            return False, []
+        await self.publish(key, state, step, raw_ev.message, ev)
+        work = [*step.work, *work]
+        if work:
+            await self.judge_all(state, work)
+        await self.complete_or_wait(key, state)
+        return True, released
 
     # ---- timers -----------------------------------------------------------------------------
 
