@@ -107,7 +107,7 @@ def group_split(settings: Settings, group: str) -> list[int]:
 
 def measure(
     args: argparse.Namespace, processes: int, settings: Settings, guarantee: str,
-    batch: int | None = None,
+    session_batch: int | None = None,
 ) -> Result:
     """One run: ``processes`` workers in a fresh group, warm-up, then the measured load."""
     run = uuid.uuid4().hex[:8]
@@ -134,8 +134,8 @@ def measure(
     )
     if args.group_size:
         env["LIVERL_PROCESSORS_GROUP_SIZE"] = str(args.group_size)
-    if batch is not None:
-        env["LIVERL_PROCESSORS_SESSION_BATCH"] = str(batch)
+    if session_batch is not None:
+        env["LIVERL_PROCESSORS_SESSION_BATCH"] = str(session_batch)
     env.setdefault("LIVERL_STATE_DIR", tempfile.mkdtemp(prefix="liverl-bench-"))
     code = "from pipeline.processors.commands import workers; workers()"
     if args.profile and processes == 1:
@@ -246,7 +246,7 @@ def measure(
     return Result(
         processes=processes,
         guarantee=guarantee,
-        batch=batch,
+        batch=session_batch,
         sessions=args.sessions,
         sent=len(sent),
         received=len(lat),
