@@ -92,6 +92,27 @@ def test_offline_retrain_trains_each_selected_row_once_across_a_crash(
     assert len(rows_of(lake, again)) == 8
 
 
+def test_offline_rows_are_never_dropped_as_stale(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """One poll reads four batches (3 samples each here) stamped with the poll's version; a
+    version is published after every step, so the fourth batch trains three versions later.
+    History is off-policy, not stale: all 12 rows are trained, none ``stale_dropped``."""
+    topic, live, again = f"test.trainer.nostale.{unique}", f"live-{unique}", f"ns-{unique}"
+    create_topic(admin, topic, 1)
+    rng = random.Random(11)
+    produce(kafka_settings, topic, [make_sample(i, live, rng) for i in range(12)])
+    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
+    first = run(trainer_cmd(tiny, topic, live, tmp_path, idle_s=1.5), kafka_settings)
+    assert first.returncode == 0, first.stderr[-3000:]
+    done = run(offline_cmd(tiny, again, tmp_path, f"policy_id = '{live}'"), kafka_settings)
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = DeltaTable(str(tmp_path / "lake" / "trajectories")).to_pyarrow_table(
+        columns=["policy_id", "status"])
+    mine = table.filter(pc.equal(table.column("policy_id"), again)).column("status")
+    assert mine.to_pylist() == ["trained"] * 12, done.stdout
+
+
 def test_duplicate_event_ids_train_once_newest_row_wins(tmp_path: Path) -> None:
     from tests.test_report import traj_row, write
 

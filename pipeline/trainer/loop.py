@@ -296,8 +296,12 @@ class TrainerLoop:
             publish_now = not step_rows and time.monotonic() >= next_allowed
             if batcher.ready(publish_now) or (drained and batcher):
                 records = batcher.take()
-                stale = [self._staleness(r.event.behavior_weight_version, version)
-                         for r in records]
+                # History is off-policy, never stale (offline.py): one poll holds several
+                # batches stamped with the poll's version, so a later batch would look
+                # versions old and be dropped.
+                stale = ([0] * len(records) if isinstance(consumer, DeltaSource) else
+                         [self._staleness(r.event.behavior_weight_version, version)
+                          for r in records])
                 if self.dist is not None:
                     self.dist.send_step([r.event for r in records], version, stale)
                 result = core.train_step([r.event for r in records], version, stale)
