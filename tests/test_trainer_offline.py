@@ -47,16 +47,23 @@ def rows_of(lake: Path, policy: str) -> list[str]:
         "event_id").to_pylist()
 
 
+def live_history(settings: Settings, admin, tmp_path: Path, topic: str,  # type: ignore[no-untyped-def]
+                 live: str, *, seed: int) -> Path:
+    """12 samples trained live by policy ``live`` into the lake; returns the tiny model."""
+    create_topic(admin, topic, 1)
+    rng = random.Random(seed)
+    produce(settings, topic, [make_sample(i, live, rng) for i in range(12)])
+    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
+    first = run(trainer_cmd(tiny, topic, live, tmp_path, idle_s=1.5), settings)
+    assert first.returncode == 0, first.stderr[-3000:]
+    return tiny
+
+
 def test_offline_retrain_trains_each_selected_row_once_across_a_crash(
     kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
 ) -> None:
     topic, live, again = f"test.trainer.offline.{unique}", f"live-{unique}", f"off-{unique}"
-    create_topic(admin, topic, 1)
-    rng = random.Random(5)
-    produce(kafka_settings, topic, [make_sample(i, live, rng) for i in range(12)])
-    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
-    first = run(trainer_cmd(tiny, topic, live, tmp_path, idle_s=1.5), kafka_settings)
-    assert first.returncode == 0, first.stderr[-3000:]
+    tiny = live_history(kafka_settings, admin, tmp_path, topic, live, seed=5)
     lake, weights = tmp_path / "lake", tmp_path / "weights"
     assert len(rows_of(lake, live)) == 12
 
@@ -99,12 +106,7 @@ def test_offline_rows_are_never_dropped_as_stale(
     version is published after every step, so the fourth batch trains three versions later.
     History is off-policy, not stale: all 12 rows are trained, none ``stale_dropped``."""
     topic, live, again = f"test.trainer.nostale.{unique}", f"live-{unique}", f"ns-{unique}"
-    create_topic(admin, topic, 1)
-    rng = random.Random(11)
-    produce(kafka_settings, topic, [make_sample(i, live, rng) for i in range(12)])
-    tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
-    first = run(trainer_cmd(tiny, topic, live, tmp_path, idle_s=1.5), kafka_settings)
-    assert first.returncode == 0, first.stderr[-3000:]
+    tiny = live_history(kafka_settings, admin, tmp_path, topic, live, seed=11)
     done = run(offline_cmd(tiny, again, tmp_path, f"policy_id = '{live}'"), kafka_settings)
     assert done.returncode == 0, done.stderr[-3000:]
     table = DeltaTable(str(tmp_path / "lake" / "trajectories")).to_pyarrow_table(
