@@ -25,6 +25,7 @@ from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, connection_of
 
 from .consistency_file import JudgeRow
+from .consistency_watch import decode_or_none
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,7 @@ class LiveConsistency:
 
     def _take(self, msgs: list[Any]) -> None:
         for msg in msgs:
-            try:
-                ev = events.decode(msg.value() or b"")
-            except Exception:  # noqa: BLE001 - another component's bad record is theirs
-                continue
+            ev = decode_or_none(msg.value())  # another component's bad record is theirs
             if isinstance(ev, events.JudgeConsistency):
                 self.apply(ev)
 

@@ -192,7 +192,7 @@ class ConsistencyWatcher:
             return
 
         def batch(msgs: list[Any]) -> None:
-            self._publish([m for msg in msgs for m in self.handle(_decode(msg.value()))])
+            self._publish([m for msg in msgs for m in self.handle(decode_or_none(msg.value()))])
             self._forget()
 
         try:
@@ -230,7 +230,7 @@ class ConsistencyWatcher:
             self._producer.flush()
 
 
-def _decode(raw: bytes | None) -> events.Event | None:
+def decode_or_none(raw: bytes | None) -> events.Event | None:
     try:
         return events.decode(raw or b"")
     except Exception:  # noqa: BLE001 - another component's bad record is theirs to report
@@ -238,7 +238,7 @@ def _decode(raw: bytes | None) -> events.Event | None:
 
 
 def _event_id(raw: bytes | None) -> str:
-    ev = _decode(raw)
+    ev = decode_or_none(raw)
     return ev.event_id if ev is not None else ""
 
 
