@@ -39,6 +39,17 @@ def test_answer_judge(answer: str, score: int, why: str) -> None:
     assert got == score and why in rationale
 
 
+@pytest.mark.parametrize(("answer", "score", "why"), [
+    ("按住路由器的重置按钮十秒钟。", 1, "well-formed"),  # no Latin words to count: not "short"
+    ("如何重置路由器？", -1, "repeats the request"),
+    ("哈哈哈哈哈哈哈哈哈哈哈哈", -1, "repeated characters"),
+])
+def test_answer_judge_reads_a_script_without_latin_words(answer: str, score: int,
+                                                         why: str) -> None:
+    got, rationale = vote("answer", "如何重置路由器？", answer)
+    assert got == score and why in rationale
+
+
 @pytest.mark.parametrize(("request_", "answer", "score", "why"), [
     ("How do I reset my router?", "Hold the router's reset button for ten seconds.", 1,
      "on topic (reset, router)"),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 from pipeline.events import NextState
-from pipeline.sim.quality import degenerate_reasons, normalise, similar
+from pipeline.sim.quality import TOO_SHORT, degenerate_reasons, normalise, similar
 from pipeline.sim.questions import mentions
 
 from .judges import TurnContext, Verdict
@@ -55,6 +55,23 @@ def content_words(text: str) -> list[str]:
     return seen
 
 
+def _degenerate(answer: str) -> list[str]:
+    """The quality rules' reasons, less "too short" for an answer in a script their word
+    pattern (Latin letters and digits) cannot count: a Chinese sentence has no such words."""
+    reasons = degenerate_reasons(answer)
+    if not normalise(answer) and any(c.isalpha() for c in answer):
+        reasons = [r for r in reasons if r != TOO_SHORT]
+    return reasons
+
+
+def _echoes(answer: str, request: str) -> bool:
+    """The answer repeats the request: near-identical words, or, where neither has words the
+    rules can read, the same text."""
+    if normalise(answer) and normalise(request):
+        return similar(answer, request)
+    return " ".join(answer.split()) == " ".join(request.split())
+
+
 def _verdict(reasons: list[str], ok: str) -> Verdict:
     if reasons:
         return Verdict(-1, [-1], "; ".join(reasons)[:500])
@@ -69,8 +86,8 @@ class AnswerJudge:
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
         answer = ctx.answer.strip()
-        reasons = degenerate_reasons(answer)
-        if answer and ctx.request.strip() and similar(answer, ctx.request):
+        reasons = _degenerate(answer)
+        if answer and ctx.request.strip() and _echoes(answer, ctx.request):
             reasons.append("repeats the request")
         low = " ".join(answer.lower().split()).replace("\u2019", "'")
         hit = next((r for r in REFUSALS if r in low), None)
@@ -93,7 +110,7 @@ class OnTopicJudge:
         reasons = []
         if not mentions(answer, words):
             reasons.append(f"mentions none of {', '.join(words[:8])}")
-        if degenerate_reasons(answer):
+        if _degenerate(answer):
             reasons.append("no substance (degenerate)")
         elif not set(content_words(answer)) - set(words) and normalise(answer):
             reasons.append("adds nothing to the request")
