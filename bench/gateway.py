@@ -46,9 +46,17 @@ ANSWER = "Paris is the capital of France."
 # ---- the fake SGLang server (its own process) ------------------------------------------------
 
 
-def fake_sglang_app(answer: list[int]) -> Any:
+def fake_sglang_app(answer: list[int], stream_mode: str = "cumulative") -> Any:
     """A bare ASGI app answering ``/generate`` like SGLang (kept minimal so that its own cost,
-    paid equally by both paths, stays small)."""
+    paid equally by both paths, stays small): with ``"stream": true`` one SSE event per token,
+    each holding every token so far (SGLang's default) or only the new one
+    (``--incremental-streaming-output``, which ``/server_info`` reports); OpenAI
+    ``/v1/chat/completions`` too, for the OpenClaw-RL proxy that forwards there."""
+
+    async def respond(send: Any, body: bytes, ctype: bytes = b"application/json") -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", ctype)]})
+        await send({"type": "http.response.body", "body": body})
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -63,42 +71,66 @@ def fake_sglang_app(answer: list[int]) -> Any:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        if scope["path"] != "/generate":  # the start-up probe
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"{}"})
+        path = scope["path"]
+        if path == "/server_info":
+            info = {"incremental_streaming_output": stream_mode == "incremental"}
+            await respond(send, orjson.dumps(info))
+            return
+        if path == "/v1/chat/completions":
+            req = orjson.loads(body)
+            out = answer[: min(len(answer), req.get("max_tokens") or len(answer))]
+            await respond(send, orjson.dumps({
+                "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
+                "model": req.get("model", "fake"),
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": ANSWER},
+                             "logprobs": {"content": [{"token": str(t), "logprob": -0.5}
+                                                      for t in out]}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": len(out)},
+            }))
+            return
+        if path != "/generate":  # the start-up probes
+            await respond(send, b"{}")
             return
         req = orjson.loads(body)
         n = min(len(answer), req["sampling_params"]["max_new_tokens"])
         out = answer[:n]
-        doc = orjson.dumps({
-            "text": "",
-            "output_ids": out,
-            "meta_info": {
-                "finish_reason": {"type": "stop" if n == len(answer) else "length"},
-                "output_token_logprobs": [[-0.5, t, None] for t in out],
-                "prompt_tokens": len(req["input_ids"]),
-                "weight_version": "0",
-            },
-        })
+        pairs = [[-0.5, t, None] for t in out]
+        finish = {"type": "stop" if n == len(answer) else "length"}
+
+        def doc(lo: int, hi: int, last: bool) -> bytes:
+            return orjson.dumps({"text": "", "output_ids": out[lo:hi], "meta_info": {
+                "finish_reason": finish if last else None,
+                "output_token_logprobs": pairs[lo:hi],
+                "prompt_tokens": len(req["input_ids"]), "weight_version": "0"}})
+
+        if not req.get("stream"):
+            await respond(send, doc(0, n, True))
+            return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": doc})
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for i in range(n):
+            lo = i if stream_mode == "incremental" else 0
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": b"data: " + doc(lo, i + 1, i == n - 1) + b"\n\n"})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     return app
 
 
-def serve_fake(port: int, answer: list[int]) -> None:
+def serve_fake(port: int, answer: list[int], stream_mode: str) -> None:
     import uvicorn
 
     with contextlib.suppress(KeyboardInterrupt):  # stopped by the bench's SIGINT
-        uvicorn.run(fake_sglang_app(answer), host="127.0.0.1", port=port,
+        uvicorn.run(fake_sglang_app(answer, stream_mode), host="127.0.0.1", port=port,
                     log_level="warning", access_log=False)
 
 
 # ---- the gateway (its own process) -----------------------------------------------------------
 
 
-def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: str) -> None:
+def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: str,
+                  stream: str) -> None:
     import uvicorn
 
     from pipeline.serving.build import build_app
@@ -109,13 +141,29 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
     cfg = ServeSettings(
         port=port, backend="sglang", sglang_url=backend_url, model_path="tiny", policy_id="bench",
         record=record, reload=False, spool_dir=Path(spool), interactions_topic=TOPIC,
-        turn_recovery_s=0,
+        turn_recovery_s=0, sglang_stream=stream,
     )
     # "py": uvicorn's pure-Python stack (h11, asyncio's loop), the gateway's before httptools
     # and uvloop, for an A/B in the same run.
     py = {"http": _h11_header_timeout(cfg.header_timeout_s), "loop": "asyncio"}
-    server = uvicorn.Server(server_config(build_app(cfg, Settings()), cfg,
-                                          **(py if stack == "py" else {})))
+    if stack == "sse":  # the gateway before: every answer streamed from SGLang, whole or not
+        import dataclasses
+
+        from pipeline.serving.backends.sglang import SGLangBackend
+
+        generate = SGLangBackend.generate
+
+        def streamed(self: Any, ids: list[int], params: Any) -> Any:
+            return generate(self, ids, dataclasses.replace(params, incremental=True))
+
+        SGLangBackend.generate = streamed  # type: ignore[method-assign]
+    app = build_app(cfg, Settings())
+    if stack == "granian":
+        serve_granian(app, port)
+        return
+    server = uvicorn.Server(server_config(app, cfg, **(py if stack == "py" else {})))
+    if os.environ.get("GATEWAY_BENCH_SWITCH"):
+        sys.setswitchinterval(float(os.environ["GATEWAY_BENCH_SWITCH"]))
     out = os.environ.get("GATEWAY_BENCH_CPROFILE")
     # uvicorn shuts down on the bench's SIGINT (stop()), then re-raises it: not an error here.
     with contextlib.suppress(KeyboardInterrupt):
@@ -129,6 +177,23 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
             prof.runcall(server.run)
         finally:
             prof.dump_stats(out)
+
+
+def serve_granian(app: Any, port: int) -> None:
+    """The same app under granian (a Rust HTTP server; ``pip install granian``), embedded on a
+    uvloop loop in this process so that its CPU is counted like uvicorn's."""
+    import uvloop
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
+
+    server = Server(app, address="127.0.0.1", port=port, interface=Interfaces.ASGI,
+                    log_enabled=False)
+
+    async def main() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, server.stop)
+        await server.serve()
+
+    uvloop.run(main())
 
 
 # ---- the client --------------------------------------------------------------------------------
@@ -212,11 +277,12 @@ def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc:
     n = args.requests if conc > 1 else max(16, args.requests // 2)
     direct = [orjson.dumps({
         "input_ids": render_prompt(tok, messages(i), None), "return_logprob": True,
-        "stream": False, "sampling_params": {"temperature": 1.0, "top_p": 1.0,
+        "stream": args.stream != "off" and args.client_stream, "sampling_params": {"temperature": 1.0, "top_p": 1.0,
                                              "max_new_tokens": args.max_tokens,
                                              "sampling_seed": i}}) for i in range(n)]
     chat = [orjson.dumps({"model": "bench", "messages": messages(i),
-                          "max_tokens": args.max_tokens, "seed": i}) for i in range(n)]
+                          "max_tokens": args.max_tokens, "seed": i,
+                          "stream": args.client_stream}) for i in range(n)]
     dh = [{"content-type": "application/json"}] * n
     gh = [{"content-type": "application/json", "x-session-id": f"bench-{rnd}-{conc}-{i % 8}"}
           for i in range(n)]
@@ -239,13 +305,18 @@ def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=400, help="per cell (half at concurrency 1)")
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=9,
+                    help="answer length in tokens (the fake repeats its sentence; 9: once)")
+    ap.add_argument("--client-stream", action="store_true",
+                    help="the client asks for a streamed answer (SSE chunks); default: whole")
     ap.add_argument("--modes", nargs="+", choices=["off", "on"], default=["off", "on"])
     ap.add_argument("--conc", nargs="+", type=int, default=[1, 16])
     ap.add_argument("--rounds", type=int, default=1, help="cells repeated, interleaved")
-    ap.add_argument("--stacks", nargs="+", choices=["c", "py"], default=["c"],
-                    help="gateway HTTP stack: c = httptools + uvloop (production), py = h11 + "
-                    "asyncio (before); several: an A/B in the same run")
+    ap.add_argument("--stacks", nargs="+", choices=["c", "py", "granian", "sse"], default=["c"],
+                    help="gateway HTTP stack: c = uvicorn with httptools + uvloop (production), "
+                    "py = uvicorn with h11 + asyncio (before), granian = granian's Rust HTTP "
+                    "server (pip install granian), sse = c asking SGLang to stream answers the "
+                    "client takes whole (before); several: an A/B in the same run")
     ap.add_argument("--profile", default=None,
                     help="py-spy record the gateway into this file (speedscope .json or .svg)")
     ap.add_argument("--_fake", type=int, default=None, help=argparse.SUPPRESS)
@@ -255,13 +326,17 @@ def main() -> None:
     ap.add_argument("--_record", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_spool", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_stack", default="c", help=argparse.SUPPRESS)
+    ap.add_argument("--stream", choices=["off", "cumulative", "incremental"],
+                    default="cumulative", help="how the fake SGLang answers (and the gateway and "
+                    "the direct client ask): cumulative SSE events (SGLang's default), "
+                    "incremental ones, or one JSON body")
     args = ap.parse_args()
     if args._fake is not None:
-        serve_fake(args._fake, [int(t) for t in args._answer.split(",")])
+        serve_fake(args._fake, [int(t) for t in args._answer.split(",")], args.stream)
         return
     if args._gateway is not None:
         serve_gateway(args._gateway, args._backend, bool(args._record), args._spool,
-                      args._stack)
+                      args._stack, args.stream)
         return
 
     from transformers import AutoTokenizer
@@ -272,11 +347,14 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
     prompt = render_prompt(tok, messages(0), None)
-    answer = tok(ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    words = tok(ANSWER, add_special_tokens=False)["input_ids"]
+    answer = [*(words * (args.max_tokens // len(words) + 1))[: args.max_tokens - 1],
+              tok.eos_token_id]
     if "on" in args.modes:
         ensure_topic()
     fport = free_port()
-    fake = spawn("--_fake", str(fport), "--_answer", ",".join(map(str, answer)))
+    fake = spawn("--_fake", str(fport), "--_answer", ",".join(map(str, answer)),
+                 "--stream", args.stream)
     furl = f"http://127.0.0.1:{fport}"
     wait_up(furl, fake)
     print(f"fake SGLang backend, tiny tokenizer, {len(prompt)} prompt tokens, answer of "
@@ -306,7 +384,8 @@ def run_gateway(tok: Any, furl: str, label: str, record: bool, stack: str, rnd: 
     with tempfile.TemporaryDirectory() as tmp:
         gport = free_port()
         gw = spawn("--_gateway", str(gport), "--_backend", furl, "--_record", str(int(record)),
-                   "--_spool", str(Path(tmp) / "spool"), "--_stack", stack)
+                   "--_spool", str(Path(tmp) / "spool"), "--_stack", stack,
+                   "--stream", args.stream)
         gurl = f"http://127.0.0.1:{gport}"
         wait_up(f"{gurl}/healthz", gw)
         spy = None
@@ -344,7 +423,8 @@ def start_profile(out: str, pid: int) -> subprocess.Popen[bytes]:
     (.json: speedscope, .svg: flame graph, else collapsed stacks)."""
     exe = shutil.which("py-spy") or os.environ.get("PY_SPY", "py-spy")
     fmt = {".json": "speedscope", ".svg": "flamegraph"}.get(Path(out).suffix, "raw")
-    cmd = [exe, "record", "-p", str(pid), "-o", out, "-f", fmt, "-r", "250"]
+    cmd = [exe, "record", "-p", str(pid), "-o", out, "-f", fmt, "-r", "250",
+           *os.environ.get("GATEWAY_BENCH_PYSPY", "").split()]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

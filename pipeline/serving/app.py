@@ -196,6 +196,7 @@ class Gateway:
             max_tokens=min(wanted, ctx - len(prompt_ids)),
             stop=req.stop_list(),
             seed=req.seed,
+            incremental=bool(req.stream),
         )
         return Turn(req, info, prompt_ids, params, time.perf_counter(), messages=messages)
 

@@ -23,6 +23,10 @@ class SamplingParams:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    # The caller reads pieces as they come (a streamed answer). False: it waits for the whole
+    # answer, so an engine may send it at once (SGLang: one non-streaming call, not one event
+    # per token, each repeating all tokens so far).
+    incremental: bool = True
 
 
 @dataclass(slots=True)

@@ -13,6 +13,11 @@ all output ids and log-probs so far); with ``--incremental-streaming-output`` ea
 the new ones. ``sglang_stream = "auto"`` asks the server which (``/server_info``) once;
 ``cumulative`` / ``incremental`` say it; ``off`` makes one non-streaming call. A cumulative
 event that does not extend what was already yielded is an error, never a silent re-read.
+A request whose answer is sent whole (``SamplingParams.incremental`` false: the client did not
+ask to stream) is one non-streaming call whatever the mode: streaming it would cost an SSE
+event per token, each repeating every token so far in SGLang's default mode (quadratic in the
+answer's length; ``bench/gateway.py``), for nothing the client sees. Either way a client that
+leaves closes the connection and SGLang aborts the request.
 The HTTP client is aiohttp with orjson bodies: httpx's connection pool checked every pooled
 connection's socket on each request and cost ~1.5 ms of gateway CPU per request at 16 in
 flight (``bench/gateway.py``, profiled), more than the rest of the gateway together.
@@ -156,14 +161,14 @@ class SGLangBackend:
             "input_ids": prompt_ids,
             "sampling_params": sampling,
             "return_logprob": True,
-            "stream": self.stream != "off",
+            "stream": self.stream != "off" and params.incremental,
         }
         version, adapter = self._version, self._adapter  # this request's snapshot
         if adapter is not None:
             body["lora_path"] = adapter
             self._in_use[adapter] += 1
         try:
-            if self.stream == "off":
+            if not body["stream"]:
                 decoder = StreamDecoder("incremental")  # one answer: one event of it all
                 piece = decoder.feed(await self._generate_once(body))
                 if piece is not None:
