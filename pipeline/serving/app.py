@@ -40,6 +40,7 @@ from pipeline.events.types import FinishReason
 from .auth import Authenticator, RateLimiter
 from .backends.base import Backend, Done, Piece, SamplingParams, StopReason
 from .chat import cut_at_stop, parse_tool_calls, render_prompt, streamable
+from .detokenizer import Detokenizer
 from .errors import ApiError
 from .feedback import FeedbackRequest, handle_feedback
 from .hook_replays import HookReplays
@@ -106,6 +107,7 @@ class Gateway:
         self.sessions = Sessions(cfg.session_prefix_messages, cfg.max_sessions)
         self.hook_replays = HookReplays(cfg.hook_replay_entries)
         self._prompts: PromptCache | None = None
+        self._detok: Detokenizer | None = None
         self.model_name = cfg.served_model_name or backend.policy_id
         self.metrics.bind(
             lambda: float(backend.version),
@@ -247,7 +249,10 @@ class Gateway:
                 turn.finish, turn.version = item.finish_reason, item.weight_version
 
     def text_of(self, turn: Turn) -> str:
-        return self.backend.tokenizer.decode(turn.ids, skip_special_tokens=True)
+        tokenizer = self.backend.tokenizer
+        if self._detok is None or self._detok.tokenizer is not tokenizer:
+            self._detok = Detokenizer(tokenizer)
+        return self._detok.decode(turn.ids)
 
     def finish(
         self, turn: Turn, text: str
