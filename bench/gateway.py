@@ -196,6 +196,63 @@ def serve_granian(app: Any, port: int) -> None:
     uvloop.run(main())
 
 
+def serve_openclaw_rl(port: int, backend_url: str, source: str) -> None:
+    """OpenClaw-RL's own proxy (``openclaw-rl/openclaw_api_server.py`` of a checkout of
+    github.com/Gen-Verse/OpenClaw-RL, loaded from there, never copied here) in front of the
+    fake. It imports two names from slime (their trainer, not installed here): a tokenizer
+    loader and the Sample record; both are stood in for with the same behaviour (transformers'
+    AutoTokenizer; a plain record). Started by its own ``start()``, so it runs with its own
+    uvicorn settings; its training samples go to a queue drained by a thread, as their rollout
+    loop does. PRM scoring is off (it would call a judge model)."""
+    import enum
+    import importlib.util
+    import queue
+    import threading
+    import types
+    from urllib.parse import urlsplit
+
+    from transformers import AutoTokenizer
+
+    from pipeline.models.tiny import ensure_tiny_model
+
+    class Sample:
+        class Status(enum.Enum):
+            COMPLETED = "completed"
+
+    utils = types.ModuleType("slime.utils")
+    processing = types.ModuleType("slime.utils.processing_utils")
+    processing.load_tokenizer = lambda path, trust_remote_code=False: (  # type: ignore[attr-defined]
+        AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+    types_mod = types.ModuleType("slime.utils.types")
+    types_mod.Sample = Sample  # type: ignore[attr-defined]
+    for name, mod in {"slime": types.ModuleType("slime"), "slime.utils": utils,
+                      "slime.utils.processing_utils": processing,
+                      "slime.utils.types": types_mod}.items():
+        sys.modules[name] = mod
+    path = Path(source)
+    if path.is_dir():
+        path = path / "openclaw-rl" / "openclaw_api_server.py"
+    spec = importlib.util.spec_from_file_location("openclaw_api_server", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    backend = urlsplit(backend_url)
+    cli = types.SimpleNamespace(hf_checkpoint=str(ensure_tiny_model()), prm_enable=False,
+                                sglang_router_ip=backend.hostname,
+                                sglang_router_port=backend.port)
+    samples: queue.Queue[Any] = queue.Queue()
+    enabled = threading.Event()
+    enabled.set()
+    os.environ.update(HOST="127.0.0.1", PORT=str(port))
+    server = module.OpenClawAPIServer(cli, samples, enabled)
+    threading.Thread(target=lambda: [samples.get() for _ in iter(int, 1)], daemon=True).start()
+    server.start()
+    with contextlib.suppress(KeyboardInterrupt):  # the bench's SIGINT
+        while True:
+            time.sleep(3600)
+    server.stop()
+
+
 # ---- the client --------------------------------------------------------------------------------
 
 
@@ -270,34 +327,41 @@ def ensure_topic() -> None:
 
 
 def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc: int,
-         args: argparse.Namespace) -> None:
-    """One table row: the same prompts direct to the backend, then through the gateway."""
+         args: argparse.Namespace, anchor: bool = False) -> None:
+    """One table row: the same prompts direct to the backend, then through the gateway (or,
+    ``anchor``, through OpenClaw-RL's proxy: direct is then SGLang's OpenAI endpoint, where
+    that proxy forwards)."""
     from pipeline.serving.chat import render_prompt
 
     n = args.requests if conc > 1 else max(16, args.requests // 2)
-    direct = [orjson.dumps({
-        "input_ids": render_prompt(tok, messages(i), None), "return_logprob": True,
-        "stream": args.stream != "off" and args.client_stream, "sampling_params": {"temperature": 1.0, "top_p": 1.0,
-                                             "max_new_tokens": args.max_tokens,
-                                             "sampling_seed": i}}) for i in range(n)]
     chat = [orjson.dumps({"model": "bench", "messages": messages(i),
                           "max_tokens": args.max_tokens, "seed": i,
                           "stream": args.client_stream}) for i in range(n)]
+    if anchor:
+        dpath, direct = "/v1/chat/completions", chat
+    else:
+        dpath, direct = "/generate", [orjson.dumps({
+            "input_ids": render_prompt(tok, messages(i), None), "return_logprob": True,
+            "stream": args.stream != "off" and args.client_stream,
+            "sampling_params": {"temperature": 1.0, "top_p": 1.0,
+                                "max_new_tokens": args.max_tokens, "sampling_seed": i},
+        }) for i in range(n)]
     dh = [{"content-type": "application/json"}] * n
-    gh = [{"content-type": "application/json", "x-session-id": f"bench-{rnd}-{conc}-{i % 8}"}
-          for i in range(n)]
+    gh = [{"content-type": "application/json", "x-session-id": f"bench-{rnd}-{conc}-{i % 8}",
+           "x-turn-type": "main"} for i in range(n)]
     warm = min(n, 32)
-    asyncio.run(load(f"{furl}/generate", direct[:warm], conc, dh))
+    asyncio.run(load(f"{furl}{dpath}", direct[:warm], conc, dh))
     asyncio.run(load(f"{gurl}/v1/chat/completions", chat[:warm], conc, gh))
-    d_lat, d_rps = asyncio.run(load(f"{furl}/generate", direct, conc, dh))
+    d_lat, d_rps = asyncio.run(load(f"{furl}{dpath}", direct, conc, dh))
     c0 = cpu_s(gw_pid)
     g_lat, g_rps = asyncio.run(load(f"{gurl}/v1/chat/completions", chat, conc, gh))
-    if mode.startswith("on"):  # count the recorder's work for these requests too
+    if mode.startswith("on") and not anchor:  # count the recorder's work too
         wait_delivered(gurl)
     g_cpu = (cpu_s(gw_pid) - c0) / n * 1000
     dp50, dp99 = statistics.median(d_lat), pct(d_lat, 0.99)
     gp50, gp99 = statistics.median(g_lat), pct(g_lat, 0.99)
-    print(f"record {mode:<7}{conc:>5}{dp50:>12.2f}{dp99:>8.2f}{gp50:>9.2f}{gp99:>8.2f}"
+    label = mode if anchor else f"record {mode}"
+    print(f"{label:<14}{conc:>5}{dp50:>12.2f}{dp99:>8.2f}{gp50:>9.2f}{gp99:>8.2f}"
           f"{gp50 - dp50:>11.2f}{gp99 - dp99:>8.2f}{d_rps:>12.0f}{g_rps:>9.0f}"
           f"{g_rps / d_rps:>7.2f}{g_cpu:>8.2f}", flush=True)
 
@@ -326,6 +390,11 @@ def main() -> None:
     ap.add_argument("--_record", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_spool", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_stack", default="c", help=argparse.SUPPRESS)
+    ap.add_argument("--_openclaw", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--openclaw-rl", default=None, metavar="PATH",
+                    help="also measure OpenClaw-RL's proxy, the anchor: a checkout of "
+                    "github.com/Gen-Verse/OpenClaw-RL (or its openclaw-rl/"
+                    "openclaw_api_server.py), loaded from there")
     ap.add_argument("--stream", choices=["off", "cumulative", "incremental"],
                     default="cumulative", help="how the fake SGLang answers (and the gateway and "
                     "the direct client ask): cumulative SSE events (SGLang's default), "
@@ -333,6 +402,9 @@ def main() -> None:
     args = ap.parse_args()
     if args._fake is not None:
         serve_fake(args._fake, [int(t) for t in args._answer.split(",")], args.stream)
+        return
+    if args._openclaw is not None:
+        serve_openclaw_rl(args._openclaw, args._backend, args.openclaw_rl)
         return
     if args._gateway is not None:
         serve_gateway(args._gateway, args._backend, bool(args._record), args._spool,
@@ -369,6 +441,8 @@ def main() -> None:
                 for stack in args.stacks:
                     run_gateway(tok, furl, f"{mode} {stack}" if len(args.stacks) > 1 else mode,
                                 mode == "on", stack, rnd, args)
+            if args.openclaw_rl:
+                run_openclaw_rl(tok, furl, rnd, args)
     finally:
         stop(fake)
     print(f"latencies in ms at load average {os.getloadavg()[0]:.1f}; 'added' = gateway minus "
@@ -405,6 +479,23 @@ def run_gateway(tok: Any, furl: str, label: str, record: bool, stack: str, rnd: 
             if spy is not None:
                 spy.kill()
             stop(gw)
+
+
+def run_openclaw_rl(tok: Any, furl: str, rnd: int, args: argparse.Namespace) -> None:
+    """The anchor's rows: OpenClaw-RL's proxy against the same fake, main turns (the ones it
+    makes training samples of)."""
+    from pipeline.stack import free_port
+
+    port = free_port()
+    proc = spawn("--_openclaw", str(port), "--_backend", furl, "--openclaw-rl",
+                 args.openclaw_rl)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(f"{url}/healthz", proc)
+        for conc in args.conc:
+            cell(tok, furl, url, proc.pid, "OpenClaw-RL", rnd, conc, args, anchor=True)
+    finally:
+        stop(proc)
 
 
 def wait_delivered(gurl: str) -> int:
