@@ -142,6 +142,8 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
         port=port, backend="sglang", sglang_url=backend_url, model_path="tiny", policy_id="bench",
         record=record, reload=False, spool_dir=Path(spool), interactions_topic=TOPIC,
         turn_recovery_s=0, sglang_stream=stream,
+        **({"record_linger_ms": float(os.environ["GATEWAY_BENCH_LINGER_MS"])}
+           if os.environ.get("GATEWAY_BENCH_LINGER_MS") else {}),
     )
     # "py": uvicorn's pure-Python stack (h11, asyncio's loop), the gateway's before httptools
     # and uvloop, for an A/B in the same run.
@@ -288,6 +290,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each of a process's threads, by thread name."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            out[name] = out.get(name, 0.0) + used
+    return out
+
+
 def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -353,11 +367,16 @@ def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc:
     asyncio.run(load(f"{furl}{dpath}", direct[:warm], conc, dh))
     asyncio.run(load(f"{gurl}/v1/chat/completions", chat[:warm], conc, gh))
     d_lat, d_rps = asyncio.run(load(f"{furl}{dpath}", direct, conc, dh))
-    c0 = cpu_s(gw_pid)
+    c0, t0 = cpu_s(gw_pid), thread_cpu_s(gw_pid)
     g_lat, g_rps = asyncio.run(load(f"{gurl}/v1/chat/completions", chat, conc, gh))
     if mode.startswith("on") and not anchor:  # count the recorder's work too
         wait_delivered(gurl)
     g_cpu = (cpu_s(gw_pid) - c0) / n * 1000
+    if args.threads:
+        t1 = thread_cpu_s(gw_pid)
+        per = {k: (v - t0.get(k, 0.0)) / n * 1000 for k, v in t1.items()}
+        print("  CPU ms per request by thread: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v > 0))
     dp50, dp99 = statistics.median(d_lat), pct(d_lat, 0.99)
     gp50, gp99 = statistics.median(g_lat), pct(g_lat, 0.99)
     label = mode if anchor else f"record {mode}"
@@ -390,6 +409,8 @@ def main() -> None:
     ap.add_argument("--_record", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_spool", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_stack", default="c", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", action="store_true",
+                    help="also print the gateway's CPU per request by thread")
     ap.add_argument("--_openclaw", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--openclaw-rl", default=None, metavar="PATH",
                     help="also measure OpenClaw-RL's proxy, the anchor: a checkout of "

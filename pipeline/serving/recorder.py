@@ -284,11 +284,17 @@ class Recorder:
                 records = self._checked(records, self.spool.quarantined_now)
                 self._drain_failures = 0  # the spool could be read (Kafka retries come next)
                 if not records:
-                    self.spool.persist_ack()  # idle: the position on disk catches up
-                    if time.monotonic() >= next_probe:
+                    # Idle: the position on disk catches up, but no more often than when busy
+                    # (sparse traffic idles between every batch: a persist each, ~0.7 ms of
+                    # CPU, was most of recording's cost at one request in flight).
+                    now = time.monotonic()
+                    if now >= next_persist:
+                        self.spool.persist_ack()
+                        next_persist = now + self.ack_persist_s
+                    if now >= next_probe:
                         self._probe()
                         next_probe = time.monotonic() + self.probe_every_s
-                    self._wake.wait(0.5)
+                    self._wake.wait(min(0.5, max(0.01, next_persist - now)))
                     self._wake.clear()
                     continue
                 if self._deliver(records):

@@ -163,12 +163,14 @@ class ServeSettings(BaseModel):
         "cluster (and TransactionalId ACLs where there are ACLs).",
     )
     record_linger_ms: float = Field(
-        default=20.0,
+        default=50.0,
         ge=0,
         le=1000,
         description="How long a recorded event that arrives alone waits for others to share "
-        "its spool fsync and Kafka batch (sparse traffic cost ~1 ms of CPU per event "
-        "without it); 0: none. Under load batches fill without waiting.",
+        "its spool fsync and Kafka batch (a batch costs ~1 ms of CPU whatever its size: "
+        "sparse traffic cost that per event without a linger; at one request in flight 50 ms "
+        "took 0.15 ms of CPU and latency per request off 20 ms's); 0: none. Under load "
+        "batches fill without waiting.",
     )
     session_prefix_messages: int = Field(
         default=2,
