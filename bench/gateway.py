@@ -7,11 +7,21 @@ production uvicorn config from ``server_config``) and this client. For each conc
 and 16) it times the same requests sent to the fake backend directly (the rendered prompt's
 token ids, what the gateway sends it) and through the gateway (OpenAI chat completions), with
 recording off and on (Kafka + spool; needs the local broker). Prints p50/p99 of each, the
-added p50/p99 (gateway minus direct) and the req/s ratio; no assertions.
+added p50/p99 (gateway minus direct), the req/s ratio and the gateway's CPU per request; no
+assertions. The fake streams as SGLang does (``--stream``: cumulative SSE events by default)
+when asked to, and ``--max-tokens`` sets the answer's length.
+
+The anchor, ``--openclaw-rl PATH``: OpenClaw-RL's own proxy, loaded from a checkout of its
+public repository (https://github.com/Gen-Verse/OpenClaw-RL; never copied here), in front of
+the same fake, timed against the fake's OpenAI endpoint where that proxy forwards.
 
     .venv/bin/python bench/gateway.py [--requests 400] [--modes off on] [--conc 1 16]
+    .venv/bin/python bench/gateway.py --openclaw-rl ~/src/OpenClaw-RL --rounds 3
+    .venv/bin/python bench/gateway.py --stacks c granian sse   # A/B of the alternatives
+    .venv/bin/python bench/gateway.py --client-stream --max-tokens 200 --stream incremental
     .venv/bin/python bench/gateway.py --profile /tmp/gw.svg   # py-spy record of the gateway
     GATEWAY_BENCH_CPROFILE=/tmp/gw.prof .venv/bin/python bench/gateway.py  # cProfile, loop CPU
+    GATEWAY_BENCH_LINGER_MS=20 ...   # the gateway's serve.record_linger_ms for this run
 """
 
 from __future__ import annotations
@@ -290,18 +300,6 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds so far of each of a process's threads, by thread name."""
-    out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            out[name] = out.get(name, 0.0) + used
-    return out
-
-
 def wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -367,16 +365,11 @@ def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc:
     asyncio.run(load(f"{furl}{dpath}", direct[:warm], conc, dh))
     asyncio.run(load(f"{gurl}/v1/chat/completions", chat[:warm], conc, gh))
     d_lat, d_rps = asyncio.run(load(f"{furl}{dpath}", direct, conc, dh))
-    c0, t0 = cpu_s(gw_pid), thread_cpu_s(gw_pid)
+    c0 = cpu_s(gw_pid)
     g_lat, g_rps = asyncio.run(load(f"{gurl}/v1/chat/completions", chat, conc, gh))
     if mode.startswith("on") and not anchor:  # count the recorder's work too
         wait_delivered(gurl)
     g_cpu = (cpu_s(gw_pid) - c0) / n * 1000
-    if args.threads:
-        t1 = thread_cpu_s(gw_pid)
-        per = {k: (v - t0.get(k, 0.0)) / n * 1000 for k, v in t1.items()}
-        print("  CPU ms per request by thread: " + ", ".join(
-            f"{k} {v:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v > 0))
     dp50, dp99 = statistics.median(d_lat), pct(d_lat, 0.99)
     gp50, gp99 = statistics.median(g_lat), pct(g_lat, 0.99)
     label = mode if anchor else f"record {mode}"
@@ -409,8 +402,6 @@ def main() -> None:
     ap.add_argument("--_record", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--_spool", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_stack", default="c", help=argparse.SUPPRESS)
-    ap.add_argument("--threads", action="store_true",
-                    help="also print the gateway's CPU per request by thread")
     ap.add_argument("--_openclaw", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--openclaw-rl", default=None, metavar="PATH",
                     help="also measure OpenClaw-RL's proxy, the anchor: a checkout of "
