@@ -169,6 +169,10 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
             return generate(self, ids, dataclasses.replace(params, incremental=True))
 
         SGLangBackend.generate = streamed  # type: ignore[method-assign]
+    if stack == "tdecode":  # the gateway before: answers decoded by transformers' decode
+        from pipeline.serving import detokenizer
+
+        detokenizer._cleans_up = lambda _tokenizer: True  # type: ignore[assignment]
     app = build_app(cfg, Settings())
     if stack == "granian":
         serve_granian(app, port)
@@ -388,11 +392,13 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", choices=["off", "on"], default=["off", "on"])
     ap.add_argument("--conc", nargs="+", type=int, default=[1, 16])
     ap.add_argument("--rounds", type=int, default=1, help="cells repeated, interleaved")
-    ap.add_argument("--stacks", nargs="+", choices=["c", "py", "granian", "sse"], default=["c"],
+    ap.add_argument("--stacks", nargs="+", default=["c"],
+                    choices=["c", "py", "granian", "sse", "tdecode"],
                     help="gateway HTTP stack: c = uvicorn with httptools + uvloop (production), "
                     "py = uvicorn with h11 + asyncio (before), granian = granian's Rust HTTP "
                     "server (pip install granian), sse = c asking SGLang to stream answers the "
-                    "client takes whole (before); several: an A/B in the same run")
+                    "client takes whole (before), tdecode = c decoding answers with "
+                    "transformers' decode (before); several: an A/B in the same run")
     ap.add_argument("--profile", default=None,
                     help="py-spy record the gateway into this file (speedscope .json or .svg)")
     ap.add_argument("--_fake", type=int, default=None, help=argparse.SUPPRESS)
