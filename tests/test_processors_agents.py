@@ -46,9 +46,13 @@ class Harness:
         self.sent: list[tuple[str, bytes, bytes]] = []
         self.changelog: list[tuple[str, bytes, bytes | None]] = []
         self.clock = 1_000_000
+        self.hold: asyncio.Event | None = None
         harness = self
 
         async def fake_send(self, *, key=None, value=None, **_: Any):  # type: ignore[no-untyped-def]
+            if harness.hold is not None:  # the next send waits until the test sets it
+                hold, harness.hold = harness.hold, None
+                await hold.wait()
             harness.sent.append((self.get_topic_name(), key, value))
             fut = asyncio.get_running_loop().create_future()
             fut.set_result(None)
@@ -812,3 +816,30 @@ def test_a_burst_of_a_sessions_records_is_one_state_write(h: Harness) -> None:
     assert sorted(batched_writes) == sorted([b"t-s2", SID.encode()])
     assert sorted(single_writes) == sorted([b"t-s2"] + [SID.encode()] * 3)
     assert outputs() == batched_out and len(batched_out) >= 8  # the same events, same order
+
+
+def test_the_idle_sweep_waits_for_a_batch_on_the_same_session(h: Harness) -> None:
+    """A batch holds its session from its state read to its write, across its sends: a sweep
+    in between would read the state before the batch's turn, close the session as idle, and
+    then have that close overwritten by the batch's write (a session_end sent for an open
+    session). The sweep waits, then reads the batch's state: the session is not idle."""
+    async def run() -> None:
+        app = h.app()
+        async with agent_named(app, "session").test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            await flush(agent, names.INTERACTIONS)
+            h.clock += 61_000  # idle by the state in the table, until turn 1 is written
+            hold = h.hold = asyncio.Event()
+            await put(agent, names.INTERACTIONS, inter(1))
+            await eventually(lambda: h.hold is None)  # the batch is in its first send
+            sweep = asyncio.create_task(app.liverl_timers["session_sweep"]())
+            await asyncio.sleep(0.05)
+            assert not sweep.done()  # waiting for the session, not for a send
+            hold.set()
+            await asyncio.wait_for(sweep, 5)
+            await flush(agent, names.INTERACTIONS)
+
+    asyncio.run(run())
+    assert [(e.turn, e.kind) for e in h.out(names.NEXT_STATES)] == [(0, "tool_result")]  # type: ignore[attr-defined]
+    last = session_states(h)[-1]
+    assert not last.pairing.closed and sorted(last.assembly.turns) == [0, 1]

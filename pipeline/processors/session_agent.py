@@ -17,6 +17,7 @@ itself, in ``parked``. Both are changelogged, so SIGKILL loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -31,6 +32,7 @@ from pipeline.kafka import names
 from . import judging, runtime
 from . import session as session_mod
 from .judges import Judge
+from .key_locks import KeyLocks
 from .records import (
     PARKED,
     SESSIONS,
@@ -71,6 +73,8 @@ class SessionAgent:
         inputs: tuple[str, ...] = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
         self.inputs = inputs if stage.judge_inline else (*inputs, names.PRM_SCORES)
         self.last_handled: Any = None  # the newest record whose batch is done (tests wait on it)
+        # A batch and a timer on one session take turns from their read to their write.
+        self.locks = KeyLocks()
 
     # ---- state ----------------------------------------------------------------------------
 
@@ -197,29 +201,38 @@ class SessionAgent:
             for raw_ev in evs:  # by the record's key: a session's records in their order
                 by_key.setdefault(raw_ev.message.key, []).append(raw_ev)
             for records in by_key.values():
-                state: SessionState | None = None
-                dirty = False
-                released: list[str] = []
-                for raw_ev in records:  # decoded (or dead-lettered) in the session's order
-                    item = await rt.decode_one(raw_ev, self.inputs)
-                    if item is None:
-                        continue
-                    key, ev = item
-                    if state is None:
-                        state = await self.read(key)
-                    changed, freed = await self.handle(key, state, ev, raw_ev)
-                    dirty |= changed
-                    released += freed
-                if state is None:
-                    continue
-                if released:  # verdicts acknowledged before the parked records are forgotten
-                    await rt.app.producer.flush()
-                    for nid in released:
-                        self.parked.pop(parked_key(key, nid), None)
-                if dirty:
-                    self.save(key, state)
+                async with contextlib.AsyncExitStack() as held:
+                    await self.apply(records, held)
             if evs:
                 self.last_handled = evs[-1].message
+
+    async def apply(self, records: list[Any], held: contextlib.AsyncExitStack) -> None:
+        """One session's records of a batch, applied in order to its state: read once (with
+        the session's lock, held until the write), written once."""
+        rt = self.rt
+        state: SessionState | None = None
+        dirty = False
+        released: list[str] = []
+        key = b""
+        for raw_ev in records:  # decoded (or dead-lettered) in the session's order
+            item = await rt.decode_one(raw_ev, self.inputs)
+            if item is None:
+                continue
+            key, ev = item
+            if state is None:
+                await held.enter_async_context(self.locks.hold(key))
+                state = await self.read(key)
+            changed, freed = await self.handle(key, state, ev, raw_ev)
+            dirty |= changed
+            released += freed
+        if state is None:
+            return
+        if released:  # verdicts acknowledged before the parked records are forgotten
+            await rt.app.producer.flush()
+            for nid in released:
+                self.parked.pop(parked_key(key, nid), None)
+        if dirty:
+            self.save(key, state)
 
     async def handle(self, key: bytes, state: SessionState, ev: events.Event, raw_ev: Any
                      ) -> tuple[bool, list[str]]:
@@ -273,27 +286,37 @@ class SessionAgent:
         closed sessions whose grace period is over."""
         cfg, stage = self.rt.cfg, self.stage
         idle_ms, grace_ms = int(cfg.idle_timeout_s * 1000), int(cfg.grace_s * 1000)
-        for key, raw in list(self.sessions.items()):
-            state = await self.read(key, raw)
-            now = runtime.now_ms()
-            was = (state.pairing.closed, state.assembly.done, len(state.judging.pending))
-            step = stage.on_idle(state, now, idle_ms) if not state.pairing.closed else Step()
-            await self.publish(key, state, step)
-            if step.work:
-                await self.judge_all(state, step.work)
-            for nid, turn in stage.expired(state, now, grace_ms).items():
-                await self.rt.dead_letter_parked(self.parked, key, nid, turn)
-            if not state.assembly.done and state.assembly.closed_at_ms is not None:
-                await self.complete_or_wait(key, state)
-            if was != (state.pairing.closed, state.assembly.done, len(state.judging.pending)):
-                self.save(key, state)
+        for key in list(self.sessions.keys()):
+            async with self.locks.hold(key):  # read after a batch's write, never before it
+                raw = self.sessions.get(key)
+                if raw is None:
+                    continue
+                state = await self.read(key, raw)
+                now = runtime.now_ms()
+                was = (state.pairing.closed, state.assembly.done, len(state.judging.pending))
+                step = stage.on_idle(state, now, idle_ms) if not state.pairing.closed else Step()
+                await self.publish(key, state, step)
+                if step.work:
+                    await self.judge_all(state, step.work)
+                for nid, turn in stage.expired(state, now, grace_ms).items():
+                    await self.rt.dead_letter_parked(self.parked, key, nid, turn)
+                if not state.assembly.done and state.assembly.closed_at_ms is not None:
+                    await self.complete_or_wait(key, state)
+                if was != (state.pairing.closed, state.assembly.done,
+                           len(state.judging.pending)):  # fmt: skip
+                    self.save(key, state)
 
     async def expire_state(self) -> None:
         """Drop sessions untouched for ``retain_s``: tables stay bounded on long runs."""
         retain_s = self.rt.cfg.retain_s
         cutoff = runtime.now_ms() - int(retain_s * 1000)
         for key, raw in list(self.sessions.items()):
-            if touched(raw) < cutoff:
+            if touched(raw) >= cutoff:
+                continue
+            async with self.locks.hold(key):
+                raw = self.sessions.get(key)
+                if raw is None or touched(raw) >= cutoff:  # gone, or touched by a batch
+                    continue
                 state = await self.read(key, raw)  # an unreadable one is dead-lettered
                 if not state.assembly.done:
                     await self.rt.dead_letter_hints(
