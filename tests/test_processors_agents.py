@@ -2,7 +2,8 @@
 events out, no broker.
 
 As the Faust testing docs suggest, sends to output topics are replaced by a recorder (here
-``Topic.send``), and so is the tables' changelog producer (``Collection.send_changelog``), so the
+``Runtime.produce``, through which every output goes, and ``Topic.send``, which none should
+use), and so is the tables' changelog producer (``Collection.send_changelog``), so the
 tests can also assert what each table write would put on its changelog. Tables use the memory
 store. Timers are plain coroutines kept on ``app.liverl_timers``: the tests call them directly
 with a patched clock (``test_context`` runs agents only, never timers).
@@ -49,10 +50,13 @@ class Harness:
         self.hold: asyncio.Event | None = None
         harness = self
 
-        async def fake_send(self, *, key=None, value=None, **_: Any):  # type: ignore[no-untyped-def]
+        async def fake_produce(self, topic, key, value, headers=None):  # type: ignore[no-untyped-def]
             if harness.hold is not None:  # the next send waits until the test sets it
                 hold, harness.hold = harness.hold, None
                 await hold.wait()
+            harness.sent.append((topic, key, value))
+
+        async def fake_send(self, *, key=None, value=None, **_: Any):  # type: ignore[no-untyped-def]
             harness.sent.append((self.get_topic_name(), key, value))
             fut = asyncio.get_running_loop().create_future()
             fut.set_result(None)
@@ -62,7 +66,8 @@ class Harness:
             harness.changelog.append((self.name, key, value))
             return SimpleNamespace(message=SimpleNamespace(partition=partition or 0))
 
-        monkeypatch.setattr(faust.topics.Topic, "send", fake_send)
+        monkeypatch.setattr(runtime.Runtime, "produce", fake_produce)
+        monkeypatch.setattr(faust.topics.Topic, "send", fake_send)  # none expected: caught
         monkeypatch.setattr(faust.tables.base.Collection, "send_changelog", fake_changelog)
         monkeypatch.setattr(runtime, "now_ms", lambda: harness.clock)
 

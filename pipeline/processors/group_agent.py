@@ -114,4 +114,4 @@ class GroupAgent:
                 index.done and now - (index.touched_ms or now) >= self.retain_ms
             )
             if due:
-                await self.topic.send(key=gid, value=b'{"kind":"sweep"}')
+                await self.rt.produce(self.topic.get_topic_name(), gid, b'{"kind":"sweep"}')

@@ -174,7 +174,8 @@ class SessionAgent:
                 "session_id": state.assembly.session_id,
                 "samples": [orjson.loads(events.encode(s)) for s in result.samples],
             }
-            await self.group_topic.send(key=gid.encode(), value=orjson.dumps(body))
+            await self.rt.produce(self.group_topic.get_topic_name(), gid.encode(),
+                                  orjson.dumps(body))
         await self.rt.dead_letter_hints(
             key, result.unmatched_hints,
             "the session was assembled and that turn's interaction never arrived",
