@@ -17,7 +17,9 @@ A request whose answer is sent whole (``SamplingParams.incremental`` false: the 
 ask to stream) is one non-streaming call whatever the mode: streaming it would cost an SSE
 event per token, each repeating every token so far in SGLang's default mode (quadratic in the
 answer's length; ``bench/gateway.py``), for nothing the client sees. Either way a client that
-leaves closes the connection and SGLang aborts the request.
+leaves closes the connection to SGLang, which aborts the request: a streamed one when its next
+event finds the connection gone, a whole one when SGLang next checks for a disconnect while
+it waits for the answer (not at once).
 The HTTP client is aiohttp with orjson bodies: httpx's connection pool checked every pooled
 connection's socket on each request and cost ~1.5 ms of gateway CPU per request at 16 in
 flight (``bench/gateway.py``, profiled), more than the rest of the gateway together.
