@@ -178,8 +178,6 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
         serve_granian(app, port)
         return
     server = uvicorn.Server(server_config(app, cfg, **(py if stack == "py" else {})))
-    if os.environ.get("GATEWAY_BENCH_SWITCH"):
-        sys.setswitchinterval(float(os.environ["GATEWAY_BENCH_SWITCH"]))
     out = os.environ.get("GATEWAY_BENCH_CPROFILE")
     # uvicorn shuts down on the bench's SIGINT (stop()), then re-raises it: not an error here.
     with contextlib.suppress(KeyboardInterrupt):
