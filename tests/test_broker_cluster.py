@@ -96,6 +96,14 @@ def test_three_nodes_get_their_own_ports_folders_and_one_quorum(tmp_path: Path) 
     assert (local.home / "cluster.id").exists() and not (tmp_path / "kafka/cluster.id").exists()
 
 
+def test_the_log_cleaners_buffer_is_an_eighth_of_a_small_heap(tmp_path: Path) -> None:
+    """Kafka's default 128 MiB dedupe buffer, allocated on the heap at start-up, was half of
+    a 256 MiB node's heap: a node died there of "Java heap space"."""
+    small = Settings(state_dir=tmp_path, broker=BrokerSettings(nodes=3, heap_mb=256))
+    props = _props(LocalBroker(small), 2)
+    assert props["log.cleaner.dedupe.buffer.size"] == str(32 * 1024 * 1024)
+
+
 def test_one_node_is_configured_as_before(tmp_path: Path) -> None:
     settings = Settings(state_dir=tmp_path)
     local = LocalBroker(settings)
@@ -122,6 +130,7 @@ def test_one_node_is_configured_as_before(tmp_path: Path) -> None:
         "auto.create.topics.enable": "false",
         "num.partitions": "1",
         "message.max.bytes": str(settings.kafka.max_record_bytes),
+        "log.cleaner.dedupe.buffer.size": "67108864",  # 64 MiB: an eighth of the 512 MiB heap
     }
     for spec in topics.load_specs(settings.topics.specs_dir, settings.topics.replication_factor):
         assert spec.replication == 1 and "min.insync.replicas" not in spec.config, spec.name

@@ -475,6 +475,11 @@ class LocalBroker:
 
     # ---- internals ----------------------------------------------------------------------
 
+    @property
+    def dedupe_buffer_bytes(self) -> int:
+        """The log cleaner's dedupe buffer: an eighth of the heap."""
+        return self.cfg.heap_mb * 1024 * 1024 // 8
+
     def node_config(self, node: Node) -> dict[str, str]:
         """``server.properties`` of one node. One node: replication 1 everywhere, as ever; a
         cluster: internal topics replicate to min(3, nodes) with min.insync 2 at 3 replicas,
@@ -508,6 +513,11 @@ class LocalBroker:
             # The size policy's record limit (KafkaSettings.max_record_bytes): above the codec
             # limit, equal to every topic's max.message.bytes and every producer's limit.
             "message.max.bytes": str(self.max_record_bytes),
+            # The log cleaner allocates its dedupe buffer (Kafka's default 128 MiB) on the
+            # heap at start-up: half of a 256 MiB heap, and a node of a 3-node test cluster
+            # died of "Java heap space" there while starting. An eighth of the heap holds
+            # ~1.4 M keys per pass at 256 MiB, plenty for these compacted topics.
+            "log.cleaner.dedupe.buffer.size": str(self.dedupe_buffer_bytes),
         }
         if c.nodes > 1:
             props["default.replication.factor"] = replication
