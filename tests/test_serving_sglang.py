@@ -330,6 +330,26 @@ def test_an_answer_sent_whole_is_one_call_and_a_streamed_one_streams(sglang) -> 
         "Paris is the capital.")
 
 
+@pytest.mark.parametrize("third", [[5, 7, 8], [9, 6, 8], [5]])
+def test_a_cumulative_event_that_does_not_extend_the_tokens_so_far_is_an_error(
+    third: list[int],
+) -> None:
+    """Events 1 and 2 give tokens 5 and 6; a third that changes the last one seen, the first,
+    or has fewer tokens than were sent is refused (not read as new tokens)."""
+    from pipeline.serving.backends.sglang import StreamDecoder
+
+    def event(ids: list[int]) -> dict[str, Any]:
+        return {"output_ids": ids,
+                "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in ids]}}
+
+    decoder = StreamDecoder("cumulative")
+    assert decoder.feed(event([5])).token_ids == [5]  # type: ignore[union-attr]
+    assert decoder.feed(event([5, 6])).token_ids == [6]  # type: ignore[union-attr]
+    with pytest.raises(SGLangError, match="do not repeat the tokens already sent"):
+        decoder.feed(event(third))
+    assert decoder.ids == [5, 6]
+
+
 def test_a_cumulative_reader_of_an_incremental_server_says_what_to_set(sglang) -> None:  # type: ignore[no-untyped-def]
     url, path, state = sglang
     state["incremental"] = True
