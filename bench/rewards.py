@@ -18,6 +18,7 @@ turns/s ratio against the first.
     .venv/bin/python bench/rewards.py --profile /tmp/w.prof    # cProfile (processes=1 only)
     .venv/bin/python bench/rewards.py --guarantees at-least-once,exactly-once  # cost of EOS
     .venv/bin/python bench/rewards.py --session-batch 1,256 --sessions 1000  # batching's gain
+    .venv/bin/python bench/rewards.py --trees /tmp/before,. --rounds 2 --sessions 2000  # A/B
 
 Offered load: ``--rate`` is sessions/s, ``--turn-rate`` turns/s (= ``--rate`` x ``--turns``;
 a session's turns are sent together, so 500 turns/s with 5 turns is 100 bursts of 5 a
@@ -81,6 +82,7 @@ class Result:
     processes: int
     guarantee: str
     batch: int | None  # the session agent's batch size (None: the configured one)
+    tree: str | None  # the checkout the workers ran from (None: this one)
     sessions: int
     sent: int
     received: int
@@ -108,6 +110,7 @@ def group_split(settings: Settings, group: str) -> list[int]:
 def measure(
     args: argparse.Namespace, processes: int, settings: Settings, guarantee: str,
     session_batch: int | None = None,
+    tree: str | None = None,
 ) -> Result:
     """One run: ``processes`` workers in a fresh group, warm-up, then the measured load."""
     run = uuid.uuid4().hex[:8]
@@ -153,6 +156,9 @@ def measure(
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            # "-c" code imports from the working directory first: a checkout of another
+            # commit runs its own pipeline package (the editable install is this one)
+            cwd=tree,
         )
     producer = EventProducer(settings, client_id="bench", partitioner="murmur2_random")
     tokens = (args.prompt_tokens, args.response_tokens)
@@ -247,6 +253,7 @@ def measure(
         processes=processes,
         guarantee=guarantee,
         batch=session_batch,
+        tree=tree,
         sessions=args.sessions,
         sent=len(sent),
         received=len(lat),
@@ -283,7 +290,8 @@ def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
 
 
 def label(r: Result) -> str:
-    return "" if r.batch is None else f", session batch {r.batch}"
+    out = "" if r.batch is None else f", session batch {r.batch}"
+    return out if r.tree is None else f"{out}, workers from {r.tree}"
 
 
 def process_counts(text: str) -> list[int]:
@@ -326,6 +334,11 @@ def main() -> None:
     ap.add_argument("--session-batch", type=process_counts, default=None,
                     help="session agent batch sizes to measure in turn, e.g. 1,256 (1: one "
                     "record per unit, as before batching; default: the configured one)")
+    ap.add_argument("--trees", default="",
+                    help="comma list of checkouts whose workers to measure in turn, '.' for "
+                    "this one: an A/B against another commit in one run (git worktree add "
+                    "/tmp/before HEAD~1; --trees /tmp/before,.), alternated with --rounds")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every measurement, in turn")
     ap.add_argument("--profile", default="",
                     help="write the processes=1 worker's cProfile stats here")
     args = ap.parse_args()
@@ -338,12 +351,16 @@ def main() -> None:
 
     settings = Settings()
     results: list[Result] = []
-    for guarantee in args.guarantees:
-        for batch in args.session_batch or [None]:
-            for n in args.processes:
-                results.append(measure(args, n, settings, guarantee, batch))
-                report(results[-1], args, results[0])
-                sys.stdout.flush()
+    trees = [None if t in (".", "") else os.path.abspath(t)
+             for t in args.trees.split(",")] if args.trees else [None]
+    for _round in range(args.rounds):
+        for guarantee in args.guarantees:
+            for batch in args.session_batch or [None]:
+                for tree in trees:
+                    for n in args.processes:
+                        results.append(measure(args, n, settings, guarantee, batch, tree))
+                        report(results[-1], args, results[0])
+                        sys.stdout.flush()
     if len(results) > 1 and results[0].pipeline_rate:
         first = results[0]
         print(f"== turns/s vs processes={first.processes}, {first.guarantee}: " + ", ".join(
