@@ -121,6 +121,9 @@ def sglang():  # type: ignore[no-untyped-def]
 
 
 def test_gateway_over_sglang_records_engine_tokens(sglang) -> None:  # type: ignore[no-untyped-def]
+    """The engine's tokens reach the client and the record. A client that did not ask to
+    stream gets one non-streaming /generate (no SSE event per token, no /server_info); a
+    streaming client's request streams; the same text either way."""
     url, path, state = sglang
     backend = SGLangBackend(url, path, policy_id="pol")
     rec = FakeRecorder()
@@ -138,9 +141,11 @@ def test_gateway_over_sglang_records_engine_tokens(sglang) -> None:  # type: ign
         resp = httpx.post(f"{gw_url}/v1/chat/completions", json=body, timeout=30)
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["message"]["content"] == "Paris is the capital."
+        assert state["requests"][-1]["stream"] is False and "info_calls" not in state
         streamed = httpx.post(
             f"{gw_url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
         )
+        assert state["requests"][-1]["stream"] is True and state["info_calls"] == 1
         deltas = [orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
                   for line in streamed.text.splitlines() if line.startswith("data: {")]
         assert "".join(deltas) == "Paris is the capital."  # one token per chunk now
@@ -308,26 +313,6 @@ def test_answers_stream_one_token_per_event_with_the_same_ids_and_logprobs(
         whole[1].finish_reason, whole[1].weight_version)
     collect(backend)
     assert state["info_calls"] == 1  # asked once per backend
-
-
-def test_an_answer_sent_whole_is_one_call_and_a_streamed_one_streams(sglang) -> None:  # type: ignore[no-untyped-def]
-    """A client that did not ask to stream gets one non-streaming /generate (no SSE event per
-    token, no /server_info); a streaming client's request streams; same tokens either way."""
-    url, path, state = sglang
-    backend = SGLangBackend(url, path, policy_id="pol")  # auto
-    gw = Gateway(ServeSettings(record=False, reload=False), backend, FakeRecorder())  # type: ignore[arg-type]
-    body = {"model": "pol", "messages": [{"role": "user", "content": "capital of France?"}],
-            "max_tokens": 50}
-    with running(create_app(gw)) as gw_url:
-        whole = httpx.post(f"{gw_url}/v1/chat/completions", json=body, timeout=30)
-        assert state["requests"][-1]["stream"] is False and "info_calls" not in state
-        streamed = httpx.post(f"{gw_url}/v1/chat/completions", json={**body, "stream": True},
-                              timeout=30)
-        assert state["requests"][-1]["stream"] is True and state["info_calls"] == 1
-    deltas = [orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-              for line in streamed.text.splitlines() if line.startswith("data: {")]
-    assert whole.json()["choices"][0]["message"]["content"] == "".join(deltas) == (
-        "Paris is the capital.")
 
 
 @pytest.mark.parametrize("third", [[5, 7, 8], [9, 6, 8], [5]])
