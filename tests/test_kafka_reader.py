@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from pipeline.kafka.connection import ConnectionSettings
 from pipeline.kafka.errors import ReadError
-from pipeline.kafka.reader import one_shot_config, one_shot_reader, read_to_end
+from pipeline.kafka.reader import one_shot_config, one_shot_reader, read_at, read_to_end
 from pipeline.settings import Settings
 
 from .conftest import create_topic
@@ -76,6 +76,51 @@ def test_read_to_end_sees_every_record_and_joins_no_group(
     assert sorted(seen) == [f"v{i}".encode() for i in range(7)]
     groups = admin.list_consumer_groups().result(timeout=30).valid
     assert not [g for g in groups if g.group_id.startswith(f"reader-{unique}-")]
+
+
+@pytest.mark.integration
+def test_read_at_finds_records_by_coordinates_and_leaves_out_those_that_are_gone(
+    kafka_settings: Settings, admin: Any, unique: str
+) -> None:
+    """Offsets close together are read in one pass, a far one from its own position; records
+    deleted below the log start, past the end or on a partition read to its end are absent."""
+    from confluent_kafka import TopicPartition
+
+    topic = f"read-at-{unique}"
+    create_topic(admin, topic, 2)
+    p = Producer(kafka_settings.kafka_client_config())
+    for i in range(200):
+        p.produce(topic, value=f"a{i}".encode(), partition=0)
+    for i in range(5):
+        p.produce(topic, value=f"b{i}".encode(), partition=1)
+    assert p.flush(30) == 0
+    (fut,) = admin.delete_records([TopicPartition(topic, 0, 2)]).values()
+    fut.result(30)  # offsets 0 and 1 of partition 0 are gone
+
+    class Counting:  # the real reader, counting its positionings
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.assigned = inner, []
+
+        def assign(self, tps: list[Any]) -> None:
+            self.assigned += [(tp.partition, tp.offset) for tp in tps]
+            self.inner.assign(tps)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    reader = Counting(one_shot_reader(kafka_settings, f"read-at-{unique}-"))
+    try:
+        wanted = [(topic, 0, o) for o in (1, 3, 4, 40, 150, 199, 200)]
+        wanted += [(topic, 1, 2), (topic, 1, 9)]
+        found = read_at(reader, wanted, timeout_s=30)
+    finally:
+        reader.inner.close()
+    assert {c: m.value() for c, m in found.items()} == {
+        (topic, 0, 3): b"a3", (topic, 0, 4): b"a4", (topic, 0, 40): b"a40",
+        (topic, 0, 150): b"a150", (topic, 0, 199): b"a199", (topic, 1, 2): b"b2",
+    }  # fmt: skip
+    # 1 (gone), 3, 4, 40 in one pass; 150 sought, 199 read on from it; partition 1 once
+    assert reader.assigned == [(0, 1), (0, 150), (1, 2)]
 
 
 def test_a_partition_that_stalls_is_a_read_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -278,14 +278,50 @@ def test_session_agent_pairs_judges_and_assembles_a_session(h: Harness) -> None:
     (dlq,) = h.out(names.DLQ)
     assert "malformed JSON" in dlq.error and dlq.source_topic == names.INTERACTIONS  # type: ignore[attr-defined]
     assert all(k == SID.encode() for t, k, _ in h.sent if t != names.DLQ)
-    # One typed state per session on one changelog; token payloads kept out of it, written
-    # once per turn to their own table and deleted once the samples are out.
+    # One typed state per session on one changelog; token payloads are in neither it nor any
+    # other changelog: the state keeps where each interaction was read instead.
     states = session_states(h)
     assert states[-1].pairing.closed and states[-1].assembly.done
     assert not any(b"token_ids" in v for t, _, v in h.changelog if t == "sessions")
-    tokens = [(k, v is None) for t, k, v in h.changelog if t == "tokens"]
-    assert tokens == [(b"t-s\x000", False), (b"t-s\x001", False), (b"t-s\x000", True),
-                      (b"t-s\x001", True)]
+    assert [t for t, _, _ in h.changelog if t != "sessions"] == []
+
+
+def test_a_restarted_worker_reads_the_tokens_back_at_the_kept_coordinates(h: Harness) -> None:
+    """The state keeps where each interaction was read, not its tokens: a worker that does
+    not hold them (a fresh token store, as after a restart) reads back exactly those records
+    and trains on their tokens; what it still holds it never reads."""
+    from pipeline.processors.token_store import TokenStore
+
+    wire: dict[tuple[str, int, int], bytes] = {}
+    asked: list[list[tuple[str, int, int]]] = []
+
+    def fetch(wanted: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]:
+        asked.append(sorted(wanted))
+        return {c: wire[c] for c in wanted if c in wire}
+
+    async def run() -> None:
+        app = h.app()
+        session = agent_named(app, "session")
+        async with session.test_context() as agent:
+            owner = agent.fun.__self__
+            for t in (0, 1):
+                ev = await put(agent, names.INTERACTIONS, inter(t))
+                m = ev.message
+                wire[(m.topic, m.partition, m.offset)] = events.encode(inter(t))
+            await flush(agent, names.INTERACTIONS)
+            state = session_states(h)[-1]
+            kept = [i.interaction.at for i in state.assembly.turns.values()]
+            assert sorted((at.topic, at.partition, at.offset) for at in kept) == sorted(wire)
+            owner.payloads = TokenStore(owner.tokens, fetch)  # nothing held: a restart
+            await put(agent, names.INTERACTIONS, inter(2, session_done=True))
+            await flush(agent, names.INTERACTIONS)
+
+    asyncio.run(run())
+    assert asked == [sorted(wire)]  # turns 0 and 1 read back in one call, turn 2 was held
+    samples = h.out(names.SAMPLES)
+    assert [(s.turn, list(s.prompt_token_ids), list(s.response_token_ids)) for s in samples] == [  # type: ignore[attr-defined]
+        (t, [t, t + 1, t + 2], [100 + t, 200 + t]) for t in (0, 1, 2)
+    ]
 
 
 def test_session_sweep_closes_an_idle_session_and_assembles_it(h: Harness) -> None:

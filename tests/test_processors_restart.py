@@ -241,3 +241,63 @@ def wait_committed(settings: Settings, group: str, topic: str, proc) -> None:  #
         assert proc.poll() is None and time.monotonic() < deadline, (
             f"not committed: {done}, ends {ends}")
         time.sleep(0.5)
+
+
+def test_a_worker_killed_mid_session_trains_on_the_tokens_it_reads_back(
+    kafka_settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    """No changelog holds a turn's tokens: the session state keeps where its interaction
+    lies. Turns 0 and 1 are read and committed, the worker is SIGKILLed, and its successor
+    (which holds nothing in memory) assembles the session with every turn's own tokens."""
+    prefix = app_id = f"rtk-{unique}"
+    sid = f"{prefix}-s"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    start = high_watermarks(kafka_settings)
+    start_group_at(kafka_settings, app_id, input_ends(kafka_settings))
+    producer = EventProducer(kafka_settings, client_id="rtk")
+    base = examples.interaction(prompt_tokens=4, response_tokens=2)
+    turns = [
+        dataclasses.replace(
+            base, event_id=f"{sid}-i{t}", session_id=sid, turn=t, session_done=t == 2,
+            prompt_token_ids=[t, 10 + t, 20 + t], response_token_ids=[500 + t],
+            response_logprobs=[-0.125 * (t + 1)],
+        )
+        for t in range(3)
+    ]  # fmt: skip
+    env = {"session_timeout_s": "6"}
+    proc = start_worker(app_id, prefix, rules, tmp_path, **env)
+    try:
+        for inter in turns[:2]:
+            producer.send(names.INTERACTIONS, inter)
+        producer.flush()
+
+        def paired(got: list[events.Event]) -> bool:  # turn 1 read: its state is committed
+            return any(isinstance(e, events.NextState) and e.turn == 0 for e in got)
+
+        first, _ = collect(kafka_settings, start, prefix, proc, paired)
+        assert paired(first), (tmp_path / f"{app_id}.log").read_text()[-3000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc = start_worker(app_id, prefix, rules, tmp_path, **env)
+        producer.send(names.INTERACTIONS, turns[2])
+        producer.flush()
+
+        def assembled(got: list[events.Event]) -> bool:
+            return {e.turn for e in got if isinstance(e, events.Sample)} >= {0, 1, 2}
+
+        outputs, dead = collect(kafka_settings, start, prefix, proc, assembled)
+        tokens_written = changelog_size(kafka_settings, app_id, "tokens")
+        alive = proc.poll() is None
+    finally:
+        stop(proc)
+        drop_internal_topics(kafka_settings, app_id)
+    log = (tmp_path / f"{app_id}.log").read_text()[-3000:]
+    assert alive and not dead, log
+    samples = {e.turn: e for e in outputs if isinstance(e, events.Sample)}
+    assert {t: (list(s.prompt_token_ids), list(s.response_token_ids), list(s.behavior_logprobs))
+            for t, s in samples.items()} == {
+        t: (list(i.prompt_token_ids), list(i.response_token_ids), list(i.response_logprobs))
+        for t, i in enumerate(turns)
+    }, log  # fmt: skip
+    assert tokens_written == 0

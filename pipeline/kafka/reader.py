@@ -197,3 +197,59 @@ def end_offsets(
         return out
     finally:
         consumer.close()
+
+
+Coordinates = tuple[str, int, int]  # (topic, partition, offset)
+_SKIP_AHEAD = 64  # records read forward to the next wanted offset before seeking instead
+
+
+def read_at(
+    consumer: Any, wanted: Iterable[Coordinates], *, timeout_s: float = 10.0
+) -> dict[Coordinates, Any]:
+    """The records at ``wanted`` coordinates, read by a one-shot reader (:func:`one_shot_reader`)
+    that this call assigns and leaves unassigned. A coordinate whose record is gone (retention,
+    an erased record, an aborted transaction's) is left out of the answer. Offsets close
+    together on one partition are read in one pass, others each from their own position.
+    Raises :class:`ReadError` on a fetch error or when ``timeout_s`` passes first."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    by_tp: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in sorted(set(wanted)):
+        by_tp.setdefault((topic, partition), []).append(offset)
+    found: dict[Coordinates, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        for (topic, partition), offsets in by_tp.items():
+            i = 0
+            while i < len(offsets):
+                consumer.assign([TopicPartition(topic, partition, offsets[i])])
+                while i < len(offsets):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ReadError(f"reading {topic}[{partition}] at {offsets[i]} took "
+                                        f"over {timeout_s:g}s")  # fmt: skip
+                    msg = consumer.poll(min(left, 1.0))
+                    if msg is None:
+                        continue
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            raise ReadError(f"reading {topic}[{partition}]: {err}")
+                        if (msg.topic(), msg.partition()) == (topic, partition) and (
+                            msg.offset() <= offsets[i]
+                        ):
+                            i = len(offsets)  # the end comes first: the rest are gone
+                        continue
+                    at = msg.offset()
+                    if msg.topic() != topic or msg.partition() != partition or at < offsets[i]:
+                        continue  # fetched for an earlier assignment
+                    while i < len(offsets) and offsets[i] < at:
+                        i += 1  # skipped over: that record is gone
+                    if i < len(offsets) and offsets[i] == at:
+                        found[(topic, partition, at)] = msg
+                        i += 1
+                    if i < len(offsets) and offsets[i] - at > _SKIP_AHEAD:
+                        break  # far ahead: seek there rather than read the records between
+    finally:
+        consumer.unassign()
+    return found

@@ -44,6 +44,7 @@ from pipeline.kafka.connection import Connectable, connection_of
 
 from .config import ProcessorSettings
 from .consistency_live import LiveConsistency
+from .errors import RetentionError
 from .group_agent import GroupAgent
 from .judge_agent import JudgeAgent
 from .judges import Judge, make_judge
@@ -78,6 +79,26 @@ class ProcessorsApp(faust.App):
     liverl_consistency: LiveConsistency | None = None  # a live panel's reader
     liverl_timers: dict[str, Callable[[], Awaitable[None]]]
     liverl_topics: dict[str, TopicT]
+    liverl_closers: tuple[Callable[[], None], ...] = ()  # run once the app has stopped
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        for close in self.liverl_closers:
+            close()
+
+
+def check_retention(specs: list[kafka_topics.TopicSpec], retain_s: float) -> None:
+    """The worker keeps a turn's coordinates, not its tokens (`token_store.py`): refuse a
+    session state that may outlive the interactions it points at."""
+    spec = next((s for s in specs if s.name == names.INTERACTIONS), None)
+    kept_ms = int(spec.config.get("retention.ms", "-1")) if spec is not None else -1
+    if 0 <= kept_ms <= retain_s * 1000:
+        raise RetentionError(
+            f"topic {names.INTERACTIONS} keeps records for {kept_ms / 3_600_000:g} h "
+            f"(retention.ms in its spec), processors.retain_s is {retain_s / 3600:g} h: a "
+            "session's state would outlive the interactions its tokens are read back from; "
+            "lower retain_s or raise the topic's retention.ms"
+        )
 
 
 def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> ProcessorsApp:
@@ -92,6 +113,7 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     specs = kafka_topics.load_specs(conn.specs_dir, max_record_bytes=conn.max_record_bytes)
     types = kafka_topics.event_types(specs)
     partitions = cfg.partitions or kafka_topics.session_partitions(specs)
+    check_retention(specs, cfg.retain_s)
     datadir = Path(state_dir) / "processors" / cfg.app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = ProcessorsApp(
@@ -164,6 +186,8 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     )
 
     sessions = SessionAgent(rt, stage, assembler, judge, group_topic)
+    if sessions.reader is not None:
+        app.liverl_closers = (sessions.reader.close,)
     agents = [app.agent(rt.topic(*sessions.inputs), name="session")(sessions.process)]
     rt.every(cfg.sweep_interval_s, sessions.session_sweep)
     expire_every = max(cfg.sweep_interval_s, min(60.0, cfg.retain_s / 4))

@@ -31,8 +31,8 @@ returns what it leaves out (:class:`LeftOut`: a replaced vote, one over the cap)
 dead-letters and counts each.
 
 Token payloads (prompt/response ids, log-probs) are the bulk of a session; the worker keeps them
-out of the per-session state (``on_interaction(..., keep_tokens=False)``) and hands them to
-:meth:`Assembler.complete` from a table written once per turn.
+out of the per-session state (``on_interaction(..., keep_tokens=False)``, which keeps where the
+interaction lies instead) and hands them to :meth:`Assembler.complete` (`token_store.py`).
 
 State: a session's :class:`AssemblyState` is a typed dataclass (turn numbers are ``int`` keys)
 that round-trips exactly through its JSON (`state_json.py`), so the worker can store it as
@@ -264,9 +264,20 @@ def _without_rl(s: Sample) -> Sample:
 
 
 @dataclass(slots=True)
+class RecordAt:
+    """Where a consumed record lies: the worker keeps an interaction's coordinates in the
+    session state instead of its tokens, and reads it back when it no longer holds them."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(slots=True)
 class KeptInteraction:
-    """What assembly keeps of a turn's interaction; ``tokens`` only with ``keep_tokens=True``
-    (the worker stores them apart, see :func:`token_payload`)."""
+    """What assembly keeps of a turn's interaction; ``tokens`` only with ``keep_tokens=True``,
+    else ``at``: where the interaction lies (the worker holds the tokens apart, see
+    `token_store.py`)."""
 
     event_id: str
     policy_id: str
@@ -274,6 +285,7 @@ class KeptInteraction:
     group_id: str | None
     ts_ms: int
     tokens: TokenPayload | None = None
+    at: RecordAt | None = None
 
 
 @dataclass(slots=True)
@@ -430,10 +442,15 @@ class Assembler:
         return info
 
     def on_interaction(
-        self, state: AssemblyState | None, inter: Interaction, keep_tokens: bool = True
+        self,
+        state: AssemblyState | None,
+        inter: Interaction,
+        keep_tokens: bool = True,
+        at: RecordAt | None = None,
     ) -> AssemblyState:
         """Record a main-line turn; with ``keep_tokens=False`` its token payload is left out of
-        the state (the caller stores :func:`token_payload` and passes it to :meth:`complete`)."""
+        the state (the caller holds :func:`token_payload` and passes it to :meth:`complete`),
+        and ``at`` (where the interaction was read) is kept instead."""
         state = state if state is not None else AssemblyState()
         if inter.turn_type == "side" or state.done:
             return state
@@ -453,6 +470,7 @@ class Assembler:
             group_id=group_of(inter),
             ts_ms=inter.ts_ms,
             tokens=token_payload(inter) if keep_tokens else None,
+            at=None if keep_tokens else at,
         )
         if turn.interaction.group_id is not None:
             state.group_id = turn.interaction.group_id

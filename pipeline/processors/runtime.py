@@ -22,7 +22,13 @@ from typing import Any, TypeVar
 import faust
 import orjson
 from faust.types import TableT, TopicT
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from pipeline import __version__, events
 from pipeline.events import DeadLetter, Event, Producer
@@ -60,6 +66,21 @@ class WorkerMetrics:
             "Inputs that count in no reward, by reason (each is dead-lettered too)",
             ["reason"], registry=self.registry,
         )  # fmt: skip
+
+    def watch_tokens(self, store: Any) -> None:
+        """Gauges over the session agent's token store (`token_store.py`): what it holds in
+        memory and what it had to read back from the interactions topic."""
+        for name, doc, read in (
+            ("liverl_workers_token_payloads_held", "Turns whose tokens are held in memory",
+             lambda: len(store)),
+            ("liverl_workers_token_payloads_read_back",
+             "Turns whose tokens were read back from their interaction (restart, rebalance)",
+             lambda: store.read_back),
+            ("liverl_workers_token_payloads_not_found",
+             "Reads back that found no such interaction at the kept coordinates",
+             lambda: store.not_found),
+        ):
+            Gauge(name, doc, registry=self.registry).set_function(read)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

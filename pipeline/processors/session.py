@@ -31,7 +31,7 @@ from pipeline.events import Hint, Interaction, NextState, PathPenalty, PrmScore
 from . import judging
 from .judging import JUDGE_COMPONENT, JudgeState, JudgeWork
 from .pairing import Pairer, PairingState
-from .rewards import Assembler, AssemblyState, LeftOut
+from .rewards import Assembler, AssemblyState, LeftOut, RecordAt
 from .state_json import StateJson
 
 # What the stage's pairing writes to next_states carries this producer component and source:
@@ -95,12 +95,16 @@ class SessionStage:
     text_chars: int = judging.TEXT_CHARS
     judge_max_bytes: int = judging.STATE_BYTES
 
-    def on_interaction(self, state: SessionState, inter: Interaction, now_ms: int) -> Step:
+    def on_interaction(
+        self, state: SessionState, inter: Interaction, now_ms: int, at: RecordAt | None = None
+    ) -> Step:
         """A turn: pair it with the previous one (next state + path penalty of that one),
-        remember what the judge and the assembler need of it."""
+        remember what the judge and the assembler need of it (of its tokens, only ``at``:
+        where it was read)."""
         paired = self.pairer.on_interaction(state.pairing, inter, now_ms)
         state.pairing = paired.state
-        state.assembly = self.assembler.on_interaction(state.assembly, inter, keep_tokens=False)
+        state.assembly = self.assembler.on_interaction(state.assembly, inter, keep_tokens=False,
+                                                       at=at)  # fmt: skip
         if self.judge_inline:
             state.judging = judging.on_interaction(
                 state.judging, inter, text_chars=self.text_chars, max_bytes=self.judge_max_bytes

@@ -8,10 +8,11 @@ back once and skipped. A session with a ``group_id`` goes to the group agent ins
 samples topic. Its timers close idle sessions, dead-letter next states whose turn never came,
 assemble sessions whose grace is over and drop state untouched for ``retain_s``.
 
-Token payloads (ids, log-probs: nearly all of an interaction's bytes) are written once per turn
-to their own table (``tokens``) instead of being re-serialised with every update of the
-session's state; a next state that arrives before its interaction waits, as the record
-itself, in ``parked``. Both are changelogged, so SIGKILL loses nothing.
+Token payloads (ids, log-probs: nearly all of an interaction's bytes) are never written: the
+session state keeps where the interaction lies and the worker holds its tokens in memory,
+reading the interaction back after a restart (`token_store.py`). A next state that arrives
+before its interaction waits, as the record itself, in ``parked``, which is changelogged: its
+offset is committed already, so SIGKILL loses nothing.
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ from .records import (
     park,
     parked_key,
     parked_next_state,
-    token_key,
     touched,
 )
-from .rewards import Assembler, TokenPayload, token_payload, unmatched_hints
+from .rewards import Assembler, RecordAt, unmatched_hints
 from .runtime import Runtime
 from .session import SessionStage, SessionState, Step, is_derived
+from .token_store import Fetch, InteractionReader, TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,18 @@ class SessionAgent:
         assembler: Assembler,
         judge: Judge,
         group_topic: TopicT,
+        fetch: Fetch | None = None,
     ) -> None:
+        """``fetch`` reads interactions back by their coordinates (default: from the worker's
+        broker, :class:`~.token_store.InteractionReader`)."""
         self.rt, self.stage, self.assembler, self.judge = rt, stage, assembler, judge
         self.group_topic = group_topic
         self.sessions = rt.table(SESSIONS)  # session id -> SessionState (session.py)
-        self.tokens = rt.session_table(TOKENS)  # session\0turn -> token payload
+        # session\0turn -> token payload, written by workers before token_store.py: read only
+        self.tokens = rt.session_table(TOKENS)
+        self.reader = InteractionReader(rt.kafka) if fetch is None else None
+        self.payloads = TokenStore(self.tokens, fetch or self.reader)  # type: ignore[arg-type]
+        rt.metrics.watch_tokens(self.payloads)
         # session\0next-state id -> parked record: a next state waiting for its interaction.
         # Its offset is committed already: process memory would lose it on SIGKILL.
         self.parked = rt.session_table(PARKED)
@@ -93,15 +101,10 @@ class SessionAgent:
         info = state.assembly.turns.get(turn)
         return info.interaction.event_id if info and info.interaction else None
 
-    def keep_tokens(self, key: bytes, before: str | None, state: SessionState,
-                    inter: Interaction) -> None:  # fmt: skip
-        """Store the turn's token payload once: when it is new, or replaced another turn of
-        the same number (a retry on another replica)."""
-        tkey = token_key(key, inter.turn)
-        if self.kept_interaction(state, inter.turn) == inter.event_id and (
-            before != inter.event_id or tkey not in self.tokens
-        ):
-            self.tokens[tkey] = token_payload(inter).to_bytes()
+    def keep_tokens(self, key: bytes, state: SessionState, inter: Interaction) -> None:
+        """Hold the turn's token payload if the state keeps this interaction for the turn."""
+        if self.kept_interaction(state, inter.turn) == inter.event_id:
+            self.payloads.keep(key, inter)
 
     # ---- the stages' output ---------------------------------------------------------------
 
@@ -155,12 +158,10 @@ class SessionAgent:
         now = runtime.now_ms()
         if not self.assembler.ready(state.assembly, now):
             return
-        turns = [t for t, info in state.assembly.turns.items() if info.interaction is not None]
-        tokens = {}
-        for t in turns:
-            raw = self.tokens.get(token_key(key, t))
-            if raw is not None:
-                tokens[t] = TokenPayload.from_bytes(raw)
+        kept = {t: info.interaction for t, info in state.assembly.turns.items()
+                if info.interaction is not None and info.interaction.tokens is None}  # fmt: skip
+        turns = list(kept)
+        tokens = await self.payloads.gather(key, kept)
         result = self.assembler.complete(state.assembly, now, tokens)
         for r in result.rewards:
             await self.rt.send(names.REWARDS, r)
@@ -180,14 +181,13 @@ class SessionAgent:
             key, result.unmatched_hints,
             "the session was assembled and that turn's interaction never arrived",
         )  # fmt: skip
-        for t in turns:
-            self.tokens.pop(token_key(key, t), None)
+        self.payloads.drop(key, turns)
         state.assembly = result.state
 
     async def complete_or_wait(self, key: bytes, state: SessionState) -> None:
         try:
             await self.maybe_complete(key, state)
-        except KeyError as exc:  # a token payload not (yet) there: the sweep retries
+        except KeyError as exc:  # an interaction not read back (yet): the sweep retries
             log.warning("session %r not assembled yet: %s", key, exc)
 
     # ---- the agent --------------------------------------------------------------------------
@@ -243,9 +243,10 @@ class SessionAgent:
         work: list[judging.JudgeWork] = []
         released: list[str] = []
         if isinstance(ev, events.Interaction):
-            before = self.kept_interaction(state, ev.turn)
-            step = stage.on_interaction(state, ev, runtime.now_ms())
-            self.keep_tokens(key, before, state, ev)
+            msg = raw_ev.message
+            at = RecordAt(msg.topic, msg.partition, msg.offset)
+            step = stage.on_interaction(state, ev, runtime.now_ms(), at)
+            self.keep_tokens(key, state, ev)
             if stage.judge_inline:
                 work = self.unpark(key, state, ev.turn)
                 released = [w.state.event_id for w in work]
@@ -328,3 +329,4 @@ class SessionAgent:
                 self.sessions.pop(key, None)
         for tbl in (self.tokens, self.parked):
             self.rt.drop_orphans(tbl, self.sessions)
+        self.payloads.drop_orphans(self.sessions)
