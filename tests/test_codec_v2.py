@@ -324,6 +324,24 @@ def test_bad_base64_and_item_size() -> None:
     assert err.field == "response_token_ids" and err.reason.startswith("must match pattern")
 
 
+@pytest.mark.parametrize(
+    ("text", "items"),
+    [("", []), ("AAAAAA==", [0]), ("AQAAAAIAAAA=", [1, 2]), ("AAAA=", None), ("AAAA==", None),
+     ("AAAAAAAA=", None), ("AAAAAAAAAAA==", None), ("AAAAA=A=", None), ("A", None)],
+)  # fmt: skip
+def test_base64_text_and_its_raw_bytes_get_the_same_verdict(text: str, items: Any) -> None:
+    """The one-pass decoder hands the field's bytes (a memoryview), the full path its str."""
+    from pipeline.events.binary import ArrayField, unpack_field
+
+    f = ArrayField("prompt_token_ids", "uint32")
+    for given in (text, memoryview(text.encode()), text.encode()):
+        if items is None:
+            with pytest.raises(events.EventValidationError, match="not valid base64"):
+                unpack_field(given, f, "interaction.v2")
+        else:
+            assert unpack_field(given, f, "interaction.v2") == items
+
+
 def test_header_must_agree_with_the_value() -> None:
     raw = events.encode(EXAMPLES["interaction"], version=2)
     err = reject(raw, version_header=b"1")

@@ -44,11 +44,11 @@ class _Packed:
     @classmethod
     def from_le_bytes(cls: type[_A], raw: bytes | memoryview) -> _A:
         """Items from their little-endian bytes (a copy; raises ValueError on a partial item)."""
-        out = cls()
-        out.frombytes(raw)  # type: ignore[attr-defined]
+        # array's own constructor fills it from bytes in one C call (a decode makes three).
+        out = array.__new__(cls, cls.TYPECODE, raw if type(raw) is bytes else bytes(raw))  # type: ignore[type-var]
         if _SWAP:
             out.byteswap()  # type: ignore[attr-defined]
-        return out
+        return out  # type: ignore[return-value]
 
     def le_bytes(self) -> bytes:
         """The items as little-endian bytes."""

@@ -115,10 +115,12 @@ def unpack_field(text: str | bytes | memoryview, f: ArrayField, schema: str) -> 
         raw = pybase64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise EventValidationError(f"not valid base64: {exc}", name, schema) from None
-    # Padding must complete the last group of 4 ("AAAA==" is not base64, RFC 4648).
-    tail = text[-2:].encode() if isinstance(text, str) else bytes(text[-2:])
-    pad = 2 if tail == b"==" else 1 if tail[-1:] == b"=" else 0
-    if len(text) % 4 or len(raw) != len(text) // 4 * 3 - pad:
+    # Padding must complete the last group of 4 ("AAAA==" is not base64, RFC 4648). On the
+    # hot path (the one-pass decoder's bytes) without building a str or bytes for the tail.
+    n = len(text)
+    eq: Any = "=" if isinstance(text, str) else 61
+    pad = 0 if n < 2 or text[-1] != eq else 2 if text[-2] == eq else 1
+    if n % 4 or len(raw) != n // 4 * 3 - pad:
         raise EventValidationError(
             "not valid base64: padding must complete the last group of 4", name, schema
         )
