@@ -299,7 +299,7 @@ def test_a_restarted_worker_reads_the_tokens_back_at_the_kept_coordinates(h: Har
         asked.append(sorted(wanted))
         return {c: wire[c] for c in wanted if c in wire}
 
-    async def run() -> None:
+    async def run() -> Any:
         app = h.app()
         session = agent_named(app, "session")
         async with session.test_context() as agent:
@@ -315,9 +315,13 @@ def test_a_restarted_worker_reads_the_tokens_back_at_the_kept_coordinates(h: Har
             owner.payloads = TokenStore(owner.tokens, fetch)  # nothing held: a restart
             await put(agent, names.INTERACTIONS, inter(2, session_done=True))
             await flush(agent, names.INTERACTIONS)
+            return owner.rt.metrics
 
-    asyncio.run(run())
+    metrics = asyncio.run(run())
     assert asked == [sorted(wire)]  # turns 0 and 1 read back in one call, turn 2 was held
+    text = metrics.exposition().decode()
+    assert "liverl_workers_token_payloads_read_back 2.0" in text
+    assert "liverl_workers_token_payloads_held 0.0" in text  # dropped once assembled
     samples = h.out(names.SAMPLES)
     assert [(s.turn, list(s.prompt_token_ids), list(s.response_token_ids)) for s in samples] == [  # type: ignore[attr-defined]
         (t, [t, t + 1, t + 2], [100 + t, 200 + t]) for t in (0, 1, 2)

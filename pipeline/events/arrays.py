@@ -48,7 +48,7 @@ class _Packed:
         out = array.__new__(cls, cls.TYPECODE, raw if type(raw) is bytes else bytes(raw))  # type: ignore[type-var]
         if _SWAP:
             out.byteswap()  # type: ignore[attr-defined]
-        return out  # type: ignore[return-value]
+        return out
 
     def le_bytes(self) -> bytes:
         """The items as little-endian bytes."""

@@ -67,18 +67,19 @@ class WorkerMetrics:
             ["reason"], registry=self.registry,
         )  # fmt: skip
 
-    def watch_tokens(self, store: Any) -> None:
-        """Gauges over the session agent's token store (`token_store.py`): what it holds in
-        memory and what it had to read back from the interactions topic."""
+    def watch_tokens(self, store: Callable[[], Any]) -> None:
+        """Gauges over the session agent's token store (`token_store.py`; ``store`` returns
+        it): what it holds in memory and what it had to read back from the interactions
+        topic."""
         for name, doc, read in (
             ("liverl_workers_token_payloads_held", "Turns whose tokens are held in memory",
-             lambda: len(store)),
+             lambda: len(store())),
             ("liverl_workers_token_payloads_read_back",
              "Turns whose tokens were read back from their interaction (restart, rebalance)",
-             lambda: store.read_back),
+             lambda: store().read_back),
             ("liverl_workers_token_payloads_not_found",
              "Reads back that found no such interaction at the kept coordinates",
-             lambda: store.not_found),
+             lambda: store().not_found),
         ):
             Gauge(name, doc, registry=self.registry).set_function(read)
 

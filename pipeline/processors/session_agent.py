@@ -72,7 +72,7 @@ class SessionAgent:
         self.tokens = rt.session_table(TOKENS)
         self.reader = InteractionReader(rt.kafka) if fetch is None else None
         self.payloads = TokenStore(self.tokens, fetch or self.reader)  # type: ignore[arg-type]
-        rt.metrics.watch_tokens(self.payloads)
+        rt.metrics.watch_tokens(lambda: self.payloads)
         # session\0next-state id -> parked record: a next state waiting for its interaction.
         # Its offset is committed already: process memory would lose it on SIGKILL.
         self.parked = rt.session_table(PARKED)
