@@ -391,6 +391,9 @@ def up(
     topics/, then runs the Faust workers, the judges' consistency watcher, the trainer, the
     gateway and the archive (every topic into <state_dir>/lake/events) as child processes
     (logs in <state_dir>/logs/). Point any OpenAI client at the printed base URL.
+
+    A component that exits is started again (after 1 s, doubling up to 60 s); everything
+    stops when one exits in its first 15 s, or a 6th time within 10 minutes.
     """
     from pipeline import stack
     from pipeline.durable import writable_problem
@@ -460,11 +463,25 @@ def up(
             f"headers X-Session-Id, X-Turn-Type, X-Session-Done{replicas})"
         )
     console.print("Ctrl-C stops everything")
-    failed = stack.supervise(running)
-    if failed is not None:
+    restart = stack.RestartPolicy()
+    window = f"{restart.window_s / 60:g} min"
+
+    def restarting(item: stack.Running, delay: float) -> None:
         err_console.print(
-            f"[bold red]{failed.component.name} exited (code {failed.proc.returncode}); "
-            f"stopping the rest. Its last lines:[/]\n{stack.tail(failed.log)}",
+            f"[bold yellow]{item.component.name} exited (code {item.proc.returncode}); "
+            f"starting it again in {delay:g} s (restarts in the last {window}: "
+            f"{len(item.restarts)} of {restart.max_restarts}). "
+            f"Its last lines:[/]\n{stack.tail(item.log)}",
+            highlight=False,
+        )
+
+    failed = stack.supervise(running, policy=restart, on_restart=restarting)
+    if failed is not None:
+        n = len(failed.restarts)
+        why = f"{n} restarts within {window}" if n else "right after it started"
+        err_console.print(
+            f"[bold red]{failed.component.name} exited (code {failed.proc.returncode}, "
+            f"{why}); stopping the rest. Its last lines:[/]\n{stack.tail(failed.log)}",
             highlight=False,
         )
     console.print("stopping…")

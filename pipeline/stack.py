@@ -6,6 +6,12 @@ reverse order: SIGTERM, a grace period, then SIGKILL. Children run in their own 
 terminal's Ctrl-C reaches only ``up``, which stops them in order) and get SIGTERM from the
 kernel if ``up`` itself dies without stopping them (SIGKILL, OOM): no orphaned trainer keeps
 a model in memory.
+
+A component that exits on its own is started again (:class:`RestartPolicy`, as Compose's
+``restart: unless-stopped`` would): a watcher or the trainer dying on a transient error must
+not take the gateway, and every user's requests, down with it. Two exits still stop
+everything: one right after ``up`` started it (a configuration error, reported at once, not
+retried), and one restart too many within a window (a crash loop).
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -55,6 +62,33 @@ class Running:
     component: Component
     proc: subprocess.Popen[bytes]
     log: Path
+    started_at: float = field(default_factory=time.monotonic)
+    restarts: list[float] = field(default_factory=list)  # when it was started again
+    restart_at: float | None = None  # exited: when it will be started again
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """What :func:`supervise` does when a component exits on its own. It is started again
+    after ``backoff_s`` (doubling with each restart in the window, at most ``max_backoff_s``)
+    unless it exited within ``startup_s`` of its first start (a configuration error: a retry
+    would fail the same way) or it was started again ``max_restarts`` times within
+    ``window_s`` already (a crash loop): then supervise returns it and everything stops."""
+
+    startup_s: float = 15.0
+    max_restarts: int = 5
+    window_s: float = 600.0
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+
+    def delay(self, item: Running, now: float) -> float | None:
+        """Seconds until ``item`` (just exited) starts again; None: stop everything."""
+        if not item.restarts and now - item.started_at < self.startup_s:
+            return None
+        recent = [t for t in item.restarts if now - t < self.window_s]
+        if len(recent) >= self.max_restarts:
+            return None
+        return min(self.max_backoff_s, self.backoff_s * 2 ** len(recent))
 
 
 def _die_with_parent() -> None:
@@ -68,23 +102,31 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def command(comp: Component) -> list[str]:
+    """The component's command line: the ``liverl`` command of its ``args``."""
+    return [sys.executable, "-m", "pipeline.cli", *comp.args]
+
+
+def _spawn(comp: Component, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:  # appended: a restarted component's log goes on
+        return subprocess.Popen(
+            command(comp),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env=os.environ.copy(),
+        )
+
+
 def start(state_dir: Path, components: list[Component]) -> list[Running]:
     logs = Path(state_dir).resolve() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     running: list[Running] = []
     for comp in components:
         log = logs / f"{comp.name}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", *comp.args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-                env=os.environ.copy(),
-            )
-        running.append(Running(comp, proc, log))
+        running.append(Running(comp, _spawn(comp, log), log))
     return running
 
 
@@ -104,8 +146,20 @@ def stop(running: list[Running], grace_s: float = 20.0) -> None:
             item.proc.wait()
 
 
-def supervise(running: list[Running], poll_s: float = 0.5) -> Running | None:
-    """Block until Ctrl-C/SIGTERM (returns None) or a component dies (returns it)."""
+# Called when a component exited on its own and will start again after ``delay`` seconds.
+OnRestart = Callable[[Running, float], None]
+
+
+def supervise(
+    running: list[Running],
+    poll_s: float = 0.5,
+    policy: RestartPolicy | None = None,
+    on_restart: OnRestart | None = None,
+) -> Running | None:
+    """Block until Ctrl-C/SIGTERM (returns None) or a component exits in a way ``policy``
+    does not restart (returns it); any other exit is reported to ``on_restart`` and the
+    component starts again after its delay, in the same log."""
+    policy = policy or RestartPolicy()
     stopping = False
 
     def _stop(_sig: int, _frame: object) -> None:
@@ -116,9 +170,24 @@ def supervise(running: list[Running], poll_s: float = 0.5) -> Running | None:
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while not stopping:
+            now = time.monotonic()
             for item in running:
-                if item.proc.poll() is not None:
+                if item.restart_at is not None:
+                    if now >= item.restart_at:
+                        item.restart_at = None
+                        item.restarts.append(now)
+                        item.proc = _spawn(item.component, item.log)
+                    continue
+                if item.proc.poll() is None:
+                    continue
+                delay = policy.delay(item, now)
+                if delay is None:
                     return item
+                with contextlib.suppress(ProcessLookupError):  # what it left running
+                    os.killpg(item.proc.pid, signal.SIGTERM)
+                item.restart_at = now + delay
+                if on_restart is not None:
+                    on_restart(item, delay)
             time.sleep(poll_s)
     except KeyboardInterrupt:
         return None
