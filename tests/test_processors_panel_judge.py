@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.events import NextState, Producer
 from pipeline.processors.judge_registry import JUDGES
-from pipeline.processors.judges import RuleJudge, TurnContext, make_judge
+from pipeline.processors.judges import RuleJudge, TurnContext, Verdict, make_judge
 from pipeline.processors.panel_judge import load_consistency
 
 P = Producer(component="test", version="1")
@@ -140,3 +140,36 @@ def test_a_static_panel_keeps_its_version_and_still_reports_its_members() -> Non
     v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
     assert v.version == panel.version and [m["vote"] for m in v.members] == [-1, 1]
     assert [m["weight"] for m in v.members] == [1.0, 1.0]
+
+
+class Failing:
+    """A member whose judgement failed (an LLM judge's timeout): a verdict with an error."""
+
+    judge_id, version = "llm", "llm-test-1"
+
+    async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
+        return Verdict(0, [], "", [], error="timed out after 30 s")
+
+
+def test_a_failed_member_has_no_vote_and_the_others_decide() -> None:
+    """The failed member's 0 used to count (weight 0.9 against 0.5: the reply judge's -1 lost
+    to nothing, and the turn's mean vote was pulled to 0); now only the panel fails, and only
+    when every member does."""
+    from pipeline import events
+    from pipeline.processors import judging
+
+    panel = make_judge("panel", {"judges": ["replies", "rules"], "weights": {"replies": 0.5,
+                                                                            "rules": 0.9}})
+    panel.members[1] = ("llm", Failing())
+    v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
+    assert (v.score, v.votes, v.hints, v.error) == (-1, [-1, None], ["Answer in one sentence."],
+                                                    None)  # fmt: skip
+    assert "llm (0.90) failed: timed out after 30 s" in v.rationale
+    assert [m["judge_id"] for m in v.members or []] == ["replies"]
+    prm = asyncio.run(judging.judge_one(panel, judging.JudgeWork(CTX, "i-1", reply(SPLIT)))).prm
+    back = events.decode(events.encode(prm))  # a null vote is valid on the wire
+    assert isinstance(back, events.PrmScore) and back.votes == [-1, None] and back.error is None
+    panel.members[0] = ("llm2", Failing())
+    v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
+    assert (v.score, v.votes) == (0, [None, None])
+    assert v.error == "llm2: timed out after 30 s; llm: timed out after 30 s"

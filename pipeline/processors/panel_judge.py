@@ -81,19 +81,26 @@ class PanelJudge:
         weights, version = self.weigh() if self.source is not None else (self.weights,
                                                                           self.version)
         verdicts = await asyncio.gather(*(j.judge(ctx, state) for _, j in self.members))
-        score = weighted_plurality([(v.score, w) for v, w in zip(verdicts, weights,
-                                                                  strict=True)])
+        # A failed member has no vote (None): its 0 would count against the others' verdict
+        # in the plurality and in the turn's mean vote. The panel fails only if all do.
+        votes = [None if v.error else v.score for v in verdicts]
+        score = weighted_plurality(list(zip(votes, weights, strict=True)))
         hints: list[str] = []
-        for v in verdicts:
-            if score != 0 and v.score == score:
+        for v, vote in zip(verdicts, votes, strict=True):
+            if score != 0 and vote == score:
                 hints += [h for h in v.hints if h not in hints]
-        why = "; ".join(f"{n} ({w:.2f}) {v.score:+d}: {v.rationale}" for (n, _), v, w
-                        in zip(self.members, verdicts, weights, strict=True))
+        why = "; ".join(
+            f"{n} ({w:.2f}) " + (f"failed: {v.error}" if v.error else
+                                 f"{v.score:+d}: {v.rationale}")
+            for (n, _), v, w in zip(self.members, verdicts, weights, strict=True)
+        )  # fmt: skip
         errors = [f"{n}: {v.error}" for (n, _), v in zip(self.members, verdicts, strict=True)
                   if v.error]
         members = [{"judge_id": j.judge_id, "judge_version": j.version, "vote": v.score,
                     "weight": w}
                    for (_, j), v, w in zip(self.members, verdicts, weights, strict=True)
                    if not v.error]  # a failed member's 0 is no verdict to tally
-        return Verdict(score, [v.score for v in verdicts], why[:2000], hints,
-                       "; ".join(errors)[:500] or None, members=members, version=version)
+        failed = len(errors) == len(verdicts)
+        return Verdict(score, votes, why[:2000], hints,
+                       "; ".join(errors)[:500] if failed else None, members=members,
+                       version=version)  # fmt: skip
