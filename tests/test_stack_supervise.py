@@ -4,10 +4,8 @@ everything. Real child processes (small Python programs in place of liverl's com
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -66,41 +64,59 @@ def test_backoff_doubles_per_recent_restart_and_stops_a_crash_loop() -> None:
     assert policy.delay(item, now=9.9) is None
 
 
+# `liverl up` itself, in a process of its own: the test sends it SIGTERM as Ctrl-C would (a
+# signal sent to the test process would reach whatever handlers earlier in-process tests left).
+UP = """
+import json, sys
+from pathlib import Path
+from pipeline import stack
+stack.command = lambda comp: [sys.executable, '-c', *comp.args]
+tmp, steady, flaky = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+running = stack.start(tmp, [stack.Component('steady', [steady]),
+                            stack.Component('flaky', flaky)])
+pids = [r.proc.pid for r in running]
+seen = []
+failed = stack.supervise(
+    running, poll_s=0.05, policy=stack.RestartPolicy(startup_s=0.2, max_restarts=5, backoff_s=0.1),
+    on_restart=lambda item, delay: seen.append([item.component.name, item.proc.returncode, delay]))
+out = {'failed': failed is not None, 'seen': seen, 'restarts': len(running[1].restarts),
+       'steady_same': running[0].proc.pid == pids[0],
+       'alive': [r.proc.poll() is None for r in running]}
+stack.stop(running, grace_s=5)
+out['stopped'] = [r.proc.poll() is not None for r in running]
+print(json.dumps(out), flush=True)
+"""
+
+
 def test_a_component_that_exits_starts_again_in_its_log_and_the_others_run_on(
     tmp_path: Path,
 ) -> None:
-    """It exits (code 3) after its start-up window, twice, then keeps running; Ctrl-C
-    (SIGTERM here) ends the supervisor with every component still the one it started."""
-    running = stack.start(tmp_path, [stack.Component("steady", [STEADY]),
-                                     flaky(tmp_path, 0.4, runs_from=3)])  # fmt: skip
-    steady_pid = running[0].proc.pid
-    seen: list[tuple[str, int | None, float]] = []
-    policy = stack.RestartPolicy(startup_s=0.2, max_restarts=5, backoff_s=0.1)
+    """It exits (code 3) after its start-up window, twice, then keeps running; SIGTERM (what
+    Ctrl-C does) ends the supervisor with every component still the one it started."""
+    import json
+    import subprocess
 
-    def interrupt_once_running_again() -> None:
-        deadline = time.monotonic() + 30
-        while starts(tmp_path) < 3 and time.monotonic() < deadline:
+    flaky_args = flaky(tmp_path, 0.4, runs_from=3).args
+    up = subprocess.Popen([sys.executable, "-c", UP, str(tmp_path), STEADY, *flaky_args],
+                          stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while starts(tmp_path) < 3 and time.monotonic() < deadline and up.poll() is None:
             time.sleep(0.05)
         time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=interrupt_once_running_again, daemon=True).start()
-    try:
-        failed = stack.supervise(
-            running, poll_s=0.05, policy=policy,
-            on_restart=lambda item, delay: seen.append(
-                (item.component.name, item.proc.returncode, delay)),
-        )  # fmt: skip
-        assert failed is None
-        assert seen == [("flaky", 3, 0.1), ("flaky", 3, 0.2)]  # the delay doubles
-        assert starts(tmp_path) == 3 and len(running[1].restarts) == 2
-        assert running[0].proc.pid == steady_pid and running[0].proc.poll() is None
-        assert running[1].proc.poll() is None  # the third start runs on
-        log = (tmp_path / "logs" / "flaky.log").read_text()
-        assert log.splitlines() == ["start 1", "start 2", "start 3"]  # one log, appended
+        up.send_signal(signal.SIGTERM)
+        out = json.loads(up.communicate(timeout=60)[0])
     finally:
-        stack.stop(running, grace_s=5)
-    assert all(item.proc.poll() is not None for item in running)
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert out["failed"] is False
+    assert out["seen"] == [["flaky", 3, 0.1], ["flaky", 3, 0.2]]  # the delay doubles
+    assert starts(tmp_path) == 3 and out["restarts"] == 2
+    assert out["steady_same"] and out["alive"] == [True, True]  # the third start runs on
+    assert out["stopped"] == [True, True]
+    log = (tmp_path / "logs" / "flaky.log").read_text()
+    assert log.splitlines() == ["start 1", "start 2", "start 3"]  # one log, appended
 
 
 def test_a_crash_loop_stops_everything_after_max_restarts(tmp_path: Path) -> None:
