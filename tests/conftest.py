@@ -7,12 +7,27 @@ it) and stopped at the end only if this session started it.
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from pipeline.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _signal_handling_restored() -> Iterator[None]:
+    """A command run in-process (click's CliRunner) may install process-wide signal handling:
+    `liverl train` sets a wakeup fd whose watchdog ends the process with status 0 some
+    seconds after a SIGTERM. Left installed, a later test's SIGTERM ended a whole run that
+    way, a failed test included, and the run passed. Restored after every test."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    signal.set_wakeup_fd(-1)
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")
