@@ -105,8 +105,11 @@ def test_a_failed_read_leaves_the_turns_out_and_is_tried_again_after_retry_s() -
     clock = Clock()
     store = TokenStore({}, wire, retry_s=10.0, clock=clock)
     assert gather(store, {0: kept(0, 3)}) == {}
+    assert store.not_found == 0  # a failed read says nothing about the record
     wire.fail = False
-    clock.now += 10.0
+    clock.now += 9.0
+    assert gather(store, {0: kept(0, 3)}) == {} and len(wire.asked) == 1  # not before retry_s
+    clock.now += 1.0
     assert gather(store, {0: kept(0, 3)}) == {0: token_payload(inter(0))}
 
 

@@ -107,7 +107,7 @@ class TokenStore:
             held = self._held.get(tkey)
             if held is not None and held[0] == k.event_id:
                 out[turn] = held[1]
-            elif tkey in self.legacy and (raw := self.legacy.get(tkey)) is not None:
+            elif (raw := self.legacy.get(tkey)) is not None:
                 out[turn] = TokenPayload.from_bytes(raw)
             elif k.at is not None and self._retry_at.get(k.event_id, 0.0) <= now:
                 missing[turn] = k
@@ -121,10 +121,12 @@ class TokenStore:
         wanted = [coordinates(k.at) for k in missing.values() if k.at is not None]
         try:
             values = await asyncio.to_thread(self.fetch, wanted)
-        except Exception as exc:  # a broker away: the sweep tries again
+        except Exception as exc:  # a broker away: not a verdict on any record; try later
             log.warning("reading %d interaction(s) of session %r back failed: %s",
                         len(wanted), key, exc)  # fmt: skip
-            values = {}
+            retry_at = self.clock() + self.retry_s
+            self._retry_at.update((k.event_id, retry_at) for k in missing.values())
+            return {}
         out = {}
         for turn, k in missing.items():
             assert k.at is not None  # only those with coordinates are missing
