@@ -777,3 +777,83 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
                 if topic == names.REWARDS and m.key() in keys:
                     ev = events.decode(m.value())
                     assert ev.penalty == pytest.approx(0.5 * phi[ev.turn])  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_a_replayed_namespace_holds_each_next_state_once(
+    kafka_settings,
+    unique,
+    tmp_path,
+    request,  # type: ignore[no-untyped-def]
+) -> None:
+    """Next states the live pairing derived are not copied: the namespace's workers derive
+    them again from the replayed interactions, with the same ids. A next state posted from
+    outside (an outcome) is copied. The namespace's next_states holds each next state once."""
+    from collections import Counter
+
+    from pipeline.kafka import EventProducer
+    from pipeline.processors.outcomes import outcome_event
+    from pipeline.processors.pairing import Pairer, PairingState
+    from pipeline.processors.penalties import load_rules
+
+    prefix = f"dn{unique}"
+    sid = f"{prefix}-a"
+    key = sid.encode()
+    ns = f"dn{unique}"
+    app_id = f"dn-{unique}"
+    env = {
+        **os.environ,
+        **cli_env(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "LIVERL_PROCESSORS_SESSION_PREFIX": prefix,
+        "LIVERL_PROCESSORS_GRACE_S": "2",
+        "LIVERL_PROCESSORS_SWEEP_INTERVAL_S": "1",
+    }
+    request.addfinalizer(lambda: drop(env, ns))
+    # What a live worker wrote for this session: the interactions, the next states its
+    # pairing derived from them (the workers' default rules and pairing version), and an
+    # outcome someone recorded.
+    turns = session(sid, f"dnp-{unique}")
+    cfg = kafka_settings.processors
+    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version)
+    state: PairingState | None = None
+    derived = []
+    for inter in turns:
+        out = pairer.on_interaction(state, inter)
+        state = out.state
+        derived += out.next_states
+    assert {n.kind for n in derived} == {"user_reply", "session_end"}, derived
+    posted = outcome_event(sid, True, turn=1)
+    since = iso(int(time.time() * 1000) - 5000)
+    producer = EventProducer(kafka_settings, client_id="replay-derived-test")
+    for inter in turns:
+        producer.send(names.INTERACTIONS, inter)
+    for nxt in [*derived, posted]:
+        producer.send(names.NEXT_STATES, nxt)
+    producer.flush()
+
+    res = invoke(
+        ["replay", "--topics", "interactions,next_states", "--since", since,
+         "--sessions", sid, "--into", ns],
+        env,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert f"{len(derived)} derived next state(s) left to the namespace's workers" in res.output
+
+    def ids(topic: str) -> list[str]:
+        dest = names.resolve(topic, ns)
+        return [events.decode(m.value()).event_id for msgs in read_topic(kafka_settings, dest)
+                .values() for m in msgs if m.key() == key]  # fmt: skip
+
+    assert sorted(ids(names.INTERACTIONS)) == sorted(i.event_id for i in turns)
+    assert ids(names.NEXT_STATES) == [posted.event_id]
+
+    log = tmp_path / "ns-workers.log"
+    proc = start(["workers", "--namespace", ns, "--app-id", app_id, "--no-web"], env, log)
+    try:
+        wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), {key}, 2, proc, log)
+    finally:
+        stop(proc)
+    held = Counter(ids(names.NEXT_STATES))
+    assert held == Counter([posted.event_id, *(n.event_id for n in derived)]), held

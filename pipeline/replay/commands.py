@@ -171,6 +171,7 @@ def replay(
         keys_partitions,
         parse_speed,
         parse_time,
+        rederived,
         resume_points,
         run,
     )
@@ -285,7 +286,8 @@ def replay(
                 highlight=False,
             )
         try:
-            stats = run(settings, manifest, source, starts, speed=pace, keys=keys, console=console)
+            stats = run(settings, manifest, source, starts, speed=pace, keys=keys,
+                        console=console, skip=rederived(manifest.request["topics"]))
         except KeyboardInterrupt:
             console.print("interrupted: run the same command again to resume")
             sys.exit(130)
@@ -293,8 +295,13 @@ def replay(
         manifest.save(path)
     finally:
         source.close()
+    left = (
+        f", {stats.left_to_workers} derived next state(s) left to the namespace's workers"
+        if stats.left_to_workers
+        else ""
+    )
     click.echo(
-        f"replayed {stats.produced} record(s) ({stats.examined} examined) of "
+        f"replayed {stats.produced} record(s) ({stats.examined} examined{left}) of "
         f"{', '.join(topics)} into {into} in {stats.seconds:.1f}s "
         f"({stats.rate:,.0f} records/s); pass {manifest.passes} complete"
     )

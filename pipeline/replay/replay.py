@@ -590,10 +590,39 @@ class Stats:
     produced: int = 0
     examined: int = 0
     seconds: float = 0.0
+    left_to_workers: int = 0  # derived next states not copied (see :func:`rederived`)
 
     @property
     def rate(self) -> float:
         return self.produced / self.seconds if self.seconds > 0 else 0.0
+
+
+# Tells a record the namespace's own workers make again: (live topic, value) -> skip it.
+Skip = Callable[[str, "bytes | None"], bool]
+
+
+def rederived(topics: Iterable[str]) -> Skip | None:
+    """Next states the live pairing derived, when ``interactions`` is replayed too: the
+    namespace's session agent derives each of them again from the replayed interactions (the
+    same event id for the same ``pairing_version``), so a copy would leave the namespace's
+    ``next_states`` with every derived next state twice. Next states from outside (outcomes,
+    feedback, a gateway's) are copied. Without ``interactions`` nothing derives them again:
+    None, every record is copied."""
+    if not {names.INTERACTIONS, names.NEXT_STATES} <= set(topics):
+        return None
+    from pipeline import events
+    from pipeline.processors.session import is_derived
+
+    def derived(topic: str, value: bytes | None) -> bool:
+        if topic != names.NEXT_STATES or value is None:
+            return False
+        try:
+            event = events.decode(value, "next_state")
+        except events.EventValidationError:
+            return False  # not an event we can read: copied byte-exact like any record
+        return isinstance(event, events.NextState) and is_derived(event)
+
+    return derived
 
 
 class QueueStuck(RuntimeError):
@@ -680,8 +709,11 @@ def run(
     keys: set[bytes] | None,
     console: Any = None,
     producer_config: dict[str, Any] | None = None,
+    skip: Skip | None = None,
 ) -> Stats:
-    """Copy the spans from ``starts`` into the namespace; returns counts and time."""
+    """Copy the spans from ``starts`` into the namespace, except the records ``skip`` takes
+    (see :func:`rederived`); returns counts and time. A resumed run reads a skipped record
+    again and skips it again: only copied records mark progress."""
     from confluent_kafka import KafkaError, KafkaException, Producer
     from rich.console import Console
     from rich.progress import (
@@ -750,6 +782,9 @@ def run(
         with progress:
             for n, row in enumerate(source.read(manifest.spans, starts, keys), 1):
                 ts, topic, partition, offset, key, value, headers = row
+                if skip is not None and skip(topic, value):
+                    stats.left_to_workers += 1
+                    continue
                 if speed is not None:
                     if t0_wall is None:
                         t0_wall, t0_ts = time.monotonic(), ts
@@ -794,7 +829,7 @@ def run(
                     if failures:
                         break
                     progress.update(task, completed=source.examined)
-                stats.produced = n
+                stats.produced += 1
             progress.update(task, completed=source.examined)
             left = producer.flush(120)
             if left:
