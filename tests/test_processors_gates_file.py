@@ -72,6 +72,35 @@ def test_a_file_over_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
         load_gates(tmp_path / "missing.yaml")
 
 
+def alias_bomb(width: int = 110) -> str:
+    """Four levels of ``width`` aliases each (``width``**4 strings named: 146 million at 110),
+    nested no deeper than the file's depth limit: ~1.6 KB."""
+    lines = ["a: &a [" + ", ".join(["lol"] * width) + "]"]
+    for prev, cur in zip("abc", "bcd", strict=True):
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * width) + "]")
+    return "\n".join([*lines, "gates: [{command: ls}]", ""])
+
+
+@pytest.mark.timeout(60)  # the walk of every alias path took minutes at full CPU
+def test_an_alias_bomb_is_refused_as_it_is_read(tmp_path):
+    text = alias_bomb()
+    assert 1500 < len(text) < 1700
+    with pytest.raises(GatesFileError) as info:
+        load_gates(write(tmp_path, text))
+    said = str(info.value)
+    assert said == (f"{tmp_path / 'gates.yaml'}: line 1: anchor &a: YAML anchors and aliases "
+                    "are not allowed in a gates file (write each value out)")
+    assert "\n" not in said  # one line
+
+
+def test_an_alias_is_refused_even_when_its_anchor_is_harmless(tmp_path):
+    path = write(tmp_path, "gates:\n  - &t {command: ls}\n  - *t\n")
+    with pytest.raises(GatesFileError, match="line 2: anchor &t: YAML anchors and aliases"):
+        load_gates(path)
+    assert load_gates(write(tmp_path, "gates:\n  - command: 'ls *a &b'\n")).gates[0].argv == [
+        "ls", "*a", "&b"]  # quoted: plain text, not YAML's
+
+
 def test_run_gates_records_what_record_outcome_records_and_exits_with_the_first_failure(
     tmp_path,
 ):

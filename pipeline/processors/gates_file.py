@@ -12,6 +12,8 @@ recipe), so a harness wires its tests to rewards with one file::
 ``liverl gates run --session S`` runs each gate and records what ``liverl record-outcome
 --session S -- CMD`` would (the same event, built by ``outcomes.gate_event``). The file is
 checked whole before anything runs: a typo is an error naming the field, not a gate skipped.
+YAML anchors and aliases are refused as they are read: a kilobyte of nested aliases names
+billions of values (every check that walks them would run for minutes).
 """
 
 from __future__ import annotations
@@ -40,6 +42,34 @@ DEFAULT_FILE = "gates.yaml"
 
 class GatesFileError(ValueError):
     """A gates file that cannot be used, with the path and what is wrong."""
+
+
+class _AnchorRefused(yaml.YAMLError):
+    def __init__(self, what: str, mark: Any) -> None:
+        super().__init__(what)
+        self.what = what
+        self.line: int | None = None if mark is None else int(mark.line) + 1
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses an anchor or an alias when it composes one, before anything
+    is built or walked: a gates file writes each value out."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _AnchorRefused(f"alias *{event.anchor}", event.start_mark)
+        if getattr(event, "anchor", None) is not None:
+            raise _AnchorRefused(f"anchor &{event.anchor}", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _load_yaml(text: str) -> Any:
+    loader = _NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 class Gate(BaseModel):
@@ -113,7 +143,11 @@ def load_gates(path: Path) -> GatesFile:
     if size > MAX_FILE_BYTES:
         raise GatesFileError(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} allowed")
     try:
-        doc = yaml.safe_load(path.read_text("utf-8"))
+        doc = _load_yaml(path.read_text("utf-8"))
+    except _AnchorRefused as exc:
+        at = f"line {exc.line}: " if exc.line else ""
+        raise GatesFileError(f"{path}: {at}{exc.what}: YAML anchors and aliases are not "
+                             "allowed in a gates file (write each value out)") from exc
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
         raise GatesFileError(f"{path}: not valid YAML: {exc}") from exc
     if _depth(doc) > MAX_DEPTH:
