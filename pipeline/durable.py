@@ -5,6 +5,7 @@ check for state folders. Every temp-file + fsync + rename in liverl goes through
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import uuid
@@ -80,15 +81,36 @@ def publish_folder(
     fsync_path(target.parent)
 
 
+# What the writability probe writes: an empty file needs no data block, so it is created on a
+# full disk too (issue 37: `broker up` then failed with a traceback at its first real write).
+PROBE_BYTES = 64 * 1024
+
+
 def writable_problem(path: Path) -> str | None:
     """Why ``path`` (created if missing) cannot take files, or None. Components check their
     state folders at start-up so a bad path is one clear line, not a traceback from deep
-    inside Kafka, Faust or Delta start-up."""
+    inside Kafka, Faust or Delta start-up.
+
+    The probe writes :data:`PROBE_BYTES` random bytes and fsyncs them, so a full disk fails
+    it (random: a compressing file system would store zeros in no space), and is removed
+    whatever happened."""
+    probe = path / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            data = memoryview(os.urandom(PROBE_BYTES))
+            while data:
+                written = os.write(fd, data)
+                if written <= 0:  # never on Linux (ENOSPC is raised), but never loop for ever
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                data = data[written:]
+            os.fsync(fd)  # some file systems report a full disk only here
+        finally:
+            os.close(fd)
     except OSError as exc:
         return f"{path} is not writable ({exc.strerror or exc})"
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
     return None

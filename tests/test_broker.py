@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pipeline.kafka.broker import BrokerError, LocalBroker
 from pipeline.settings import BrokerSettings, Settings
 from pipeline.stack import free_port
+from tests.support.disk import fill, read_only
 
 
 def _settings(tmp_path: Path, **broker: object) -> Settings:
@@ -122,6 +123,77 @@ def test_an_unwritable_state_dir_is_one_line(tmp_path: Path) -> None:
     line = " ".join(result.output.split())  # the console wraps at its width
     assert line.startswith("error: the broker's data folder ")
     assert f"{state / 'kafka'} is not writable" in line and "LIVERL_STATE_DIR" in line
+
+
+def _broker_up_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``liverl broker up`` on ``tmp_path/state``, which must stop before any Java runs; its
+    output, which must be one ``error:`` line and exit 1."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    def no_java(self: LocalBroker) -> str:
+        raise AssertionError("a Java process was about to start")
+
+    monkeypatch.setattr(LocalBroker, "check_java", no_java)
+    env: dict[str, str | None] = {
+        "LIVERL_STATE_DIR": str(tmp_path / "state"), "LIVERL_BROKER_PORT": str(free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()), "LIVERL_KAFKA_BOOTSTRAP": None,
+    }
+    result = CliRunner().invoke(cli, ["broker", "up"], env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the broker's data folder "), lines
+    assert "LIVERL_STATE_DIR" in lines[0]
+    return lines[0]
+
+
+def test_a_full_disk_is_one_line_before_java_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: the probe wrote an empty file, which a full disk still creates, and `broker
+    up` failed at its first config write with a 48-line traceback."""
+    fill(monkeypatch, tmp_path / "state")
+    line = _broker_up_refused(tmp_path, monkeypatch)
+    assert f"{tmp_path / 'state' / 'kafka'} is not writable (No space left on device)" in line
+
+
+def test_an_unwritable_kafka_data_folder_is_one_line_before_java_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: only ``kafka/`` was probed; Kafka then died on ``kafka/data`` with a 25-line
+    Java trace."""
+    data = tmp_path / "state" / "kafka" / "data"
+    read_only(monkeypatch, data)
+    line = _broker_up_refused(tmp_path, monkeypatch)
+    assert f"{data} is not writable (Permission denied)" in line
+    assert list(data.iterdir()) == []  # not formatted, no probe left behind
+
+
+def test_a_disk_that_fills_after_the_probe_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe passed, then the first config write finds the disk full: one line naming
+    the file, not a traceback."""
+    import errno
+
+    from pipeline.kafka import broker as broker_mod
+
+    def full(self: LocalBroker, node: object = None) -> Path:
+        path = self.home / "server.properties"
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(broker_mod, "writable_problem", lambda path: None)
+    monkeypatch.setattr(LocalBroker, "check_java", lambda self: "java")
+    monkeypatch.setattr(LocalBroker, "ensure_jars", lambda self, quiet=False: tmp_path)
+    monkeypatch.setattr(LocalBroker, "_write_config", full)
+    local = LocalBroker(_settings(tmp_path))
+    with pytest.raises(BrokerError) as err:
+        local.up(quiet=True)
+    message = str(err.value)
+    assert message.startswith(f"cannot write {local.home / 'server.properties'} (No space left")
+    assert "\n" not in message and local.pid() is None
 
 
 def test_missing_java_names_the_remedy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import durable
+from tests.support.disk import fill, read_only
 
 
 @pytest.fixture
@@ -106,3 +107,28 @@ def test_publish_folder_refuses_an_existing_version(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         durable.publish_folder(tmp_path / "new", tmp_path / "v1")
     assert (tmp_path / "v1" / "x").is_dir()
+
+
+@pytest.mark.parametrize("at", ["write", "fsync"])
+def test_the_writability_probe_finds_a_full_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    """Issue 37: the probe wrote an empty file, which a full disk still creates (it takes no
+    data block), so `broker up` passed it and failed at its next write with a traceback.
+    Now the probe writes data and syncs it: a full disk, reported at the write or at the
+    fsync, is a problem naming the folder, and the probe file is gone either way."""
+    full = tmp_path / "full"
+    assert durable.writable_problem(full) is None  # the same folder, before the disk fills
+    fill(monkeypatch, full, at=at)
+    problem = durable.writable_problem(full)
+    assert problem == f"{full} is not writable (No space left on device)"
+    assert list(full.iterdir()) == []
+    assert durable.writable_problem(tmp_path / "elsewhere") is None
+
+
+def test_the_writability_probe_finds_a_read_only_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "ro"
+    read_only(monkeypatch, folder)
+    assert durable.writable_problem(folder) == f"{folder} is not writable (Permission denied)"

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -107,6 +108,12 @@ rootLogger.appenderRef.file.ref = FILE
 logger.state.name = state.change.logger
 logger.state.level = WARN
 """
+
+
+_STATE_DIR_HINT = (
+    "free space there or set state_dir to a writable folder "
+    "(LIVERL_STATE_DIR, or state_dir in liverl.toml / --config)"
+)
 
 
 class BrokerHost(Protocol):
@@ -229,13 +236,25 @@ class LocalBroker:
     # ---- lifecycle ----------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        """A state dir the broker cannot write is one clear line, not a traceback from the
-        first mkdir or pid file (issue 25)."""
-        if (problem := writable_problem(self.home)) is not None:
+        """A state dir the broker cannot write, a full disk or a node's ``data`` folder that
+        Kafka cannot write is one clear line before any Java starts, not a traceback from the
+        first config or pid file (issue 25) or a Java trace from the JVM (issue 37)."""
+        folders = [self.home, *(n.home for n in self.nodes), *(n.data_dir for n in self.nodes)]
+        for folder in dict.fromkeys(folders):
+            if (problem := writable_problem(folder)) is not None:
+                raise BrokerError(f"the broker's data folder {problem}; {_STATE_DIR_HINT}")
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """The broker's own files (configs, cluster id, pid and stdout files): a write that
+        fails after the probe passed (the disk filled up meanwhile) is one line too."""
+        try:
+            yield
+        except OSError as exc:
+            where = exc.filename or self.home
             raise BrokerError(
-                f"the broker's data folder {problem}; set state_dir to a writable folder "
-                "(LIVERL_STATE_DIR, or state_dir in liverl.toml / --config)"
-            )
+                f"cannot write {where} ({exc.strerror or exc}); {_STATE_DIR_HINT}"
+            ) from None
 
     def node_pid(self, node: Node) -> int | None:
         """PID of one node if it is alive (stale pid files are ignored)."""
@@ -275,7 +294,6 @@ class LocalBroker:
                         "LIVERL_BROKER_CONTROLLER_PORT (or [broker] port / controller_port in "
                         "liverl.toml)." + self._other_layout_hint()
                     )
-        self.home.mkdir(parents=True, exist_ok=True)
         jvm = [
             java,
             f"-Xmx{self.cfg.heap_mb}m",
@@ -287,21 +305,27 @@ class LocalBroker:
             # Several JVMs start on one machine: C1 only halves their start-up (measured 12-23 s
             # instead of 27-60 s for 3 nodes on 2 busy cores); peak throughput is not the point.
             jvm.append("-XX:TieredStopAtLevel=1")
-        props = {n.node_id: self._write_config(n) for n in missing}
-        unformatted = [n for n in missing if not (n.data_dir / "meta.properties").exists()]
-        self._format(jvm, lib, unformatted)
+        with self._writing():
+            self.home.mkdir(parents=True, exist_ok=True)
+            props = {n.node_id: self._write_config(n) for n in missing}
+            unformatted = [n for n in missing if not (n.data_dir / "meta.properties").exists()]
+            self._format(jvm, lib, unformatted)
         procs: dict[Node, subprocess.Popen[bytes]] = {}
-        for node in missing:
-            with open(node.stdout_file, "ab") as out:
-                procs[node] = subprocess.Popen(
-                    [*self._node_jvm(jvm, node, lib), "kafka.Kafka", str(props[node.node_id])],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            node.pid_file.write_text(str(procs[node].pid))
         try:
+            for node in missing:
+                with self._writing():
+                    out = open(node.stdout_file, "ab")  # noqa: SIM115 - closed right below
+                with out:
+                    procs[node] = subprocess.Popen(
+                        [*self._node_jvm(jvm, node, lib), "kafka.Kafka",
+                         str(props[node.node_id])],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                with self._writing():
+                    node.pid_file.write_text(str(procs[node].pid))
             self.wait_ready(started, procs=procs)
         except BrokerError:
             _stop_started(procs)  # no orphan JVM left waiting for a quorum
