@@ -42,6 +42,7 @@ from pipeline.kafka import names
 from pipeline.kafka import topics as kafka_topics
 from pipeline.kafka.connection import Connectable, connection_of
 
+from . import ledger_consumer
 from .config import ProcessorSettings
 from .consistency_live import LiveConsistency
 from .errors import RetentionError
@@ -76,6 +77,7 @@ class ProcessorsApp(faust.App):
 
     liverl_agents: tuple[AgentT, ...]
     liverl_transaction: Transaction | None = None
+    liverl_redeliver_after_s: float = ledger_consumer.REDELIVER_AFTER_S
     liverl_consistency: LiveConsistency | None = None  # a live panel's reader
     liverl_timers: dict[str, Callable[[], Awaitable[None]]]
     liverl_topics: dict[str, TopicT]
@@ -118,7 +120,8 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = ProcessorsApp(
         cfg.app_id,
-        broker=f"{SCHEME if cfg.exactly_once else 'kafka'}://{conn.bootstrap}",
+        # Both transports commit the offsets of the consumer's ledger (offset_ledger.py).
+        broker=f"{SCHEME if cfg.exactly_once else ledger_consumer.SCHEME}://{conn.bootstrap}",
         broker_commit_interval=cfg.commit_interval_s,
         value_serializer="raw",
         key_serializer="raw",
@@ -141,6 +144,7 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=min(3.0, cfg.session_timeout_s / 4),
     )
+    app.liverl_redeliver_after_s = cfg.redeliver_after_s
     if cfg.exactly_once:
         app.liverl_transaction = Transaction(
             transactional_id(cfg.app_id, cfg.worker_index), cfg.app_id, cfg.transaction_timeout_s,

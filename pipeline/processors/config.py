@@ -81,6 +81,11 @@ class ProcessorSettings(BaseSettings):
     # Two workers of one app started by hand on one machine need distinct indexes.
     worker_index: int = Field(default=0, ge=0)
     transaction_timeout_s: float = Field(default=60.0, ge=5.0, le=900.0)
+    # An input record handed to the agents and never acknowledged while later records of its
+    # partition were (a queue Faust cleared under it, say) is handed again after this long,
+    # with a warning and liverl_workers_records_redelivered (processors/ledger_consumer.py):
+    # the committed offset never passes it.
+    redeliver_after_s: float = Field(default=30.0, ge=1.0, le=3600.0)
     # Config versions enter every derived event id: change them when the logic changes.
     pairing_version: str = "pairing-1"
     reward_version: str = "reward-2"

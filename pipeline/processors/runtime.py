@@ -36,6 +36,7 @@ from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.producer import bound_dead_letter
 
+from . import ledger_consumer
 from .config import ProcessorSettings
 from .records import TABLE_SESSION, Parked, key_partition, parked_key, session_of
 from .rewards import LeftOut, UnmatchedHint
@@ -83,6 +84,12 @@ class WorkerMetrics:
         ):
             Gauge(name, doc, registry=self.registry).set_function(read)
 
+    def watch_offsets(self, app: Any) -> None:
+        """Gauges over the consumer's offset ledger: records handed and not acknowledged,
+        stale records fetched again, stalled records handed again (`ledger_consumer.py`)."""
+        for name, doc, read in ledger_consumer.watched(app):
+            Gauge(name, doc, registry=self.registry).set_function(read)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -109,6 +116,7 @@ class Runtime:
         self.timers: dict[str, Timer] = {}
         self.out: dict[str, TopicT] = {n: self.topic(n) for n in outputs}
         self.metrics = WorkerMetrics()
+        self.metrics.watch_offsets(app)
         if cfg.web_enabled:  # the only use liverl has for Faust's web server
             metrics = self.metrics
 

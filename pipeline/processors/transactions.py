@@ -19,6 +19,9 @@ producer (faust-streaming issues 177, 323, 440, 517). Here instead, as in Kafka 
   ``broker_commit_interval`` (``[processors] commit_interval_s``), also without new offsets,
   when only timers wrote, and as soon as no unit has run for ``commit_idle_s`` (a quiet
   worker's records are visible at once);
+- the offsets committed are those of the consumer's ledger (``offset_ledger.py``): contiguous
+  from the last commit through records a unit acknowledged and offsets that hold no record,
+  never past a record no unit handled, whatever Faust's own gap arithmetic says;
 - the worker's consumer reads ``read_committed`` (its inputs, and the changelogs it recovers
   state from: an aborted state write is never restored).
 
@@ -49,6 +52,8 @@ from faust import Service
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+
+from .ledger_consumer import LedgerConsumer
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +212,9 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             self.consumer.in_transaction = flag
 
 
-class Consumer(faust_aiokafka.Consumer):
-    """Faust's consumer whose commit is the transaction's (see the module docstring)."""
+class Consumer(LedgerConsumer):
+    """Faust's consumer whose commit is the transaction's (see the module docstring), at the
+    offsets its ledger allows (``ledger_consumer.py``)."""
 
     _handing_over: frozenset[TP] = frozenset()  # revoked, being committed before they go
 
@@ -286,6 +292,7 @@ class Consumer(faust_aiokafka.Consumer):
         owned = set(self.assignment()) | self._handing_over
         mine = {tp: o for tp, o in offsets.items() if tp in owned}
         await transaction_of(self.app).commit(mine)
+        self.committed_now(mine)
         return True
 
 

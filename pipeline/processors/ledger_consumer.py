@@ -1,0 +1,185 @@
+"""Faust's aiokafka consumer with the commit point taken from an :class:`OffsetLedger`.
+
+Faust's own arithmetic (acked offsets plus inferred gaps) commits past records no unit
+processed when a batch fetched before a re-seek is handed out after it (the reason, and the
+rule that replaces it: ``offset_ledger.py``). Here:
+
+- ``getmany`` hands every input record through the ledger; a record of a partition seeked
+  since its batch was fetched is stale: it is not handed, and the partition is positioned again
+  at the ledger's committable offset, so what the batch held is fetched again (nothing is left
+  between the ledger's last record and the next fetched one). Faust's read offset is set to each
+  handed record, so its own gap fill never runs and it never drops a record as already read;
+- every seek (Faust's re-seek to the committed offsets at the end of recovery, a seek of one
+  partition) starts the partition's epoch in the ledger;
+- an ack counts in the ledger only for the message object handed in the current epoch;
+- the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
+- a record handed and never acknowledged while later ones were (a queue cleared under it, say)
+  is handed again after ``redeliver_after_s``, with a warning and a metric: never silence.
+
+Changelog partitions (acks disabled: table recovery) pass through as Faust reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
+from typing import Any, cast
+
+from faust import Service
+from faust.transport.drivers import TRANSPORTS
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from .offset_ledger import OffsetLedger
+
+log = logging.getLogger(__name__)
+
+SCHEME = "liverl-kafka"  # at least once through the ledger (processors/app.py)
+REDELIVER_AFTER_S = 30.0  # default for ``app.liverl_redeliver_after_s``
+
+
+class LedgerConsumer(faust_aiokafka.Consumer):
+    """See the module docstring."""
+
+    ledger: OffsetLedger[TP]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ledger = OffsetLedger()
+
+    def _tracked(self, topic: str) -> bool:
+        return bool(self.app.topics.acks_enabled_for(topic))
+
+    async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Any]]:
+        ledger = self.ledger
+        fetched_at = ledger.epoch  # before the fetch: a seek after it makes its records stale
+        read_offset = self._read_offset
+        batch = cast(AsyncGenerator[tuple[TP, Any], None], super().getmany(timeout))
+        repositioned: set[TP] = set()
+        try:
+            async for tp, message in batch:
+                if not self._tracked(tp.topic):
+                    yield tp, message
+                    continue
+                if ledger.seeked_since(tp, fetched_at):
+                    # Stale, or fetched after a seek that ran while this batch was under
+                    # way: either way it is fetched again from the committable offset.
+                    ledger.stale_dropped += 1
+                    if tp not in repositioned:
+                        repositioned.add(tp)
+                        self._reposition(tp)
+                    continue
+                if not ledger.hand(tp, message.offset, message):
+                    continue  # handed already in this epoch (a refetch)
+                read_offset[tp] = message.offset
+                yield tp, message
+        finally:
+            await batch.aclose()
+
+    def _reposition(self, tp: TP) -> None:
+        """Fetch ``tp`` again from the ledger's committable offset (stale records dropped)."""
+        position = self.ledger.committable(tp)
+        if position is None:  # pragma: no cover - a seeked partition always has one
+            return
+        self._seek_now(tp, position)
+
+    def _seek_now(self, tp: TP, offset: int) -> None:
+        self._thread.seek(tp, offset)
+        self._read_offset[tp] = offset if offset else None
+        self.ledger.seek(tp, offset)
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        self._seek_now(partition, offset)
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        committed = await super().seek_to_committed()
+        for tp, offset in committed.items():
+            # aiokafka moves only partitions with a committed offset above 0 (the others
+            # read on from where they are): only those start a new epoch.
+            if offset is not None and offset > 0 and self._tracked(tp.topic):
+                self.ledger.seek(tp, offset)
+        return committed
+
+    async def seek_wait(self, partitions: Mapping[TP, int]) -> None:
+        await super().seek_wait(partitions)
+        for tp, offset in partitions.items():
+            if self._tracked(tp.topic):
+                self.ledger.seek(tp, offset)
+
+    def ack(self, message: Any) -> bool:
+        done = bool(super().ack(message))
+        tp = message.tp
+        self.ledger.ack(tp, message.offset, message)
+        # Faust's acked lists are not what commits read here: keep them from growing.
+        self._acked.pop(tp, None)
+        self._acked_index.pop(tp, None)
+        return done
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
+        return (tp for tp in self.ledger.partitions()
+                if topics is None or tp in topics or tp.topic in topics)  # fmt: skip
+
+    def _new_offset(self, tp: TP) -> int | None:
+        return self.ledger.committable(tp)
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        # Faust's revoke runs the app's handler (the hand-over commit, which still reads the
+        # ledger's offsets of these partitions) before the ledger forgets them.
+        await super().on_partitions_revoked(revoked)
+        for tp in revoked:
+            self.ledger.forget(tp)
+
+    def committed_now(self, offsets: Mapping[TP, int]) -> None:
+        for tp, offset in offsets.items():
+            self.ledger.committed(tp, offset)
+
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        done = bool(await super()._commit(offsets))
+        if done:
+            self.committed_now(offsets)
+        return done
+
+    @Service.task
+    async def _redeliver_stalled(self) -> None:
+        after_s = float(getattr(self.app, "liverl_redeliver_after_s", REDELIVER_AFTER_S))
+        while not self.should_stop:
+            await self.sleep(min(5.0, after_s / 2))
+            for stalled in self.ledger.stalled(after_s):
+                log.warning(
+                    "%s offset %d was handed %.0f s ago and no unit acknowledged it while "
+                    "later records were: handing it again (liverl_workers_records_redelivered)",
+                    stalled.tp, stalled.offset, stalled.waited_s,
+                )
+                self.ledger.redelivered += 1
+                self._seek_now(stalled.tp, stalled.offset)
+
+
+def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
+    """Gauges over the app's ledger (``runtime.WorkerMetrics``): name, help, reader."""
+
+    def read(attr: str) -> Any:
+        def value() -> float:
+            ledger = getattr(getattr(app, "_consumer", None), "ledger", None)
+            if ledger is None:
+                return 0.0
+            got = getattr(ledger, attr)
+            return float(got() if callable(got) else got)
+        return value
+
+    return (
+        ("liverl_workers_records_pending", "Input records handed to units, not acknowledged",
+         read("pending")),
+        ("liverl_workers_records_stale_dropped",
+         "Records of a batch fetched before a seek, not handed (fetched again)",
+         read("stale_dropped")),
+        ("liverl_workers_records_redelivered",
+         "Records no unit acknowledged while later ones were, handed again",
+         read("redelivered")),
+    )
+
+
+class Transport(faust_aiokafka.Transport):
+    Consumer = LedgerConsumer
+
+
+TRANSPORTS.aliases.setdefault(SCHEME, f"{__name__}:Transport")
