@@ -4,7 +4,10 @@ outcome as ``liverl record-outcome -- CMD`` does, and exits with the first failu
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,6 +151,40 @@ def test_gates_check_prints_the_plan_and_a_usage_error_for_a_bad_file(tmp_path):
     bad = write(tmp_path, "gates:\n  - commands: pytest\n")
     res = CliRunner().invoke(cli, ["gates", "run", "--session", "s", "--file", str(bad)])
     assert res.exit_code == 2 and "gates.0.commands: Extra inputs" in res.output
+
+
+def running(marker: str) -> list[int]:
+    """Pids of live processes whose command line holds ``marker``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if marker.encode() in (proc / "cmdline").read_bytes():
+                stat = (proc / "stat").read_bytes()
+                if stat[stat.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X"):
+                    found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_gate_whose_child_left_with_setsid_times_out_and_leaves_nothing_running(tmp_path):
+    """The issue's gate: `setsid` exits 0 at once, its `sh` and `sleep` hold the output. It
+    used to be reported passed after 10 s, the sleep left running."""
+    marker = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a sleep of its own
+    path = write(tmp_path, f"gates:\n  - command: setsid sh -c 'sleep {marker}'\n"
+                           "    timeout_s: 2\n    record_outcome: false\n")
+    started = time.monotonic()
+    try:
+        res = CliRunner().invoke(cli, ["gates", "run", "--session", "s", "--file", str(path)])
+        took = time.monotonic() - started
+        left = running(marker)
+    finally:
+        for pid in running(marker):  # nothing of ours stays behind, whatever fails below
+            os.kill(pid, signal.SIGKILL)
+    assert res.exit_code == 124, res.output
+    assert "timed out after 2 s (exit 124); not recorded" in res.output
+    assert "passed" not in res.output
+    assert took < 8.0 and left == []
 
 
 @pytest.mark.integration

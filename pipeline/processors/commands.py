@@ -25,6 +25,7 @@ from .gates_file import DEFAULT_FILE as DEFAULT_GATES_FILE
 from .gates_file import Gate, GatesFile, GatesFileError, load_gates, run_gates
 from .gates_file import exit_code as gates_exit_code
 from .outcomes import gate_event, outcome_event, run_gate
+from .outcomes import verdict as gate_verdict
 from .terminal import TAIL_CHARS
 
 MAX_PROCESSES = 64  # `liverl workers --processes`: a sanity bound, far above any partition count
@@ -278,18 +279,18 @@ def record_outcome(
         assert passed is not None
         event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail,
                               source=source)
-    verdict = "passed" if event.exit_code == 0 else "failed"
+    said = "passed" if event.exit_code == 0 else "failed"
     try:
         producer = EventProducer(settings, client_id="liverl-record-outcome")
         producer.send(names.NEXT_STATES, event)
         producer.flush()
     except Exception as exc:  # noqa: BLE001 - Kafka's or the config's: say it, exit non-zero
-        raise click.ClickException(f"{verdict}, but not recorded: {exc}") from exc
+        raise click.ClickException(f"{said}, but not recorded: {exc}") from exc
     if gate is None:
-        click.echo(f"recorded {verdict} for {session_id}: {event.event_id}")
+        click.echo(f"recorded {said} for {session_id}: {event.event_id}")
         return
     click.echo(  # stderr: stdout carried the command's own output
-        f"recorded {verdict} (exit {gate.exit_code}) for {session_id}: {event.event_id}", err=True
+        f"recorded {gate_verdict(gate, timeout_s)} for {session_id}: {event.event_id}", err=True
     )
     ctx.exit(gate.exit_code)
 
@@ -380,14 +381,16 @@ def gates_run(
 
     runs = run_gates(spec, session_id, record, turn=turn, tail_chars=tail_chars, on_start=start)
     for run in runs:
-        verdict = "passed" if run.passed else f"failed (exit {run.result.exit_code})"
+        said = gate_verdict(run.result, run.gate.timeout_s)
+        if not run.result.timed_out:
+            said += f" in {run.result.duration_s:g} s"
         if run.event is None:
             note = "not recorded (record_outcome: false)"
         elif run.error:
             note = f"NOT recorded: {run.error}"
         else:
             note = f"recorded {run.event.event_id}"
-        click.echo(f"{run.gate.label}: {verdict} in {run.result.duration_s:g} s; {note}", err=True)
+        click.echo(f"{run.gate.label}: {said}; {note}", err=True)
     skipped = len(spec.gates) - len(runs)
     if skipped:
         click.echo(f"{skipped} gate(s) not run (fail fast)", err=True)

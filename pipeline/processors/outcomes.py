@@ -8,12 +8,15 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import click
@@ -55,6 +58,8 @@ def outcome_event(
 # ---- quality gates: run a command, keep its exit code and the ends of its output --------------
 
 TIMEOUT_EXIT = 124  # as GNU timeout
+KILL_GRACE_S = 2.0  # a gate's tree gets SIGTERM, then SIGKILL after this
+_REAPER = Path(__file__).with_name("gate_reaper.py")
 MAX_COMMAND_CHARS = 1000  # of the command line kept in the event
 
 
@@ -89,41 +94,115 @@ class _Tail:
             if len(self.buf) > 2 * self.keep:
                 del self.buf[: len(self.buf) - self.keep]
 
+    def wait(self, deadline: float) -> bool:
+        """Whether the stream closed (every holder of its write end gone) by ``deadline``."""
+        self.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return not self.thread.is_alive()
+
     def text(self, chars: int) -> str:
         self.thread.join(timeout=5)  # a grandchild may still hold the pipe: do not wait on it
         return tail(bytes(self.buf[-self.keep :]).decode("utf-8", "replace"), chars)
 
 
+class _Status:
+    """What the gate's reaper (``gate_reaper.py``) says on its status pipe: ``ready``, then
+    ``exit N`` when the gate's own process ends."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.ready = False
+        self.code: int | None = None
+        self.closed = False
+
+    def read_until(self, deadline: float, *, ready_only: bool = False) -> None:
+        """Read lines until the exit code (or only ``ready``), the pipe's end or the deadline."""
+        while not self.closed and self.code is None and not (ready_only and self.ready):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                self.closed = True
+                return
+            self.buf += chunk
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                if line == b"ready":
+                    self.ready = True
+                elif line.startswith(b"exit "):
+                    self.code = int(line[5:])
+
+
+def _shell_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode  # signal N: 128 + N, as sh
+
+
+def _end_tree(proc: subprocess.Popen[bytes], status: _Status, grace_s: float) -> None:
+    """Have the reaper end the gate's whole tree (SIGTERM, SIGKILL after ``grace_s``) and
+    wait for it; if it does not end, SIGKILL its process group."""
+    if proc.poll() is not None:
+        return
+    if not status.ready:  # its SIGTERM handler is not in place before it says so
+        status.read_until(time.monotonic() + 5.0, ready_only=True)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s + 15.0)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_gate(
-    argv: list[str], timeout_s: float, tail_chars: int = TAIL_CHARS, echo: bool = True
+    argv: list[str],
+    timeout_s: float,
+    tail_chars: int = TAIL_CHARS,
+    echo: bool = True,
+    grace_s: float = KILL_GRACE_S,
 ) -> GateResult:
-    """Run ``argv`` (no shell) to its end or the timeout, its output passing through to ours
-    when ``echo``; the whole process group is killed at the timeout."""
+    """Run ``argv`` (no shell), its output passing through to ours when ``echo``, until its
+    process has ended *and* its output is closed (a descendant that holds it is still the
+    gate running), or ``timeout_s``: then it failed with 124, whatever its process said.
+
+    The gate runs under ``gate_reaper.py`` in a session of its own; at the end, on the
+    timeout or on an exception here (Ctrl-C), every process the gate started, one that
+    left with ``setsid`` included, gets SIGTERM, then SIGKILL after ``grace_s``: nothing it
+    started outlives the call."""
     started = time.monotonic()
+    deadline = started + timeout_s
+    status_r, status_w = os.pipe()
     try:
         proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-        )
+            [sys.executable, "-I", "-S", str(_REAPER), str(status_w), repr(float(grace_s)),
+             str(os.getpid()), "--", *argv],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
+            start_new_session=True,
+        )  # fmt: skip
     except OSError as exc:
-        code = 127 if isinstance(exc, FileNotFoundError) else 126
-        return GateResult(code, "", tail(str(exc), tail_chars), False, 0.0)
+        os.close(status_r)
+        return GateResult(126, "", tail(str(exc), tail_chars), False, 0.0)
+    finally:
+        os.close(status_w)
     # Binary pipes with the default buffering: BufferedReaders (read1 returns what is there).
     assert isinstance(proc.stdout, io.BufferedReader)
     assert isinstance(proc.stderr, io.BufferedReader)
     keep = 4 * tail_chars  # bytes: UTF-8 needs at most 4 a character
     out = _Tail(proc.stdout, click.get_binary_stream("stdout") if echo else None, keep)
     err = _Tail(proc.stderr, click.get_binary_stream("stderr") if echo else None, keep)
-    timed_out = False
+    status = _Status(status_r)
     try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        code = TIMEOUT_EXIT
-    if code < 0:
-        code = 128 - code  # killed by signal N: 128 + N, as a shell reports it
+        status.read_until(deadline)
+        if status.code is None and status.closed:  # the reaper itself ended early
+            code, timed_out = _shell_code(proc.wait()), False
+        elif status.code is None or not (out.wait(deadline) and err.wait(deadline)):
+            code, timed_out = TIMEOUT_EXIT, True
+        else:
+            code, timed_out = status.code, False
+    finally:  # leftovers (and, on a timeout or Ctrl-C, the gate itself) end here
+        _end_tree(proc, status, grace_s)
+        os.close(status_r)
     return GateResult(
         code,
         out.text(tail_chars),
@@ -131,6 +210,13 @@ def run_gate(
         timed_out,
         round(time.monotonic() - started, 3),
     )
+
+
+def verdict(gate: GateResult, timeout_s: float) -> str:
+    """How a gate ended, for people: passed, failed (exit N), or timed out after N s."""
+    if gate.timed_out:
+        return f"timed out after {timeout_s:g} s (exit {gate.exit_code})"
+    return "passed" if gate.exit_code == 0 else f"failed (exit {gate.exit_code})"
 
 
 def gate_event(
