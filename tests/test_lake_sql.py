@@ -118,3 +118,29 @@ def test_judge_consistency_view_types_the_archived_matches(tmp_path: Path) -> No
     assert cols[0] == "judge_id"
     assert got == [("replies", 1, 2, pytest.approx(2 / 5), 3, 1),
                    ("rules", 0, 1, pytest.approx(1 / 3), 1, 0)]  # fmt: skip
+
+
+def test_judge_consistency_view_takes_a_contradiction_as_newer_than_the_match_it_takes_back(
+    tmp_path: Path,
+) -> None:
+    """A verdict's match taken back (its turn's outcomes contradicted each other) lowers
+    agree + disagree + abstain by one: that sum used to make the match it took back the
+    newest. Matched verdicts, contradicted included, then contradicted, order them."""
+    from pipeline.lake.sql import run_query
+
+    def match(eid: str, agree: int, contradictions: int = 0) -> dict[str, object]:
+        return {"type": "judge_consistency", "event_id": eid, "judge_id": "replies",
+                "judge_version": "v1", "agree": agree, "disagree": 0, "abstain": 0,
+                "consistency": (agree + 1) / (agree + 2), "contradictions": contradictions,
+                "contradicted": contradictions > 0, "ts_ms": 1000}
+    # two agreements, the second taken back, then a verdict contradicted at once
+    rows = [match("m1", 1), match("m2", 2), match("back", 1, 1), match("once", 1, 2)]
+    for n in (3, 4):
+        write_deltalake(str(tmp_path / "events" / "judge_consistency"), pa.table({
+            "payload": pa.array([orjson.dumps(r) for r in rows[:n]], pa.binary()),
+            "event_id": pa.array([r["event_id"] for r in rows[:n]], pa.string()),
+            "event_type": pa.array(["judge_consistency"] * n, pa.string()),
+        }), mode="overwrite")  # fmt: skip
+        _, got = run_query(tmp_path, "SELECT agree, contradicted, consistency, matches "
+                           "FROM judge_consistency")  # fmt: skip
+        assert got == [(1, n - 2, pytest.approx(2 / 3), n)]

@@ -119,18 +119,19 @@ def test_each_verdict_counts_once_and_redeliveries_and_errors_are_ignored() -> N
     tr.verdict(v)  # a redelivery
     tr.verdict(verdict("a", 0, 1, version="v2", error="timeout"))
     tr.outcome(outcome("a", passed=True, eid="o1", ts=1))
-    tr.outcome(outcome("a", passed=False, eid="o2", ts=2))  # a later outcome: no recount
+    assert tr.outcome(outcome("a", score=0.5, eid="o2", ts=2)) == []  # a later one: no recount
     assert tr.tallies == {("replies", "v1"): Tally(agree=1)}
 
 
 def test_judges_and_versions_are_tallied_apart_and_feed_uses_the_latest_outcome() -> None:
     tr = ConsistencyTracker()
-    tr.feed(
+    matches = tr.feed(
         [verdict("a", 0, 1, judge="llm"), verdict("a", 0, 1, version="v2"),
          verdict("b", 0, -1, judge="llm")],
-        [outcome("a", passed=False, eid="o1", ts=1), outcome("a", passed=True, eid="o2", ts=5),
+        [outcome("a", passed=True, eid="o1", ts=1), outcome("a", score=0.5, eid="o2", ts=5),
          outcome("b", passed=True)],
     )
+    assert [m.outcome_id for m in matches if m.session_id == "a"] == ["o2", "o2"]
     assert tr.tallies[("llm", "v1")] == Tally(agree=1, disagree=1)
     assert tr.tallies[("replies", "v2")] == Tally(agree=1)
 
@@ -187,3 +188,99 @@ def test_a_panel_verdict_tallies_each_member_by_its_own_vote() -> None:
                           ("rules", "rules-1"): Tally(agree=1, disagree=1),
                           ("llm", "llm-1"): Tally(agree=1, abstain=1)}
     assert tr.tallies[("llm", "llm-1")].consistency == pytest.approx(2 / 3)  # (1+1)/(1+2)
+
+
+def thumbs(sid: str, up: bool, eid: str, ts: int, turn: int = 0) -> NextState:
+    """Thumbs feedback on a turn, as ``POST /v1/feedback`` records it (score +-1)."""
+    return NextState(event_id=eid, producer=P, ts_ms=ts, session_id=sid, turn=turn,
+                     kind="feedback", content="", source="feedback",
+                     score=1.0 if up else -1.0, detail={"thumbs": "up" if up else "down"})
+
+
+def contradictory(sid: str, turn: int = 0) -> list[NextState]:
+    """Thumbs up, thumbs down, passed, failed: four outcomes of one turn, in time order."""
+    return [thumbs(sid, True, f"{sid}-up", 1, turn), thumbs(sid, False, f"{sid}-down", 2, turn),
+            outcome(sid, turn, passed=True, eid=f"{sid}-pass", ts=3),
+            outcome(sid, turn, passed=False, eid=f"{sid}-fail", ts=4)]
+
+
+def counts(t: Tally) -> tuple[int, int, int]:
+    return t.agree, t.disagree, t.abstain
+
+
+def test_contradictory_outcomes_on_a_turn_count_neither_way_in_any_order() -> None:
+    """Was: the first outcome to meet the verdict counted (streaming), or the latest by event
+    time (batch), so whoever posts outcomes chose the judge's agreement. Now the verdict is
+    one contradicted match: agree, disagree and abstain as before, consistency unmoved."""
+    # the batch read (liverl judges compare, the watcher's catch-up): was 1 disagreement
+    tr = ConsistencyTracker()
+    matches = tr.feed([verdict("c", 0, 1)], contradictory("c"))
+    assert counts(tr.tallies[("replies", "v1")]) == (0, 0, 0)
+    assert [(m.contradicted, m.tally) for m in matches] == [(True, Tally(contradicted=1))]
+    # outcomes first, verdict later: was 1 disagreement (the latest, failed)
+    tr = ConsistencyTracker()
+    for o in contradictory("b"):
+        assert tr.outcome(o) == []
+    (m,) = tr.verdict(verdict("b", 0, 1))
+    assert counts(tr.tallies[("replies", "v1")]) == (0, 0, 0)
+    assert m.contradicted and m.agrees is None and m.tally == Tally(contradicted=1)
+    # verdict first: the thumbs up confirms it, the thumbs down takes that back (was: 1 agree)
+    tr = ConsistencyTracker()
+    tr.outcome(outcome("ok", passed=True))  # a judge with a record already
+    (before,) = tr.verdict(verdict("ok", 0, 1))
+    assert tr.verdict(verdict("a", 0, 1)) == []
+    matches = [m for o in contradictory("a") for m in tr.outcome(o)]
+    t = tr.tallies[("replies", "v1")]
+    assert counts(t) == counts(before.tally) == (1, 0, 0)
+    assert t.consistency == before.tally.consistency  # unmoved
+    m1, m2 = matches  # nothing more after the first contradiction: it is final
+    assert m1.agrees is True and m1.tally == Tally(agree=2)
+    assert m2.contradicted and m2.verdict_id == m1.verdict_id and m2.outcome_id == "a-down"
+    assert m2.tally == t == Tally(agree=1, contradicted=1)
+    assert tr.contradictory == 1  # one turn
+
+
+def test_a_judge_reading_each_outcome_right_is_not_made_to_disagree() -> None:
+    """The attack of issue 37: alternate the outcomes of one turn while the workers judge
+    each of them; every verdict, right about what it read, met the next outcome and
+    disagreed (3 disagreements here, none agreeing). Now every one is contradicted."""
+    tr = ConsistencyTracker()
+    matches = []
+    for o in contradictory("a"):
+        matches += tr.outcome(o)
+        vote = outcome_vote(o)  # what the rules judge reads in it
+        assert vote is not None
+        matches += tr.verdict(verdict("a", 0, vote, judge="rules", evidence=o.event_id))
+    assert counts(tr.tallies[("rules", "v1")]) == (0, 0, 0)
+    assert len(matches) == 4 and all(m.contradicted for m in matches)
+    assert tr.tallies[("rules", "v1")].contradicted == 4
+
+
+def test_a_panel_verdict_on_a_contradicted_turn_retracts_each_member() -> None:
+    members = [{"judge_id": j, "judge_version": "1", "vote": v, "weight": 0.5}
+               for j, v in (("replies", 1), ("rules", -1))]
+    prm = PrmScore(event_id="prm-panel", producer=P, parents=["i0", "ns"], session_id="p",
+                   turn=0, score=1, votes=[1, -1], judge_id="panel", judge_version="x",
+                   members=members)
+    tr = ConsistencyTracker()
+    tr.outcome(outcome("p", passed=True, eid="pass", ts=1))
+    assert len(tr.verdict(prm)) == 3
+    retracted = tr.outcome(outcome("p", passed=False, eid="fail", ts=2))
+    assert sorted(m.verdict_id for m in retracted if m.contradicted) == [
+        "prm-panel", "prm-panel/replies", "prm-panel/rules"]
+    assert all(t == Tally(contradicted=1) for t in tr.tallies.values()) and len(tr.tallies) == 3
+
+
+def test_session_outcomes_that_disagree_contradict_only_the_turns_they_stand_for() -> None:
+    tr = ConsistencyTracker()
+    tr.verdict(verdict("s", 0, 1))
+    tr.verdict(verdict("s", 1, 1))
+    tr.outcome(outcome("s", 1, passed=True))  # turn 1's own outcome
+    (m,) = tr.outcome(outcome("s", passed=True, session=True, eid="sp", ts=1))
+    assert m.turn == 0 and m.agrees is True
+    (m,) = tr.outcome(outcome("s", passed=False, session=True, eid="sf", ts=2))
+    assert (m.turn, m.contradicted, m.outcome_id) == (0, True, "sf")
+    assert tr.tallies[("replies", "v1")] == Tally(agree=1, contradicted=1)  # turn 1 stands
+    # a repeated outcome of either sign adds nothing; a turn of its own keeps deciding
+    assert tr.outcome(outcome("s", 1, score=0.7, eid="again", ts=3)) == []
+    assert tr.contradictory == 1

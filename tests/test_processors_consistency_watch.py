@@ -64,6 +64,39 @@ def test_each_match_carries_the_tally_as_it_stood_then() -> None:
     assert ev.parents == ["prm-b-rb", m2.outcome_id] and ev.judge_id == "replies"
 
 
+def thumbs(sid: str, up: bool, ts_ms: int | None = None) -> NextState:
+    """Thumbs feedback on turn 0, as ``POST /v1/feedback`` records it."""
+    return NextState(event_id=events.new_event_id(), producer=P,
+                     ts_ms=ts_ms if ts_ms is not None else events.now_ms(), session_id=sid,
+                     turn=0, kind="feedback", content="", source="feedback",
+                     score=1.0 if up else -1.0, detail={"thumbs": "up" if up else "down"})
+
+
+def test_a_contradicted_verdict_is_one_event_whichever_outcome_contradicted_it() -> None:
+    """Live, the match with the thumbs up is published, then taken back when the thumbs down
+    comes; rebuilt at a restart, the verdict is contradicted at once and names the latest
+    outcome. Both are one event (its id is the verdict's), so nothing is said twice."""
+    up, down = thumbs("a", True, 1), thumbs("a", False, 2)
+    v = verdict("a", 1, "a-reply")
+    live = ConsistencyTracker()
+    live.verdict(v)
+    (agreed,) = live.outcome(up)
+    (taken_back,) = live.outcome(down)
+    rebuilt = ConsistencyTracker()
+    (at_once,) = rebuilt.feed([v], [down, up])
+    assert (taken_back.outcome_id, at_once.outcome_id) == (down.event_id, down.event_id)
+    rebuilt = ConsistencyTracker()
+    (at_once,) = rebuilt.feed([v], [thumbs("a", True, 3), down])  # a later thumbs up
+    assert at_once.outcome_id != taken_back.outcome_id
+    ev_agreed, ev_back, ev_once = (match_event(m) for m in (agreed, taken_back, at_once))
+    assert ev_back.event_id == ev_once.event_id != ev_agreed.event_id
+    assert (ev_agreed.agree, ev_agreed.contradicted, ev_agreed.contradictions) == (1, False, 0)
+    for ev in (ev_back, ev_once):
+        assert (ev.agree, ev.disagree, ev.abstain) == (0, 0, 0) and ev.consistency == 0.5
+        assert (ev.contradicted, ev.contradictions) == (True, 1)
+        assert events.decode(events.encode(ev)) == ev  # the schema takes the new fields
+
+
 def published(settings: Settings, ns: str) -> list[events.JudgeConsistency]:
     topic = names.resolve(names.JUDGE_CONSISTENCY, ns)
     out = [events.decode(m.value()) for msgs in read_topic(settings, topic).values()
@@ -124,3 +157,58 @@ def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
     res = invoke(["judges", "watch", "--namespace", ns, "--once"], env)
     assert res.exit_code == 0 and "published 0 match(es)" in res.output, res.output
     assert len(published(kafka_settings, ns)) == 12
+
+
+@pytest.mark.integration
+def test_watch_takes_back_a_match_when_the_turns_outcomes_contradict_each_other(
+    kafka_settings, unique, tmp_path, request  # type: ignore[no-untyped-def]
+) -> None:
+    """Thumbs up, thumbs down, passed and failed on one turn: the judge's match with the
+    thumbs up is published, then one contradicted event takes it back, and the tally ends as
+    it was before that turn (one agreement of another session). A restart says nothing again."""
+    ns = f"cc{unique}"
+    env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
+    request.addfinalizer(lambda: drop(env, ns))
+    assert invoke(["topics", "apply", "--namespace", ns], env).exit_code == 0
+    producer = EventProducer(kafka_settings, client_id="consistency-contradiction-test")
+    prm, nxt = (names.resolve(t, ns) for t in (names.PRM_SCORES, names.NEXT_STATES))
+    sid, other = f"{ns}-s0", f"{ns}-s1"
+    producer.send(prm, verdict(other, -1, f"{other}-reply"))
+    producer.send(nxt, outcome_event(other, False, turn=0))  # agrees
+    producer.send(prm, verdict(sid, 1, f"{sid}-reply"))
+    producer.send(nxt, thumbs(sid, True))  # agrees, for now
+    producer.flush()
+    seen: list[events.JudgeConsistency] = []
+    watcher = ConsistencyWatcher(kafka_settings, namespace=ns, on_event=seen.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 2:
+            assert time.monotonic() < deadline and thread.is_alive(), len(seen)
+            time.sleep(0.2)
+        assert (seen[-1].agree, seen[-1].disagree) == (2, 0)
+        for ev in (thumbs(sid, False), outcome_event(sid, True, turn=0),
+                   outcome_event(sid, False, turn=0)):  # while it follows
+            producer.send(nxt, ev)
+        producer.flush()
+        while len(seen) < 3:
+            assert time.monotonic() < deadline and thread.is_alive(), len(seen)
+            time.sleep(0.2)
+        time.sleep(2.0)  # the last outcomes have been read too: nothing more comes of them
+    finally:
+        stop.set()
+        thread.join(30)
+    got = published(kafka_settings, ns)
+    assert len(got) == len({e.event_id for e in got}) == 3, got
+    (back,) = [e for e in got if e.contradicted]
+    assert back.verdict_id == f"prm-{sid}-{sid}-reply"
+    assert (back.agree, back.disagree, back.abstain, back.contradictions) == (1, 0, 0, 1)
+    assert back.consistency == pytest.approx(2 / 3)  # as before the contradicted turn
+    assert watcher.contradicted == 1 and watcher.tracker.contradictory == 1
+    # a second run rebuilds the join (the verdict contradicted at once: the same event)
+    res = invoke(["judges", "watch", "--namespace", ns, "--once"], env)
+    assert res.exit_code == 0 and "published 0 match(es)" in res.output, res.output
+    assert "1 turn(s) with contradictory outcomes" in res.output, res.output
+    assert len(published(kafka_settings, ns)) == 3

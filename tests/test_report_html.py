@@ -56,6 +56,20 @@ CONSISTENCY = [match("m2", "replies", 1, 1), match("m1", "replies", 1, 0),
                match("r1", "rules", 0, 0, 1)]
 
 
+def test_judge_tally_is_the_contradiction_not_the_match_it_took_back() -> None:
+    """A verdict whose turn's outcomes contradicted each other is taken back out of agree:
+    the sum agree + disagree + abstain falls by one, and used to keep the taken-back match as
+    the judge's newest (agree 2 here)."""
+    from pipeline.report.html import judge_consistency
+
+    back = {**match("back", "replies", 1, 0), "contradicted": True, "contradictions": 1}
+    for order in ([match("m1", "replies", 1, 0), match("m2", "replies", 2, 0), back],
+                  [back, match("m2", "replies", 2, 0), match("m1", "replies", 1, 0)]):
+        (row,) = judge_consistency(order)
+        assert row["agree"] == 1 and row["consistency"] == pytest.approx(2 / 3)
+        assert row["contradicted"] == 1
+
+
 def test_page_figures_match_hand_computation(tmp_path: Path) -> None:
     page = build_page(judged_lake(tmp_path), "p1", buckets=1)
     # Trained rewards (tests/test_report.py SAMPLES): 1, -1, 1 | 1, 1, 0, -1 | 0.5.

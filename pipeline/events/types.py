@@ -283,6 +283,10 @@ class JudgeConsistency(Event):
     consistency: float
     flagged: bool = False
     reason: str | None = None
+    # The outcomes of the verdict's turn disagree with each other: counted neither way (a match
+    # of it published before is out of this tally); ``contradictions`` counts such verdicts.
+    contradicted: bool = False
+    contradictions: int = 0
 
 
 @dataclass(slots=True, kw_only=True)

@@ -48,30 +48,36 @@ def find_tables(lake: Path) -> dict[str, Path]:
 
 
 # Typed per judge and version from the archived judge_consistency topic (byte-exact JSON):
-# the tally of its newest match (the most verdicts decided), and how many matches flagged it.
-# A match archived twice (a re-sent event) counts once.
+# the tally of its newest match, and how many matches flagged it. Newest: the most verdicts
+# matched, contradicted ones included; a contradiction taking a match back leaves that number
+# as it was, and comes later by its higher count of contradicted verdicts. A match archived
+# twice (a re-sent event) counts once.
 JUDGE_CONSISTENCY_VIEW = """
 CREATE VIEW judge_consistency AS
 WITH raw AS (
     SELECT DISTINCT ON (event_id) decode(payload) AS j
     FROM events_judge_consistency
     WHERE event_type = 'judge_consistency' AND payload IS NOT NULL
-), m AS (
+), t AS (
     SELECT json_extract_string(j, '$.judge_id') AS judge_id,
            json_extract_string(j, '$.judge_version') AS judge_version,
            CAST(json_extract(j, '$.agree') AS BIGINT) AS agree,
            CAST(json_extract(j, '$.disagree') AS BIGINT) AS disagree,
            CAST(json_extract(j, '$.abstain') AS BIGINT) AS abstain,
+           coalesce(CAST(json_extract(j, '$.contradictions') AS BIGINT), 0) AS contradicted,
            CAST(json_extract(j, '$.consistency') AS DOUBLE) AS consistency,
            coalesce(CAST(json_extract(j, '$.flagged') AS BOOLEAN), false) AS flagged,
            CAST(json_extract(j, '$.ts_ms') AS BIGINT) AS ts_ms
     FROM raw
+), m AS (
+    SELECT *, [agree + disagree + abstain + contradicted, contradicted] AS newest FROM t
 )
 SELECT judge_id, judge_version,
-       arg_max(agree, agree + disagree + abstain) AS agree,
-       arg_max(disagree, agree + disagree + abstain) AS disagree,
-       arg_max(abstain, agree + disagree + abstain) AS abstain,
-       arg_max(consistency, agree + disagree + abstain) AS consistency,
+       arg_max(agree, newest) AS agree,
+       arg_max(disagree, newest) AS disagree,
+       arg_max(abstain, newest) AS abstain,
+       arg_max(contradicted, newest) AS contradicted,
+       arg_max(consistency, newest) AS consistency,
        count(*) AS matches,
        count(*) FILTER (WHERE flagged) AS flags,
        max(ts_ms) AS last_ts_ms

@@ -1,11 +1,15 @@
 """Judge consistency (RLAnything): how often a judge's verdicts agree with the verifiable
 outcomes that later arrive for the same turn.
 
-A verdict (``prm_score``) on turn t of session s is *confirmed* when an outcome of that turn
+A verdict (``prm_score``) on turn t of session s *agrees* when an outcome of that turn
 (a next state with an explicit ``score`` or an ``exit_code``: a quality gate, a test run,
-thumbs feedback) has the same sign, *contradicted* when the sign is opposite, and an
+thumbs feedback) has the same sign, *disagrees* when the sign is opposite, and is an
 *abstention* when the verdict is 0. A session-scoped outcome (``record-outcome`` without
-``--turn``) stands for every turn of its session that has no outcome of its own. A verdict
+``--turn``) stands for every turn of its session that has no outcome of its own. When the
+outcomes it is checked against disagree with each other (passed and failed, thumbs up and
+down), the verdict is *contradicted*: there is no truth to check it against, so it counts
+neither way. Otherwise whoever can post outcomes could post both signs on a turn and have the
+later one count against every judge. A verdict
 that was made *from* the outcome itself (its parents name the outcome's event) is skipped:
 a judge reading an exit code agrees with it by construction and would look perfect. A user
 asking the question again (``detail.repeats_question``, set by pairing) is an outcome too,
@@ -17,7 +21,9 @@ is neither trusted nor distrusted, and one lucky verdict moves it only to 2/3.
 
 Pure and incremental: :class:`ConsistencyTracker` takes verdicts and outcomes in any order
 (they are different topics) and returns each match once, so a streaming consumer and the
-``liverl judges compare`` batch read share it.
+``liverl judges compare`` batch read share it. A match is made as soon as an outcome is
+known; an outcome of the other sign arriving later turns it into a contradiction, returned as
+a second match of the same verdict that takes the first back out of the tally.
 
 A panel's verdict (``prm_score.members``) also counts as one verdict of each member, under
 the member's own judge id and version (match id ``<prm_score id>/<member judge_id>``): the
@@ -29,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 from pipeline.events import NextState, PrmScore
 from pipeline.events.types import Vote
@@ -61,15 +67,28 @@ class Tally:
     agree: int = 0
     disagree: int = 0
     abstain: int = 0
+    contradicted: int = 0  # verdicts whose outcomes disagreed with each other: counted neither way
 
     def add(self, match: Match) -> None:
-        a = match.agrees
-        if a is None:
-            self.abstain += 1
-        elif a:
-            self.agree += 1
+        if match.contradicted:
+            self.contradicted += 1
         else:
-            self.disagree += 1
+            self._count(match.agrees, 1)
+
+    def retract(self, agrees: bool | None) -> None:
+        """Take back a match that counted ``agrees`` (its turn turned out contradicted)."""
+        self._count(agrees, -1)
+
+    def _count(self, agrees: bool | None, n: int) -> None:
+        if agrees is None:
+            self.abstain += n
+        elif agrees:
+            self.agree += n
+        else:
+            self.disagree += n
+
+    def copy(self) -> Tally:
+        return Tally(self.agree, self.disagree, self.abstain, self.contradicted)
 
     @property
     def decided(self) -> int:
@@ -88,7 +107,7 @@ class Tally:
 
 @dataclass(frozen=True, slots=True)
 class Match:
-    """One verdict joined to its outcome."""
+    """One verdict joined to its outcome (``contradicted``: to outcomes that disagree)."""
 
     judge: JudgeKey
     session_id: str
@@ -98,11 +117,16 @@ class Match:
     verdict_id: str
     outcome_id: str
     tally: Tally | None = None  # the judge's counts right after this match (None: unmatched)
+    # The outcomes of the turn disagree with each other (``outcome_id`` is one of them): the
+    # verdict counts neither way, and a match of it returned before is out of ``tally``.
+    contradicted: bool = False
 
     @property
     def agrees(self) -> bool | None:
-        """True confirmed, False contradicted, None an abstention (verdict 0)."""
-        return None if self.verdict == 0 else self.verdict == self.outcome
+        """True agrees, False disagrees, None an abstention (verdict 0) or contradicted."""
+        if self.contradicted or self.verdict == 0:
+            return None
+        return self.verdict == self.outcome
 
 
 @dataclass(slots=True)
@@ -111,6 +135,11 @@ class _Verdict:
     score: Vote
     event_id: str
     evidence: frozenset[str]  # the verdict's parents: the interaction and its next state
+    # Where it stands: unmatched (None), matched from the outcomes of ``source`` (a turn's or
+    # its session's), or contradicted (final: outcomes of both signs never agree again).
+    status: Literal["matched", "contradicted"] | None = None
+    source: _Key | None = None
+    agrees: bool | None = None  # what it counted, while matched
 
 
 @dataclass(slots=True)
@@ -123,20 +152,52 @@ class _Outcome:
     read: bool = False
 
 
+_Key = tuple[str, int] | str  # the outcomes of (session, turn), or of a session as a whole
+
+
+@dataclass(slots=True)
+class _Outcomes:
+    """The outcomes of one turn (or one session): the latest of each sign, which is all the
+    join needs (the latest outcome, and whether both signs were seen)."""
+
+    latest: dict[Vote, _Outcome] = field(default_factory=dict)
+
+    @property
+    def contradictory(self) -> bool:
+        return len(self.latest) > 1
+
+    def add(self, o: _Outcome) -> bool:
+        """Keep ``o`` if it is the latest of its sign; True if it made the two signs meet."""
+        old = self.latest.get(o.vote)
+        if old is None or (o.ts_ms, o.event_id) >= (old.ts_ms, old.event_id):
+            self.latest[o.vote] = o
+        return old is None and self.contradictory
+
+    def against(self, v: _Verdict) -> _Outcome | None:
+        """The latest outcome ``v`` may be checked against: not one it was made from."""
+        fair = [o for o in self.latest.values() if o.read or o.event_id not in v.evidence]
+        return max(fair, key=lambda o: (o.ts_ms, o.event_id), default=None)
+
+
 @dataclass
 class ConsistencyTracker:
     """Joins verdicts to outcomes as either arrives; :attr:`tallies` per judge key.
 
-    A verdict is matched at most once: to its turn's latest outcome if one is known when it
-    is first matchable, else to its session's; an outcome arriving later for an already
-    matched verdict does not re-count it (the first verifiable word on a turn decides).
+    A verdict is matched once: to its turn's latest outcome if one is known when it is first
+    matchable, else to its session's; an outcome of the same sign arriving later, or one of
+    the turn's own after a session's matched it, does not re-count it (the first verifiable
+    word decides). An outcome of the other sign among those it was matched from does: the
+    verdict becomes contradicted, its match is taken out of the tally and a contradicted
+    match says so. A verdict first matchable once its outcomes disagree is contradicted at
+    once. :attr:`contradictory` counts the turns (or sessions, for session outcomes) whose
+    outcomes came to disagree.
     """
 
     tallies: dict[JudgeKey, Tally] = field(default_factory=dict)
+    contradictory: int = 0
     _verdicts: dict[str, dict[int, list[_Verdict]]] = field(default_factory=dict)  # by session
-    _turn_outcomes: dict[tuple[str, int], _Outcome] = field(default_factory=dict)
-    _session_outcomes: dict[str, _Outcome] = field(default_factory=dict)
-    _matched: set[str] = field(default_factory=set)
+    _turn_outcomes: dict[tuple[str, int], _Outcomes] = field(default_factory=dict)
+    _session_outcomes: dict[str, _Outcomes] = field(default_factory=dict)
     _seen: set[str] = field(default_factory=set)
     _last: dict[str, int] = field(default_factory=dict)  # session -> newest event time (ms)
     _ids: dict[str, list[str]] = field(default_factory=dict)  # session -> its ids in _seen
@@ -150,7 +211,6 @@ class ConsistencyTracker:
         for sid in old:
             for eid in self._ids.pop(sid, []):
                 self._seen.discard(eid)
-                self._matched.discard(eid)
             self._verdicts.pop(sid, None)
             self._session_outcomes.pop(sid, None)
             for turn in self._outcome_turns.pop(sid, ()):
@@ -182,73 +242,105 @@ class ConsistencyTracker:
                 mine.append(_Verdict((str(m["judge_id"]), str(m["judge_version"])),
                                      m["vote"], vid, evidence))
         self._verdicts.setdefault(prm.session_id, {}).setdefault(prm.turn, []).extend(mine)
-        out = []
-        for v in mine:
-            found = self._outcome_for(prm.session_id, prm.turn, v)
-            if found:
-                out.append(self._match(prm.session_id, prm.turn, v, found))
-        return out
+        return self._match_all(prm.session_id, prm.turn, mine)
 
     def outcome(self, state: NextState) -> list[Match]:
-        """Record a next state; the matches it completes (none unless it is an outcome)."""
-        if not self._record(state):
+        """Record a next state; the matches it completes or contradicts (none unless it is
+        an outcome)."""
+        recorded = self._record(state)
+        if recorded is None:
             return []
+        out = self._contradict(state.session_id, *recorded)
         turns = self._verdicts.get(state.session_id, {})
         if is_session_outcome(state):
-            return [m for turn, verdicts in turns.items()
-                    for m in self._match_all(state.session_id, turn, verdicts)]
-        return self._match_all(state.session_id, state.turn, turns.get(state.turn, []))
+            return out + [m for turn, verdicts in turns.items()
+                          for m in self._match_all(state.session_id, turn, verdicts)]
+        return out + self._match_all(state.session_id, state.turn, turns.get(state.turn, []))
 
     def feed(self, verdicts: Iterable[PrmScore], states: Iterable[NextState]) -> list[Match]:
         """Batch form: every verdict and next state (order does not matter for the totals,
-        except which of several outcomes of one turn counts: the latest by event time)."""
+        except which of several outcomes of one sign on a turn is named: the latest by event
+        time). Verdicts recorded before are contradicted by ``states`` as :meth:`outcome`
+        would; they are not matched to them."""
+        out: list[Match] = []
         for s in states:
-            self._record(s)
-        return [m for prm in verdicts for m in self.verdict(prm)]
+            if (recorded := self._record(s)) is not None:
+                out += self._contradict(s.session_id, *recorded)
+        return out + [m for prm in verdicts for m in self.verdict(prm)]
 
     # -- inner workings ------------------------------------------------------------------------
 
-    def _record(self, state: NextState) -> bool:
-        """Keep a new outcome as its turn's (or session's) latest; False if it is none."""
+    def _record(self, state: NextState) -> tuple[_Key, _Outcome, bool] | None:
+        """Keep a new outcome among its turn's (or session's): the key it is kept under, it,
+        and whether it made the two signs meet there; None if it is no outcome (or seen)."""
         vote = outcome_vote(state)
         if vote is None or state.event_id in self._seen:
-            return False
+            return None
         self._touch(state.session_id, state.ts_ms, state.event_id)
         read = state.score is None and state.exit_code is None
         o = _Outcome(vote, state.event_id, state.ts_ms, read)
-        table: dict[Any, _Outcome] = self._turn_outcomes
-        key: Any = (state.session_id, state.turn)
+        key: _Key
         if is_session_outcome(state):
-            table, key = self._session_outcomes, state.session_id
+            key = state.session_id
+            outcomes = self._session_outcomes.setdefault(key, _Outcomes())
         else:
+            key = (state.session_id, state.turn)
             self._outcome_turns.setdefault(state.session_id, set()).add(state.turn)
-        old = table.get(key)
-        if old is None or (o.ts_ms, o.event_id) >= (old.ts_ms, old.event_id):
-            table[key] = o
-        return True
+            outcomes = self._turn_outcomes.setdefault(key, _Outcomes())
+        met = outcomes.add(o)
+        self.contradictory += met
+        return key, o, met
 
-    def _outcome_for(self, sid: str, turn: int, v: _Verdict) -> _Outcome | None:
-        for o in (self._turn_outcomes.get((sid, turn)), self._session_outcomes.get(sid)):
-            if o is not None and (o.read or o.event_id not in v.evidence):
-                return o
+    def _outcomes(self, key: _Key) -> _Outcomes | None:
+        if isinstance(key, str):
+            return self._session_outcomes.get(key)
+        return self._turn_outcomes.get(key)
+
+    def _outcome_for(self, sid: str, turn: int, v: _Verdict
+                     ) -> tuple[_Key, _Outcomes, _Outcome] | None:
+        for key in ((sid, turn), sid):
+            outcomes = self._outcomes(key)
+            o = outcomes.against(v) if outcomes is not None else None
+            if o is not None:
+                assert outcomes is not None
+                return key, outcomes, o
         return None
 
     def _match_all(self, sid: str, turn: int, verdicts: Sequence[_Verdict]) -> list[Match]:
         out = []
         for v in verdicts:
-            if v.event_id in self._matched:
+            if v.status is not None:
                 continue
-            o = self._outcome_for(sid, turn, v)
-            if o is not None:
-                out.append(self._match(sid, turn, v, o))
+            found = self._outcome_for(sid, turn, v)
+            if found is not None:
+                key, outcomes, o = found
+                out.append(self._match(sid, turn, v, key, o, outcomes.contradictory))
         return out
 
-    def _match(self, sid: str, turn: int, v: _Verdict, o: _Outcome) -> Match:
-        self._matched.add(v.event_id)
-        m = Match(v.judge, sid, turn, v.score, o.vote, v.event_id, o.event_id)
+    def _contradict(self, sid: str, key: _Key, o: _Outcome, met: bool) -> list[Match]:
+        """When ``o`` made the outcomes under ``key`` disagree: every verdict matched from
+        them becomes contradicted, its match taken out of its judge's tally."""
+        if not met:
+            return []
+        turns = self._verdicts.get(sid, {})
+        scope = turns.items() if isinstance(key, str) else [(key[1], turns.get(key[1], []))]
+        out = []
+        for turn, verdicts in scope:
+            for v in verdicts:
+                if v.status == "matched" and v.source == key:
+                    self.tallies[v.judge].retract(v.agrees)
+                    out.append(self._match(sid, turn, v, key, o, True))
+        return out
+
+    def _match(self, sid: str, turn: int, v: _Verdict, key: _Key, o: _Outcome,
+               contradicted: bool) -> Match:
+        m = Match(v.judge, sid, turn, v.score, o.vote, v.event_id, o.event_id,
+                  contradicted=contradicted)
+        v.status = "contradicted" if contradicted else "matched"
+        v.source, v.agrees = key, m.agrees
         t = self.tallies.setdefault(v.judge, Tally())
         t.add(m)
-        return dataclasses.replace(m, tally=Tally(t.agree, t.disagree, t.abstain))
+        return dataclasses.replace(m, tally=t.copy())
 
 
 def member_verdict_id(prm_id: str, judge_id: str) -> str:

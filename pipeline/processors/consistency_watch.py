@@ -9,9 +9,15 @@ between a match and its send), then follows the topics' ends. Match ids derive f
 verdict and the outcome, so a match published twice (a crash between send and the next
 start) is one event to every consumer that deduplicates by id.
 
+A verdict whose turn's outcomes disagree with each other is published once more, as
+``contradicted: true`` with the tally that no longer counts it either way (its id derives
+from the verdict alone, so it is one event whichever outcome contradicted it, live or
+rebuilt at a restart). ``contradictions`` on each event counts the judge's contradicted
+verdicts, also served as ``liverl_judge_contradicted``.
+
 A judge is *flagged* (``flagged: true`` on the match that did it, the
 ``liverl_judge_flags_total`` counter) when its consistency falls below ``flag_below`` once it
-has ``min_decided`` confirmed-or-contradicted verdicts; it is flagged again only after it has
+has ``min_decided`` verdicts that agreed or disagreed; it is flagged again only after it has
 risen back above ``flag_below + FLAG_HYSTERESIS``.
 """
 
@@ -76,8 +82,13 @@ def match_event(m: Match, flagged: bool = False, reason: str | None = None
     assert m.tally is not None  # a match the tracker made
     t = m.tally
     parents = [m.verdict_id, m.outcome_id]
+    # A verdict is contradicted once, by whichever outcome: one id (a rebuild at a restart
+    # may name another outcome than the live run did).
+    event_id = (events.derive_event_id("judge_consistency", [m.verdict_id], VERSION,
+                                       "contradicted") if m.contradicted  # fmt: skip
+                else events.derive_event_id("judge_consistency", parents, VERSION))
     return events.JudgeConsistency(
-        event_id=events.derive_event_id("judge_consistency", parents, VERSION),
+        event_id=event_id,
         producer=PRODUCER,
         parents=parents,
         judge_id=m.judge[0],
@@ -92,6 +103,8 @@ def match_event(m: Match, flagged: bool = False, reason: str | None = None
         consistency=t.consistency,
         flagged=flagged,
         reason=reason,
+        contradicted=m.contradicted,
+        contradictions=t.contradicted,
     )
 
 
@@ -134,6 +147,7 @@ class ConsistencyWatcher:
         self.output = names.resolve(names.JUDGE_CONSISTENCY, namespace)
         self.published: set[str] = set()
         self.sent = 0
+        self.contradicted = 0  # contradicted matches published (a retraction or not)
         self.on_event = on_event
         self._producer: Any = None
         self.horizon_ms = int(horizon_s * 1000)  # sessions quiet longer are forgotten
@@ -221,6 +235,7 @@ class ConsistencyWatcher:
             self._producer.send(self.output, ev, key=ev.judge_id)
             self.published.add(ev.event_id)
             self.sent += 1
+            self.contradicted += ev.contradicted
             if self.on_event is not None:
                 self.on_event(ev)
         self._producer.flush()
@@ -244,11 +259,13 @@ def _event_id(raw: bytes | None) -> str:
 
 _GAUGE: Any = None
 _FLAGS: Any = None
+_CONTRADICTED: Any = None
 
 
 def _metrics(ev: events.JudgeConsistency) -> None:
-    """``liverl_judge_consistency`` per judge and version; ``liverl_judge_flags_total``."""
-    global _GAUGE, _FLAGS
+    """``liverl_judge_consistency`` and ``liverl_judge_contradicted`` per judge and version;
+    ``liverl_judge_flags_total``."""
+    global _GAUGE, _FLAGS, _CONTRADICTED
     from prometheus_client import Counter, Gauge
 
     if _GAUGE is None:
@@ -256,6 +273,10 @@ def _metrics(ev: events.JudgeConsistency) -> None:
                        "(agree + 1) / (agree + disagree + 2)", ["judge_id", "judge_version"])
         _FLAGS = Counter("liverl_judge_flags", "Times a judge fell below the flag threshold",
                          ["judge_id", "judge_version"])
+        _CONTRADICTED = Gauge("liverl_judge_contradicted", "A judge's verdicts on turns whose "
+                              "outcomes disagree with each other (counted neither way)",
+                              ["judge_id", "judge_version"])
     _GAUGE.labels(ev.judge_id, ev.judge_version).set(ev.consistency)
+    _CONTRADICTED.labels(ev.judge_id, ev.judge_version).set(ev.contradictions)
     if ev.flagged:
         _FLAGS.labels(ev.judge_id, ev.judge_version).inc()

@@ -29,6 +29,7 @@ class Comparison:
     verdicts: int = 0
     outcomes: int = 0
     undecodable: int = 0
+    contradictory: int = 0  # turns (or sessions) whose outcomes disagree with each other
 
     def rows(self) -> list[dict[str, Any]]:
         return [
@@ -38,6 +39,7 @@ class Comparison:
                 "agree": t.agree,
                 "disagree": t.disagree,
                 "abstain": t.abstain,
+                "contradicted": t.contradicted,
                 "agreement": t.agreement,
                 "consistency": round(t.consistency, 6),
             }
@@ -54,7 +56,7 @@ def compare(settings: Connectable, namespace: str | None, idle_timeout_s: float 
     tracker = ConsistencyTracker()
     tracker.feed(history.verdicts, history.outcomes)
     return Comparison(tracker.tallies, len(history.verdicts), len(history.outcomes),
-                      history.undecodable)
+                      history.undecodable, tracker.contradictory)
 
 
 @click.group("judges")
@@ -72,7 +74,9 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
 
     A verdict agrees when an outcome of its turn (a gate's exit code, a test run, thumbs
     feedback; a session's outcome for turns without their own) has its sign. Verdicts made
-    from the outcome itself are left out. consistency = (agree + 1) / (agree + disagree + 2).
+    from the outcome itself are left out; verdicts on turns whose outcomes disagree with each
+    other are contradicted and count neither way.
+    consistency = (agree + 1) / (agree + disagree + 2).
 
     \b
     liverl replay --into rules-check ...
@@ -96,21 +100,25 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
     result = compare(settings, name)
     if fmt == "json":
         doc = {"namespace": name, "judges": result.rows(), "verdicts": result.verdicts,
-               "outcomes": result.outcomes, "undecodable": result.undecodable}
+               "outcomes": result.outcomes, "undecodable": result.undecodable,
+               "contradictory_turns": result.contradictory}
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
     console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"judges vs outcomes in {name}")
-    for col in ("judge", "version", "agree", "disagree", "abstain", "agreement",
-                "consistency"):
+    for col in ("judge", "version", "agree", "disagree", "abstain", "contradicted",
+                "agreement", "consistency"):
         table.add_column(col, justify="left" if col in ("judge", "version") else "right")
     for r in result.rows():
         share = "-" if r["agreement"] is None else f"{r['agreement']:.0%}"
         table.add_row(r["judge_id"], r["judge_version"], str(r["agree"]), str(r["disagree"]),
-                      str(r["abstain"]), share, f"{r['consistency']:.3f}")
+                      str(r["abstain"]), str(r["contradicted"]), share,
+                      f"{r['consistency']:.3f}")
     console.print(table)
     console.print(f"{result.verdicts} verdicts, {result.outcomes} outcomes"
-                  + (f", {result.undecodable} undecodable" if result.undecodable else ""))
+                  + (f", {result.undecodable} undecodable" if result.undecodable else "")
+                  + (f", {result.contradictory} turn(s) with contradictory outcomes"
+                     if result.contradictory else ""))
     if not result.tallies:
         console.print("no verdict met an outcome: record outcomes (liverl record-outcome, "
                       "feedback) for the sessions replayed")
@@ -121,9 +129,10 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
 @click.option("--flag-below", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Flag a judge whose consistency falls below this...")
 @click.option("--min-decided", type=click.IntRange(1), default=10, show_default=True,
-              help="...once it has this many confirmed or contradicted verdicts.")
+              help="...once it has this many verdicts that agreed or disagreed.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve liverl_judge_consistency and liverl_judge_flags_total here.")
+              help="Serve liverl_judge_consistency, liverl_judge_contradicted and "
+              "liverl_judge_flags_total here.")
 @click.option("--horizon-h", type=click.FloatRange(0, min_open=True), default=168.0,
               show_default=True, help="Forget sessions quiet for this long (memory bound; "
               "an outcome after that matches nothing). Default: the topics' 7-day retention.")
@@ -137,7 +146,9 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
     Runs beside the workers. At start it rebuilds the join from the topics' history and
     publishes what was never published, then follows their ends until Ctrl-C. A judge whose
     consistency drops below --flag-below is flagged (a warning, flagged: true on the match,
-    the liverl_judge_flags_total counter).
+    the liverl_judge_flags_total counter). A verdict on a turn whose outcomes disagree with
+    each other (passed and failed) is contradicted: it counts neither way, and a match of it
+    published before is taken back (contradicted: true).
     """
     import signal
     import threading
@@ -168,4 +179,8 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
         watcher.run(stop, once=once)
     except LookupError as exc:
         raise click.UsageError(str(exc)) from exc
-    click.echo(f"published {watcher.sent} match(es) on {watcher.output}")
+    click.echo(f"published {watcher.sent} match(es) on {watcher.output}"
+               + (f", {watcher.contradicted} contradicted" if watcher.contradicted else ""))
+    if watcher.tracker.contradictory:
+        click.echo(f"{watcher.tracker.contradictory} turn(s) with contradictory outcomes: "
+                   "their verdicts count neither way")

@@ -147,8 +147,10 @@ def reward_series(
 
 
 def judge_consistency(matches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (judge, version) its latest tally (the match with the most evidence) and how
-    often it was flagged, from archived ``judge_consistency`` events."""
+    """Per (judge, version) its latest tally (the match with the most verdicts matched,
+    contradicted ones included, then the most contradicted: a contradiction that takes a
+    match back comes after it) and how often it was flagged, from archived
+    ``judge_consistency`` events."""
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     flags: dict[tuple[str, str], int] = {}
     seen: set[str] = set()
@@ -157,10 +159,12 @@ def judge_consistency(matches: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         seen.add(str(m.get("event_id")))
         key = (str(m["judge_id"]), str(m["judge_version"]))
+        c = int(m.get("contradictions") or 0)
         n = int(m["agree"]) + int(m["disagree"]) + int(m["abstain"])
         old = latest.get(key)
-        if old is None or n > old["n"]:
+        if old is None or (n + c, c) > (old["n"] + old["contradicted"], old["contradicted"]):
             latest[key] = {"judge_id": key[0], "judge_version": key[1], "n": n,
+                           "contradicted": c,
                            "agree": m["agree"], "disagree": m["disagree"],
                            "abstain": m["abstain"], "consistency": m["consistency"]}
         flags[key] = flags.get(key, 0) + bool(m.get("flagged"))
