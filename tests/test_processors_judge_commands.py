@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,52 @@ from pipeline.processors.outcomes import outcome_event
 from tests.test_replay import cli_env, drop, invoke, read_topic, start, stop
 
 P = Producer(component="test", version="1")
+
+
+def listeners(port: int) -> list[str]:
+    """The addresses TCP sockets listen on at ``port`` (Linux: /proc/net/tcp and tcp6)."""
+    found = []
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path("/proc/self/net") / name
+        for line in path.read_text().splitlines()[1:] if path.exists() else []:
+            local, state = line.split()[1], line.split()[3]
+            addr, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(addr)  # 32-bit words in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.append(socket.inet_ntop(family, raw))
+    return found
+
+
+def test_watch_serves_its_metrics_on_loopback_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: ``--metrics-port`` listened on 0.0.0.0, without authentication. Now on the
+    workers' ``processors.web_host`` (127.0.0.1), or ``--metrics-host``; closed at the end."""
+    from pipeline.processors.config import free_port
+    from pipeline.processors.consistency_watch import ConsistencyWatcher
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(ConsistencyWatcher, "run",
+                        lambda self, stop=None, once=False: seen.append(listeners(port)))
+    port = free_port("127.0.0.1")
+    res = invoke(["judges", "watch", "--metrics-port", str(port), "--once"], cli_env(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert seen == [["127.0.0.1"]] and listeners(port) == []
+    port = free_port("127.0.0.1")
+    res = invoke(["judges", "watch", "--metrics-port", str(port), "--metrics-host", "127.0.0.2",
+                  "--once"], cli_env(tmp_path))
+    assert res.exit_code == 0, res.output
+    assert seen[-1] == ["127.0.0.2"]
+    with socket.socket() as held:  # a port in use: one line, not a traceback
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        res = invoke(["judges", "watch", "--metrics-port", str(port), "--once"],
+                     cli_env(tmp_path))
+    assert res.exit_code == 1 and len(seen) == 2
+    assert res.output.strip().splitlines() == [
+        f"Error: metrics server: cannot listen on 127.0.0.1:{port} (Address already in use); "
+        "pass another --metrics-port"]
 
 
 def turn_of(sid: str) -> tuple[events.Interaction, NextState]:

@@ -132,15 +132,18 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
               help="...once it has this many verdicts that agreed or disagreed.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve liverl_judge_consistency, liverl_judge_contradicted and "
-              "liverl_judge_flags_total here.")
+              "liverl_judge_flags_total here (no authentication).")
+@click.option("--metrics-host", default=None, show_default=False,
+              help="Interface the metrics server binds to. Default: processors.web_host, "
+              "the workers' (127.0.0.1).")
 @click.option("--horizon-h", type=click.FloatRange(0, min_open=True), default=168.0,
               show_default=True, help="Forget sessions quiet for this long (memory bound; "
               "an outcome after that matches nothing). Default: the topics' 7-day retention.")
 @click.option("--once", is_flag=True, help="Catch up to the topics' ends, publish, and exit.")
 @click.pass_context
 def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
-                  min_decided: int, metrics_port: int | None, horizon_h: float,
-                  once: bool) -> None:
+                  min_decided: int, metrics_port: int | None, metrics_host: str | None,
+                  horizon_h: float, once: bool) -> None:
     """Join verdicts to outcomes as they arrive; publish each match on judge_consistency.
 
     Runs beside the workers. At start it rebuilds the join from the topics' history and
@@ -160,10 +163,17 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
     settings = ctx.obj["settings"]
     if namespace:
         nsmod.check_name(namespace)
+    server = None
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port)
+        host = metrics_host or settings.processors.web_host
+        try:
+            server, _ = start_http_server(metrics_port, addr=host)
+        except OSError as exc:
+            raise click.ClickException(
+                f"metrics server: cannot listen on {host}:{metrics_port} "
+                f"({exc.strerror or exc}); pass another --metrics-port") from exc
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -179,6 +189,10 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
         watcher.run(stop, once=once)
     except LookupError as exc:
         raise click.UsageError(str(exc)) from exc
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     click.echo(f"published {watcher.sent} match(es) on {watcher.output}"
                + (f", {watcher.contradicted} contradicted" if watcher.contradicted else ""))
     if watcher.tracker.contradictory:
