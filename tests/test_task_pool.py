@@ -5,6 +5,8 @@ task_commands.py). The real-broker run is in test_task_pool_broker.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shlex
 import sys
 
 import click
@@ -108,7 +110,7 @@ def test_three_judges_decide_the_task_and_it_carries_prompt_checker_provenance()
     assert task.answer == "Fixed the import; the tests pass."  # the final answer
     assert task.checker == {"kind": "command", "command": "pytest -q", "exit_code": 0,
                             "score": 1.0, "source": "record-outcome",
-                            "content": "$ pytest -q\n3 passed"}
+                            "content": "$ pytest -q\n3 passed", "producer": "record-outcome"}
     assert task.provenance == {
         "session_id": "s", "outcome_id": gate.event_id,
         "outcome_at": {"topic": "liverl.next_states.v1", "partition": 2, "offset": 7},
@@ -143,18 +145,48 @@ def _task(command: str | None) -> events.VerifiedTask:
     return dataclasses.replace(ex, checker={**ex.checker, "command": command})
 
 
-def test_a_command_runs_only_when_its_program_is_allowed() -> None:
+def ran(command: str | None) -> dict[str, object]:
+    """A checker of a command liverl ran (record-outcome -- CMD, gates run)."""
+    return checker_of(gate_event("s", shlex.split(command) if command else [],
+                                 GateResult(0, "", "", False, 1.0))) | {"command": command}
+
+
+def test_allowed_commands_are_whole_argv_patterns() -> None:
     assert TaskSettings().allowed_commands == []  # nothing by default
-    with pytest.raises(click.UsageError, match="not an allowed command.*the list is empty"):
-        allowed_argv("rm -rf /tmp/x", [])
-    with pytest.raises(click.UsageError, match="'rm' is not an allowed command"):
-        allowed_argv("rm -rf /tmp/x", ["pytest"])
-    assert allowed_argv("pytest -q 'tests/a b.py'", ["pytest"]) == ["pytest", "-q", "tests/a b.py"]
-    assert allowed_argv("make check", ["make check"]) == ["make", "check"]  # a whole line
+    with pytest.raises(click.UsageError, match="matches no pattern.*the list is empty"):
+        allowed_argv(ran("rm -rf /tmp/x"), [])
+    tests = ["pytest -q 'tests/*'"]  # one glob per argument
+    assert allowed_argv(ran("pytest -q 'tests/a b.py'"), tests) == ["pytest", "-q", "tests/a b.py"]
+    for other in ("pytest -q tests/a.py -p evil", "pytest tests/a.py", "pytest -q src/a.py",
+                  "rm -rf /tmp/x", "pytest -q"):
+        with pytest.raises(click.UsageError, match="matches no pattern"):
+            allowed_argv(ran(other), tests)  # an argument more, fewer, or another
+    assert allowed_argv(ran("make check"), ["make check"]) == ["make", "check"]  # a whole line
+    assert allowed_argv(ran("make"), ["make"]) == ["make"]
     with pytest.raises(click.UsageError, match="cut to fit"):
-        allowed_argv("pytest -q tests/…", ["pytest"])
+        allowed_argv(ran("pytest -q tests/…"), ["pytest -q *"])
     with pytest.raises(click.UsageError, match="not a command"):
-        allowed_argv(None, ["pytest"])
+        allowed_argv(ran(None), ["pytest"])
+
+
+def test_a_bare_program_name_no_longer_allows_its_every_argument() -> None:
+    """The issue's checker: python3 -c "open(...)" with allowed_commands = ["python3"]."""
+    command = "python3 -c \"open('/tmp/x', 'w').write('x')\""
+    with pytest.raises(click.UsageError) as info:
+        allowed_argv(ran(command), ["python3", "pytest -q"])
+    said = str(info.value)
+    assert "(the entry 'python3' allows 'python3' run with no argument only)" in said
+    assert "an entry is a whole command line, one shell glob per argument" in said
+    assert "LIVERL_TASKS_ALLOWED_COMMANDS" not in said and '["python3"]' not in said
+
+
+def test_an_allowed_commands_pattern_must_split() -> None:
+    with pytest.raises(ValueError, match="cannot split the pattern"):
+        TaskSettings(allowed_commands=["pytest -q 'tests"])
+    with pytest.raises(ValueError, match="an empty pattern"):
+        TaskSettings(allowed_commands=["pytest", "  "])
+    assert TaskSettings(allowed_commands=["pytest -q 'tests/*'"]).allowed_commands == [
+        "pytest -q 'tests/*'"]
 
 
 def test_tasks_check_refuses_a_command_not_allowed_and_runs_one_that_is(
@@ -165,19 +197,89 @@ def test_tasks_check_refuses_a_command_not_allowed_and_runs_one_that_is(
 
     marker = tmp_path / "ran"
     script = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('x')"
-    import shlex
-
     task = _task(shlex.join([sys.executable, "-c", script]))
     monkeypatch.setattr(task_commands, "_pool", lambda settings, ns: {task.task_id: task})
     env = {"LIVERL_STATE_DIR": str(tmp_path / "state")}
     res = CliRunner().invoke(cli, ["tasks", "check", task.task_id[:9]], env=env)
-    assert res.exit_code == 2 and "is not an allowed command" in res.output, res.output
+    assert res.exit_code == 2 and "matches no pattern" in res.output, res.output
+    env["LIVERL_TASKS_ALLOWED_COMMANDS"] = json.dumps([sys.executable])  # the program: no more
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
+    assert res.exit_code == 2 and "run with no argument only" in res.output, res.output
     assert not marker.exists()  # nothing ran
-    env["LIVERL_TASKS_ALLOWED_COMMANDS"] = f'["{sys.executable}"]'
+    env["LIVERL_TASKS_ALLOWED_COMMANDS"] = json.dumps([shlex.join([sys.executable, "-c", "*"])])
     res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
     assert res.exit_code == 0 and marker.read_text() == "x", res.output
+    assert f"{task.task_id}: passed; recorded exit 0" in res.output
     res = CliRunner().invoke(cli, ["tasks", "show", "task-nope"], env=env)
     assert res.exit_code == 2 and "unknown task 'task-nope' (1 in the pool" in res.output
+
+
+def posted(sid: str, command: str, source: str = "terminal") -> NextState:
+    """A terminal next state as a client posts it to the gateway (the real source's event)."""
+    from pipeline.serving.sources import SourceRequest, TerminalOptions
+    from pipeline.serving.terminal_source import TerminalSource
+
+    body = {"session_id": sid, "turn": 0, "command": command, "exit_code": 0, "output": "ok"}
+    request = SourceRequest(body, None, "key-1", 10_000, lambda _: 0)
+    (state,) = TerminalSource(TerminalOptions(source=source)).next_states(request)
+    assert isinstance(state, NextState)
+    return state
+
+
+def test_a_command_posted_through_the_gateway_is_evidence_and_never_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path  # type: ignore[no-untyped-def]
+) -> None:
+    """The issue's task: a terminal next state with a command, exit code 0, accepted 2 of 3;
+    `liverl tasks check` with the interpreter allowed ran it and wrote the file."""
+    from pipeline.cli import cli
+    from pipeline.processors import task_commands
+
+    marker = tmp_path / "pwned"
+    command = shlex.join([sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"])
+    judges = build_judges(sorted(WORDS), WORDS, PLUGINS)
+    env = {"LIVERL_STATE_DIR": str(tmp_path / "state")}
+    for source in ("terminal", "record-outcome"):  # the source is the gateway's setting
+        state = posted("g", command, source)
+        assert (state.producer.component, state.kind) == ("gateway", "terminal")
+        j = TaskJoin()
+        j.interaction(turn("g", 0, "Fixed the tests."))
+        (c,) = j.outcome(state)
+        task = decide(c, judges)
+        assert task.status == "accepted"  # still a verified outcome and the checker's vote
+        monkeypatch.setattr(task_commands, "_pool", lambda settings, ns, t=task: {t.task_id: t})
+        for allowed in ([sys.executable], [command], [shlex.join([sys.executable, "-c", "*"])]):
+            env["LIVERL_TASKS_ALLOWED_COMMANDS"] = json.dumps(allowed)
+            res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
+            assert res.exit_code == 2, res.output
+            assert "reported by a client through the gateway" in res.output
+        assert not marker.exists()  # nothing from the event ran
+        assert (task.checker["kind"], task.checker["command"]) == ("reported", None)
+        assert task.checker["reported_command"] == command
+        assert task.checker["producer"] == "gateway"
+        assert events.decode(events.encode(task)) == task  # valid against its schema
+    # the operator's own checker for it runs (an operator's, not the event's)
+    mine = tmp_path / "mine"
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id, "--command", shlex.join(
+        [sys.executable, "-c", f"open({str(mine)!r}, 'w').write('y')"])], env=env)
+    assert res.exit_code == 0 and mine.read_text() == "y", res.output
+    assert not marker.exists()
+
+
+def test_a_command_checker_that_does_not_say_liverl_ran_it_is_not_run() -> None:
+    """A task built before the checker kept its producer (or by hand): its command is not run,
+    whatever the allow-list says."""
+    old = {k: v for k, v in ran("pytest -q").items() if k != "producer"}
+    with pytest.raises(click.UsageError, match="does not say liverl ran its command"):
+        allowed_argv(old, ["pytest -q"])
+    gateway = {**ran("pytest -q"), "producer": "gateway"}
+    with pytest.raises(click.UsageError, match="does not say liverl ran its command"):
+        allowed_argv(gateway, ["pytest -q"])
+    # record-outcome's own event, whatever its --source: the command liverl ran
+    labelled = gate_event("s", ["pytest", "-q"], GateResult(0, "", "", False, 1.0),
+                          source="terminal")
+    assert labelled.producer.component == "record-outcome" and labelled.source == "terminal"
+    assert checker_of(labelled)["kind"] == "command"
+    assert allowed_argv(checker_of(labelled), ["pytest -q"]) == ["pytest", "-q"]
 
 
 def test_find_task_takes_a_unique_prefix() -> None:

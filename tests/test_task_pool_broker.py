@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from pipeline.processors.outcomes import GateResult, gate_event, outcome_event
 from pipeline.processors.task_pool import TaskPool, build_judges, read_tasks
 from pipeline.settings import Settings
 from tests.test_replay import cli_env, drop, invoke, read_topic
-from tests.test_task_pool import PLUGINS, WORDS, turn
+from tests.test_task_pool import PLUGINS, WORDS, posted, turn
 
 
 def tombstones(settings: Settings, keys: list[str]) -> None:
@@ -53,7 +55,10 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
         producer.flush()
 
     # a: fixed + tests (2 of 3) -> accepted; b: only "refactor" (1 of 3) -> rejected;
-    # c: a failed gate -> no task
+    # c: a failed gate -> no task; e: a command a client posted to the gateway, accepted 2 of 3
+    marker = tmp_path / "posted-command-ran"
+    posted_command = shlex.join([sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    send(turn(p + "e", 0, "Fixed the tests."), posted(p + "e", posted_command))
     send(turn(p + "a", 0, "Looking at the import."),
          turn(p + "a", 1, "Fixed the import; the tests pass."),
          gate_event(p + "a", ["pytest", "-q"], gate))
@@ -68,25 +73,29 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     thread.start()
     try:
         deadline = time.monotonic() + 90
-        while len(seen) < 2:
+        while len(seen) < 3:
             assert time.monotonic() < deadline and thread.is_alive(), seen
             time.sleep(0.2)
         # while it follows: d's outcome arrives before its turn
         send(outcome_event(p + "d", True, kind="feedback"),
              turn(p + "d", 0, "Fixed: the tests pass now."))
-        while len(seen) < 3:
+        while len(seen) < 4:
             assert time.monotonic() < deadline and thread.is_alive(), seen
             time.sleep(0.2)
     finally:
         stop.set()
         thread.join(30)
     by_session = {t.provenance["session_id"]: t for t in seen}
-    assert sorted(by_session) == [p + "a", p + "b", p + "d"]  # c: no verified outcome
-    a, b, d = by_session[p + "a"], by_session[p + "b"], by_session[p + "d"]
+    assert sorted(by_session) == [p + "a", p + "b", p + "d", p + "e"]  # c: no verified outcome
+    a, b, d, e = (by_session[p + s] for s in "abde")
     assert [v["vote"] for v in a.votes] == [1, 1, -1] and a.status == "accepted"
     assert [v["vote"] for v in b.votes] == [-1, -1, 1] and b.status == "rejected"
     assert d.status == "accepted" and d.checker["kind"] == "feedback"
     assert a.checker["command"] == "pytest -q" and a.prompt == "Fix the import error."
+    assert a.checker["kind"] == "command" and a.checker["producer"] == "record-outcome"
+    assert e.status == "accepted" and (e.checker["kind"], e.checker["command"]) == ("reported",
+                                                                                   None)
+    assert e.checker["producer"] == "gateway"
     assert [i["turn"] for i in a.provenance["interactions"]] == [0, 1]
     assert all(i["topic"] == names.INTERACTIONS and i["offset"] >= 0
                for i in a.provenance["interactions"])
@@ -108,6 +117,11 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     assert b.task_id not in exported and exported[a.task_id]["checker"]["command"] == "pytest -q"
     res = invoke(["tasks", "show", a.task_id[:12]], env)
     assert res.exit_code == 0 and orjson.loads(res.output)["votes"] == a.votes
+    # the posted command never runs, whatever the operator allows
+    res = invoke(["tasks", "check", e.task_id], {
+        **env, "LIVERL_TASKS_ALLOWED_COMMANDS": json.dumps([sys.executable, posted_command])})
+    assert res.exit_code == 2 and "reported by a client" in res.output, res.output
+    assert not marker.exists()
     # the accepted tasks' sessions into a namespace, for its workers and trainer
     request.addfinalizer(lambda: drop(env, ns))
     res = invoke(["tasks", "replay", "--into", ns, "--session-prefix", p], env)
@@ -119,11 +133,10 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     # the sessions' records too, and replayed with them)
     got = {(e.session_id, e.type) for e in replayed  # type: ignore[attr-defined]
            if getattr(e, "session_id", "").startswith(p)}
-    assert got == {(p + "a", "interaction"), (p + "a", "next_state"),
-                   (p + "d", "interaction"), (p + "d", "next_state")}
-    ids = {e.event_id for e in replayed}
-    assert {*(i["event_id"] for t in (a, d) for i in t.provenance["interactions"]),
-            a.provenance["outcome_id"], d.provenance["outcome_id"]} <= ids
+    assert got == {(p + s, t) for s in "ade" for t in ("interaction", "next_state")}
+    ids = {ev.event_id for ev in replayed}
+    assert {*(i["event_id"] for t in (a, d, e) for i in t.provenance["interactions"]),
+            *(t.provenance["outcome_id"] for t in (a, d, e))} <= ids
     # forgetting a session removes its task from the pool (a tombstone on the compacted topic)
     res = invoke(["forget", "--session", p + "a"], env)
     assert res.exit_code == 0 and f"{names.TASKS}: " in res.output, res.output

@@ -290,7 +290,8 @@ def examples() -> dict[str, Event]:
             answer="Renamed the import to `load_config`; `pytest -q` passes.",
             messages=[{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}],
             checker={"kind": "command", "command": "pytest -q", "exit_code": 0, "score": 1.0,
-                     "source": "record-outcome", "content": "$ pytest -q\n42 passed"},
+                     "source": "record-outcome", "content": "$ pytest -q\n42 passed",
+                     "producer": "record-outcome"},
             provenance={
                 "session_id": _SESSION,
                 "outcome_id": "ns-gate-1",

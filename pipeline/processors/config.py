@@ -6,6 +6,7 @@ The ``[processors]`` section of ``pipeline.settings.Settings``; the Kafka locati
 
 from __future__ import annotations
 
+import shlex
 import socket
 from pathlib import Path
 from typing import Any
@@ -239,13 +240,27 @@ class TaskSettings(BaseSettings):
                               min_length=1, max_length=15)
     # Per judge name, its options (validated by the options model it registered with).
     judge_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    # Gate commands `liverl tasks check` may run again: a task's command runs only when its
-    # program (argv[0], as recorded) is named here. Empty: nothing from event content runs.
+    # Gate commands `liverl tasks check` may run again (only ones liverl ran: record-outcome,
+    # gates run): argv patterns, each a whole command line split as sh would, one shell glob
+    # per argument, matched against every argument ("pytest -q 'tests/*'"; a bare "pytest"
+    # allows pytest with no argument only). Empty: nothing from event content runs.
     allowed_commands: list[str] = Field(default_factory=list)
     check_timeout_s: float = Field(default=1800.0, gt=0)
     # What a task keeps of the session's texts, in characters each: the prompt, the first
     # interaction's messages (together), the final answer.
     text_chars: int = Field(default=8000, ge=100)
+
+    @field_validator("allowed_commands")
+    @classmethod
+    def _argv_patterns(cls, patterns: list[str]) -> list[str]:
+        for entry in patterns:
+            try:
+                words = shlex.split(entry)
+            except ValueError as exc:
+                raise ValueError(f"cannot split the pattern {entry!r}: {exc}") from exc
+            if not words:
+                raise ValueError("an empty pattern (each entry is a whole command line)")
+        return patterns
 
     @field_validator("judges")
     @classmethod

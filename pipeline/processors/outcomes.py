@@ -57,6 +57,11 @@ def outcome_event(
 
 # ---- quality gates: run a command, keep its exit code and the ends of its output --------------
 
+# The producer of every gate outcome (``record-outcome -- CMD``, ``gates run``), whatever its
+# ``source``: the mark of a command liverl ran itself. The gateway writes ``gateway``; a task's
+# checker command is run again only from this producer (task_pool.ran_by_liverl).
+GATE_RUNNER = "record-outcome"
+
 TIMEOUT_EXIT = 124  # as GNU timeout
 KILL_GRACE_S = 2.0  # a gate's tree gets SIGTERM, then SIGKILL after this
 _REAPER = Path(__file__).with_name("gate_reaper.py")
@@ -242,6 +247,7 @@ def gate_event(
         text += "\n[timed out]"
     event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail or text,
                           source=source)
+    event.producer = Producer(component=GATE_RUNNER, version="1")
     event.exit_code = gate.exit_code
     event.detail = {
         "passed": passed,

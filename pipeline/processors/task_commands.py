@@ -1,14 +1,16 @@
 """``liverl tasks``: the pool of verified tasks (processors/task_pool.py) for people.
 
 ``watch`` builds it; ``list``, ``show`` and ``export`` read it (the compacted tasks topic, to
-its end, assign only); ``check`` re-runs a task's gate command, only when its program is
-allowed (``tasks.allowed_commands``: nothing from event content runs by default); ``replay``
+its end, assign only); ``check`` re-runs a task's gate command, only one liverl ran itself
+and whose whole argv the operator allows (``tasks.allowed_commands``, argv patterns: nothing
+from event content runs by default), or the operator's ``--command``; ``replay``
 republishes the accepted tasks' sessions into a replay namespace, where the workers and the
 trainer train on them through the usual exactly-once path.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import shlex
 import sys
 from typing import IO, Any
@@ -192,12 +194,48 @@ def export_command(ctx: click.Context, namespace: str | None, output: IO[bytes])
     click.echo(f"exported {len(accepted)} accepted task(s) of {len(pool)}", err=True)
 
 
-def allowed_argv(command: str | None, allowed: list[str]) -> list[str]:
-    """The argv of a task's recorded command, if the operator allows it; else a UsageError
-    saying why. Only the program (argv[0], exactly as recorded) or the whole command line,
-    named in ``tasks.allowed_commands``, is allowed: event content picks nothing to run."""
-    if not command:
-        raise click.UsageError("this task's checker is not a command (nothing to run)")
+def argv_pattern(entry: str) -> list[str]:
+    """One ``tasks.allowed_commands`` entry as an argv pattern: split as sh would, each word a
+    shell glob (``fnmatch``) for one argument."""
+    words = shlex.split(entry)
+    if not words:
+        raise ValueError(f"empty pattern {entry!r}")
+    return words
+
+
+def argv_allowed(argv: list[str], pattern: list[str]) -> bool:
+    """Whether ``argv`` matches ``pattern`` whole: as many arguments, each matching its glob."""
+    return len(argv) == len(pattern) and all(
+        fnmatch.fnmatchcase(arg, glob) for arg, glob in zip(argv, pattern, strict=True))
+
+
+PATTERN_FORM = (
+    "an entry is a whole command line, one shell glob per argument, matched against every "
+    "argument (e.g. \"pytest -q 'tests/*'\" allows pytest -q with one argument under tests/)")
+
+
+def allowed_argv(checker: dict[str, Any], allowed: list[str]) -> list[str]:
+    """The argv of a task's checker command, if it may run; else a UsageError saying why.
+
+    It runs only when liverl ran it in the first place (kind ``command`` from producer
+    ``record-outcome``: ``liverl record-outcome -- CMD``, ``liverl gates run``) and its whole
+    argv matches a pattern of ``tasks.allowed_commands``. A command a client posted through
+    the gateway (kind ``reported``) never runs: event content picks nothing to run."""
+    from .outcomes import GATE_RUNNER
+
+    command = checker.get("command")
+    kind = checker.get("kind")
+    instead = "; to check the task, give a command of yours: --command CMD"
+    if kind == "reported":
+        raise click.UsageError("this task's command was reported by a client through the "
+                               "gateway, not run by liverl: it is never run" + instead)
+    if kind != "command" or not command:
+        raise click.UsageError("this task's checker is not a command (nothing to run)" + instead)
+    if checker.get("producer") != GATE_RUNNER:
+        raise click.UsageError(
+            "this task's checker does not say liverl ran its command (liverl record-outcome "
+            "-- CMD or liverl gates run; tasks built before the checker kept its producer do "
+            "not): it is not run" + instead)
     if command.endswith("…"):
         raise click.UsageError("the recorded command was cut to fit the event; it cannot be "
                                "run again as recorded")
@@ -207,38 +245,52 @@ def allowed_argv(command: str | None, allowed: list[str]) -> list[str]:
         raise click.UsageError(f"cannot split the recorded command {command!r}: {exc}") from exc
     if not argv:
         raise click.UsageError("the recorded command is empty")
-    if argv[0] not in allowed and command not in allowed:
-        listed = ", ".join(allowed) if allowed else "none: the list is empty"
-        raise click.UsageError(
-            f"{argv[0]!r} is not an allowed command (tasks.allowed_commands: {listed}); "
-            "a task's command runs only where the operator allows it, e.g. "
-            f"LIVERL_TASKS_ALLOWED_COMMANDS='[\"{argv[0]}\"]'")
-    return argv
+    if any(argv_allowed(argv, argv_pattern(entry)) for entry in allowed):
+        return argv
+    listed = ", ".join(repr(e) for e in allowed) if allowed else "none: the list is empty"
+    bare = [e for e in allowed if argv_pattern(e) == [argv[0]]]
+    note = (f" (the entry {bare[0]!r} allows {argv[0]!r} run with no argument only)"
+            if bare else "")
+    raise click.UsageError(
+        f"the recorded command {command!r} matches no pattern of tasks.allowed_commands "
+        f"({listed}){note}: {PATTERN_FORM}. Read the command before allowing it.")
 
 
 @tasks.command("check")
 @click.argument("task_id")
 @namespace_option
+@click.option("--command", "command", default=None, metavar="CMD",
+              help="Run CMD (split as sh would) as the task's checker instead of its recorded "
+                   "command: an operator's own, not read from an event, so "
+                   "tasks.allowed_commands is not consulted.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
               default=None, help="Seconds the command may run [default: tasks.check_timeout_s].")
 @click.pass_context
 def check_command(ctx: click.Context, task_id: str, namespace: str | None,
-                  timeout_s: float | None) -> None:
-    """Run a task's gate command again, here, if tasks.allowed_commands allows its program.
+                  command: str | None, timeout_s: float | None) -> None:
+    """Run a task's gate command again, here: one liverl ran (record-outcome, gates run) whose
+    whole argv matches a pattern of tasks.allowed_commands, or --command CMD.
 
     Exits with the command's exit code (124 on timeout), so it can stand in for the gate.
     """
-    from .outcomes import run_gate
+    from .outcomes import run_gate, verdict
 
     settings = _settings(ctx)
     _check_namespace(namespace)
     task = find_task(_pool(settings, namespace), task_id)
-    argv = allowed_argv(task.checker.get("command"), settings.tasks.allowed_commands)
-    gate = run_gate(argv, timeout_s or settings.tasks.check_timeout_s)
+    if command is not None:
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--command") from exc
+        if not argv:
+            raise click.BadParameter("empty command", param_hint="--command")
+    else:
+        argv = allowed_argv(task.checker, settings.tasks.allowed_commands)
+    timeout = timeout_s or settings.tasks.check_timeout_s
+    gate = run_gate(argv, timeout)
     was = task.checker.get("exit_code")
-    verdict = "passed" if gate.exit_code == 0 else "failed"
-    click.echo(f"{task.task_id}: {verdict} (exit {gate.exit_code}; recorded exit {was})",
-               err=True)
+    click.echo(f"{task.task_id}: {verdict(gate, timeout)}; recorded exit {was}", err=True)
     ctx.exit(gate.exit_code)
 
 

@@ -41,6 +41,7 @@ from pipeline.kafka.connection import Connectable
 from .consistency import outcome_vote
 from .forget import ChangelogHit
 from .judges import Judge, TurnContext, answer_text, content_text, last_user_text
+from .outcomes import GATE_RUNNER
 
 log = logging.getLogger(__name__)
 VERSION = "tasks-1"  # in every task's event id: change the join or the vote, change it
@@ -184,15 +185,28 @@ class TaskJoin:
 # ---- the vote ------------------------------------------------------------------------------
 
 
+def ran_by_liverl(state: NextState) -> bool:
+    """Whether liverl itself ran the outcome's command: ``liverl record-outcome -- CMD`` and
+    ``liverl gates run`` (outcomes.gate_event) write producer ``record-outcome``; every
+    gateway source writes producer ``gateway``, so a command a client posted never counts."""
+    return state.producer.component == GATE_RUNNER and state.kind in ("test_result", "feedback")
+
+
 def checker_of(state: NextState, chars: int = CONTENT_CHARS) -> dict[str, Any]:
-    """What verified the session: a gate's command (``record-outcome -- CMD``), a recorded
-    test result, or feedback."""
+    """What verified the session: a gate's command liverl ran (``command``, the only kind
+    ``liverl tasks check`` runs again), a command a client reported having run (``reported``:
+    a terminal next state posted to the gateway; evidence, never run), a recorded test result,
+    or feedback."""
     command = state.detail.get("command") if isinstance(state.detail, dict) else None
-    kind = ("command" if isinstance(command, str) and command
+    command = command if isinstance(command, str) and command else None
+    kind = ("command" if command and ran_by_liverl(state) else "reported" if command
             else "feedback" if state.kind == "feedback" else "test_result")
-    return {"kind": kind, "command": command if kind == "command" else None,
-            "exit_code": state.exit_code, "score": state.score, "source": state.source,
-            "content": _cut(state.content, chars)}
+    doc = {"kind": kind, "command": command if kind == "command" else None,
+           "exit_code": state.exit_code, "score": state.score, "source": state.source,
+           "content": _cut(state.content, chars), "producer": state.producer.component}
+    if kind == "reported":
+        doc["reported_command"] = command
+    return doc
 
 
 async def _votes(judges: Sequence[tuple[str, Judge]], ctx: TurnContext, state: NextState
