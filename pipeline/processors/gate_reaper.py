@@ -89,7 +89,8 @@ def _signal(pid: int, sig: int) -> None:
 def end_tree(grace_s: float) -> None:
     """SIGTERM to the process group and every descendant, SIGKILL after ``grace_s`` to what
     lives on, until none is left (or ``KILL_BOUND_S`` after the SIGKILL)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM is not for us
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # the group's is not for us,
+        signal.signal(sig, signal.SIG_IGN)  # and a second one does not cut the cleanup short
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(0, signal.SIGTERM)
     me = os.getpid()
