@@ -5,7 +5,9 @@ the session (``sessions.py``). The floor matters for clients whose requests do n
 history: a gateway that restarted mid-session would otherwise record a second "turn 0". The
 interactions topic (and the local spool, for events Kafka has not acknowledged yet) already
 says which turns each open session has used, so the floors are rebuilt from there: the log is
-the source of truth.
+the source of truth. The same interactions say who owns each session (the ``user_id`` of its
+first one there, closed sessions included: feedback on their turns still comes), so a restarted
+gateway keeps refusing other users' posts for them (``sessions.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class TurnLedger:
     def __init__(self) -> None:
         self.next: dict[str, int] = {}
         self.closed: set[str] = set()
+        self.owners: dict[str, str] = {}  # session -> user_id of its first interaction seen
 
     def add(self, doc: Any) -> None:
         if not isinstance(doc, dict) or doc.get("type") != "interaction":
@@ -36,6 +39,9 @@ class TurnLedger:
         session, turn = doc.get("session_id"), doc.get("turn")
         if not isinstance(session, str) or not isinstance(turn, int) or isinstance(turn, bool):
             return
+        user = doc.get("user_id")
+        if isinstance(user, str) and user:
+            self.owners.setdefault(session, user)
         if doc.get("session_done") is True:
             self.closed.add(session)
             self.next.pop(session, None)
