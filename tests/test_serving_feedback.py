@@ -227,6 +227,78 @@ def test_lost_recording_is_503(backend: HFBackend, tmp_path: Path) -> None:
     assert rec.backlog == queued
 
 
+# ---- who may rate a session, and who a voter is (issue 37) ---------------------------------------
+
+BOB, MALLORY, OPS = "sk-bob", "sk-mallory", "sk-ops"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def keyed(backend: HFBackend, recorder: Any = None, **cfg: Any) -> TestClient:
+    """A gateway with three keys: bob's, mallory's (users) and a review tool's (operator)."""
+    keys = [{"sha256": hash_key(BOB), "user": "bob"},
+            {"sha256": hash_key(MALLORY), "user": "mallory"},
+            {"sha256": hash_key(OPS), "user": "review-tool", "role": "operator"}]
+    return client(backend, recorder, keys=keys, **cfg)
+
+
+def test_only_the_sessions_owner_or_an_operator_rates_it(backend: HFBackend) -> None:
+    """Issue 37: with keys, nothing checked that the caller owned the session: mallory's key
+    rated bob's turns. Now bob's first turn makes the session his; another user's key gets an
+    OpenAI-style 403 and records nothing, an operator key (a review tool) may rate it."""
+    from types import SimpleNamespace
+
+    rec = ListRecorder()
+    rec.spool = SimpleNamespace(size_bytes=lambda: 0)  # type: ignore[attr-defined]  # /metrics
+    c = keyed(backend, rec)
+    assert chat(c, "bob-1", **bearer(BOB)) == 0
+    rec.records.clear()
+    body = {"session_id": "bob-1", "turn": 0, "thumbs": "down", "text": "awful"}
+    for doc in (body, {**body, "turn": "last"}):
+        e = err(c.post(URL, json=doc, headers=bearer(MALLORY)), 403, "session_id")
+        assert (e["type"], e["code"]) == ("permission_error", "session_forbidden")
+    assert rec.records == []
+    assert c.post(URL, json={**body, "thumbs": "up", "text": "great"},
+                  headers=bearer(BOB)).status_code == 200
+    assert c.post(URL, json=body, headers=bearer(OPS)).status_code == 200
+    (_, own), (_, review) = rec.records
+    assert (own.detail["user_id"], review.detail["user_id"]) == ("bob", "review-tool")
+    assert own.detail["key_id"] == hash_key(BOB)[:16] != review.detail["key_id"]
+    # Nor may mallory take a turn in bob's session (its next state would be bob's turn's).
+    msgs = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    e = err(c.post("/v1/chat/completions", json=msgs,
+                   headers={"X-Session-Id": "bob-1", **bearer(MALLORY)}), 403, "session_id")
+    assert e["code"] == "session_forbidden"
+    assert chat(c, "mallory-1", **bearer(MALLORY)) == 0  # her own sessions are hers
+    assert 'liverl_gateway_posts_not_recorded_total{reason="forbidden"} 2.0' in c.get(
+        "/metrics").text
+
+
+def test_forged_bearer_tokens_are_one_voter_without_keys(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37: without keys every bearer string was a voter and a feedback rate-limit
+    bucket of its own: 100 forged tokens were 100 votes, none limited. On loopback a token
+    names nobody: every caller is the one voter ``loopback``, with one bucket (burst 10)."""
+    from pipeline.processors.rewards import voter_of
+    from pipeline.serving import auth
+
+    clock = [1_000.0]
+    monkeypatch.setattr(auth.time, "monotonic", lambda: clock[0])
+    rec = ListRecorder()
+    c = client(backend, rec)
+    chat(c, "fb-forged")
+    rec.records.clear()
+    statuses = [c.post(URL, json={"session_id": "fb-forged", "turn": 0, "thumbs": "down"},
+                       headers=bearer(f"forged-{i}")).status_code for i in range(100)]
+    assert statuses == [200] * 10 + [429] * 90
+    votes = [ns for _, ns in rec.records]
+    assert len(votes) == 10
+    assert {voter_of(ns) for ns in votes} == {"key:loopback"}  # type: ignore[arg-type]
+
+
 # ---- end to end on the real broker -------------------------------------------------------------
 
 
@@ -315,10 +387,10 @@ def test_feedback_has_a_default_per_key_rate_limit(
 
     rec = ListRecorder()
     rec.spool = SimpleNamespace(size_bytes=lambda: 0)  # type: ignore[attr-defined]  # /metrics
-    c = client(backend, rec)
-    assert chat(c, "fb-flood") == 0
+    c = keyed(backend, rec)  # keys: without them every loopback caller is one voter
+    key = bearer(BOB)
+    assert chat(c, "fb-flood", **key) == 0
     rec.records.clear()
-    key = {"Authorization": "Bearer flood"}
     text = "x" * 2048
     statuses = []
     for i in range(1000):
@@ -338,7 +410,7 @@ def test_feedback_has_a_default_per_key_rate_limit(
     assert c.post(URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"},
                   headers=key).status_code == 200
     assert c.post(URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"},
-                  headers={"Authorization": "Bearer other"}).status_code == 200
+                  headers=bearer(OPS)).status_code == 200
     assert chat(c, "fb-flood", **key) == 1
     metrics = c.get("/metrics").text
     assert "liverl_gateway_feedback_rate_limited_total 990.0" in metrics, metrics

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
-from pipeline.serving.settings import ServeSettings
+from pipeline.serving.settings import ServeSettings, hash_key
 from pipeline.serving.sources import SOURCES
 from pipeline.settings import Settings, load_settings
 from tests.test_serving_feedback import (
@@ -51,7 +51,7 @@ def test_the_terminal_source_records_an_exit_code_on_the_last_turn(backend: HFBa
     (_, a), (_, b) = rec.records
     assert (a.kind, a.turn, a.exit_code, a.score, a.content, a.role) == (
         "terminal", 1, 1, -1.0, "2 failed", "tool")
-    assert a.detail == {"command": "pytest -q", "key_id": "anonymous"}
+    assert a.detail == {"command": "pytest -q", "key_id": "loopback:terminal"}
     assert (b.turn, b.exit_code, b.score) == (0, 5, 1.0)  # 5 passes by the source's options
     body = failed.json()
     assert body["recorded"] is True and body["data"][0] == {
@@ -84,6 +84,74 @@ def test_bad_posts_are_4xx_and_record_nothing(backend: HFBackend) -> None:
     assert rec.records == []
     off = client(backend, rec, sources=[])
     err(off.post(f"{URL}/terminal", json={"session_id": "t-2", "exit_code": 0}), 404, "source")
+
+
+def test_only_the_sessions_owner_or_an_operator_posts_its_outcomes(backend: HFBackend) -> None:
+    """Issue 37: any key could post an exit code for any session. Now another user's key
+    gets a 403 and nothing is recorded; the owner and an operator may post."""
+    from tests.test_serving_feedback import BOB, MALLORY, OPS, bearer, keyed
+
+    rec = ListRecorder()
+    c = keyed(backend, rec)
+    chat(c, "t-bob", **bearer(BOB))
+    rec.records.clear()
+    post = {"session_id": "t-bob", "exit_code": 1, "output": "2 failed"}
+    for doc in (post, {**post, "turn": 0}):
+        e = err(c.post(f"{URL}/terminal", json=doc, headers=bearer(MALLORY)), 403, "session_id")
+        assert e["code"] == "session_forbidden"
+    assert rec.records == []
+    assert c.post(f"{URL}/terminal", json=post, headers=bearer(BOB)).status_code == 200
+    assert c.post(f"{URL}/terminal", json={**post, "exit_code": 0},
+                  headers=bearer(OPS)).status_code == 200
+    assert [ns.detail["user_id"] for _, ns in rec.records] == ["bob", "review-tool"]  # type: ignore[attr-defined]
+
+
+class EchoVote:
+    """A plug-in source that turns a post into a ``feedback`` vote named by its ``source``
+    field and says nothing of who posted it."""
+
+    def __init__(self, _options: Any) -> None:
+        pass
+
+    def next_states(self, request: Any) -> list[Any]:
+        from pipeline import events
+
+        b = request.body
+        return [events.NextState(
+            event_id=events.new_event_id(),
+            producer=events.Producer(component="echo-vote", version="1"),
+            session_id=b["session_id"], turn=b["turn"], kind="feedback", content=b["text"],
+            score=-1.0, source=b["source"],
+        )]
+
+
+def test_a_source_cannot_multiply_a_callers_votes(backend: HFBackend) -> None:
+    """Issue 37: 32 posts with different ``source`` values counted as 32 voters (a next state
+    without ``detail.key_id`` votes as its source). The route now stamps who posted every
+    next state, so they are one voter; and past the turn's cap (8) nothing more is recorded,
+    and a post equal to one recorded counts once."""
+    from pipeline.processors.rewards import voter_of
+    from pipeline.serving.sources import register
+    from tests.test_serving_feedback import BOB, bearer
+
+    register("echo-vote", EchoVote)
+    for keys, who in (([], {"key:loopback:echo-vote"}), ([BOB], {f"key:{hash_key(BOB)[:16]}"})):
+        rec = ListRecorder()
+        cfg = {"keys": [{"sha256": hash_key(k), "user": "bob"} for k in keys]}
+        c = client(backend, rec, sources=["echo-vote"], **cfg)
+        auth = bearer(BOB)
+        chat(c, "v-1", **auth)
+        rec.records.clear()
+        statuses = [c.post(f"{URL}/echo-vote", headers=auth, json={
+            "session_id": "v-1", "turn": 0, "source": f"src-{i}", "text": f"bad {i}"}
+        ).status_code for i in range(32)]
+        assert statuses == [200] * 8 + [429] * 24
+        votes = [ns for _, ns in rec.records]
+        assert len(votes) == 8 and {voter_of(ns) for ns in votes} == who  # type: ignore[arg-type]
+        repeat = c.post(f"{URL}/echo-vote", headers=auth, json={
+            "session_id": "v-1", "turn": 0, "source": "src-99", "text": "bad 0"})
+        assert repeat.status_code == 200 and repeat.json()["data"][0]["repeat"] is True
+        assert repeat.json()["data"][0]["id"] == votes[0].event_id and len(rec.records) == 8
 
 
 def test_sources_and_their_options_are_checked_when_settings_load() -> None:

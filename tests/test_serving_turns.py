@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import events
 from pipeline.serving.build import build_app
+from pipeline.serving.errors import ApiError
 from pipeline.serving.sessions import Sessions
 from pipeline.serving.settings import ServeSettings
 from pipeline.serving.threaded import running
@@ -34,6 +35,26 @@ def test_ledger_keeps_open_sessions_only() -> None:
     # a: highest turn 2 -> next 3; b closed (a stray later turn does not reopen it);
     # bools are not turns; e from raw bytes.
     assert ledger.open_sessions() == {"a": 3, "e": 5}
+
+
+def test_the_log_says_who_owns_each_session_closed_ones_included() -> None:
+    """Issue 37: a restarted gateway forgot every owner, so another user's key could rate a
+    session it had served. The first interaction's ``user_id`` owns the session."""
+    from pipeline.serving.auth import Caller
+
+    ledger = TurnLedger()
+    for doc in [{**_doc("a", 0), "user_id": "bob"}, {**_doc("a", 1), "user_id": "mallory"},
+                {**_doc("b", 0, done=True), "user_id": "carol"}, _doc("c", 0),
+                {**_doc("d", 0), "user_id": 7}]:
+        ledger.add(doc)
+    assert ledger.owners == {"a": "bob", "b": "carol"}  # older events carry no user_id
+    sessions = Sessions()
+    sessions.seed(ledger.open_sessions(), ledger.owners)
+    mallory = Caller("km", "mallory", operator=False, keyed=True)
+    for sid in ("a", "b"):
+        with pytest.raises(ApiError):
+            sessions.check_owner(sid, mallory)
+    sessions.check_owner("c", mallory)  # nobody known: not checked
 
 
 def test_seed_never_moves_a_counter_back() -> None:

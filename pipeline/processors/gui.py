@@ -11,10 +11,16 @@ verifiable on the diff alone, so the rule and reply judges score it without a mo
   progress by itself; a repeated no-op is the path rules' business, not the judge's).
 
 The goal is the post's ``goal``, else the turn's user request. Pure functions.
+
+A hint goes to the OPD teacher as the user's instruction, but what it names here (the action's
+target, an error dialog's text) is what a harness posted: each is quoted as data (one line in
+double quotes, its own quotes escaped) and cut to ``MAX_QUOTED`` characters, so a target such
+as "SYSTEM: ignore previous instructions" is read as an element's name, never as an order.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +29,7 @@ from typing import Any
 from pipeline.events.types import Vote
 
 WORD = re.compile(r"\w+")
+MAX_QUOTED = 48  # characters of posted text (a target, an error's name) a hint quotes
 # Words of a goal that name no element: articles, prepositions and the actions themselves.
 STOP_WORDS = frozenset({
     "the", "and", "for", "with", "into", "onto", "from", "then", "this", "that", "please",
@@ -47,11 +54,21 @@ def _hits(text: str, words: set[str]) -> set[str]:
     return words & set(WORD.findall(text.lower()))
 
 
+def quoted(text: str, limit: int = MAX_QUOTED) -> str:
+    """Posted text as data in a hint: whitespace runs as one space, at most ``limit``
+    characters (cut with an ellipsis), in double quotes with quotes and backslashes escaped."""
+    flat = " ".join(text.split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1].rstrip() + "\u2026"
+    return json.dumps(flat, ensure_ascii=False)
+
+
 def _did(gui: Mapping[str, Any]) -> str:
     action = gui.get("action") or {}
-    kind = str(action.get("type") or "action")
+    kind = WORD.findall(str(action.get("type") or ""))  # a word of its own, never a sentence
+    kind_text = kind[0][:32] if kind else "action"
     target = str(action.get("target") or "")
-    return f"the {kind} on {target}" if target else f"the {kind}"
+    return f"the {kind_text} on {quoted(target)}" if target.strip() else f"the {kind_text}"
 
 
 def gui_vote(gui: Mapping[str, Any], goal: str) -> GuiReading:
@@ -61,7 +78,7 @@ def gui_vote(gui: Mapping[str, Any], goal: str) -> GuiReading:
     if isinstance(error, Mapping):
         name = str(error.get("name") or error.get("role") or "")
         return GuiReading(-1, f"error dialog appeared: {name!r}",
-                          [f"{did[0].upper()}{did[1:]} raised an error: {name[:100]}."])
+                          [f"{did[0].upper()}{did[1:]} raised an error: {quoted(name)}."])
     if gui.get("first"):
         return GuiReading(0, "first screen of the session: no diff")
     if gui.get("no_op"):

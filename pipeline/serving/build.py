@@ -64,7 +64,7 @@ def recover_turns(
     frames, _cursor = recorder.spool.peek(recorder.spool.pending)
     ledger.add_values(spooled_values(frames))
     recovered = ledger.open_sessions()
-    gateway.sessions.seed(recovered)
+    gateway.sessions.seed(recovered, ledger.owners)
     if recovered:
         log.info("continuing turn numbering of %d open session(s)", len(recovered))
 

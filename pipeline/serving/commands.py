@@ -14,7 +14,7 @@ import click
 
 from pipeline.options import explicit, field_option, merged
 
-from .settings import ServeSettings, hash_key, is_loopback
+from .settings import ApiKey, ServeSettings, hash_key, is_loopback
 
 FC = TypeVar("FC", bound=Callable[..., Any])
 
@@ -22,17 +22,33 @@ if TYPE_CHECKING:
     import uvicorn
 
 
-def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> list[str]:
+def _keys(
+    cli_keys: tuple[str, ...], keys_file: Path | None
+) -> tuple[list[str], list[ApiKey]]:
+    """The keys typed, in ``LIVERL_SERVE_API_KEYS`` and in the keys file, hashed: plain ones
+    (a user of their own) and the file's ``<key> <user> [operator]`` lines."""
     keys = list(cli_keys)
     env = os.environ.get("LIVERL_SERVE_API_KEYS", "")
     keys += [k.strip() for k in env.split(",") if k.strip()]
+    entries: list[ApiKey] = []
     if keys_file is not None:
-        keys += [
-            ln.strip()
-            for ln in keys_file.read_text().splitlines()
-            if ln.strip() and not ln.startswith("#")
-        ]
-    return [hash_key(k) for k in keys]  # raw keys go no further than this line
+        for n, line in enumerate(keys_file.read_text().splitlines(), 1):
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            if len(fields) == 1:
+                keys.append(fields[0])
+                continue
+            if len(fields) > 3 or (len(fields) == 3 and fields[2] not in ("user", "operator")):
+                raise click.UsageError(f"{keys_file}:{n}: expected '<key> [<user> [operator]]'")
+            role = fields[2] if len(fields) == 3 else "user"
+            try:
+                entries.append(ApiKey.model_validate(
+                    {"sha256": hash_key(fields[0]), "user": fields[1], "role": role}
+                ))
+            except ValueError as exc:
+                raise click.UsageError(f"{keys_file}:{n}: {exc}") from None
+    return [hash_key(k) for k in keys], entries  # raw keys go no further than this function
 
 
 class _HeaderTimer:
@@ -196,9 +212,15 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
     "--api-key",
     "api_keys",
     multiple=True,
-    help="Accepted bearer key (repeatable); also LIVERL_SERVE_API_KEYS=k1,k2.",
+    help="Accepted bearer key (repeatable), a user of its own; also LIVERL_SERVE_API_KEYS=k1,k2.",
 )
-@click.option("--api-keys-file", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--api-keys-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="One key a line: '<key>', or '<key> <user>' (the key speaks for <user>), or "
+    "'<key> <user> operator' (may post for any session and name any user); # comments.",
+)
 @_serve_option(
     "rate_limit_per_min",
     "--rate-limit",
@@ -266,8 +288,11 @@ def serve(
     kafka = (ctx.obj or {}).get("settings") if ctx.obj else None
     kafka = kafka or Settings()
     # [serve] in the settings file / LIVERL_SERVE_* first, then options typed on the command.
-    hashes = list(kafka.serve.api_key_hashes) + _keys(api_keys, api_keys_file)
-    forced: dict[str, Any] = {"api_key_hashes": list(dict.fromkeys(hashes))}
+    hashes, entries = _keys(api_keys, api_keys_file)
+    forced: dict[str, Any] = {
+        "api_key_hashes": list(dict.fromkeys([*kafka.serve.api_key_hashes, *hashes])),
+        "keys": [*kafka.serve.keys, *entries],
+    }
     if spool_dir is not None:
         forced["spool_dir"] = spool_dir
     elif kafka.serve.spool_dir == ServeSettings().spool_dir:
@@ -275,8 +300,8 @@ def serve(
         forced["spool_dir"] = Path(kafka.state_dir) / "spool" / str(replica)
     if explicit(ctx, opts).get("require_promoted") is None and kafka.serve.require_promoted is None:
         forced["require_promoted"] = kafka.trainer.gate  # follow the promotion gate
-    cfg = merged(kafka.serve, ctx, opts, **forced)
     try:
+        cfg = merged(kafka.serve, ctx, opts, **forced)
         cfg.check()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -288,7 +313,10 @@ def serve(
             err=True,
         )
     else:
-        click.echo(f"{len(hashes)} API key(s) configured (stored hashed)", err=True)
+        keys = cfg.accepted_keys
+        operators = sum(k.role == "operator" for k in keys)
+        click.echo(f"{len(keys)} API key(s) configured (stored hashed), {operators} operator(s)",
+                   err=True)
     if not is_loopback(cfg.host) and cfg.open_access:  # pragma: no cover - check() refuses
         sys.exit(2)
     if cfg.record:

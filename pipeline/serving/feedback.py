@@ -24,10 +24,12 @@ session it does not know (never seen, closed, another replica's), with a turn nu
 answer is 202 with ``"paired": "pending"``: the feedback is recorded, and the processors pair
 it with the turn's interaction if that arrives within ``processors.grace_s`` (30 s), else
 dead-letter it. ``recorded`` is false when the gateway runs with recording off. Bad payloads get an
-OpenAI-style 4xx and nothing is recorded. Any authenticated caller may rate any session, as
-with ``liverl record-outcome``; ``detail.key_id`` names the caller's key: the reward workers
-count one vote per key and turn, the latest (docs/hooks.md). Besides the chat rate limit,
-``serve.feedback_rate_limit_per_min`` (30, burst 10) limits each key's feedback: 429.
+OpenAI-style 4xx and nothing is recorded. With API keys only the session's owner or an operator
+key may rate it (403 ``session_forbidden``; ``sessions.py``: checked where this replica knows
+the owner). ``detail.key_id`` names the voter (``auth.py: Caller.voter``): the caller's key,
+or without keys ``loopback`` whatever bearer string was sent; the reward workers count one
+vote per voter and turn, the latest (docs/hooks.md). Besides the chat rate limit,
+``serve.feedback_rate_limit_per_min`` (30, burst 10) limits each voter's feedback: 429.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import __version__, events
 
+from .auth import Caller
 from .errors import ApiError
 from .gateway_api import GatewayApi
 from .protocol import validated
@@ -72,11 +75,29 @@ class FeedbackRequest(BaseModel):
 # ---- shared by the feedback and hook routes ---------------------------------------------------
 
 
-def authorize(gateway: GatewayApi, request: Request) -> str:
-    """The caller's key id, checked and rate-limited exactly as for chat completions."""
-    key_id = gateway.auth.key_id(request.headers.get("authorization"))
-    gateway.limiter.check(key_id)
-    return key_id
+def authorize(gateway: GatewayApi, request: Request) -> Caller:
+    """The caller, checked and rate-limited exactly as for chat completions."""
+    caller = gateway.auth.caller(request.headers.get("authorization"))
+    gateway.limiter.check(caller.key_id)
+    return caller
+
+
+def check_owner(gateway: GatewayApi, session_id: str, caller: Caller) -> None:
+    """403 unless ``caller`` may post for the session (its owner or an operator; counted)."""
+    try:
+        gateway.sessions.check_owner(session_id, caller)
+    except ApiError:
+        gateway.metrics.posts_not_recorded.labels("forbidden").inc()
+        raise
+
+
+def poster(caller: Caller, route: str) -> dict[str, Any]:
+    """Who posted a next state, for its ``detail``: the voter (``key_id``) and, with keys,
+    the caller's user (``user_id``), so a reader can tell an owner's post from an operator's."""
+    out: dict[str, Any] = {"key_id": caller.voter(route)}
+    if caller.keyed:
+        out["user_id"] = caller.user
+    return out
 
 
 def check_text(value: str | None, limit: int, param: str) -> None:
@@ -112,6 +133,25 @@ def record(gateway: GatewayApi, event: events.NextState) -> bool:
     return True
 
 
+def record_posted(
+    gateway: GatewayApi, channel: str, states: list[events.NextState], *, dedupe: bool = True
+) -> tuple[list[events.NextState], dict[str, str], bool]:
+    """Record posted next states within the turn's cap (``posted.py``; 429 beyond): the ones
+    recorded, each repeat's id -> the id recorded before (``dedupe``), and whether recording
+    is on."""
+    try:
+        fresh, repeats = gateway.posted.split(channel, states, dedupe=dedupe)
+    except ApiError:
+        gateway.metrics.posts_not_recorded.labels("per_turn_cap").inc(len(states))
+        raise
+    if repeats:
+        gateway.metrics.posts_not_recorded.labels("repeat").inc(len(repeats))
+    recorded = all([record(gateway, ns) for ns in fresh])
+    if recorded:
+        gateway.posted.add(channel, fresh, dedupe=dedupe)
+    return fresh, repeats, recorded
+
+
 # ---- feedback -----------------------------------------------------------------------------------
 
 
@@ -139,9 +179,10 @@ def resolve_turn(sessions: Sessions, session_id: str, turn: int | str) -> int:
     return turn
 
 
-def feedback_event(req: FeedbackRequest, turn: int, key_id: str) -> events.NextState:
-    """The ``feedback`` next state of one turn (a root event: random id)."""
-    detail: dict[str, Any] = {"key_id": key_id}
+def feedback_event(req: FeedbackRequest, turn: int, caller: Caller | str) -> events.NextState:
+    """The ``feedback`` next state of one turn (a root event: random id), cast by ``caller``
+    (or by a voter named by its key id)."""
+    detail = {"key_id": caller} if isinstance(caller, str) else poster(caller, "feedback")
     if req.thumbs is not None:
         detail["thumbs"] = req.thumbs
     return events.NextState(
@@ -173,13 +214,15 @@ def parse_feedback(doc: Any, max_chars: int) -> FeedbackRequest:
 
 
 async def handle_feedback(gateway: GatewayApi, request: Request) -> JSONResponse:
-    key_id = authorize(gateway, request)
-    gateway.feedback_limiter.check(key_id)  # a vote per caller and turn counts: no floods
+    caller = authorize(gateway, request)
+    # a vote per voter and turn counts: no floods (loopback callers are one voter)
+    gateway.feedback_limiter.check(caller.voter("feedback"))
     doc = await gateway.read_body(request, gateway.cfg.next_state_max_body_bytes)
     req = parse_feedback(doc, gateway.cfg.next_state_max_chars)
+    check_owner(gateway, req.session_id, caller)
     turn = resolve_turn(gateway.sessions, req.session_id, req.turn)
     known = last_turn(gateway.sessions, req.session_id) is not None
-    event = feedback_event(req, turn, key_id)
+    event = feedback_event(req, turn, caller)
     recorded = record(gateway, event)
     return JSONResponse(
         {

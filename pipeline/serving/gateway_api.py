@@ -12,6 +12,8 @@ from fastapi import Request
 
 from .auth import Authenticator, RateLimiter
 from .hook_replays import HookReplays
+from .metrics import Metrics
+from .posted import PostedStates
 from .recorder import Recorder
 from .sessions import Sessions
 from .settings import ServeSettings
@@ -25,6 +27,8 @@ class GatewayApi(Protocol):
     sessions: Sessions
     recorder: Recorder | None
     hook_replays: HookReplays
+    posted: PostedStates  # next states posted per turn (sources, hooks): cap, no repeats
+    metrics: Metrics
 
     def recording_problem(self) -> str | None:
         """Why a turn recorded now would be lost (None: recording works or is off)."""

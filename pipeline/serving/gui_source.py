@@ -234,6 +234,10 @@ def content_of(action: Action, gui: Mapping[str, Any]) -> str:
 
 
 class GuiSource:
+    # The same action posted again with the same screen is the agent repeating itself (the
+    # path rules penalise a repeated no-op), not a retry: recorded, within the turn's cap.
+    repeats_count = True
+
     def __init__(self, options: GuiOptions) -> None:
         self.options = options
         self.trees: OrderedDict[str, Flat] = OrderedDict()  # session -> last tree, LRU

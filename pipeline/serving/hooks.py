@@ -15,7 +15,8 @@ docs/hooks.md). Payloads follow Cursor's agent hooks: common fields ``hook_event
   session like ``X-Session-Done``: a ``session_end`` next state for the last turn, scored by
   ``hook_stop_scores`` when the status is listed (default: error and aborted -> -1), and the
   gateway forgets the session's turn counter. Any other status (one not documented nor in
-  ``hook_stop_scores``) is a 422 that closes nothing: a typo must not end a session.
+  ``hook_stop_scores``), and a missing or null one, is a 422 that closes nothing: a typo
+  must not end a session, nor keep the genuine ``stop`` after it from being recorded.
 
 The session is ``session_id`` in the payload, else the ``X-Session-Id`` header, else
 ``conversation_id``: the harness must send the same id with its chat requests. The response
@@ -25,7 +26,12 @@ command can print it unchanged: ``{"recorded": true, "event_id", "turn"}``, or
 ``{"recorded": false, "reason"}`` saying why nothing was. The headers say the same:
 ``X-Liverl-Recorded`` (the event id, empty for none), ``X-Session-Id`` and ``X-Liverl-Turn``.
 Hooks are authenticated and rate-limited like chat completions; an unknown event is a 404, a
-bad payload a 4xx, and neither records anything.
+bad payload a 4xx, and neither records anything. With API keys only the session's owner or an
+operator key may post its hooks (403 ``session_forbidden``, nothing recorded or closed). What
+a hook records carries who posted it (``detail.key_id``, ``detail.user_id``) and counts
+against the turn's cap of ``serve.next_states_per_turn`` per hook event (429 beyond); one equal
+to a next state already recorded for the turn (the same prompt again) records nothing
+(``posted.py``).
 
 A hook posted again with the same ``generation_id`` (a harness retry, a replayed transcript)
 gets the first answer (``"replay": true``, header ``X-Liverl-Replay: true``) and records and
@@ -51,9 +57,11 @@ from .feedback import (
     MAX_TURN,
     PRODUCER,
     authorize,
+    check_owner,
     check_text,
     last_turn,
-    record,
+    poster,
+    record_posted,
     validated,
 )
 from .gateway_api import GatewayApi
@@ -133,20 +141,19 @@ def after_agent_response(gateway: GatewayApi, sid: str, p: HookPayload) -> HookA
 
 def stop(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
     scores = gateway.cfg.hook_stop_scores
-    if p.status is not None and p.status not in STOP_STATUSES and p.status not in scores:
+    if p.status is None or (p.status not in STOP_STATUSES and p.status not in scores):
         known = ", ".join(dict.fromkeys([*STOP_STATUSES, *scores]))
+        what = "a stop needs a status" if p.status is None else f"unknown stop status {p.status!r}"
         raise ApiError(
             422,
-            f"unknown stop status {p.status!r}; known: {known} (nothing recorded or closed)",
+            f"{what}; known: {known} (nothing recorded or closed)",
             param="status",
             code="invalid_value",
         )
     turn = last_turn(gateway.sessions, sid)
     if turn is None:
         return HookAnswer({}, sid, reason=no_turn(sid, "nothing to close"))
-    detail = {**_origin("stop", p), "reason": "hook_stop"}
-    if p.status is not None:
-        detail["status"] = p.status
+    detail = {**_origin("stop", p), "reason": "hook_stop", "status": p.status}
     if p.loop_count is not None:
         detail["loop_count"] = p.loop_count
     event = events.NextState(
@@ -155,9 +162,9 @@ def stop(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
         session_id=sid,
         turn=turn,
         kind="session_end",
-        content=p.status or "",
+        content=p.status,
         source="hook:stop",
-        score=scores.get(p.status) if p.status is not None else None,
+        score=scores.get(p.status),
         detail=detail,
     )
     return HookAnswer({}, sid, event)
@@ -185,7 +192,7 @@ def session_of(request: Request, p: HookPayload) -> str:
 
 
 async def handle_hook(gateway: GatewayApi, event: str, request: Request) -> JSONResponse:
-    authorize(gateway, request)
+    caller = authorize(gateway, request)
     handler = HOOKS.get(event)
     if handler is None:
         raise ApiError(
@@ -203,12 +210,21 @@ async def handle_hook(gateway: GatewayApi, event: str, request: Request) -> JSON
             param="hook_event_name",
         )
     sid = session_of(request, payload)
+    check_owner(gateway, sid, caller)
     key = None if payload.generation_id is None else (sid, event, payload.generation_id)
     if key is not None and (seen := gateway.hook_replays.get(key)) is not None:
         return replace(seen, replay=True).response()
     answer = handler(gateway, sid, payload)
-    if answer.event is not None and not record(gateway, answer.event):
-        answer = replace(answer, event=None, reason="recording is off (record: false)")
+    if answer.event is not None:
+        ns = replace(answer.event, detail={**answer.event.detail, **poster(caller, "hooks")})
+        _fresh, repeats, recorded = record_posted(gateway, f"hook:{event}", [ns])
+        if repeats:
+            answer = replace(answer, event=None, reason="equal to next state "
+                             f"{repeats[ns.event_id]} already recorded for this turn")
+        elif not recorded:
+            answer = replace(answer, event=None, reason="recording is off (record: false)")
+        else:
+            answer = replace(answer, event=ns)
     if event == "stop":
         gateway.close_session(sid)
     if key is not None:

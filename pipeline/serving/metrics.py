@@ -48,6 +48,12 @@ class Metrics:
             "POST /v1/feedback refused with 429 by serve.feedback_rate_limit_per_min",
             registry=r,
         )
+        self.posts_not_recorded = Counter(
+            "liverl_gateway_posts_not_recorded",
+            "Posted next states not recorded: forbidden (another user's session), "
+            "per_turn_cap (serve.next_states_per_turn), repeat (equal to one recorded)",
+            ["reason"], registry=r,
+        )
         self.weight_version = Gauge(
             "liverl_gateway_weight_version", "Weight version now serving", registry=r
         )

@@ -15,8 +15,16 @@ would. Each turn is also stamped with a per-session monotonic timestamp (wall-cl
 1 ms after the last this replica stamped for the session); downstream, pairing orders a
 session's turns by (timestamp, event id), not by which replica served them (see
 ``pipeline/processors/pairing.py``).
-``X-Liverl-User`` names whose turn it is (else the key id); recorded as the interaction's
-``user_id`` so that ``liverl forget --user`` can find a user's sessions.
+``X-Liverl-User`` names whose turn it is (else the key's user); recorded as the interaction's
+``user_id`` so that ``liverl forget --user`` can find a user's sessions. With API keys a ``user``
+key may name only its own user (403 otherwise); an operator key, or any loopback caller
+without keys, may name any.
+
+Ownership: the user of a session's first turn here owns it (``owner``), and with API keys only
+that user or an operator may take more turns or post next states for it (``check_owner``: 403).
+The table is this replica's, bounded like the turn counters but kept after a session closes
+(feedback on its turns still comes), and seeded at start from the ``user_id`` of the
+interactions in the log (``turns.py``); a session this replica has no owner for is not checked.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import orjson
 
 from pipeline import events
 
+from .auth import Caller, forbidden, open_caller
 from .errors import ApiError
 
 MAX_ID_CHARS = 256  # session and group ids, header or body (the body fields say the same)
@@ -96,14 +105,20 @@ class Sessions:
         self.max_sessions = max_sessions
         self._turns: OrderedDict[str, int] = OrderedDict()
         self._stamps: dict[str, int] = {}  # last timestamp given to each session here
+        self._owners: OrderedDict[str, str] = OrderedDict()  # session -> its first user here
 
     def resolve(
         self,
         headers: Mapping[str, str],
         body: Mapping[str, Any],
-        key_id: str,
+        caller: Caller | str,
         messages: list[dict[str, Any]],
     ) -> TurnInfo:
+        """The request's session and turn; ``caller`` (a key id: a loopback caller) names
+        auto sessions and, without ``X-Liverl-User``, the user."""
+        if isinstance(caller, str):
+            caller = open_caller(caller)
+        key_id = caller.key_id
         session = _header_text("X-Session-Id", headers.get("x-session-id")) or body.get(
             "session_id"
         )
@@ -127,8 +142,31 @@ class Sessions:
         if user is not None and not (user.strip() and user.isprintable()):
             raise ApiError(400, "header X-Liverl-User must be a non-empty printable id of at "
                            f"most {MAX_ID_CHARS} characters", param="X-Liverl-User")
-        return TurnInfo(str(session), turn_type, done, train, group,
-                        user or key_id)
+        if user is not None and user != caller.user and not caller.operator:
+            raise forbidden("X-Liverl-User names another user than this API key's; only an "
+                            "operator key may speak for other users", "X-Liverl-User",
+                            "user_mismatch")
+        return TurnInfo(str(session), turn_type, done, train, group, user or caller.user)
+
+    def owner(self, session_id: str) -> str | None:
+        """The user who owns the session on this replica (None: unknown here)."""
+        return self._owners.get(session_id)
+
+    def check_owner(self, session_id: str, caller: Caller) -> None:
+        """403 unless ``caller`` may act on the session: its owner, an operator, any
+        loopback caller without keys, or anyone for a session this replica has no owner for."""
+        if not caller.may_act_for(self._owners.get(session_id)):
+            raise forbidden(f"session {session_id!r} belongs to another user; only its owner "
+                            "or an operator key may use it", "session_id", "session_forbidden")
+
+    def claim(self, session_id: str, user: str | None) -> None:
+        """``user`` owns the session unless someone already does (its first turn opens it)."""
+        if user is None:
+            return
+        self._owners.setdefault(session_id, user)
+        self._owners.move_to_end(session_id)
+        while len(self._owners) > self.max_sessions:
+            self._owners.popitem(last=False)
 
     def next_turn(self, session_id: str, position: int = 0) -> int:
         """Claim a main-turn number: the request's conversation ``position`` (see
@@ -155,11 +193,14 @@ class Sessions:
         while len(self._stamps) > self.max_sessions:  # stamped but never numbered (aborted)
             self._stamps.pop(next(iter(self._stamps)))
 
-    def seed(self, next_turns: dict[str, int]) -> None:
-        """Continue sessions recovered from the log (see ``turns.py``) where they left off."""
+    def seed(self, next_turns: dict[str, int], owners: Mapping[str, str] | None = None) -> None:
+        """Continue sessions recovered from the log (see ``turns.py``) where they left off,
+        owned by the users recorded on them."""
         for session_id, turn in next_turns.items():
             self._turns[session_id] = max(self._turns.get(session_id, 0), turn)
         self._evict()
+        for session_id, user in (owners or {}).items():
+            self.claim(session_id, user)
 
     def close(self, session_id: str) -> None:
         self._turns.pop(session_id, None)

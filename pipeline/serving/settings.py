@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.kafka import names
+
+SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def hash_key(key: str) -> str:
@@ -24,6 +34,29 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class ApiKey(BaseModel):
+    """One accepted bearer key (``[[serve.keys]]``): its sha256, never the key; the user it
+    speaks for; its role. A ``user`` key owns the sessions it opens and may name no other
+    user; an ``operator`` key (a review tool, a proxy serving many users) may post next
+    states for any session and name any user with ``X-Liverl-User``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    user: str | None = Field(
+        default=None, min_length=1, max_length=256,  # sessions.MAX_ID_CHARS
+        description="Whose turns this key's are (recorded as user_id); None: the key id.",
+    )
+    role: Literal["user", "operator"] = "user"
+
+    @field_validator("user")
+    @classmethod
+    def _printable(cls, user: str | None) -> str | None:
+        if user is not None and not (user.strip() and user.isprintable()):
+            raise ValueError("a key's user must be a non-empty printable id")
+        return user
 
 
 class ServeSettings(BaseModel):
@@ -59,7 +92,14 @@ class ServeSettings(BaseModel):
     workers: int = Field(default=4, ge=1, description="Concurrent generations (hf backend).")
 
     api_key_hashes: list[str] = Field(
-        default_factory=list, description="sha256 hex of accepted bearer keys (never raw keys)."
+        default_factory=list,
+        description="sha256 hex of accepted bearer keys (never raw keys), each a user of its "
+        "own (its key id) with role user; `keys` gives a key a user and a role.",
+    )
+    keys: list[ApiKey] = Field(
+        default_factory=list,
+        description="Accepted bearer keys with the user each speaks for and its role "
+        "([[serve.keys]] sha256 = ..., user = ..., role = user | operator).",
     )
     rate_limit_per_min: float = Field(default=0, ge=0, description="Per key; 0 disables.")
     rate_limit_burst: int = Field(default=20, ge=1)
@@ -141,6 +181,13 @@ class ServeSettings(BaseModel):
         description="The `stop` hook's `status` -> score of the session's last turn (in "
         "[-1, 1]); a status not listed (e.g. completed) closes the session without a score. "
         "Statuses other than completed, aborted, error and the ones listed here are a 422.",
+    )
+    next_states_per_turn: int = Field(
+        default=8,
+        ge=1,
+        description="Most next states of one kind (a source, a hook) a turn takes from posts "
+        "on this replica (429 beyond); a post equal to one recorded for the turn is answered "
+        "as that one and records nothing.",
     )
     hook_replay_entries: int = Field(
         default=10_000,
@@ -233,10 +280,39 @@ class ServeSettings(BaseModel):
             SOURCES.options(name, raw, f"serve.source_options.{name}")
         return self
 
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _hex_hashes(cls, hashes: list[str]) -> list[str]:
+        """A hash that is not sha256 hex can match no key: say so instead of refusing every
+        caller that sends it."""
+        for h in hashes:
+            if not SHA256_HEX.fullmatch(h):
+                raise ValueError(f"{h[:16]!r}... is not a sha256 hex digest (64 hex digits)")
+        return hashes
+
+    @model_validator(mode="after")
+    def _keys_once(self) -> ServeSettings:
+        seen: set[str] = set()
+        for key in self.keys:
+            digest = key.sha256.lower()
+            if digest in seen:
+                raise ValueError(f"serve.keys: the key {digest[:12]}... is listed twice")
+            seen.add(digest)
+        return self
+
+    @property
+    def accepted_keys(self) -> list[ApiKey]:
+        """Every accepted key: ``keys``, then each of ``api_key_hashes`` not among them (a
+        user of its own, role user)."""
+        listed = {k.sha256.lower() for k in self.keys}
+        plain = [h.lower() for h in self.api_key_hashes if h.lower() not in listed]
+        return [*self.keys, *(ApiKey(sha256=h) for h in dict.fromkeys(plain))]
+
     @property
     def open_access(self) -> bool:
-        """No keys configured: any key is accepted, which is only allowed on loopback."""
-        return not self.api_key_hashes
+        """No keys configured: any key is accepted, which is only allowed on loopback, where
+        every caller is trusted (``auth.py``)."""
+        return not self.api_key_hashes and not self.keys
 
     def check(self) -> None:
         """Refuse unsafe combinations before anything listens."""

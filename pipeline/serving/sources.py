@@ -5,7 +5,10 @@ A source is one file: a class whose ``next_states(request)`` reads one bounded J
 returns the events it means (or raises :class:`~pipeline.serving.errors.ApiError` for a 4xx),
 registered here with its options model. The route (``source_route.py``) does what every
 source needs the same way: the key check and rate limit of chat, the size and depth limit of
-``next_state_max_body_bytes``, the 503 while events would be lost, and recording.
+``next_state_max_body_bytes``, that only a session's owner (or an operator) posts for it, the
+per-turn cap and repeats (``posted.py``), who posted (``detail.key_id``, ``detail.user_id``),
+the 503 while events would be lost, and recording. A source that resolves its session with
+:func:`session_turn` gets the owner and cap checks before it keeps any state of its own.
 
 Light on purpose, like the judges' registry: the settings check ``serve.sources`` and
 ``serve.source_options`` when they load, so the built-ins are named by module and class and
@@ -30,22 +33,27 @@ class SourceRequest:
 
     body: Any  # parsed JSON, already bounded in size and depth
     session_header: str | None  # X-Session-Id, when the harness sends it there
-    key_id: str  # the caller's API key id ("anonymous" without keys)
+    key_id: str  # the voter (auth.py: Caller.voter), the route sets it as detail.key_id
     max_chars: int  # longest text a next state may carry (serve.next_state_max_chars)
     last_turn: Callable[[str], int | None]  # the session's latest turn on this gateway
+    # 403 unless the caller may post for the session; 429 when the turn is full
+    check_owner: Callable[[str], None] = lambda _sid: None
+    check_room: Callable[[str, int], None] = lambda _sid, _turn: None
 
 
 def session_turn(
     request: SourceRequest, session_id: str | None, turn: int | Literal["last"]
 ) -> tuple[str, int]:
     """The post's session (its ``session_id``, else the header) and turn (a number, or the
-    session's last one on this gateway); a 400 when either is unknown."""
+    session's last one on this gateway); a 400 when either is unknown, a 403 when the caller
+    may not post for the session, a 429 when the turn has its fill of this source's."""
     from .errors import ApiError  # light module: the settings import this one
 
     sid = session_id or request.session_header
     if not sid:
         raise ApiError(400, "give session_id (or the X-Session-Id header)",
                        param="session_id", code="missing_session")
+    request.check_owner(sid)
     last = request.last_turn(sid)
     if turn == "last" and last is None:
         raise ApiError(400, f"session {sid!r} has no open turn on this gateway; pass the "
@@ -55,11 +63,14 @@ def session_turn(
     if last is not None and number > last:
         raise ApiError(400, f"turn {number} of session {sid!r} has not been recorded (last "
                        f"is {last})", param="turn", code="turn_not_found")
+    request.check_room(sid, number)
     return sid, number
 
 
 class NextStateSource(Protocol):
-    """Turns a harness's payload into next states (``pipeline.events.NextState``)."""
+    """Turns a harness's payload into next states (``pipeline.events.NextState``). A source
+    whose equal posts are distinct observations sets ``repeats_count = True`` (the route then
+    records each, within the turn's cap, instead of answering it as the first one)."""
 
     def next_states(self, request: SourceRequest) -> list[Any]: ...
 
