@@ -53,7 +53,9 @@ def _run(tmp_path: Path, extra_env: dict[str, str]) -> None:
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
-        assert time.monotonic() - started < 15
+        took = time.monotonic() - started
+        # liverl up expects each component gone within 10 s (issue 37); measured 8.1 s
+        assert took < 10, f"{took:.1f}s"
         # a thread that dies while stopping is one record, not one WARNING per token (#25)
         out = log.read_bytes()
         assert b"[WARNING] ^" not in out and b"[WARNING] Exception in thread" not in out

@@ -386,6 +386,17 @@ class CommitReport:
         return sum(self.rows.values())
 
 
+# The longest single wait on the broker's metadata: a stop is noticed between two.
+_SLICE_S = 1.0
+
+
+class Stopped(ArchiveError):
+    """A stop was asked for while the archive waited for the broker."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped while waiting for the broker")
+
+
 class Archiver:
     """Copies topics into their archive tables, in batches of one commit per topic.
 
@@ -405,8 +416,10 @@ class Archiver:
         batch_bytes: int = 128 * 1024 * 1024,
         batch_seconds: float = 5.0,
         timeout_s: float = 15.0,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.kafka = connection_of(kafka)
+        self.stopping = stopping  # a stop asked for: metadata waits give up (:class:`Stopped`)
         self.topics = list(dict.fromkeys(topics))
         self.lake_root = Path(lake_root)
         self.follow = follow
@@ -445,13 +458,26 @@ class Archiver:
         )
 
     def partitions(self, consumer: Any) -> dict[str, list[int]]:
-        """topic -> partitions on the broker; :class:`MissingTopics` for any not there."""
+        """topic -> partitions on the broker; :class:`MissingTopics` for any not there.
+
+        The wait for the broker (up to ``timeout_s``) is asked for in slices of a second: a
+        signal handler runs only between them, and one whole wait held a stop for 15 s
+        with the broker gone (issue 37). :class:`Stopped` once a stop was asked for."""
         from confluent_kafka import KafkaException
 
-        try:
-            meta = consumer.list_topics(timeout=self.timeout_s)
-        except KafkaException as exc:
-            raise ArchiveError(f"cannot reach Kafka at {self.kafka.bootstrap}: {exc}") from None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                meta = consumer.list_topics(timeout=max(0.1, min(_SLICE_S, left)))
+                break
+            except KafkaException as exc:
+                if self.stopping():
+                    raise Stopped() from None
+                if left <= _SLICE_S:
+                    raise ArchiveError(
+                        f"cannot reach Kafka at {self.kafka.bootstrap}: {exc}"
+                    ) from None
         found: dict[str, list[int]] = {}
         missing = []
         for topic in self.topics:

@@ -23,6 +23,7 @@ from pipeline.lake.archive import (
     CommitReport,
     MissingTopics,
     Span,
+    Stopped,
     archive_path,
     table_name,
 )
@@ -62,7 +63,11 @@ def resolve_topics(given: Sequence[str], known: Sequence[str] = names.ALL) -> li
 @contextlib.contextmanager
 def _stop_on_signals() -> Iterator[list[int]]:
     """SIGTERM/SIGINT end the run after committing what was read (``liverl up`` stops its
-    children with SIGTERM)."""
+    children with SIGTERM). Whatever a Kafka call with the broker gone holds the main thread
+    for, the process exits :data:`pipeline.stopping.STOP_S` after the first signal, or at once
+    on a second one: what was read and not committed is archived at the next start."""
+    from pipeline import stopping
+
     got: list[int] = []
 
     def handler(sig: int, _frame: object) -> None:
@@ -72,9 +77,15 @@ def _stop_on_signals() -> Iterator[list[int]]:
         yield got  # signals reach the main thread only
         return
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    disarm = stopping.arm(
+        stopping.STOP_S,
+        "liverl archive: not stopped after {why}, Kafka unreachable? Exiting now; records "
+        "not committed yet are archived at the next start",
+    )
     try:
         yield got
     finally:
+        disarm()
         for s, h in previous.items():
             signal.signal(s, h)
 
@@ -194,11 +205,15 @@ def _archive(
         batch_records=batch_records,
         batch_bytes=int(batch_mb * 1024 * 1024),
         batch_seconds=batch_seconds,
+        stopping=lambda: bool(stopped),
     )
     try:
         spans = archiver.open()
     except MissingTopics as exc:
         raise click.UsageError(exc.message) from None
+    except Stopped:
+        _log("stopped before the broker answered; nothing was read")
+        return
     from pipeline.durable import writable_problem
 
     if (problem := writable_problem(Path(lake) / "events")) is not None:

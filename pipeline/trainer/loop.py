@@ -20,7 +20,7 @@ instead of a fixed step count that is far too often for large models and needles
 small ones.
 
 Stopping: SIGTERM/SIGINT finish the current step and publish it, then exit. Whatever Kafka
-does, the process exits ``LIVERL_TRAINER_SHUTDOWN_S`` (10 s) after the first signal, or at once
+does, the process exits ``LIVERL_TRAINER_SHUTDOWN_S`` (8 s) after the first signal, or at once
 on a second one: the publish protocol survives a kill at any point (a half-written folder is
 never renamed to ``v<N>``, and a restart completes the rest), so steps not yet published are
 only trained again after the restart.
@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition
 
-from pipeline import events
+from pipeline import events, stopping
 from pipeline.events import DeadLetter, Producer, Sample
 from pipeline.kafka import EventConsumer, EventProducer, Record, names
 from pipeline.kafka.connection import Connectable, connection_of
@@ -457,8 +455,10 @@ def next_publish_at(now: float, spent_s: float, gate_s: float, overhead: float) 
 
 
 def shutdown_seconds() -> float:
-    """``LIVERL_TRAINER_SHUTDOWN_S``: how long a stop may take before the process exits."""
-    raw = os.environ.get("LIVERL_TRAINER_SHUTDOWN_S", "10")
+    """``LIVERL_TRAINER_SHUTDOWN_S``: how long a stop may take before the process exits
+    (default :data:`pipeline.stopping.STOP_S`: ``liverl up`` expects each component gone
+    within 10 s of its SIGTERM)."""
+    raw = os.environ.get("LIVERL_TRAINER_SHUTDOWN_S", f"{stopping.STOP_S:g}")
     try:
         value = float(raw)
     except ValueError:
@@ -469,35 +469,16 @@ def shutdown_seconds() -> float:
 
 
 def install_signal_handlers(loop: TrainerLoop, shutdown_s: float | None = None) -> None:
-    """SIGTERM/SIGINT finish the current step and publish it, then exit; a watchdog bounds
-    that to ``shutdown_s`` (default :func:`shutdown_seconds`), or ends it at a second signal.
-
-    The watchdog thread learns of a signal from the wakeup fd, written by the interpreter's C
-    handler at once: the Python handler only runs between bytecodes, and librdkafka metadata
-    calls (``list_topics``, watermarks) hold the main thread for their whole timeout."""
+    """SIGTERM/SIGINT finish the current step and publish it, then exit; a watchdog
+    (:mod:`pipeline.stopping`) bounds that to ``shutdown_s`` (default
+    :func:`shutdown_seconds`), or ends it at a second signal: a publish that waits on a
+    broker that is gone would otherwise hold the process for the client's timeouts."""
     bound = shutdown_seconds() if shutdown_s is None else shutdown_s
     signal.signal(signal.SIGTERM, loop.stop)
     signal.signal(signal.SIGINT, loop.stop)
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    threading.Thread(
-        target=_watchdog, args=(read_fd, bound), name="stop-watchdog", daemon=True
-    ).start()
-
-
-def _watchdog(read_fd: int, bound: float) -> None:
-    stops = {signal.SIGTERM, signal.SIGINT}
-    while os.read(read_fd, 1)[0] not in stops:  # the fd carries each caught signal's number
-        pass
-    deadline = time.monotonic() + bound
-    why = f"{bound:g}s (LIVERL_TRAINER_SHUTDOWN_S)"
-    while (left := deadline - time.monotonic()) > 0:
-        if select.select([read_fd], [], [], left)[0] and os.read(read_fd, 1)[0] in stops:
-            why = "a second signal"
-            break
-    os.write(2, (
-        f"liverl train: not stopped after {why}, Kafka unreachable? Exiting now; steps not "
-        "published yet are trained again after a restart\n"
-    ).encode())
-    os._exit(0)
+    stopping.arm(
+        bound,
+        "liverl train: not stopped after {why}, Kafka unreachable? Exiting now; steps not "
+        "published yet are trained again after a restart",
+        setting="LIVERL_TRAINER_SHUTDOWN_S",
+    )
