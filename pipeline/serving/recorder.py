@@ -50,6 +50,7 @@ from pipeline import __version__, events
 from pipeline.kafka import DeliveryError, EventProducer, names
 from pipeline.kafka.connection import Connectable, connection_of
 
+from .kafka_log import GATEWAY_KAFKA_LOG
 from .spool import Quarantined, Spool
 
 log = logging.getLogger(__name__)
@@ -510,7 +511,8 @@ class Recorder:
     def _new_producer(self, client_id: str, *, transactional: bool = False) -> EventProducer:
         # librdkafka's dotted names pass through **extra (a dict, not keywords)
         timeout_ms = int(self.delivery_timeout_s * 1000)
-        extra: dict[str, Any] = {"message.timeout.ms": timeout_ms}
+        # librdkafka's reconnect lines folded: one per kind, then a count every 30 s
+        extra: dict[str, Any] = {"message.timeout.ms": timeout_ms, "logger": GATEWAY_KAFKA_LOG}
         tid = None
         if transactional:
             tid = self.transactional_id

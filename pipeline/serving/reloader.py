@@ -23,11 +23,12 @@ from typing import Any, TypeGuard
 from urllib.parse import unquote, urlparse
 
 from pipeline import __version__, events
-from pipeline.kafka import EventConsumer, names
+from pipeline.kafka import EventConsumer, EventProducer, names
 from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.serving.errors import ManifestError
 
 from .backends.base import Backend
+from .kafka_log import GATEWAY_KAFKA_LOG
 
 log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="reloader", version=__version__)
@@ -110,15 +111,19 @@ class Reloader:
         )
 
     def _loop(self) -> None:
-        # librdkafka's dotted names pass through **extra (a dict, not keywords)
-        no_auto_commit: dict[str, Any] = {"enable.auto.commit": False}
+        # librdkafka's dotted names pass through **extra (a dict, not keywords); its
+        # reconnect lines (~20 a second while the broker is down) are folded, the dead-letter
+        # producer's too (never polled until close, it printed them all at once then)
+        quiet: dict[str, Any] = {"logger": GATEWAY_KAFKA_LOG}
+        group = f"liverl-gateway-{self.replica_id}-{uuid.uuid4().hex[:8]}"
         consumer = EventConsumer(
             self.kafka,
-            group_id=f"liverl-gateway-{self.replica_id}-{uuid.uuid4().hex[:8]}",
+            group_id=group,
+            dlq=EventProducer(self.kafka, client_id=f"{group}-dlq", **quiet),
             topics=[self.topic],
             component="reloader",
             auto_offset_reset="earliest",
-            **no_auto_commit,
+            **{"enable.auto.commit": False, **quiet},
         )
         try:
             while not self._stop.is_set():

@@ -22,6 +22,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from pipeline.kafka.connection import Connectable, connection_of
 
+from .kafka_log import GATEWAY_KAFKA_LOG
+
 log = logging.getLogger(__name__)
 
 
@@ -77,6 +79,7 @@ def read_recent(
                 # The recorder's transactions end in a commit marker that is never handed
                 # over: the end is where the partition says so, not the last offset + 1.
                 "enable.partition.eof": True,
+                "logger": GATEWAY_KAFKA_LOG,  # not raw stderr lines while the broker is down
             }
         )
     )
