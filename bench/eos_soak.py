@@ -1,16 +1,23 @@
-"""Kill soak for the reward workers: SIGKILL them again and again under load, then count.
+"""Kill soak for the reward workers: SIGKILL and restart them while sessions flow, then count.
 
-Starts ``--workers`` worker processes of one fresh consumer group (worker indexes 0..N-1),
-offers ``--sessions`` sessions of ``--turns`` turns at ``--turn-rate`` turns/s, and every
-``--kill-every-s`` SIGKILLs one worker (round robin) and restarts it with its index, until
-``--kills`` kills are done. Then it waits for every turn's sample and reads the derived topics
-with a plain read_committed consumer, counting raw records (no deduplication): per topic the
-records, the event ids seen more than once, and the turns without a sample or a reward.
-``--guarantees at-least-once,exactly-once`` runs the same soak once per guarantee, so the
-duplicates at-least-once leaves behind sit next to exactly-once's in one run.
+Starts ``--workers`` worker processes of one fresh consumer group (worker indexes 0..N-1; the
+session topics have 6 partitions, so more partitions than workers). ``--clients`` producers
+offer ``--sessions`` sessions of ``--turns`` turns, each spreading its turns over
+``--send-s``. Every ``--kill-every-s`` (drawn within ±40 %) one worker (round robin) is
+SIGKILLed and restarted ``--restart-after-s`` later; every ``--recovery-kill-every``-th
+restart is killed again 1.5-8 s after it started (while it starts, joins or recovers its
+tables) and restarted once more. Kills go on while the clients send (or until ``--kills``).
+Then it reads the derived topics with a plain read_committed consumer and counts, from the raw
+records: per topic the records and the event ids seen more than once; the turns without a
+reward or a sample, with a second reward or sample id; the dead letters.
 
-    .venv/bin/python bench/eos_soak.py                                  # 10 kills, exactly once
-    .venv/bin/python bench/eos_soak.py --guarantees at-least-once,exactly-once --kills 6
+``tests/test_processors_eos_soak.py`` runs a short soak of this module in CI (issue 37: a
+worker restart lost turns silently before the offset ledger). Longer runs:
+
+    .venv/bin/python bench/eos_soak.py                                  # 300 s, exactly once
+    .venv/bin/python bench/eos_soak.py --send-s 900 --sessions 600 --rounds 3
+    .venv/bin/python bench/eos_soak.py --trees /tmp/before,. --rounds 2  # A/B with a checkout
+    .venv/bin/python bench/eos_soak.py --guarantees at-least-once,exactly-once
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -26,6 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
@@ -36,8 +45,61 @@ from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
 from pipeline.settings import Settings
 
-DERIVED = (names.NEXT_STATES, names.PRM_SCORES, names.REWARDS, names.SAMPLES)
+DERIVED = (names.NEXT_STATES, names.PRM_SCORES, names.REWARDS, names.SAMPLES, names.DLQ)
 INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
+
+
+@dataclass
+class SoakPlan:
+    sessions: int = 100
+    turns: int = 5
+    clients: int = 4
+    workers: int = 2
+    send_s: float = 100.0  # each client spreads its sessions' turns over this long
+    kill_every_s: float = 9.0
+    restart_after_s: float = 3.0
+    recovery_kill_every: int = 3  # every Nth restart is killed again while it starts/recovers
+    recovery_kill_after_s: tuple[float, float] = (1.5, 8.0)
+    kills: int | None = None  # stop killing after this many; None: while the clients send
+    guarantee: str = "exactly-once"
+    settle_s: float = 240.0  # after the kills, how long the outputs may take
+    seed: int = 0
+    tree: str | None = None  # run the workers from another checkout (an A/B with a commit)
+
+
+@dataclass
+class SoakResult:
+    plan: SoakPlan
+    turns: int
+    kills: int = 0
+    recovery_kills: int = 0
+    records: dict[str, int] = field(default_factory=dict)  # topic -> raw records
+    repeated_ids: dict[str, int] = field(default_factory=dict)  # topic -> ids read twice+
+    missing_reward: list[tuple[str, int]] = field(default_factory=list)
+    missing_sample: list[tuple[str, int]] = field(default_factory=list)
+    second_reward_id: list[tuple[str, int]] = field(default_factory=list)
+    second_sample_id: list[tuple[str, int]] = field(default_factory=list)
+    dead_letters: list[str] = field(default_factory=list)
+    workers_alive: bool = True
+    seconds: float = 0.0
+    log_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Every turn one reward and one sample by id, nothing dead-lettered, workers up."""
+        return self.workers_alive and not (
+            self.missing_reward or self.missing_sample or self.second_reward_id
+            or self.second_sample_id or self.dead_letters)  # fmt: skip
+
+    def summary(self) -> str:
+        return (
+            f"{self.plan.guarantee}: {self.turns} turns, {self.kills} kills "
+            f"({self.recovery_kills} while starting or recovering) in {self.seconds:.0f} s: "
+            f"turns without a reward {len(self.missing_reward)}, without a sample "
+            f"{len(self.missing_sample)}, with a second reward id {len(self.second_reward_id)},"
+            f" a second sample id {len(self.second_sample_id)}; dead letters "
+            f"{len(self.dead_letters)}"
+        )
 
 
 def ends(settings: Settings, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
@@ -64,125 +126,195 @@ def session(sid: str, turns: int) -> list[events.Interaction]:
     return out
 
 
-def soak(args: argparse.Namespace, settings: Settings, guarantee: str) -> dict[str, Any]:
-    run = uuid.uuid4().hex[:8]
-    app_id = prefix = f"soak-{run}"
+def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
+             app_id: str | None = None, say: Any = None) -> SoakResult:  # fmt: skip
+    """One soak (see the module docstring); ``say`` prints progress lines if given."""
+    rng = random.Random(plan.seed)
+    app_id = app_id or f"soak-{uuid.uuid4().hex[:8]}"
+    state = workdir or tempfile.mkdtemp(prefix="liverl-soak-")
     admin = AdminClient(settings.kafka_client_config())
-    start_in = ends(settings, INPUTS)
-    tps = [TopicPartition(t, p, o) for (t, p), o in start_in.items()]
+    tps = [TopicPartition(t, p, o) for (t, p), o in ends(settings, INPUTS).items()]
     group = [ConsumerGroupTopicPartitions(app_id, tps)]
     (fut,) = admin.alter_consumer_group_offsets(group).values()
     fut.result(60)
     start_out = ends(settings, DERIVED)
-    state = tempfile.mkdtemp(prefix="liverl-soak-")
-    env = dict(os.environ, LIVERL_PROCESSORS_SESSION_PREFIX=prefix, LIVERL_STATE_DIR=state,
+    env = dict(os.environ, LIVERL_PROCESSORS_SESSION_PREFIX=app_id, LIVERL_STATE_DIR=state,
                LIVERL_PROCESSORS_SESSION_TIMEOUT_S="6")
-    log = open(os.path.join(state, "workers.log"), "ab")  # noqa: SIM115 - held by the workers
+    if plan.tree:
+        env["PYTHONPATH"] = plan.tree  # its pipeline/ before the installed one
+    logpath = os.path.join(state, f"{app_id}.log")
+    log = open(logpath, "ab")  # noqa: SIM115 - held by the workers
 
     def worker(i: int) -> subprocess.Popen[bytes]:
         code = "from pipeline.processors.commands import workers; workers()"
         return subprocess.Popen(
             [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn",
-             "--worker-index", str(i), f"--{guarantee}"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+             "--worker-index", str(i), f"--{plan.guarantee}"],
+            env=env, cwd=plan.tree, stdout=log, stderr=subprocess.STDOUT,
         )
 
-    sessions = [session(f"{prefix}-{k}", args.turns) for k in range(args.sessions)]
-    want = {(i.session_id, i.turn) for s in sessions for i in s}
-    procs = [worker(i) for i in range(args.workers)]
-    time.sleep(8)  # joined and assigned before the load starts
+    sessions = [session(f"{app_id}-{k}", plan.turns) for k in range(plan.sessions)]
+    result = SoakResult(plan, turns=plan.sessions * plan.turns)
 
-    def offer() -> None:
-        producer = EventProducer(settings, client_id="soak", partitioner="murmur2_random")
-        gap = 1.0 / args.turn_rate
-        for t in range(args.turns):  # every session's turn t, then turn t + 1
-            for s in sessions:
+    def client(k: int) -> None:
+        producer = EventProducer(settings, client_id=f"soak-{k}", partitioner="murmur2_random")
+        mine = sessions[k::plan.clients]
+        gap = plan.send_s / max(1, plan.turns * len(mine))
+        for t in range(plan.turns):  # every session's turn t, then turn t + 1
+            for s in mine:
                 producer.send(names.INTERACTIONS, s[t])
                 producer.poll(0)
                 time.sleep(gap)
         producer.flush()
 
-    sender = threading.Thread(target=offer, daemon=True)
     began = time.monotonic()
-    sender.start()
-    kills = 0
-    while kills < args.kills:
-        time.sleep(args.kill_every_s)
-        victim = kills % args.workers
+    procs = [worker(i) for i in range(plan.workers)]
+    clients = [threading.Thread(target=client, args=(k,), daemon=True)
+               for k in range(plan.clients)]  # fmt: skip
+    for th in clients:
+        th.start()
+
+    def kill(victim: int, during: str) -> None:
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait(10)
+        result.kills += 1
+        if say:
+            say(f"  kill {result.kills}: worker {victim} {during} at "
+                f"{time.monotonic() - began:.0f} s")
+        time.sleep(plan.restart_after_s)
         procs[victim] = worker(victim)
-        kills += 1
-        print(f"  kill {kills}/{args.kills}: worker {victim} at {time.monotonic() - began:.0f}s",
-              flush=True)
-    sender.join()
 
-    c = Consumer(settings.kafka_client_config(**{"group.id": f"soak-read-{run}"}))
-    c.assign([TopicPartition(t, p, o) for (t, p), o in start_out.items()])
+    def more() -> bool:
+        if plan.kills is not None:
+            return result.kills < plan.kills
+        return any(th.is_alive() for th in clients)
+
+    try:
+        restarts = 0
+        time.sleep(plan.kill_every_s)
+        while more():
+            victim = restarts % plan.workers
+            kill(victim, "while it works")
+            restarts += 1
+            if plan.recovery_kill_every and restarts % plan.recovery_kill_every == 0:
+                time.sleep(rng.uniform(*plan.recovery_kill_after_s))
+                kill(victim, "while it starts or recovers")
+                result.recovery_kills += 1
+            time.sleep(plan.kill_every_s * rng.uniform(0.6, 1.4))
+        for th in clients:
+            th.join()
+        _count(settings, start_out, app_id, sessions, plan.settle_s, procs, result)
+        result.workers_alive = all(p.poll() is None for p in procs)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
+        mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{app_id}-")]
+        if mine:
+            for f in admin.delete_topics(mine, operation_timeout=30).values():
+                f.result()
+    result.seconds = time.monotonic() - began
+    with open(logpath, "rb") as fh:
+        result.log_tail = fh.read().decode(errors="replace")[-3000:]
+    return result
+
+
+def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
+           sessions: list[list[events.Interaction]], settle_s: float,
+           procs: list[subprocess.Popen[bytes]], result: SoakResult) -> None:  # fmt: skip
+    """Read the derived topics (read_committed, raw records) until every turn has a reward
+    and a sample and 5 s more passed (a late repeat would show), or ``settle_s``."""
+    want = {(i.session_id, i.turn) for s in sessions for i in s}
     ids: dict[str, Counter[str]] = defaultdict(Counter)
-    turns: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    deadline = time.monotonic() + args.limit_s
-    quiet_until = None
-    while time.monotonic() < deadline:
-        for msg in c.consume(1000, timeout=0.5):
-            if msg.error() is None and (msg.key() or b"").startswith(prefix.encode()):
+    per_turn: dict[str, dict[tuple[str, int], set[str]]] = {
+        names.REWARDS: defaultdict(set), names.SAMPLES: defaultdict(set)}
+    c = Consumer(settings.kafka_client_config(**{"group.id": f"soak-read-{prefix}"}))
+    c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
+    deadline, quiet_until = time.monotonic() + settle_s, None
+    try:
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            for msg in c.consume(1000, timeout=0.5):
+                if msg.error() is not None or not (msg.key() or b"").startswith(prefix.encode()):
+                    continue
                 ev = events.decode(msg.value())
                 ids[msg.topic()][ev.event_id] += 1
-                if msg.topic() in (names.REWARDS, names.SAMPLES):
-                    turns[msg.topic()].add((ev.session_id, ev.turn))  # type: ignore[attr-defined]
-        if quiet_until is None and want <= turns[names.SAMPLES]:
-            quiet_until = time.monotonic() + 5  # late duplicates, if any, arrive by then
-        if quiet_until is not None and time.monotonic() > quiet_until:
-            break
-    wall = time.monotonic() - began
-    c.close()
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    mine = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{app_id}-")]
-    if mine:
-        admin.delete_topics(mine, operation_timeout=30)
-    missing = {t: len(want - turns[t]) for t in (names.REWARDS, names.SAMPLES)}
-    return {"guarantee": guarantee, "kills": kills, "turns": len(want), "wall_s": wall,
-            "ids": ids, "missing": missing}
+                if isinstance(ev, events.DeadLetter) and ids[msg.topic()][ev.event_id] == 1:
+                    result.dead_letters.append(ev.error)
+                elif msg.topic() in per_turn:
+                    per_turn[msg.topic()][(ev.session_id, ev.turn)].add(ev.event_id)  # type: ignore[attr-defined]
+            if quiet_until is None and all(want <= set(p) for p in per_turn.values()):
+                quiet_until = time.monotonic() + 5
+            if quiet_until is not None and time.monotonic() > quiet_until:
+                break
+    finally:
+        c.close()
+    result.records = {t: sum(n.values()) for t, n in ids.items()}
+    result.repeated_ids = {t: sum(1 for v in n.values() if v > 1) for t, n in ids.items()}
+    rewards, samples = per_turn[names.REWARDS], per_turn[names.SAMPLES]
+    result.missing_reward = sorted(want - set(rewards))
+    result.missing_sample = sorted(want - set(samples))
+    result.second_reward_id = sorted(k for k, v in rewards.items() if len(v) > 1)
+    result.second_sample_id = sorted(k for k, v in samples.items() if len(v) > 1)
 
 
-def report(r: dict[str, Any]) -> None:
-    print(f"== {r['guarantee']}: {r['kills']} kills, {r['turns']} turns, {r['wall_s']:.0f} s")
+def report(r: SoakResult, label: str) -> None:
+    print(f"{label}: {'ok' if r.ok else 'LOST, DOUBLED OR DEAD-LETTERED'} - {r.summary()}")
     for topic in DERIVED:
-        c = r["ids"].get(topic, Counter())
-        extra = sum(n - 1 for n in c.values())
-        print(f"  {topic:28s} records {sum(c.values()):6d}  ids {len(c):6d}  "
-              f"duplicate records {extra:5d}")
-    print(f"  turns without a reward {r['missing'][names.REWARDS]}, "
-          f"without a sample {r['missing'][names.SAMPLES]}")
+        if topic in r.records:
+            print(f"  {topic:28s} records {r.records[topic]:6d}   ids read more than once "
+                  f"{r.repeated_ids.get(topic, 0):5d}")
+    if r.missing_sample:
+        print(f"  e.g. without a sample: {r.missing_sample[:5]}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sessions", type=int, default=60)
-    ap.add_argument("--turns", type=int, default=5)
-    ap.add_argument("--turn-rate", type=float, default=10.0, help="turns/s offered")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--kills", type=int, default=10)
-    ap.add_argument("--kill-every-s", type=float, default=3.0)
-    ap.add_argument("--limit-s", type=float, default=300.0, help="wait for samples this long")
+    d = SoakPlan()
+    ap.add_argument("--sessions", type=int, default=300)
+    ap.add_argument("--turns", type=int, default=d.turns)
+    ap.add_argument("--clients", type=int, default=d.clients)
+    ap.add_argument("--workers", type=int, default=d.workers)
+    ap.add_argument("--send-s", type=float, default=300.0,
+                    help="each client spreads its turns over this long (the soak's length)")
+    ap.add_argument("--kill-every-s", type=float, default=d.kill_every_s)
+    ap.add_argument("--restart-after-s", type=float, default=d.restart_after_s)
+    ap.add_argument("--recovery-kill-every", type=int, default=d.recovery_kill_every,
+                    help="every Nth restart is killed again while it starts (0: never)")
+    ap.add_argument("--kills", type=int, default=None, help="stop after this many kills")
+    ap.add_argument("--settle-s", type=float, default=d.settle_s,
+                    help="after the kills, wait this long for every sample")
     ap.add_argument("--guarantees", default="exactly-once",
                     help="comma list of exactly-once and at-least-once, soaked in turn")
+    ap.add_argument("--trees", default=".",
+                    help="comma list of checkouts whose workers run in turn (an A/B)")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     chosen = [g.strip() for g in args.guarantees.split(",") if g.strip()]
     if not chosen or any(g not in ("exactly-once", "at-least-once") for g in chosen):
         ap.error("--guarantees: a comma list of exactly-once and at-least-once")
-    if args.workers < 1 or args.kills < 0 or args.turn_rate <= 0:
-        ap.error("--workers >= 1, --kills >= 0 and --turn-rate > 0")
+    if args.workers < 1 or args.sessions < 1 or args.send_s <= 0 or args.rounds < 1:
+        ap.error("--workers, --sessions, --rounds >= 1 and --send-s > 0")
     settings = Settings()
-    for g in chosen:
-        report(soak(args, settings, g))
-        sys.stdout.flush()
+    here = os.path.abspath(".")
+    for r in range(args.rounds):
+        for tree in (os.path.abspath(t) for t in args.trees.split(",") if t.strip()):
+            for g in chosen:
+                plan = SoakPlan(
+                    sessions=args.sessions, turns=args.turns, clients=args.clients,
+                    workers=args.workers, send_s=args.send_s, kill_every_s=args.kill_every_s,
+                    restart_after_s=args.restart_after_s,
+                    recovery_kill_every=args.recovery_kill_every, kills=args.kills,
+                    guarantee=g, settle_s=args.settle_s, seed=r,
+                    tree=None if tree == here else tree,
+                )
+                res = run_soak(settings, plan, say=lambda line: print(line, flush=True))
+                report(res, f"round {r + 1}, {tree}")
+                sys.stdout.flush()
 
 
 if __name__ == "__main__":
