@@ -77,6 +77,7 @@ def test_a_gateway_with_the_broker_down_logs_few_reconnect_lines(
             "model": "liverl-tiny-v1", "max_tokens": 3,
             "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
         assert answer.status_code == 200  # Kafka down never fails a request
+        assert answer.headers["x-liverl-recorded"]  # spooled: recorded later
         time.sleep(6)
     refused = [r.getMessage() for r in caplog.records if "Connection refused" in r.getMessage()]
     raw = [line for line in capfd.readouterr().err.splitlines() if "Connection refused" in line]

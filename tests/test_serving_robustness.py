@@ -34,7 +34,7 @@ from pipeline.serving.app import Gateway, create_app
 from pipeline.serving.backends.hf import HFBackend
 from pipeline.serving.build import build_app
 from pipeline.serving.commands import serve, server_config
-from pipeline.serving.recorder import Recorder
+from pipeline.serving.recorder import Recorder, spooled_values
 from pipeline.serving.settings import ServeSettings
 from pipeline.serving.spool import Spool
 from pipeline.serving.threaded import running
@@ -212,48 +212,129 @@ def _dead_kafka() -> Settings:
     return s
 
 
+def _spooled_ids(spool: Spool) -> list[str]:
+    frames, _cursor = spool.peek(spool.pending)
+    return [events.decode(v).event_id for v in spooled_values(frames)]
+
+
 def test_unwritable_spool_and_kafka_down_degrade_and_refuse(tmp_path: Path) -> None:
+    """Issue 37: with Kafka down and the spool's disk full, the turns answered 200 before the
+    first failed write (which only that write reveals) were dropped, because older spooled
+    events waited; their clients had been told nothing. Now every answer says whether its
+    turn is recorded (X-Liverl-Recorded: the event id, or empty); a turn answered as recorded
+    is held until the disk is back, and events_lost counts exactly the turns answered as not
+    recorded. Kafka down alone never fails a request: those turns are spooled."""
     cfg = gateway_cfg(tmp_path, delivery_timeout_s=1.0)
     app = build_app(cfg, _dead_kafka())
     rec: Recorder = app.state.recorder
+    rec.probe_every_s = 0.2
     gw: Gateway = app.state.gateway
 
     def disk_full(*_a: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    answered: dict[str, str] = {}  # text -> X-Liverl-Recorded of each turn served 200
     with running(app) as url, httpx.Client(timeout=60) as c:
-        chat = f"{url}/v1/chat/completions"
-        assert c.post(chat, json=body()).status_code == 200  # Kafka down alone: spooled
-        assert c.get(f"{url}/healthz").status_code == 200
-        assert wait(lambda: c.get(f"{url}/healthz").json()["kafka_up"] is False, 10)
+        chat, health = f"{url}/v1/chat/completions", f"{url}/healthz"
+
+        def turn(text: str, **kw: Any) -> httpx.Response:
+            r = c.post(chat, json=body(text, **kw), headers={"X-Session-Id": text})
+            if r.status_code == 200:
+                answered[text] = r.headers["x-liverl-recorded"]
+            return r
+
+        assert turn("spooled").status_code == 200  # Kafka down alone: spooled
+        assert answered["spooled"], "answered as recorded"
+        assert wait(lambda: c.get(health).json()["kafka_up"] is False, 10)
+        assert c.get(health).status_code == 200
 
         rec.spool.append = disk_full  # type: ignore[method-assign]
         rec.spool.check = disk_full  # type: ignore[method-assign]
-        assert c.post(chat, json=body("lost")).status_code == 200  # found out only now
-        assert wait(lambda: c.get(f"{url}/healthz").status_code == 503, 10)
-        health = c.get(f"{url}/healthz").json()
-        assert health["status"] == "degraded" and health["events_lost"] == 1
-        assert "No space left" in health["reasons"][0]
-        assert metric(url, "liverl_gateway_events_lost_total") == 1
+        assert turn("unseen").status_code == 200  # the disk's state is learnt after this
+        assert answered["unseen"], "nothing was known to be wrong when it was answered"
+        assert wait(lambda: c.get(health).status_code == 503, 10)
+        state = c.get(health).json()
+        assert state["status"] == "degraded" and "No space left" in state["reasons"][0]
+        assert state["events_lost"] == 0 and state["record_held"] == 1, "held, not dropped"
+        assert rec.backlog == 2
 
-        r = c.post(chat, json=body("refused"))
-        assert r.status_code == 503
-        assert r.json()["error"]["code"] == "recording_unavailable"
-        # turns that would not train are still served
-        assert c.post(chat, json=body(), headers={"X-Liverl-Train": "false"}).status_code == 200
+        r = turn("refused")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "recording_unavailable"
+        not_recorded = turn("not trained", train=False)
+        assert not_recorded.status_code == 200 and answered["not trained"] == ""
 
-        gw.cfg.serve_without_training = True  # the explicit choice: serve, count the loss
-        assert c.post(chat, json=body("served untrained")).status_code == 200
+        gw.cfg.serve_without_training = True  # the explicit choice: serve, say it, count it
+        assert turn("served unrecorded").status_code == 200
+        assert answered["served unrecorded"] == ""
+        with c.stream("POST", chat, json=body("streamed unrecorded", stream=True),
+                      headers={"X-Session-Id": "streamed unrecorded"}) as streamed:
+            assert streamed.status_code == 200
+            answered["streamed unrecorded"] = streamed.headers["x-liverl-recorded"]
+            assert "[DONE]" in streamed.read().decode()
+        assert answered["streamed unrecorded"] == ""
         assert wait(lambda: metric(url, "liverl_gateway_events_lost_total") == 2, 10)
         gw.cfg.serve_without_training = False
+        assert rec.held == 1 and c.get(health).json()["events_lost"] == 2
 
         del rec.spool.append, rec.spool.check  # the disk has room again
-        assert wait(lambda: c.get(f"{url}/healthz").status_code == 200, 10)
-        assert c.post(chat, json=body("back")).status_code == 200
+        assert wait(lambda: c.get(health).status_code == 200, 10), c.get(health).text
+        assert turn("back").status_code == 200 and answered["back"]
+        assert wait(lambda: rec.spool.pending == 3, 10), "the held turn, then the new one"
+        assert rec.held == 0 and c.get(health).json()["events_lost"] == 2
         stopping = time.monotonic()
     # shutdown is bounded with Kafka down and events pending (they stay in the spool)
     assert time.monotonic() - stopping < cfg.shutdown_timeout_s + 5
-    assert rec.spool.pending == 0 or rec.backlog >= 2  # the spooled ones wait for Kafka
+    # what is spooled is exactly what the answers said is recorded, in order; the turns
+    # answered as not recorded (a trainable one among them) are exactly the ones counted lost
+    recorded = [answered[t] for t in ("spooled", "unseen", "back")]
+    assert _spooled_ids(rec.spool) == recorded
+    assert rec.lost == 2 == sum(1 for t, h in answered.items() if not h and t != "not trained")
+
+
+class FailsMidAnswer:
+    """The tiny model; recording fails (the recorder's problem is set) while it answers."""
+
+    def __init__(self, inner: HFBackend, rec: Recorder) -> None:
+        self.inner, self.rec = inner, rec
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+        async for item in self.inner.generate(prompt_ids, params):
+            self.rec.problem = "spool write failed: No space left on device; Kafka is unreachable"
+            yield item
+
+
+def test_an_answer_says_whether_its_turn_is_recorded(tiny: HFBackend, tmp_path: Path) -> None:
+    """X-Liverl-Recorded is the turn's event id when the answer can say it is recorded, and
+    the recorder is told so (it holds such an event rather than drop it); a JSON answer
+    whose recording failed while it was generated says it is not, and so is the event
+    handed over (counted lost if it cannot be stored); a stream's headers went out before."""
+    rec = Recorder(_dead_kafka(), Spool(tmp_path / "spool"))  # not started: events stay queued
+    gw = Gateway(ServeSettings(), FailsMidAnswer(tiny, rec), rec)  # type: ignore[arg-type]
+    handed: list[tuple[str, bool]] = []
+
+    def answer(c: httpx.Client, url: str, **extra: Any) -> str:
+        rec.problem = None
+        chat = f"{url}/v1/chat/completions"
+        with c.stream("POST", chat, json=body(**extra)) as r:
+            assert r.status_code == 200
+            r.read()
+        _topic, event, promised = rec._queue.get_nowait()
+        handed.append((event.event_id, promised))
+        return r.headers["x-liverl-recorded"]
+
+    with running(create_app(gw)) as url, httpx.Client(timeout=60) as c:
+        streamed = answer(c, url, stream=True)
+        assert handed[-1] == (streamed, True)
+        late = answer(c, url)
+        assert late == "" and handed[-1][1] is False
+        assert rec._queue.empty()
+        r = c.post(f"{url}/v1/chat/completions", json=body(), headers={"X-Liverl-Train": "false"})
+        assert r.status_code == 200 and r.headers["x-liverl-recorded"] == ""
+        assert rec._queue.empty(), "not recorded at all"
+    rec.spool.close()
 
 
 @contextmanager
@@ -334,7 +415,8 @@ def test_a_spool_error_does_not_stick(tmp_path: Path) -> None:
     so with Kafka down again the next training turns were answered 200 and lost. Now the
     spool is re-probed and repaired once the disk is back: the error clears and turns are
     spooled, then delivered; while it is broken, training turns are refused, never lost
-    after a 200."""
+    after a 200. The turn that revealed the broken disk was answered as recorded before
+    anything was known: it is held and delivered too (issue 37: it used to be lost)."""
     from confluent_kafka.admin import AdminClient
 
     with own_broker(tmp_path) as (settings, local):
@@ -356,10 +438,11 @@ def test_a_spool_error_does_not_stick(tmp_path: Path) -> None:
             assert wait(lambda: c.get(health).json()["kafka_up"] is False, 10)
 
             with immutable(rec.spool):
-                assert turn("unseen").status_code == 200  # the disk's state is learnt here
+                unseen = turn("unseen")  # the disk's state is learnt after this answer
+                assert unseen.status_code == 200 and unseen.headers["x-liverl-recorded"]
                 assert wait(lambda: c.get(health).status_code == 503, 10)
                 state = c.get(health).json()
-                assert state["events_lost"] == 1
+                assert state["events_lost"] == 0 and rec.held == 1
                 assert "Operation not permitted" in state["spool_error"]
                 assert rec.spool.broken is not None and "is torn" in rec.spool.broken
                 refused = turn("refused")
@@ -372,12 +455,13 @@ def test_a_spool_error_does_not_stick(tmp_path: Path) -> None:
             assert state["status"] == "ok" and state["spool_error"] is None
             assert rec.spool.broken is None
             assert [turn(f"kept-{i}").status_code for i in range(2)] == [200, 200]
-            assert wait(lambda: rec.spool.pending == 2, 10), "spooled, not lost"
-            assert c.get(health).json()["events_lost"] == 1
+            assert wait(lambda: rec.spool.pending == 3, 10), "spooled, not lost"
+            assert c.get(health).json()["events_lost"] == 0
             local.up(quiet=True)
             assert wait(lambda: rec.backlog == 0, 60)
-        got = consume_all(settings, topic, 3)
-        assert sorted(e.session_id for e in got) == ["before", "kept-0", "kept-1"]
+        got = consume_all(settings, topic, 4)
+        assert sorted(e.session_id for e in got) == ["before", "kept-0", "kept-1", "unseen"]
+        assert unseen.headers["x-liverl-recorded"] in {e.event_id for e in got}
 
 
 @pytest.mark.integration
@@ -417,7 +501,10 @@ def test_health_stays_degraded_while_events_are_lost_serving_without_training(
     """Issue 25: with --serve-without-training a disk with room for the probe's few bytes but
     not for the records passed the probe, so ``/healthz`` said ok between turns that were all
     lost. The probe now writes as much as the append that failed: health stays degraded
-    while events are lost, serving goes on, and ok returns once the disk has room."""
+    while events are lost, serving goes on, and ok returns once the disk has room. Issue 37:
+    the first turn, answered as recorded before the failure was known, is held (it used to
+    be lost), the later ones are answered as not recorded (X-Liverl-Recorded empty) and
+    counted lost."""
     cfg = gateway_cfg(tmp_path, delivery_timeout_s=1.0, serve_without_training=True)
     app = build_app(cfg, _dead_kafka())
     rec: Recorder = app.state.recorder
@@ -428,8 +515,10 @@ def test_health_stays_degraded_while_events_are_lost_serving_without_training(
         assert wait(lambda: c.get(health).json()["kafka_up"] is False, 10)
         with broken_disk(rec.spool, lambda call, data: call == "write" and len(data) > 64, full):
             for i in range(3):
-                assert c.post(chat, json=body(f"lost {i}")).status_code == 200  # served
-                assert wait(lambda n=i + 1: rec.lost == n, 10)  # type: ignore[misc]
+                r = c.post(chat, json=body(f"lost {i}"))
+                assert r.status_code == 200  # served
+                assert bool(r.headers["x-liverl-recorded"]) is (i == 0)  # nothing known yet
+                assert wait(lambda n=i: rec.lost == n and rec.held == 1, 10)  # type: ignore[misc]
                 time.sleep(0.5)  # several probes
                 state = c.get(health)
                 assert state.status_code == 503, state.text
@@ -437,7 +526,7 @@ def test_health_stays_degraded_while_events_are_lost_serving_without_training(
                 assert "No space left" in state.json()["reasons"][0]
         assert wait(lambda: c.get(health).status_code == 200, 10)
         assert c.post(chat, json=body("kept")).status_code == 200
-        assert wait(lambda: rec.spool.pending == 1, 10) and rec.lost == 3
+        assert wait(lambda: rec.spool.pending == 2, 10) and rec.lost == 2 and rec.held == 0
 
 
 @pytest.mark.integration

@@ -8,7 +8,10 @@ Bounded inputs: body size (``max_body_bytes``, 413), JSON depth (``max_json_dept
 body arrival time (``body_timeout_s``, 408 and the connection closed). A turn that would train
 is refused with 503 while its event could be lost (the spool cannot be written, whether Kafka
 is up or not: see ``recorder.py``) unless ``serve_without_training`` is set; ``/healthz``
-answers 503 ``degraded`` with the reason either way.
+answers 503 ``degraded`` with the reason either way. Every answer says whether its turn is
+recorded (``X-Liverl-Recorded``: the event id, empty when not). The recorder holds an event
+whose answer said so until the spool or Kafka takes it (lost, and counted, only if the gateway
+stops first); one whose answer did not is counted as lost at once if neither takes it.
 A turn whose client goes away before the answer, streamed or not, is recorded with
 ``finish_reason="abort"`` and ``train=false``: the turn index stays used on this replica (a
 retry here is the next turn; on another replica it reuses the number and, being later,
@@ -77,6 +80,10 @@ class Turn:
     ts_ms: int | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)  # as recorded
     pending: events.Interaction | None = None  # finished, handed to the recorder once sent
+    # The answer says the turn is recorded (``X-Liverl-Recorded``: its event id): decided
+    # before the headers go out, and the recorder never drops such an event silently.
+    durable: bool = False
+    event_id: str = field(default_factory=events.new_event_id)
 
     def claim(self, sessions: Sessions) -> None:
         """Number and stamp this turn (see ``sessions.py``): its conversation position and a
@@ -183,7 +190,7 @@ class Gateway:
         messages = [m.to_record() for m in req.messages]
         info = self.sessions.resolve(request.headers, doc, caller, messages)
         self.sessions.check_owner(info.session_id, caller)
-        self._check_recording(info)
+        durable = self._check_recording(info)
         prompt_ids = render_prompt(
             self.backend.tokenizer, messages, req.tools, self._encoder(info)
         )
@@ -206,7 +213,9 @@ class Gateway:
             incremental=bool(req.stream),
         )
         self.sessions.claim(info.session_id, info.user_id)
-        return Turn(req, info, prompt_ids, params, time.perf_counter(), messages=messages)
+        return Turn(
+            req, info, prompt_ids, params, time.perf_counter(), messages=messages, durable=durable
+        )
 
     @property
     def prompts(self) -> PromptCache:
@@ -229,12 +238,16 @@ class Gateway:
         cache = self.prompts
         return lambda text: cache.encode(sid, text)
 
-    def _check_recording(self, info: TurnInfo) -> None:
-        """Refuse a turn that would train but cannot be recorded (unless configured not to)."""
-        if not info.recorded or self.cfg.serve_without_training:
-            return
+    def _check_recording(self, info: TurnInfo) -> bool:
+        """Whether the turn's answer can say it is recorded; a turn that would train but
+        cannot be is refused (503) unless ``serve_without_training``, which answers it with
+        an empty ``X-Liverl-Recorded``."""
+        if not info.recorded or self.recorder is None:
+            return False
         problem = self.recording_problem()
-        if problem:
+        if not problem:
+            return True
+        if not self.cfg.serve_without_training:
             raise ApiError(
                 503,
                 f"interactions cannot be recorded right now ({problem}); this turn would not "
@@ -243,6 +256,20 @@ class Gateway:
                 code="recording_unavailable",
                 headers={"Retry-After": "5"},
             )
+        return False
+
+    def _still_durable(self, turn: Turn) -> None:
+        """Just before a JSON answer's headers: recording may have failed since ``prepare``
+        (the first failed spool write is learnt after the answers that preceded it)."""
+        if turn.durable and self.recording_problem():
+            turn.durable = False
+
+    def _record(self, event: events.Event, promised: bool) -> None:
+        rec = self.recorder
+        if isinstance(rec, Recorder):
+            rec.record(self.cfg.interactions_topic, event, promised=promised)
+        elif rec is not None:
+            rec.record(self.cfg.interactions_topic, event)
 
     async def run(self, turn: Turn) -> AsyncIterator[list[int]]:
         """Drive the backend; yields each batch of new token ids."""
@@ -290,7 +317,7 @@ class Gateway:
         (at one request in flight they delayed the answer by ~1 ms on 2 cores)."""
         event, turn.pending = turn.pending, None
         if event is not None and self.recorder is not None:
-            self.recorder.record(self.cfg.interactions_topic, event)
+            self._record(event, turn.durable)
             self.metrics.recorded.inc()
 
     def abort(self, turn: Turn) -> None:
@@ -304,7 +331,7 @@ class Gateway:
             latency_ms = (time.perf_counter() - turn.started) * 1000
             text = self.text_of(turn)
             event = self._event(turn, text, [], "abort", latency_ms, train=False)
-            self.recorder.record(self.cfg.interactions_topic, event)
+            self._record(event, turn.durable)
             self.metrics.recorded.inc()
         if turn.info.done:
             self.close_session(turn.info.session_id)
@@ -321,7 +348,7 @@ class Gateway:
     ) -> events.Interaction:
         p = turn.params
         return events.Interaction(
-            event_id=events.new_event_id(),
+            event_id=turn.event_id,
             ts_ms=turn.ts_ms if turn.ts_ms is not None else events.now_ms(),
             producer=PRODUCER,
             session_id=turn.info.session_id,
@@ -356,6 +383,7 @@ class Gateway:
             "X-Session-Id": header_safe(turn.info.session_id),
             "X-Liverl-Weight-Version": str(turn.version),
             "X-Liverl-Replica": header_safe(self.cfg.replica_id),
+            "X-Liverl-Recorded": recorded_header(turn),
         }
         if turn.turn is not None:
             out["X-Liverl-Turn"] = str(turn.turn)
@@ -385,6 +413,7 @@ class Gateway:
                 type="invalid_request_error", code="client_closed_request",
             )
         await generation
+        self._still_durable(turn)
         content, calls, finish = self.finish(turn, self.text_of(turn))
         try:
             message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -475,6 +504,14 @@ class Gateway:
             yield b"data: [DONE]\n\n"
         finally:  # sent, or the client went away after the answer was complete
             self.hand_over(turn)
+
+
+def recorded_header(turn: Turn) -> str:
+    """``X-Liverl-Recorded``: the turn's event id when it is recorded (spooled, or held
+    until it can be: never dropped silently), empty when it is not (``X-Liverl-Train:
+    false``, a side turn, recording off, or recording failing: sent if it can be, counted in
+    ``liverl_gateway_events_lost`` if not). The same header as the hook routes'."""
+    return turn.event_id if turn.durable else ""
 
 
 async def _disconnected(request: Request) -> None:
@@ -603,6 +640,7 @@ def create_app(
                         "Cache-Control": "no-cache",
                         "X-Session-Id": header_safe(turn.info.session_id),
                         "X-Liverl-Replica": header_safe(gateway.cfg.replica_id),
+                        "X-Liverl-Recorded": recorded_header(turn),
                     },
                 )
             resp = await gateway.complete(turn, request)
@@ -696,6 +734,8 @@ def create_app(
                 "weight_version": gateway.backend.version,
                 "replica_id": gateway.cfg.replica_id,
                 "record_backlog": rec.backlog if rec else 0,
+                # answered as recorded, taken by neither the spool nor Kafka yet (in memory)
+                "record_held": getattr(rec, "held", 0),
                 "kafka_up": rec.kafka_up if rec else None,
                 "events_lost": lost,
                 "spool_error": getattr(rec, "spool_error", None),

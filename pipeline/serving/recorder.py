@@ -13,15 +13,21 @@ commit and the spool ack.
 Nothing one event does can stop recording: an event that cannot be encoded, or is larger than
 the codec limit, or that Kafka refuses for good (too large, invalid), is replaced by a bounded
 dead letter on the DLQ topic and the rest flow on. If the spool cannot be written, a batch is
-produced directly (only when no spooled record is waiting, so order is kept); an event that
-can be neither spooled nor produced is counted as lost. From the first failed append until a
-probe finds the spool writable again, :attr:`Recorder.problem` says why, whether Kafka is up
-or not: with no spool, a turn answered now would be lost if Kafka failed before delivering it
-(and "Kafka is up" is only as fresh as the last probe), so the gateway refuses turns that would
-train and ``/healthz`` is degraded (see ``ServeSettings.serve_without_training``). The probe
-(every ``probe_every_s`` while idle, and after each failed delivery round) repairs a torn spool
-tail and writes as many bytes as the append that failed, so it clears the error, and
-``spool_error``, once the disk is back and not before.
+produced directly (only when no spooled record is waiting, so order is kept). An event that
+can be neither spooled nor produced is held in memory when its sender was told it is recorded
+(``promised``: the gateway decides that before an answer's headers, from :attr:`problem`),
+and written, or produced, as soon as either works again (issue 37: the first failed batch,
+answered 200 before the failure could be known, used to be dropped because older spooled
+events waited); only a gateway that stops first, or more than ``HOLD_MAX_BYTES`` held, loses
+one. An event whose sender was told it may not be recorded is counted as lost at once. From
+the first failed append until a probe finds the spool writable again, :attr:`Recorder.problem`
+says why, whether Kafka is up or not: with no spool, a turn answered now would be lost if
+Kafka failed before delivering it (and "Kafka is up" is only as fresh as the last probe), so
+the gateway refuses turns that would train and ``/healthz`` is degraded (see
+``ServeSettings.serve_without_training``). The probe (every ``probe_every_s`` while idle, and
+after each failed delivery round) repairs a torn spool tail and writes as many bytes as the
+append that failed, so it clears the error, and ``spool_error``, once the disk is back and not
+before; the writer tries held events again every ``probe_every_s``.
 
 Nothing on disk can stop recording either: a spooled frame damaged by something outside
 liverl is quarantined by the spool (``quarantine/`` next to the segments), replaced in the
@@ -57,6 +63,7 @@ log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="gateway-recorder", version=__version__)
 DEAD_LETTER_KEEP_BYTES = 64 * 1024  # of the original value; its size and sha256 are kept too
 PROBE_MAX_BYTES = 16 * 1024 * 1024  # the spool probe writes at most this much
+HOLD_MAX_BYTES = 64 * 1024 * 1024  # promised events held while neither spool nor Kafka takes them
 UNSPOOLED = "events go to Kafka unspooled, and would be lost if it failed before delivery"
 KAFKA_DOWN = "Kafka is unreachable"
 UNKNOWN_TOPIC = "unknown (corrupt spool frame)"
@@ -117,10 +124,16 @@ class Recorder:
         self._counted: set[str] = set()  # quarantine files already counted
         self._drain_failures = 0  # consecutive failures to read the spool
         self._drain_error = ""
-        self._queue: queue.Queue[tuple[str, events.Event] | None] = queue.Queue()
-        # Handed over, not yet in the spool: the queue, and the batch in the writer's hands
-        # (an event taken off the queue is in neither the queue nor the spool until stored).
+        self._queue: queue.Queue[tuple[str, events.Event, bool] | None] = queue.Queue()
+        # Handed over, not yet in the spool: the queue, the batch in the writer's hands (an
+        # event taken off the queue is in neither the queue nor the spool until stored) and
+        # the held frames.
         self._unspooled = 0
+        # Frames of events handed over while recording looked sound (``promised``) that
+        # neither the spool nor Kafka took yet, oldest first: kept and tried again, never
+        # dropped while their answers said they were recorded (issue 37).
+        self._held: list[bytes] = []
+        self._held_bytes = 0
         self._count_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -136,17 +149,27 @@ class Recorder:
         self._writer.start()
         self._drainer.start()
 
-    def record(self, topic: str, event: events.Event) -> None:
-        """Hand an event over; returns at once."""
+    def record(self, topic: str, event: events.Event, *, promised: bool | None = None) -> None:
+        """Hand an event over; returns at once. ``promised``: its sender was told it is
+        recorded (default: when :attr:`problem` is None now). A promised event that neither
+        the spool nor Kafka can take is held in memory and tried again; one not promised is
+        counted as lost at once (its sender was told it may not be recorded)."""
+        if promised is None:
+            promised = self.problem is None
         with self._count_lock:
             self._unspooled += 1
-        self._queue.put((topic, event))
+        self._queue.put((topic, event, promised))
 
     @property
     def backlog(self) -> int:
-        """Events not yet confirmed by Kafka (in memory, in the writer's hands or in the
-        spool)."""
+        """Events not yet confirmed by Kafka (in memory, in the writer's hands, held, or in
+        the spool)."""
         return self._unspooled + self.spool.pending
+
+    @property
+    def held(self) -> int:
+        """Promised events held in memory because neither the spool nor Kafka took them."""
+        return len(self._held)
 
     def quarantine_problem(self) -> str | None:
         """Spooled records that were set aside undelivered, or a drainer that keeps failing
@@ -185,21 +208,32 @@ class Recorder:
 
     def _write_loop(self) -> None:
         while True:
-            items = self._take()
+            # Held frames are tried again every probe_every_s even when nothing new comes.
+            items = self._take(self.probe_every_s if self._held else None)
             real = [it for it in items if it is not None]
+            before = len(self._held)
             try:
-                self._store([self._frame_or_letter(topic, ev) for topic, ev in real])
+                self._store([(self._frame_or_letter(t, ev), p) for t, ev, p in real])
             except Exception as exc:  # noqa: BLE001 - the writer must never die
                 log.exception("spool writer failed on a batch")
                 self._lose(len(real), f"recorder error: {type(exc).__name__}: {exc}")
-            with self._count_lock:  # stored (spooled, produced directly or lost): not ours now
-                self._unspooled -= len(real)
+            if None in items and self._held:  # stopping: nothing will try them again
+                n, self._held, self._held_bytes = len(self._held), [], 0
+                why = self.problem or self.spool_error or "not stored"
+                self._lose(n, f"{why}; the gateway stopped", promised=True)
+            # stored (spooled, produced directly or lost): not ours now; held ones still are
+            gone = before + len(real) - len(self._held)
+            with self._count_lock:
+                self._unspooled -= gone
             self._wake.set()
             if None in items:
                 return
 
-    def _take(self) -> list[tuple[str, events.Event] | None]:
-        items = [self._queue.get()]
+    def _take(self, timeout: float | None) -> list[tuple[str, events.Event, bool] | None]:
+        try:
+            items = [self._queue.get(timeout=timeout)]
+        except queue.Empty:
+            return []
         # Sparse traffic (one turn every few ms) made every event a batch of one: a spool
         # fsync, a produce and four thread wake-ups each, ~1 ms of CPU per event on 2 cores,
         # more than the gateway's own work per request. A lone event waits ``linger_s`` for
@@ -231,48 +265,98 @@ class Recorder:
         letter = dead_letter(_best_effort_bytes(event), topic, key, reason, event.event_id)
         return frame(self.dlq_topic, letter)
 
-    def _store(self, frames: list[bytes]) -> None:
-        if not frames:
+    def _store(self, new: list[tuple[bytes, bool]]) -> None:
+        """Spool the held frames, then ``new`` (frame, promised), in order."""
+        batch = [(raw, True) for raw in self._held] + new
+        if not batch:
             return
+        frames = [raw for raw, _ in batch]
         try:
             self.spool.append(frames)
         except OSError as exc:
+            again = bool(self._held)  # the held frames' retries are not news
             self.spool_error = f"spool write failed in {self.spool.dir}: {exc}"
             self._failed_bytes = min(sum(map(len, frames)), PROBE_MAX_BYTES)
-            log.error("%s; producing %d event(s) directly", self.spool_error, len(frames))
-            self._bypass(frames)
+            (log.debug if again else log.error)(
+                "%s; %d event(s) go to Kafka directly if they can", self.spool_error, len(frames)
+            )
+            self._bypass(batch)
             return
+        if self._held:
+            log.warning("%d held event(s) spooled", len(self._held))
+        self._hold([])
         self.spool_error = None
         self.problem = None
 
-    def _bypass(self, frames: list[bytes]) -> None:
-        """Spool unusable: produce directly, or count the events as lost."""
+    def _bypass(self, batch: list[tuple[bytes, bool]]) -> None:
+        """Spool unusable: produce directly when nothing spooled waits (order) and Kafka is
+        up. What that does not deliver is held when promised, else counted as lost."""
         why = self.spool_error
         if self.spool.pending:
-            self._lose(len(frames), f"{why}; older spooled events wait for Kafka (order)")
-            return
-        if not self.kafka_up:
-            self._lose(len(frames), f"{why}; {KAFKA_DOWN}")
-            return
+            reason = f"{why}; older spooled events wait for Kafka (order)"
+        elif not self.kafka_up:
+            reason = f"{why}; {KAFKA_DOWN}"
+        else:
+            failed, refused, error = self._produce_directly([raw for raw, _ in batch])
+            if refused:
+                self._lose(len(refused), f"{why}; Kafka refused them for good: {error}")
+            batch = [batch[i] for i in failed]
+            if not batch:
+                self._hold([])
+                self.problem = f"{why}; {UNSPOOLED}"
+                return
+            reason = f"{why}; Kafka did not take them: {error}"
+        keep = [raw for raw, promised in batch if promised]
+        if len(keep) < len(batch):
+            self._lose(len(batch) - len(keep), reason, promised=False)
+        self._hold(keep)
+        if self._held_bytes > HOLD_MAX_BYTES:  # memory must stay bounded, whatever comes
+            over = 0
+            while self._held_bytes > HOLD_MAX_BYTES and self._held:
+                self._held_bytes -= len(self._held.pop())
+                over += 1
+            self._lose(over, f"{reason}; more than {HOLD_MAX_BYTES} bytes held", promised=True)
+        if self._held:
+            reason += f"; {len(self._held)} event(s) held in memory until one of them takes them"
+        self.problem = reason
+
+    def _produce_directly(self, frames: list[bytes]) -> tuple[list[int], list[int], str]:
+        """Send ``frames`` with the direct producer: the indexes of those Kafka did not
+        confirm (to try again; a record sent twice is dropped by its event id downstream),
+        of those it refused for good, and the error."""
         if self._direct is None:
             self._direct = self._new_producer(f"{self.client_id}-direct")
+        status: list[bool | None] = [None] * len(frames)
+        refused: dict[int, str] = {}
+        error = ""
         try:
-            for raw in frames:
+            for i, raw in enumerate(frames):
                 topic, key, value, hdrs = unframe(raw)
-                self._direct.send_raw(topic, value, key=key, headers=hdrs)
+                self._direct.send_raw(
+                    topic, value, key=key, headers=hdrs, on_delivery=_mark(status, refused, i)
+                )
             self._direct.flush(self.delivery_timeout_s + 1)
         except (DeliveryError, KafkaException, BufferError) as exc:
-            failed = len(exc.failures) if isinstance(exc, DeliveryError) else len(frames)
             self._direct = None
-            self._lose(min(failed, len(frames)), f"{why}; Kafka did not take them: {exc}")
-            return
-        self.delivered += len(frames)
-        self.problem = f"{why}; {UNSPOOLED}"
+            error = str(exc)
+        failed = [i for i, ok in enumerate(status) if ok is not True and i not in refused]
+        if failed:
+            self.kafka_up = False
+        self.delivered += status.count(True)
+        return failed, sorted(refused), error
 
-    def _lose(self, n: int, reason: str) -> None:
+    def _hold(self, frames: list[bytes]) -> None:
+        self._held = frames
+        self._held_bytes = sum(map(len, frames))
+
+    def _lose(self, n: int, reason: str, *, promised: bool | None = None) -> None:
+        """Count ``n`` events as lost; ``promised``: whether their senders were told they
+        were recorded (None: some may have been)."""
         self.lost += n
         self.problem = reason
         self.on_lost(n)
+        if promised is not None:
+            reason += " (answered as recorded)" if promised else " (answered as not recorded)"
         log.error("%d event(s) LOST: %s", n, reason)
 
     # ---- drainer --------------------------------------------------------------------------

@@ -245,7 +245,8 @@ class ServeSettings(BaseModel):
         default=False,
         description="While the spool cannot be written (events could be lost): False answers "
         "turns that would train with 503 (nothing served untrained silently); True serves them "
-        "anyway (losses counted in liverl_gateway_events_lost, /healthz degraded).",
+        "anyway, with an empty X-Liverl-Recorded header (losses counted in "
+        "liverl_gateway_events_lost, /healthz degraded).",
     )
 
     reload: bool = True
