@@ -835,6 +835,52 @@ def test_votes_that_do_not_count_are_dead_lettered_counted_and_not_judged(h: Har
     assert "liverl_workers_dead_lettered_total 2.0" in text
 
 
+def test_a_keyed_post_from_a_user_who_does_not_own_the_session_is_left_out(h: Harness) -> None:
+    """Bob's session (his first interaction's user_id). Through a gateway replica that never
+    saw it, mallory's key votes down and posts a GUI error dialog: both are dead-lettered
+    (not_owner), neither judged nor penalised. Bob's own vote and an operator's count: prm is
+    the mean of the tool result (0), bob's up (+1) and the operator's down (-1): 0."""
+
+    def keyed(eid: str, thumbs: str, user: str, ts: int, **extra: Any) -> events.NextState:
+        vote = feedback_vote(eid, thumbs, f"k-{user}", ts)
+        return dataclasses.replace(vote, detail={**vote.detail, "user_id": user, **extra})
+
+    forged = keyed("fm1", "down", "mallory", 1)
+    gui = dataclasses.replace(
+        next_state(0, "gui", "Error: permission denied", producer=EXT), event_id="gm1",
+        source="gui", detail={"key_id": "k-mallory", "user_id": "mallory",
+                              "action": {"kind": "click", "target": "OK"}, "screen": "error"},
+    )  # fmt: skip
+    own, operator = keyed("fb1", "up", "bob", 2), keyed("fo1", "down", "ops", 3, operator=True)
+
+    async def run() -> Any:
+        app = h.app()
+        session = agent_named(app, "session")
+        async with session.test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0, user_id="bob"))
+            for ns in (forged, gui, own, operator):
+                await put(agent, names.NEXT_STATES, ns)
+            await put(agent, names.INTERACTIONS, inter(1, session_done=True, user_id="bob"))
+            await flush(agent, names.INTERACTIONS)
+        return session.fun.__self__.rt.metrics
+
+    metrics = asyncio.run(run())
+    rewards = {r.turn: r for r in h.out(names.REWARDS)}  # type: ignore[attr-defined]
+    assert rewards[0].prm == pytest.approx(0.0)
+    judged = {p.parents[-1] for p in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
+    assert {own.event_id, operator.event_id} <= judged
+    assert not {forged.event_id, gui.event_id} & judged
+    assert not [p for p in h.out(names.PATH_PENALTIES)
+                if gui.event_id in p.parents]  # type: ignore[attr-defined]  # fmt: skip
+    letters = {events.decode(d.original()).event_id: d  # type: ignore[attr-defined]
+               for d in h.out(names.DLQ)}  # fmt: skip
+    assert set(letters) == {forged.event_id, gui.event_id}
+    assert "posted by user 'mallory', who does not own the session ('bob')" in (
+        letters["fm1"].error)  # type: ignore[attr-defined]
+    text = metrics.exposition().decode()
+    assert 'liverl_workers_inputs_left_out_total{reason="not_owner"} 2.0' in text
+
+
 def test_a_burst_of_a_sessions_records_is_one_state_write(h: Harness) -> None:
     """Records taken in one batch share a state read and write per session: three turns
     and another session's turn, taken together, write two sessions values, not four; the

@@ -100,3 +100,16 @@ def test_the_keys_file_names_users_and_operators(
     keys.write_text("sk-ops review admin\n")
     with pytest.raises(click.UsageError, match=r"keys:1: expected"):
         _keys((), keys)
+
+
+def test_a_keyed_post_names_its_user_and_an_operator_says_so() -> None:
+    """The reward workers leave out a keyed post whose user does not own the session unless
+    it says ``operator`` (processors/rewards.foreign_poster): the gateway writes both."""
+    from pipeline.serving.auth import Caller
+    from pipeline.serving.feedback import poster
+
+    bob = Caller("kb", "bob", operator=False, keyed=True)
+    ops = Caller("ko", "review", operator=True, keyed=True)
+    assert poster(bob, "feedback") == {"key_id": "kb", "user_id": "bob"}
+    assert poster(ops, "gui") == {"key_id": "ko", "user_id": "review", "operator": True}
+    assert poster(Caller("kx", "kx"), "gui") == {"key_id": "loopback:gui"}

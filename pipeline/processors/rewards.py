@@ -329,7 +329,7 @@ class LeftOut:
     ``event``: the record itself; None for a vote replaced after it had counted, whose record
     is gone (``detail`` then describes it)."""
 
-    reason: str  # a metric label: superseded, voters_cap, late
+    reason: str  # a metric label: superseded, voters_cap, late, not_owner
     event_id: str
     turn: int
     why: str
@@ -344,6 +344,18 @@ def voter_of(ns: NextState) -> str | None:
         return None
     key_id = ns.detail.get("key_id")
     return f"key:{key_id}" if isinstance(key_id, str) and key_id else f"source:{ns.source}"
+
+
+def foreign_poster(ns: NextState, owner: str | None) -> str | None:
+    """The user who posted ``ns`` through a gateway with API keys when that user does not own
+    the session (its first interaction's ``user_id``) and is no operator; None otherwise.
+    The gateway refuses such posts for the sessions it has seen; this catches a replica that
+    never saw the session. Unkeyed posts (loopback, trusted) and records written to Kafka
+    directly (``record-outcome``, gates) carry no ``user_id`` and are not checked."""
+    user = ns.detail.get("user_id")
+    if owner is None or not isinstance(user, str) or ns.detail.get("operator") is True:
+        return None
+    return user if user != owner else None
 
 
 @dataclass(slots=True)
@@ -381,6 +393,8 @@ class AssemblyState:
     # When the latest verdict was applied (processing time): a judge that is not inline
     # sends a verdict's hints beside it on another topic, so they may be read just after it.
     verdict_at_ms: int = 0
+    # Who owns the session: the user_id of its first interaction read (foreign_poster).
+    owner: str | None = None
 
 
 @dataclass
@@ -452,6 +466,8 @@ class Assembler:
         the state (the caller holds :func:`token_payload` and passes it to :meth:`complete`),
         and ``at`` (where the interaction was read) is kept instead."""
         state = state if state is not None else AssemblyState()
+        if state.owner is None and inter.user_id:
+            state.owner = inter.user_id
         if inter.turn_type == "side" or state.done:
             return state
         turn = self._turn(state, inter.session_id, inter.turn)
@@ -491,6 +507,14 @@ class Assembler:
         state = state if state is not None else AssemblyState()
         if not state.session_id:
             state.session_id = ns.session_id
+        foreign = foreign_poster(ns, state.owner)
+        if foreign is not None and not state.done:
+            return state, [LeftOut(
+                "not_owner", ns.event_id, ns.turn,
+                f"next state {ns.event_id} ({ns.kind}) for turn {ns.turn} of session "
+                f"{ns.session_id} was posted by user {foreign!r}, who does not own the session "
+                f"({state.owner!r}) and is no operator", ns,
+            )]  # fmt: skip
         voter = voter_of(ns)
         if voter is not None and not state.done:
             info = self._turn(state, ns.session_id, ns.turn)

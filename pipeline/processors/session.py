@@ -31,7 +31,7 @@ from pipeline.events import Hint, Interaction, NextState, PathPenalty, PrmScore
 from . import judging
 from .judging import JUDGE_COMPONENT, JudgeState, JudgeWork
 from .pairing import Pairer, PairingState
-from .rewards import Assembler, AssemblyState, LeftOut, RecordAt
+from .rewards import Assembler, AssemblyState, LeftOut, RecordAt, foreign_poster
 from .state_json import StateJson
 
 # What the stage's pairing writes to next_states carries this producer component and source:
@@ -138,7 +138,8 @@ class SessionStage:
         if is_derived(ns) or (turn is not None and ns.event_id in turn.next_states):
             return Step(applied=False)  # derived here, or a redelivery: applied already
         step = Step()
-        if ns.kind == "gui" and not state.assembly.done:
+        if ns.kind == "gui" and not state.assembly.done \
+                and foreign_poster(ns, state.assembly.owner) is None:  # fmt: skip
             pen = self.pairer.on_gui(state.pairing, ns)
             if pen is not None:  # before its verdict, so the reward always counts it
                 step.penalties.append(pen)

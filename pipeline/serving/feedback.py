@@ -93,10 +93,14 @@ def check_owner(gateway: GatewayApi, session_id: str, caller: Caller) -> None:
 
 def poster(caller: Caller, route: str) -> dict[str, Any]:
     """Who posted a next state, for its ``detail``: the voter (``key_id``) and, with keys,
-    the caller's user (``user_id``), so a reader can tell an owner's post from an operator's."""
+    the caller's user (``user_id``) and ``operator`` for an operator key: the reward workers
+    leave out a keyed post whose user does not own the session (a replica that never saw the
+    session cannot tell; ``rewards.poster_of``)."""
     out: dict[str, Any] = {"key_id": caller.voter(route)}
     if caller.keyed:
         out["user_id"] = caller.user
+        if caller.operator:  # the reward workers accept it on any user's session
+            out["operator"] = True
     return out
 
 
