@@ -129,3 +129,65 @@ def test_an_archive_waiting_for_a_broker_that_is_gone_stops_within_10s(
         assert running[0].proc.returncode == 0, stack.tail(running[0].log, 20)
     finally:
         stack.stop(running, grace_s=1)
+
+
+def test_gateway_workers_and_judges_stop_within_10s_with_the_broker_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rest of what ``liverl up`` runs: the gateway (tiny model, a turn recorded), the
+    reward workers and the consistency watcher, each within 10 s of SIGTERM once the broker
+    is killed."""
+    import httpx
+
+    broker = BrokerSettings(port=free_port(), controller_port=free_port())
+    settings = Settings(state_dir=tmp_path / "state", broker=broker)
+    settings.kafka.bootstrap = None
+    local = LocalBroker(settings)
+    local.up(quiet=True)
+    for name in [k for k in os.environ if k.startswith("LIVERL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("LIVERL_KAFKA_BOOTSTRAP", settings.bootstrap)
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    running: list[stack.Running] = []
+    try:
+        subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "apply"], check=True,
+                       capture_output=True, timeout=120)  # fmt: skip
+        tiny = ensure_tiny_model(tmp_path / "tiny")
+        port = free_port()
+        running = stack.start(tmp_path / "state", [
+            stack.Component("workers", ["workers"]),
+            stack.Component("judges", ["judges", "watch"]),
+            *stack.gateway_components(1, "127.0.0.1", port, "p", ["--model", str(tiny)]),
+        ])  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            assert all(r.proc.poll() is None for r in running), [
+                stack.tail(r.log, 20) for r in running]
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, stack.tail(running[-1].log, 40)
+            time.sleep(0.5)
+        answer = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "p", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200, answer.text
+        time.sleep(5)  # the workers and the watcher joined and read
+        os.kill(local.pid(), signal.SIGKILL)  # type: ignore[arg-type]
+        time.sleep(2)
+        took = stop_timed(running)
+        print(f"exits after SIGTERM with the broker gone: {took}")
+        for item in running:
+            name = item.component.name
+            assert took[name] < STOP_S, f"{name}: {took[name]:.1f}s\n{stack.tail(item.log, 20)}"
+            # uvicorn ends by raising the SIGTERM it handled again: -15 is its clean stop.
+            assert item.proc.returncode in (0, -signal.SIGTERM), (name, stack.tail(item.log, 20))
+        # (The workers' log holds aiokafka's own traceback of a fetch cancelled at the stop.)
+        for item in running[1:]:
+            assert b"Traceback" not in item.log.read_bytes(), stack.tail(item.log, 40)
+    finally:
+        stack.stop(running, grace_s=1)
+        local.down(quiet=True)
