@@ -13,14 +13,21 @@ rule that replaces it: ``offset_ledger.py``). Here:
   partition) starts the partition's epoch in the ledger;
 - an ack counts in the ledger only for the message object handed in the current epoch;
 - the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
-- a record handed and never acknowledged while later ones were (a queue cleared under it, say)
-  is handed again after ``redeliver_after_s``, with a warning and a metric: never silence.
+- a record dropped unacknowledged (its message is gone: a queue Faust cleared under it, a unit
+  that failed), or handed and never acknowledged while later ones were for
+  ``redeliver_after_s``, is handed again, with a warning and a metric: never silence; after
+  ``REDELIVER_LIMIT`` tries it is given up, with an error and a metric;
+- while partitions are revoked, seeks of them do not start an epoch: the hand-over commit
+  must still count the acknowledgement of a unit that was running when the revoke began
+  (Faust re-seeks when it fetches with the flow stopped), and they are forgotten after it;
+- seeks run on the consumer's thread (aiokafka's consumer lives on its event loop).
 
 Changelog partitions (acks disabled: table recovery) pass through as Faust reads them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, cast
@@ -36,12 +43,14 @@ log = logging.getLogger(__name__)
 
 SCHEME = "liverl-kafka"  # at least once through the ledger (processors/app.py)
 REDELIVER_AFTER_S = 30.0  # default for ``app.liverl_redeliver_after_s``
+REDELIVER_LIMIT = 3  # hands of one record again before it is given up
 
 
 class LedgerConsumer(faust_aiokafka.Consumer):
     """See the module docstring."""
 
     ledger: OffsetLedger[TP]
+    _revoking: frozenset[TP] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -67,7 +76,7 @@ class LedgerConsumer(faust_aiokafka.Consumer):
                     ledger.stale_dropped += 1
                     if tp not in repositioned:
                         repositioned.add(tp)
-                        self._reposition(tp)
+                        await self._reposition(tp)
                     continue
                 if not ledger.hand(tp, message.offset, message):
                     continue  # handed already in this epoch (a refetch)
@@ -76,27 +85,32 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         finally:
             await batch.aclose()
 
-    def _reposition(self, tp: TP) -> None:
+    async def _reposition(self, tp: TP) -> None:
         """Fetch ``tp`` again from the ledger's committable offset (stale records dropped)."""
         position = self.ledger.committable(tp)
         if position is None:  # pragma: no cover - a seeked partition always has one
             return
-        self._seek_now(tp, position)
-
-    def _seek_now(self, tp: TP, offset: int) -> None:
-        self._thread.seek(tp, offset)
-        self._read_offset[tp] = offset if offset else None
-        self.ledger.seek(tp, offset)
+        await self.seek(tp, position)
 
     async def seek(self, partition: TP, offset: int) -> None:
-        self._seek_now(partition, offset)
+        """Move the fetch position (on the consumer's thread), then start the epoch."""
+        if partition in self._revoking:
+            return  # the hand-over commit reads this epoch; the partition goes after it
+
+        async def move() -> None:
+            self._thread.seek(partition, offset)
+
+        await self._thread.call_thread(move)
+        self._read_offset[partition] = offset if offset else None
+        self.ledger.seek(partition, offset)
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
         for tp, offset in committed.items():
             # aiokafka moves only partitions with a committed offset above 0 (the others
             # read on from where they are): only those start a new epoch.
-            if offset is not None and offset > 0 and self._tracked(tp.topic):
+            if offset is not None and offset > 0 and self._tracked(tp.topic) \
+                    and tp not in self._revoking:  # fmt: skip
                 self.ledger.seek(tp, offset)
         return committed
 
@@ -125,9 +139,13 @@ class LedgerConsumer(faust_aiokafka.Consumer):
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         # Faust's revoke runs the app's handler (the hand-over commit, which still reads the
         # ledger's offsets of these partitions) before the ledger forgets them.
-        await super().on_partitions_revoked(revoked)
-        for tp in revoked:
-            self.ledger.forget(tp)
+        self._revoking = frozenset(revoked)
+        try:
+            await super().on_partitions_revoked(revoked)
+        finally:
+            self._revoking = frozenset()
+            for tp in revoked:
+                self.ledger.forget(tp)
 
     def committed_now(self, offsets: Mapping[TP, int]) -> None:
         for tp, offset in offsets.items():
@@ -145,13 +163,21 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         while not self.should_stop:
             await self.sleep(min(5.0, after_s / 2))
             for stalled in self.ledger.stalled(after_s):
-                log.warning(
-                    "%s offset %d was handed %.0f s ago and no unit acknowledged it while "
-                    "later records were: handing it again (liverl_workers_records_redelivered)",
-                    stalled.tp, stalled.offset, stalled.waited_s,
-                )
-                self.ledger.redelivered += 1
-                self._seek_now(stalled.tp, stalled.offset)
+                why = ("was dropped unacknowledged" if stalled.dropped else
+                       f"was handed {stalled.waited_s:.0f} s ago and no unit acknowledged it "
+                       "while later records were")  # fmt: skip
+                if not self.ledger.retry(stalled, REDELIVER_LIMIT):
+                    log.error(
+                        "%s offset %d %s, and was handed again %d times: given up, the commit "
+                        "passes it (liverl_workers_records_given_up)",
+                        stalled.tp, stalled.offset, why, REDELIVER_LIMIT,
+                    )
+                    continue
+                log.warning("%s offset %d %s: handing it again "
+                            "(liverl_workers_records_redelivered)",
+                            stalled.tp, stalled.offset, why)  # fmt: skip
+                with contextlib.suppress(Exception):  # revoked meanwhile: its new owner reads it
+                    await self.seek(stalled.tp, stalled.offset)
 
 
 def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
@@ -173,8 +199,11 @@ def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
          "Records of a batch fetched before a seek, not handed (fetched again)",
          read("stale_dropped")),
         ("liverl_workers_records_redelivered",
-         "Records no unit acknowledged while later ones were, handed again",
+         "Records dropped unacknowledged or skipped while later ones were, handed again",
          read("redelivered")),
+        ("liverl_workers_records_given_up",
+         "Records handed again REDELIVER_LIMIT times without an acknowledgement, given up",
+         read("given_up")),
     )
 
 
