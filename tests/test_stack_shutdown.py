@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,23 +61,37 @@ def stop_timed(running: list[stack.Running]) -> dict[str, float]:
     return took
 
 
-def test_archive_and_trainer_stop_within_10s_with_the_broker_gone(
+@pytest.fixture
+def own_broker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[tuple[Settings, LocalBroker]]:
+    """A broker of the test's own (it is killed; the shared one never is), its topics, and
+    the environment the components read: no LIVERL_* from outside (the default shutdown
+    bounds), this state dir and broker."""
     broker = BrokerSettings(port=free_port(), controller_port=free_port())
     settings = Settings(state_dir=tmp_path / "state", broker=broker)
     settings.kafka.bootstrap = None  # this test's own broker, even under LIVERL_KAFKA_BOOTSTRAP
     local = LocalBroker(settings)
     local.up(quiet=True)
-    for name in [k for k in os.environ if k.startswith("LIVERL_")]:
-        monkeypatch.delenv(name)  # the default bounds: no LIVERL_*_SHUTDOWN_S from outside
-    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("LIVERL_KAFKA_BOOTSTRAP", settings.bootstrap)
-    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
-    running: list[stack.Running] = []
     try:
+        for name in [k for k in os.environ if k.startswith("LIVERL_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path / "state"))
+        monkeypatch.setenv("LIVERL_KAFKA_BOOTSTRAP", settings.bootstrap)
+        monkeypatch.setenv("PYTHONUNBUFFERED", "1")
         subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "apply"], check=True,
                        capture_output=True, timeout=120)  # fmt: skip
+        yield settings, local
+    finally:
+        local.down(quiet=True)
+
+
+def test_archive_and_trainer_stop_within_10s_with_the_broker_gone(
+    tmp_path: Path, own_broker: tuple[Settings, LocalBroker]
+) -> None:
+    settings, local = own_broker
+    running: list[stack.Running] = []
+    try:
         tiny = ensure_tiny_model(tmp_path / "tiny")
         # The trainer holds a trained step it has not published (the stop publishes it and
         # waits on Kafka): three samples make one batch, and the fourth, dead-lettered, says
@@ -108,7 +123,6 @@ def test_archive_and_trainer_stop_within_10s_with_the_broker_gone(
             assert b"Traceback" not in item.log.read_bytes(), stack.tail(item.log, 40)
     finally:
         stack.stop(running, grace_s=1)
-        local.down(quiet=True)
 
 
 def test_an_archive_waiting_for_a_broker_that_is_gone_stops_within_10s(
@@ -132,27 +146,16 @@ def test_an_archive_waiting_for_a_broker_that_is_gone_stops_within_10s(
 
 
 def test_gateway_workers_and_judges_stop_within_10s_with_the_broker_gone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, own_broker: tuple[Settings, LocalBroker]
 ) -> None:
     """The rest of what ``liverl up`` runs: the gateway (tiny model, a turn recorded), the
     reward workers and the consistency watcher, each within 10 s of SIGTERM once the broker
     is killed."""
     import httpx
 
-    broker = BrokerSettings(port=free_port(), controller_port=free_port())
-    settings = Settings(state_dir=tmp_path / "state", broker=broker)
-    settings.kafka.bootstrap = None
-    local = LocalBroker(settings)
-    local.up(quiet=True)
-    for name in [k for k in os.environ if k.startswith("LIVERL_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("LIVERL_KAFKA_BOOTSTRAP", settings.bootstrap)
-    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    settings, local = own_broker
     running: list[stack.Running] = []
     try:
-        subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "apply"], check=True,
-                       capture_output=True, timeout=120)  # fmt: skip
         tiny = ensure_tiny_model(tmp_path / "tiny")
         port = free_port()
         running = stack.start(tmp_path / "state", [
@@ -190,4 +193,3 @@ def test_gateway_workers_and_judges_stop_within_10s_with_the_broker_gone(
             assert b"Traceback" not in item.log.read_bytes(), stack.tail(item.log, 40)
     finally:
         stack.stop(running, grace_s=1)
-        local.down(quiet=True)
