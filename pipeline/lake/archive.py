@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.kafka.connection import Connectable, connection_of
-from pipeline.lake.errors import ArchiveError, MissingTopics
+from pipeline.lake.errors import ArchiveError, ArchiveStopped, MissingTopics
 from pipeline.lake.writer import MultiAppender
 
 EVENTS_DIR = "events"
@@ -390,13 +390,6 @@ class CommitReport:
 _SLICE_S = 1.0
 
 
-class Stopped(ArchiveError):
-    """A stop was asked for while the archive waited for the broker."""
-
-    def __init__(self) -> None:
-        super().__init__("stopped while waiting for the broker")
-
-
 class Archiver:
     """Copies topics into their archive tables, in batches of one commit per topic.
 
@@ -419,7 +412,7 @@ class Archiver:
         stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self.kafka = connection_of(kafka)
-        self.stopping = stopping  # a stop asked for: metadata waits give up (:class:`Stopped`)
+        self.stopping = stopping  # a stop asked for: metadata waits give up (``ArchiveStopped``)
         self.topics = list(dict.fromkeys(topics))
         self.lake_root = Path(lake_root)
         self.follow = follow
@@ -462,7 +455,7 @@ class Archiver:
 
         The wait for the broker (up to ``timeout_s``) is asked for in slices of a second: a
         signal handler runs only between them, and one whole wait held a stop for 15 s
-        with the broker gone (issue 37). :class:`Stopped` once a stop was asked for."""
+        with the broker gone (issue 37). ``ArchiveStopped`` once a stop was asked for."""
         from confluent_kafka import KafkaException
 
         deadline = time.monotonic() + self.timeout_s
@@ -473,7 +466,7 @@ class Archiver:
                 break
             except KafkaException as exc:
                 if self.stopping():
-                    raise Stopped() from None
+                    raise ArchiveStopped() from None
                 if left <= _SLICE_S:
                     raise ArchiveError(
                         f"cannot reach Kafka at {self.kafka.bootstrap}: {exc}"

@@ -23,11 +23,10 @@ from pipeline.lake.archive import (
     CommitReport,
     MissingTopics,
     Span,
-    Stopped,
     archive_path,
     table_name,
 )
-from pipeline.lake.errors import SqlError
+from pipeline.lake.errors import ArchiveStopped, SqlError
 from pipeline.lake.sql import run_query, table_counts
 from pipeline.settings import Settings
 from pipeline.trainer.config import TrainerSettings
@@ -211,7 +210,7 @@ def _archive(
         spans = archiver.open()
     except MissingTopics as exc:
         raise click.UsageError(exc.message) from None
-    except Stopped:
+    except ArchiveStopped:
         _log("stopped before the broker answered; nothing was read")
         return
     from pipeline.durable import writable_problem

@@ -17,6 +17,13 @@ class ArchiveError(LiverlError):
     """A problem the archive cannot work around (broker unreachable, table ahead of topic)."""
 
 
+class ArchiveStopped(ArchiveError):
+    """A stop was asked for while the archive waited for the broker."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped while waiting for the broker")
+
+
 class MissingTopics(ArchiveError):
     """Topics to archive that the broker does not have."""
 
