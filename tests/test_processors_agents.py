@@ -881,6 +881,45 @@ def test_a_keyed_post_from_a_user_who_does_not_own_the_session_is_left_out(h: Ha
     assert 'liverl_workers_inputs_left_out_total{reason="not_owner"} 2.0' in text
 
 
+def test_posted_next_states_count_at_most_posted_per_turn_per_source(h: Harness) -> None:
+    """Behind several gateway replicas each caps a turn's posts on its own: the workers hold
+    the cap for all of them. Six error dialogs posted on turn 0 (posted_per_turn 4): four are
+    judged and penalised, two dead-lettered (posted_cap); a terminal post of the same turn
+    has a cap of its own and counts."""
+
+    def posted(i: int, kind: str, content: str, **detail: Any) -> events.NextState:
+        ns = next_state(0, kind, content, producer=EXT)
+        return dataclasses.replace(ns, event_id=f"p{kind}{i}", source=kind,
+                                   detail={"key_id": f"replica-{i % 3}", **detail})  # fmt: skip
+
+    dialogs = [posted(i, "gui", "Error: permission denied", screen="error",
+                      action={"kind": "click", "target": f"OK {i}"}) for i in range(6)]  # fmt: skip
+    term = posted(9, "terminal", "1 failed", exit_code=1, command="pytest -q")
+
+    async def run() -> Any:
+        app = h.app(posted_per_turn=4)
+        session = agent_named(app, "session")
+        async with session.test_context() as agent:
+            await put(agent, names.INTERACTIONS, inter(0))
+            for ns in (*dialogs, term):
+                await put(agent, names.NEXT_STATES, ns)
+            await put(agent, names.INTERACTIONS, inter(1, session_done=True))
+            await flush(agent, names.INTERACTIONS)
+        return session.fun.__self__.rt.metrics
+
+    metrics = asyncio.run(run())
+    judged = {p.parents[-1] for p in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
+    assert {d.event_id for d in dialogs[:4]} | {term.event_id} <= judged
+    assert not {d.event_id for d in dialogs[4:]} & judged
+    penalised = {p.parents[-1] for p in h.out(names.PATH_PENALTIES)}  # type: ignore[attr-defined]
+    assert not {d.event_id for d in dialogs[4:]} & penalised
+    letters = [events.decode(d.original()).event_id  # type: ignore[attr-defined]
+               for d in h.out(names.DLQ)]  # fmt: skip
+    assert sorted(letters) == ["pgui4", "pgui5"]
+    text = metrics.exposition().decode()
+    assert 'liverl_workers_inputs_left_out_total{reason="posted_cap"} 2.0' in text
+
+
 def test_a_burst_of_a_sessions_records_is_one_state_write(h: Harness) -> None:
     """Records taken in one batch share a state read and write per session: three turns
     and another session's turn, taken together, write two sessions values, not four; the

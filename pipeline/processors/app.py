@@ -177,6 +177,7 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         outcome_wait_ms=int(cfg.outcome_wait_s * 1000),
         hint_wait_ms=int(cfg.hint_wait(inline) * 1000),
         voters_per_turn=cfg.feedback_voters_per_turn,
+        posted_per_turn=cfg.posted_per_turn,
     )
     stage = SessionStage(pairer, assembler, judge_inline=inline,
                          text_chars=cfg.state_text_chars, judge_max_bytes=part_bytes)

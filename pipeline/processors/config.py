@@ -127,6 +127,11 @@ class ProcessorSettings(BaseSettings):
     # that does not count (replaced, over this cap, read after its session was assembled) is
     # dead-lettered with the reason and counted in the workers' /metrics.
     feedback_voters_per_turn: int = Field(default=32, ge=1, le=10_000)
+    # Next states posted through a gateway (GUI, terminal and other sources, hooks: they carry
+    # detail.key_id) count at most this many per turn and source; the rest are dead-lettered
+    # (posted_cap). The gateway caps each replica (serve.next_states_per_turn, 8); this holds
+    # behind several replicas too.
+    posted_per_turn: int = Field(default=8, ge=1, le=10_000)
     # Judges.
     # Judge by name: "replies" (default: explicit score and exit code first, then the user's
     # reply read by the patterns of rules/replies.yaml plus vaderSentiment; hints from directive

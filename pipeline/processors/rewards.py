@@ -329,7 +329,7 @@ class LeftOut:
     ``event``: the record itself; None for a vote replaced after it had counted, whose record
     is gone (``detail`` then describes it)."""
 
-    reason: str  # a metric label: superseded, voters_cap, late, not_owner
+    reason: str  # a metric label: superseded, voters_cap, late, not_owner, posted_cap
     event_id: str
     turn: int
     why: str
@@ -376,6 +376,17 @@ class AssemblyTurn:
     # Penalties of the actions a harness reported for the turn (gui next states), by event
     # id, beside the turn's own ``penalty``; their Phi adds to it.
     action_penalties: dict[str, PenaltyEntry] = field(default_factory=dict)
+    # Next states posted through a gateway that count, by source (Assembler.posted_per_turn).
+    posted: dict[str, int] = field(default_factory=dict)
+
+
+def posted_source(ns: NextState) -> str | None:
+    """The source of a next state a gateway recorded for a caller (it carries
+    ``detail.key_id``) that is not a vote; None for anything else (votes have their own cap,
+    derived and directly written next states none)."""
+    if "key_id" not in ns.detail or voter_of(ns) is not None:
+        return None
+    return ns.source or ns.kind
 
 
 @dataclass(slots=True)
@@ -437,6 +448,7 @@ class Assembler:
     outcome_wait_ms: int = 0
     hint_wait_ms: int = 0
     voters_per_turn: int = 32
+    posted_per_turn: int = 8
     reward_producer: Producer = field(init=False)
     sample_producer: Producer = field(init=False)
 
@@ -507,14 +519,13 @@ class Assembler:
         state = state if state is not None else AssemblyState()
         if not state.session_id:
             state.session_id = ns.session_id
-        foreign = foreign_poster(ns, state.owner)
-        if foreign is not None and not state.done:
-            return state, [LeftOut(
-                "not_owner", ns.event_id, ns.turn,
-                f"next state {ns.event_id} ({ns.kind}) for turn {ns.turn} of session "
-                f"{ns.session_id} was posted by user {foreign!r}, who does not own the session "
-                f"({state.owner!r}) and is no operator", ns,
-            )]  # fmt: skip
+        refused = self.refusal(state, ns)
+        if refused is not None:
+            return state, [refused]
+        source = posted_source(ns)
+        if source is not None and not state.done:
+            counts = self._turn(state, ns.session_id, ns.turn).posted
+            counts[source] = counts.get(source, 0) + 1
         voter = voter_of(ns)
         if voter is not None and not state.done:
             info = self._turn(state, ns.session_id, ns.turn)
@@ -525,6 +536,32 @@ class Assembler:
             return state, [] if left is None else [left]
         self._record(state, ns, now_ms)
         return state, []
+
+    def refusal(self, state: AssemblyState, ns: NextState) -> LeftOut | None:
+        """Why a posted next state does not count at all, before anything of it is applied
+        (its GUI penalty included): a keyed post from a user who does not own the session
+        (:func:`foreign_poster`), or one over the turn's cap for its source. None: it may."""
+        if state.done:
+            return None
+        where = (f"next state {ns.event_id} ({ns.kind}) for turn {ns.turn} of session "
+                 f"{ns.session_id}")
+        foreign = foreign_poster(ns, state.owner)
+        if foreign is not None:
+            return LeftOut(
+                "not_owner", ns.event_id, ns.turn,
+                f"{where} was posted by user {foreign!r}, who does not own the session "
+                f"({state.owner!r}) and is no operator", ns,
+            )  # fmt: skip
+        source = posted_source(ns)
+        turn = state.turns.get(ns.turn)
+        if source is not None and turn is not None \
+                and turn.posted.get(source, 0) >= self.posted_per_turn:  # fmt: skip
+            return LeftOut(
+                "posted_cap", ns.event_id, ns.turn,
+                f"{where}: the turn already counts {self.posted_per_turn} next states posted "
+                f"from source {source!r} (processors.posted_per_turn)", ns,
+            )  # fmt: skip
+        return None
 
     def _vote(self, info: AssemblyTurn, voter: str, ns: NextState) -> LeftOut | None:
         """Make ``ns`` the vote of ``voter`` for its turn unless it is older than theirs or

@@ -31,7 +31,7 @@ from pipeline.events import Hint, Interaction, NextState, PathPenalty, PrmScore
 from . import judging
 from .judging import JUDGE_COMPONENT, JudgeState, JudgeWork
 from .pairing import Pairer, PairingState
-from .rewards import Assembler, AssemblyState, LeftOut, RecordAt, foreign_poster
+from .rewards import Assembler, AssemblyState, LeftOut, RecordAt
 from .state_json import StateJson
 
 # What the stage's pairing writes to next_states carries this producer component and source:
@@ -139,7 +139,7 @@ class SessionStage:
             return Step(applied=False)  # derived here, or a redelivery: applied already
         step = Step()
         if ns.kind == "gui" and not state.assembly.done \
-                and foreign_poster(ns, state.assembly.owner) is None:  # fmt: skip
+                and self.assembler.refusal(state.assembly, ns) is None:  # fmt: skip
             pen = self.pairer.on_gui(state.pairing, ns)
             if pen is not None:  # before its verdict, so the reward always counts it
                 step.penalties.append(pen)
