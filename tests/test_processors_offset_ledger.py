@@ -122,8 +122,11 @@ def test_the_committable_offset_never_passes_an_unacknowledged_record(ops: list)
             assert commit == max(handed) + 1
 
 
-def test_a_message_dropped_unacknowledged_is_stalled_at_once_and_given_up_after_the_limit() -> None:
-    ledger: OffsetLedger[str] = OffsetLedger(clock=lambda: 0.0)
+def test_a_message_dropped_unacknowledged_is_stalled_at_once_and_never_passed() -> None:
+    """A record whose message is gone is handed again at once, then with a backoff (5 s x 2^n);
+    a try counts only when it was handed anew since the last one; it is never given up."""
+    now = [0.0]
+    ledger: OffsetLedger[str] = OffsetLedger(clock=lambda: now[0])
     ledger.seek(TP, 0)
     kept = [Msg(), Msg()]
     ledger.hand(TP, 0, kept[0])
@@ -132,9 +135,16 @@ def test_a_message_dropped_unacknowledged_is_stalled_at_once_and_given_up_after_
     ledger.ack(TP, 0, kept[0])
     (stalled,) = ledger.stalled(30)  # no wait, no later acknowledgement needed
     assert (stalled.offset, stalled.dropped, ledger.committable(TP)) == (1, True, 1)
-    assert [ledger.retry(stalled, limit=2) for _ in range(3)] == [True, True, False]
-    assert (ledger.redelivered, ledger.given_up) == (2, 1)
-    assert ledger.committable(TP) == 2 and ledger.stalled(30) == []  # 2 is held, waiting
+    assert ledger.retry(stalled) == 1
+    now[0] = 9.0
+    assert ledger.retry(ledger.stalled(30)[0]) is None  # backoff: 10 s after the first
+    now[0] = 10.0
+    assert ledger.retry(ledger.stalled(30)[0]) == 1  # not handed anew: the seek did not take
+    ledger.seek(TP, 1)
+    now[0] = 31.0
+    ledger.hand(TP, 1, Msg())  # handed anew, dropped again
+    assert ledger.retry(ledger.stalled(30)[0]) == 2
+    assert ledger.committable(TP) == 1 and ledger.redelivered == 3  # never passed
 
 
 def test_an_ack_the_ledger_did_not_hear_of_counts_by_the_messages_flag() -> None:

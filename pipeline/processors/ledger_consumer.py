@@ -15,8 +15,10 @@ rule that replaces it: ``offset_ledger.py``). Here:
 - the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
 - a record dropped unacknowledged (its message is gone: a queue Faust cleared under it, a unit
   that failed), or handed and never acknowledged while later ones were for
-  ``redeliver_after_s``, is handed again, with a warning and a metric: never silence; after
-  ``REDELIVER_LIMIT`` tries it is given up, with an error and a metric;
+  ``redeliver_after_s``, is handed again, with a warning and a metric: never silence, and
+  never passed (tried again with a backoff; an error once it was handed ``REDELIVER_LIMIT``
+  times). Not while the flow is stopped or the partition is revoked or not assigned: a
+  rebalance clears the queues and hands everything again anyway;
 - while partitions are revoked, seeks of them do not start an epoch: the hand-over commit
   must still count the acknowledgement of a unit that was running when the revoke began
   (Faust re-seeks when it fetches with the flow stopped), and they are forgotten after it;
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 
 SCHEME = "liverl-kafka"  # at least once through the ledger (processors/app.py)
 REDELIVER_AFTER_S = 30.0  # default for ``app.liverl_redeliver_after_s``
-REDELIVER_LIMIT = 3  # hands of one record again before it is given up
+REDELIVER_LIMIT = 3  # hands of one record again before each further one is an error
 
 
 class LedgerConsumer(faust_aiokafka.Consumer):
@@ -162,20 +164,26 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         after_s = float(getattr(self.app, "liverl_redeliver_after_s", REDELIVER_AFTER_S))
         while not self.should_stop:
             await self.sleep(min(5.0, after_s / 2))
+            if not self.flow_active:
+                continue  # a rebalance: everything is handed again after it
+            try:
+                assigned = self.assignment()
+            except Exception:  # noqa: BLE001 - not started or stopping: next round
+                continue
             for stalled in self.ledger.stalled(after_s):
+                if stalled.tp in self._revoking or stalled.tp not in assigned:
+                    continue
+                tries = self.ledger.retry(stalled)
+                if tries is None:
+                    continue
                 why = ("was dropped unacknowledged" if stalled.dropped else
                        f"was handed {stalled.waited_s:.0f} s ago and no unit acknowledged it "
                        "while later records were")  # fmt: skip
-                if not self.ledger.retry(stalled, REDELIVER_LIMIT):
-                    log.error(
-                        "%s offset %d %s, and was handed again %d times: given up, the commit "
-                        "passes it (liverl_workers_records_given_up)",
-                        stalled.tp, stalled.offset, why, REDELIVER_LIMIT,
-                    )
-                    continue
-                log.warning("%s offset %d %s: handing it again "
-                            "(liverl_workers_records_redelivered)",
-                            stalled.tp, stalled.offset, why)  # fmt: skip
+                (log.error if tries > REDELIVER_LIMIT else log.warning)(
+                    "%s offset %d %s: handing it again, time %d; the partition's commits "
+                    "wait for it (liverl_workers_records_redelivered)",
+                    stalled.tp, stalled.offset, why, tries,
+                )
                 with contextlib.suppress(Exception):  # revoked meanwhile: its new owner reads it
                     await self.seek(stalled.tp, stalled.offset)
 
@@ -201,9 +209,6 @@ def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
         ("liverl_workers_records_redelivered",
          "Records dropped unacknowledged or skipped while later ones were, handed again",
          read("redelivered")),
-        ("liverl_workers_records_given_up",
-         "Records handed again REDELIVER_LIMIT times without an acknowledgement, given up",
-         read("given_up")),
     )
 
 

@@ -83,8 +83,8 @@ class OffsetLedger(Generic[K]):
         self.epoch = 0  # bumped by every seek: a batch remembers the epoch it was fetched in
         self.stale_dropped = 0  # handed out of order (a stale batch, a re-fetch): not handed
         self.redelivered = 0  # stalled records handed again (see :meth:`stalled`)
-        self.given_up = 0  # records handed again too often without an acknowledgement
-        self._tries: dict[tuple[K, int], int] = {}  # (tp, offset) -> times handed again
+        # (tp, offset) -> (times it was handed again, when it was last)
+        self._tries: dict[tuple[K, int], tuple[int, float]] = {}
 
     def seek(self, tp: K, position: int | None) -> None:
         """Reading of ``tp`` restarts at ``position``: pending records will be handed again."""
@@ -160,19 +160,20 @@ class OffsetLedger(Generic[K]):
                 out.append(Stalled(tp, offset, now - at, dropped))
         return out
 
-    def retry(self, stalled: Stalled[K], limit: int) -> bool:
-        """Count one more hand of a stalled record; False once it has been handed again
-        ``limit`` times: it is then taken as done (a record that fails every unit it reaches
-        would otherwise stop its partition's commits for good), counted in ``given_up``."""
+    def retry(self, stalled: Stalled[K]) -> int | None:
+        """Whether to hand a stalled record again now: the times it was handed again so far
+        (it counts only when it was handed anew since the last time, so a seek that did not
+        take, or a rebalance in between, is not counted), or None while it waits (after the
+        n-th time, 5 s x 2^n, at most 5 min: a record that fails every unit it reaches is
+        tried again and again, never passed)."""
         key = (stalled.tp, stalled.offset)
-        tries = self._tries.get(key, 0) + 1
-        if tries <= limit:
-            self._tries[key] = tries
-            self.redelivered += 1
-            return True
-        self._tries.pop(key, None)
-        part = self._parts.get(stalled.tp)
-        if part is not None:
-            part.pending.pop(stalled.offset, None)
-        self.given_up += 1
-        return False
+        now = self._clock()
+        handed_at = now - stalled.waited_s
+        count, last = self._tries.get(key, (0, float("-inf")))
+        if now - last < min(300.0, 5.0 * 2.0**count):
+            return None
+        if handed_at > last:
+            count += 1
+        self._tries[key] = (count, now)
+        self.redelivered += 1
+        return count
