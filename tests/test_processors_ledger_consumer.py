@@ -46,9 +46,6 @@ class ScriptedThread:
         self.seeks.append(offset)
         self.position = offset
 
-    async def call_thread(self, fun: Any, *args: Any, **kwargs: Any) -> Any:
-        return await fun(*args, **kwargs)  # the consumer's thread, here the test's loop
-
     async def seek_to_committed(self) -> dict[TP, int]:
         self.position = COMMITTED
         return {PART: COMMITTED}
@@ -60,7 +57,10 @@ class ScriptedThread:
         return {PART}
 
 
-def scripted_consumer(scheme: str) -> tuple[Any, ScriptedThread]:
+async def drain(scheme: str) -> tuple[int, set[int], ScriptedThread]:
+    """Run Faust's drain loop; records handed before the seek are never processed (their
+    queue is cleared), those after it are processed and acked, and every ack is followed by
+    a commit of the consumer's new offset. Returns the last commit and the processed set."""
     app = faust.App(f"ledger-{scheme}", broker=f"{scheme}://127.0.0.1:1")
     consumer: Any = app.consumer
     thread = ScriptedThread()
@@ -71,14 +71,6 @@ def scripted_consumer(scheme: str) -> tuple[Any, ScriptedThread]:
     app.topics.acks_enabled_for = lambda topic: topic == TOPIC  # type: ignore[method-assign]
     consumer._to_message = lambda tp, offset: Message(
         TOPIC, 0, offset, 0.0, 0, None, b"k", b"v", None)
-    return consumer, thread
-
-
-async def drain(scheme: str) -> tuple[int, set[int], ScriptedThread]:
-    """Run Faust's drain loop; records handed before the seek are never processed (their
-    queue is cleared), those after it are processed and acked, and every ack is followed by
-    a commit of the consumer's new offset. Returns the last commit and the processed set."""
-    consumer, thread = scripted_consumer(scheme)
     processed: set[int] = set()
     committed = [COMMITTED]
     seeked = asyncio.Event()
@@ -139,30 +131,3 @@ def test_both_worker_transports_use_the_ledger(scheme: str) -> None:
     app = faust.App(f"ledger-t-{scheme}", broker=f"{scheme}://127.0.0.1:1")
     app.liverl_transaction = transactions.Transaction("t", "g", 10)  # type: ignore[attr-defined]
     assert isinstance(app.consumer, ledger_consumer.LedgerConsumer)
-
-
-def test_the_hand_over_commit_counts_the_unit_running_when_the_revoke_began() -> None:
-    """A rebalance: Faust stops the flow and, fetching with the flow stopped, re-seeks to the
-    committed offsets while the revoke handler waits for the running unit. That unit's ack
-    must still count in the hand-over commit (else the next owner processes it again)."""
-
-    async def run() -> tuple[int | None, int | None]:
-        consumer, _ = scripted_consumer(ledger_consumer.SCHEME)
-        consumer.ledger.seek(PART, COMMITTED)
-        running = consumer._to_message(PART, COMMITTED)
-        consumer.track_message(running)
-        consumer.ledger.hand(PART, COMMITTED, running)
-        seen: list[int | None] = []
-
-        async def revoke_handler(revoked: set[TP]) -> None:
-            await consumer.perform_seek()  # the drain loop, flow stopped, meanwhile
-            consumer.ack(running)  # the unit finishes
-            seen.append(consumer._new_offset(PART))  # what the hand-over commit reads
-
-        consumer._on_partitions_revoked = revoke_handler
-        await consumer.on_partitions_revoked({PART})
-        return seen[0], consumer.ledger.committable(PART)
-
-    handed_over, after = asyncio.run(run())
-    assert handed_over == COMMITTED + 1
-    assert after is None  # forgotten once handed over

@@ -13,23 +13,14 @@ rule that replaces it: ``offset_ledger.py``). Here:
   partition) starts the partition's epoch in the ledger;
 - an ack counts in the ledger only for the message object handed in the current epoch;
 - the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
-- a record dropped unacknowledged (its message is gone: a queue Faust cleared under it, a unit
-  that failed), or handed and never acknowledged while later ones were for
-  ``redeliver_after_s``, is handed again, with a warning and a metric: never silence, and
-  never passed (tried again with a backoff; an error once it was handed ``REDELIVER_LIMIT``
-  times). Not while the flow is stopped or the partition is revoked or not assigned: a
-  rebalance clears the queues and hands everything again anyway;
-- while partitions are revoked, seeks of them do not start an epoch: the hand-over commit
-  must still count the acknowledgement of a unit that was running when the revoke began
-  (Faust re-seeks when it fetches with the flow stopped), and they are forgotten after it;
-- seeks run on the consumer's thread (aiokafka's consumer lives on its event loop).
+- a record handed and never acknowledged while later ones were (a queue cleared under it, say)
+  is handed again after ``redeliver_after_s``, with a warning and a metric: never silence.
 
 Changelog partitions (acks disabled: table recovery) pass through as Faust reads them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, cast
@@ -45,14 +36,12 @@ log = logging.getLogger(__name__)
 
 SCHEME = "liverl-kafka"  # at least once through the ledger (processors/app.py)
 REDELIVER_AFTER_S = 30.0  # default for ``app.liverl_redeliver_after_s``
-REDELIVER_LIMIT = 3  # hands of one record again before each further one is an error
 
 
 class LedgerConsumer(faust_aiokafka.Consumer):
     """See the module docstring."""
 
     ledger: OffsetLedger[TP]
-    _revoking: frozenset[TP] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -78,7 +67,7 @@ class LedgerConsumer(faust_aiokafka.Consumer):
                     ledger.stale_dropped += 1
                     if tp not in repositioned:
                         repositioned.add(tp)
-                        await self._reposition(tp)
+                        self._reposition(tp)
                     continue
                 if not ledger.hand(tp, message.offset, message):
                     continue  # handed already in this epoch (a refetch)
@@ -87,32 +76,27 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         finally:
             await batch.aclose()
 
-    async def _reposition(self, tp: TP) -> None:
+    def _reposition(self, tp: TP) -> None:
         """Fetch ``tp`` again from the ledger's committable offset (stale records dropped)."""
         position = self.ledger.committable(tp)
         if position is None:  # pragma: no cover - a seeked partition always has one
             return
-        await self.seek(tp, position)
+        self._seek_now(tp, position)
+
+    def _seek_now(self, tp: TP, offset: int) -> None:
+        self._thread.seek(tp, offset)
+        self._read_offset[tp] = offset if offset else None
+        self.ledger.seek(tp, offset)
 
     async def seek(self, partition: TP, offset: int) -> None:
-        """Move the fetch position (on the consumer's thread), then start the epoch."""
-        if partition in self._revoking:
-            return  # the hand-over commit reads this epoch; the partition goes after it
-
-        async def move() -> None:
-            self._thread.seek(partition, offset)
-
-        await self._thread.call_thread(move)
-        self._read_offset[partition] = offset if offset else None
-        self.ledger.seek(partition, offset)
+        self._seek_now(partition, offset)
 
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
         for tp, offset in committed.items():
             # aiokafka moves only partitions with a committed offset above 0 (the others
             # read on from where they are): only those start a new epoch.
-            if offset is not None and offset > 0 and self._tracked(tp.topic) \
-                    and tp not in self._revoking:  # fmt: skip
+            if offset is not None and offset > 0 and self._tracked(tp.topic):
                 self.ledger.seek(tp, offset)
         return committed
 
@@ -141,13 +125,9 @@ class LedgerConsumer(faust_aiokafka.Consumer):
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         # Faust's revoke runs the app's handler (the hand-over commit, which still reads the
         # ledger's offsets of these partitions) before the ledger forgets them.
-        self._revoking = frozenset(revoked)
-        try:
-            await super().on_partitions_revoked(revoked)
-        finally:
-            self._revoking = frozenset()
-            for tp in revoked:
-                self.ledger.forget(tp)
+        await super().on_partitions_revoked(revoked)
+        for tp in revoked:
+            self.ledger.forget(tp)
 
     def committed_now(self, offsets: Mapping[TP, int]) -> None:
         for tp, offset in offsets.items():
@@ -164,28 +144,14 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         after_s = float(getattr(self.app, "liverl_redeliver_after_s", REDELIVER_AFTER_S))
         while not self.should_stop:
             await self.sleep(min(5.0, after_s / 2))
-            if not self.flow_active:
-                continue  # a rebalance: everything is handed again after it
-            try:
-                assigned = self.assignment()
-            except Exception:  # noqa: BLE001 - not started or stopping: next round
-                continue
             for stalled in self.ledger.stalled(after_s):
-                if stalled.tp in self._revoking or stalled.tp not in assigned:
-                    continue
-                tries = self.ledger.retry(stalled)
-                if tries is None:
-                    continue
-                why = ("was dropped unacknowledged" if stalled.dropped else
-                       f"was handed {stalled.waited_s:.0f} s ago and no unit acknowledged it "
-                       "while later records were")  # fmt: skip
-                (log.error if tries > REDELIVER_LIMIT else log.warning)(
-                    "%s offset %d %s: handing it again, time %d; the partition's commits "
-                    "wait for it (liverl_workers_records_redelivered)",
-                    stalled.tp, stalled.offset, why, tries,
+                log.warning(
+                    "%s offset %d was handed %.0f s ago and no unit acknowledged it while "
+                    "later records were: handing it again (liverl_workers_records_redelivered)",
+                    stalled.tp, stalled.offset, stalled.waited_s,
                 )
-                with contextlib.suppress(Exception):  # revoked meanwhile: its new owner reads it
-                    await self.seek(stalled.tp, stalled.offset)
+                self.ledger.redelivered += 1
+                self._seek_now(stalled.tp, stalled.offset)
 
 
 def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
@@ -207,7 +173,7 @@ def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
          "Records of a batch fetched before a seek, not handed (fetched again)",
          read("stale_dropped")),
         ("liverl_workers_records_redelivered",
-         "Records dropped unacknowledged or skipped while later ones were, handed again",
+         "Records no unit acknowledged while later ones were, handed again",
          read("redelivered")),
     )
 

@@ -23,19 +23,11 @@ record: contiguous from ``start`` through records a unit acknowledged and offset
 record. A seek starts a new epoch: what was pending is handed again from the new position, and
 an acknowledgement of a message handed before it counts for nothing (it is the message object
 of *this* epoch that must be acknowledged).
-
-The ledger holds its messages weakly: Faust's revoke waits for every tracked message to be
-acknowledged or gone, and a message dropped unacknowledged (a queue cleared under it, a unit
-that failed) must be able to go. A pending record whose message is gone was dropped: it is
-reported stalled at once (the consumer hands it again). A message acknowledged by a path that
-does not tell the ledger (Faust's compiled stream iterator) still carries ``acked``: the
-ledger takes it as acknowledged.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -48,18 +40,12 @@ class _Partition:
     start: int | None = None  # position of the last seek; None: not known (no committed offset)
     mark: int = 0  # the ledger's epoch when this partition was last seeked
     end: int | None = None  # offset after the last record handed in this epoch
-    # offset -> (the message, weakly; when it was handed)
-    pending: dict[int, tuple[weakref.ref[Any], float]] = field(default_factory=dict)
+    pending: dict[int, tuple[object, float]] = field(default_factory=dict)  # offset -> (msg, at)
     last_acked: int = -1  # the highest offset a unit acknowledged in this epoch
 
     def committable(self) -> int | None:
-        while self.pending:  # acknowledged where the ledger did not hear of it
-            offset, (ref, _) = next(iter(self.pending.items()))
-            msg = ref()
-            if msg is None or getattr(msg, "acked", False) is not True:
-                return offset
-            del self.pending[offset]
-            self.last_acked = max(self.last_acked, offset)
+        if self.pending:
+            return next(iter(self.pending))
         return self.end if self.end is not None else self.start
 
 
@@ -70,7 +56,6 @@ class Stalled(Generic[K]):
     tp: K
     offset: int
     waited_s: float
-    dropped: bool  # its message is gone, unacknowledged
 
 
 class OffsetLedger(Generic[K]):
@@ -83,8 +68,6 @@ class OffsetLedger(Generic[K]):
         self.epoch = 0  # bumped by every seek: a batch remembers the epoch it was fetched in
         self.stale_dropped = 0  # handed out of order (a stale batch, a re-fetch): not handed
         self.redelivered = 0  # stalled records handed again (see :meth:`stalled`)
-        # (tp, offset) -> (times it was handed again, when it was last)
-        self._tries: dict[tuple[K, int], tuple[int, float]] = {}
 
     def seek(self, tp: K, position: int | None) -> None:
         """Reading of ``tp`` restarts at ``position``: pending records will be handed again."""
@@ -106,7 +89,7 @@ class OffsetLedger(Generic[K]):
         if floor is not None and offset < floor:
             self.stale_dropped += 1
             return False
-        part.pending[offset] = (weakref.ref(message), self._clock())
+        part.pending[offset] = (message, self._clock())
         part.end = offset + 1
         return True
 
@@ -116,12 +99,10 @@ class OffsetLedger(Generic[K]):
         if part is None:
             return
         held = part.pending.get(offset)
-        if held is None or held[0]() is not message:
+        if held is None or held[0] is not message:
             return
         del part.pending[offset]
         part.last_acked = max(part.last_acked, offset)
-        if self._tries:
-            self._tries.pop((tp, offset), None)
 
     def committable(self, tp: K) -> int | None:
         """The offset to commit for ``tp`` (next to read), or None when nothing is known."""
@@ -137,7 +118,6 @@ class OffsetLedger(Generic[K]):
     def forget(self, tp: K) -> None:
         """``tp`` was revoked (after its hand-over commit)."""
         self._parts.pop(tp, None)
-        self._tries = {k: n for k, n in self._tries.items() if k[0] != tp}
 
     def partitions(self) -> Iterator[K]:
         return iter(list(self._parts))
@@ -146,34 +126,14 @@ class OffsetLedger(Generic[K]):
         return sum(len(p.pending) for p in self._parts.values())
 
     def stalled(self, after_s: float) -> list[Stalled[K]]:
-        """Partitions whose first pending record was dropped unacknowledged (its message is
-        gone), or has waited over ``after_s`` while a later record was acknowledged: a unit
-        skipped it, and waiting longer will not help. The caller hands it again (a seek to
-        it, :meth:`retry`)."""
+        """Partitions whose first pending record has waited over ``after_s`` while a later
+        record was acknowledged: a unit skipped it (Faust dropped it from a queue, say), and
+        waiting longer will not help. The caller hands it again (a seek to it)."""
         now, out = self._clock(), []
         for tp, part in self._parts.items():
-            if part.committable() is None or not part.pending:
+            if not part.pending:
                 continue
-            offset, (ref, at) = next(iter(part.pending.items()))
-            dropped = ref() is None
-            if dropped or (offset < part.last_acked and now - at > after_s):
-                out.append(Stalled(tp, offset, now - at, dropped))
+            offset, (_, at) = next(iter(part.pending.items()))
+            if offset < part.last_acked and now - at > after_s:
+                out.append(Stalled(tp, offset, now - at))
         return out
-
-    def retry(self, stalled: Stalled[K]) -> int | None:
-        """Whether to hand a stalled record again now: the times it was handed again so far
-        (it counts only when it was handed anew since the last time, so a seek that did not
-        take, or a rebalance in between, is not counted), or None while it waits (after the
-        n-th time, 5 s x 2^n, at most 5 min: a record that fails every unit it reaches is
-        tried again and again, never passed)."""
-        key = (stalled.tp, stalled.offset)
-        now = self._clock()
-        handed_at = now - stalled.waited_s
-        count, last = self._tries.get(key, (0, float("-inf")))
-        if now - last < min(300.0, 5.0 * 2.0**count):
-            return None
-        if handed_at > last:
-            count += 1
-        self._tries[key] = (count, now)
-        self.redelivered += 1
-        return count

@@ -139,15 +139,14 @@ class Runtime:
     async def units(self, stream: faust.StreamT) -> AsyncIterator[Any]:
         """``stream``'s events, each handled as one unit and acked inside it (Faust would ack
         it only when the next one is asked for, after the unit: a commit in between would hold
-        its outputs but not its offset). Only a unit that finished acks its event: one that
-        failed or was cancelled (the caller raised, the generator is closed at its yield)
-        leaves it unacknowledged, so the commit never passes it (``ledger_consumer.py``
-        hands it again)."""
+        its outputs but not its offset)."""
         stream.enable_acks = False
         async for ev in stream.events():
             async with self.unit():
-                yield ev
-                await stream.ack(ev)
+                try:
+                    yield ev
+                finally:
+                    await stream.ack(ev)
 
     async def unit_batches(
         self, stream: faust.StreamT, size: int, within: float
@@ -155,22 +154,17 @@ class Runtime:
         """Faust's ``take_events`` batches, each one unit, acked inside it like :meth:`units`.
         ``take_events`` acks each event again when the next batch is asked for; one reference
         given back per event makes that second ack a no-op for a message another agent still
-        holds (the judge agent shares interactions and next states with the session agent).
-        A batch whose unit did not finish is not acked, and one reference more per event
-        keeps ``take_events``' own ack, when it is closed, from being the final one."""
+        holds (the judge agent shares interactions and next states with the session agent)."""
         batches = stream.take_events(size, within=within)  # type: ignore[attr-defined]
         async for evs in batches:
             async with self.unit():
                 try:
                     yield evs
-                except BaseException:  # GeneratorExit: the caller failed or was cancelled
+                finally:
                     for ev in evs:
-                        ev.message.incref()
-                    raise
-                for ev in evs:
-                    await stream.ack(ev)
-                    if not ev.message.acked:
-                        ev.message.incref()
+                        await stream.ack(ev)
+                        if not ev.message.acked:
+                            ev.message.incref()
 
     # ---- declarations -------------------------------------------------------------------
 
