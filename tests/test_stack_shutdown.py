@@ -43,6 +43,18 @@ def wait_for_line(item: stack.Running, text: str, timeout: float = 180.0) -> Non
         time.sleep(0.5)
 
 
+def kill_broker_then_stop(local: LocalBroker, running: list[stack.Running]) -> None:
+    """SIGKILL the test's broker, then stop everything as ``liverl up`` does: each component
+    exits within STOP_S of its SIGTERM."""
+    os.kill(local.pid(), signal.SIGKILL)  # type: ignore[arg-type]
+    time.sleep(2)
+    took = stop_timed(running)
+    print(f"exits after SIGTERM with the broker gone: {took}")
+    for item in running:
+        name = item.component.name
+        assert took[name] < STOP_S, f"{name}: {took[name]:.1f}s\n{stack.tail(item.log, 20)}"
+
+
 def stop_timed(running: list[stack.Running]) -> dict[str, float]:
     """``stack.stop`` as ``liverl up`` calls it; seconds from its start to each exit."""
     started = time.monotonic()
@@ -112,13 +124,9 @@ def test_archive_and_trainer_stop_within_10s_with_the_broker_gone(
         wait_for_line(trainer, "trainer ready")
         assert dead_letter_arrived(settings, 60), stack.tail(trainer.log, 40)
 
-        os.kill(local.pid(), signal.SIGKILL)  # type: ignore[arg-type]
-        time.sleep(2)
-        took = stop_timed(running)
-        print(f"exits after SIGTERM with the broker gone: {took}")
+        kill_broker_then_stop(local, running)
         for item in running:
             name = item.component.name
-            assert took[name] < STOP_S, f"{name}: {took[name]:.1f}s\n{stack.tail(item.log, 20)}"
             assert item.proc.returncode == 0, (name, stack.tail(item.log, 20))
             assert b"Traceback" not in item.log.read_bytes(), stack.tail(item.log, 40)
     finally:
@@ -179,13 +187,9 @@ def test_gateway_workers_and_judges_stop_within_10s_with_the_broker_gone(
             "model": "p", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
         assert answer.status_code == 200, answer.text
         time.sleep(5)  # the workers and the watcher joined and read
-        os.kill(local.pid(), signal.SIGKILL)  # type: ignore[arg-type]
-        time.sleep(2)
-        took = stop_timed(running)
-        print(f"exits after SIGTERM with the broker gone: {took}")
+        kill_broker_then_stop(local, running)
         for item in running:
             name = item.component.name
-            assert took[name] < STOP_S, f"{name}: {took[name]:.1f}s\n{stack.tail(item.log, 20)}"
             # uvicorn ends by raising the SIGTERM it handled again: -15 is its clean stop.
             assert item.proc.returncode in (0, -signal.SIGTERM), (name, stack.tail(item.log, 20))
         # (The workers' log holds aiokafka's own traceback of a fetch cancelled at the stop.)
