@@ -12,10 +12,12 @@ consumer commits only what a unit acknowledged.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import faust
 import pytest
+from aiokafka import AIOKafkaConsumer
 from faust.types import TP
 from faust.types.tuples import Message
 
@@ -131,3 +133,44 @@ def test_both_worker_transports_use_the_ledger(scheme: str) -> None:
     app = faust.App(f"ledger-t-{scheme}", broker=f"{scheme}://127.0.0.1:1")
     app.liverl_transaction = transactions.Transaction("t", "g", 10)  # type: ignore[attr-defined]
     assert isinstance(app.consumer, ledger_consumer.LedgerConsumer)
+
+
+class SeekingThread:
+    """Faust's consumer thread's ``seek_wait`` with aiokafka's own check of each offset."""
+
+    def __init__(self) -> None:
+        self.seeks: dict[TP, int] = {}
+
+    async def seek_wait(self, partitions: dict[TP, int]) -> None:
+        for tp, offset in partitions.items():
+            AIOKafkaConsumer.seek(SimpleNamespace(_fetcher=SimpleNamespace(  # type: ignore[arg-type]
+                seek_to=lambda tp, offset: None)), tp, offset)
+            self.seeks[tp] = offset
+
+
+def test_a_standby_added_during_recovery_is_read_from_the_beginning_not_a_crash() -> None:
+    """The CI soak's crash: a rebalance during active recovery adds a standby changelog
+    partition (``Recovery._add``: no persisted offset in a memory store, so None); the recovery
+    that was under way then seeks the standbys with that None and aiokafka raised
+    ``ValueError: Offset must be a positive integer``, which ended the worker."""
+
+    async def run(scheme: str) -> dict[TP, int]:
+        app = faust.App(f"standby-{scheme}", broker=f"{scheme}://127.0.0.1:1",
+                        store="memory://")  # fmt: skip
+        table = app.Table("t", partitions=2)
+        consumer: Any = app.consumer
+        consumer._thread = SeekingThread()
+        recovery = app.tables.recovery
+        built, added = TP(table.changelog_topic.get_topic_name(), 0), TP(
+            table.changelog_topic.get_topic_name(), 1)
+        recovery.standby_offsets[built] = 41
+        recovery._add(table, added, recovery.standby_offsets)  # the rebalance's late standby
+        assert recovery.standby_offsets[added] is None
+        await recovery._seek_offsets(consumer, {built, added}, recovery.standby_offsets,
+                                     "standby")  # fmt: skip
+        return consumer._thread.seeks
+
+    with pytest.raises(ValueError, match="positive integer"):
+        asyncio.run(run("kafka"))
+    seeks = asyncio.run(run(ledger_consumer.SCHEME))
+    assert sorted(seeks.values()) == [0, 41]

@@ -100,7 +100,18 @@ class LedgerConsumer(faust_aiokafka.Consumer):
                 self.ledger.seek(tp, offset)
         return committed
 
-    async def seek_wait(self, partitions: Mapping[TP, int]) -> None:
+    async def seek_wait(self, partitions: Mapping[TP, int | None]) -> None:
+        # Faust's table recovery seeks standby changelog partitions a rebalance added while
+        # the actives were recovering before their start offsets were built: their offset is
+        # still None, aiokafka refuses it, and the worker crashed. Faust reads a partition
+        # without a known start (-1) from 0: so do these.
+        unknown = [tp for tp, offset in partitions.items()
+                   if not isinstance(offset, int) or offset < 0]  # fmt: skip
+        if unknown:
+            log.info("seeking %s from the beginning: no start offset known",
+                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unknown)))
+        partitions = {tp: 0 if tp in unknown else cast(int, offset)
+                      for tp, offset in partitions.items()}  # fmt: skip
         await super().seek_wait(partitions)
         for tp, offset in partitions.items():
             if self._tracked(tp.topic):
