@@ -218,7 +218,9 @@ def zscore_by_group_step(
     path_scale: float = PATH_SCALE,
 ) -> list[Sample]:
     """Z-score the outcome+PRM part (``reward - penalty``) within (group_id, step_index) with the
-    population std, then add the path part by :func:`path_adjusted`.
+    population std, then add the path part by :func:`path_adjusted`. The z-scored samples are
+    marked ``normalized``: their reward is an advantage already centred in its group, so the
+    trainer subtracts no batch baseline from it.
 
     Only RL-trainable samples take part (RL-masked ones carry no signal and would drag the mean
     to 0). Samples without a group and buckets of one are returned unchanged (a single sample
@@ -250,7 +252,10 @@ def zscore_by_group_step(
             z = (b - mean) / (std + eps)
             adv = path_adjusted(z, samples[i].penalty, path_share, path_scale)
             adv = outcome_bound(adv, samples[i].outcome)
-            out[i] = replace(samples[i], reward=adv, penalty=adv - z)
+            if not math.isfinite(adv):  # an overflowing spread: nothing sound to train on
+                out[i] = _without_rl(samples[i])
+                continue
+            out[i] = replace(samples[i], reward=adv, penalty=adv - z, normalized=True)
     return out
 
 
