@@ -769,3 +769,16 @@ def test_zscored_samples_are_marked_normalized_and_others_not():
                                 sample(-1.0, "g", 1), sample(1.0, None, None)])  # fmt: skip
     assert [(round(s.reward, 5), s.normalized) for s in out] == [
         (1.0, True), (-1.0, True), (-1.0, False), (1.0, False)]
+
+
+def test_a_failed_verdict_round_trips_in_the_state_and_older_states_read_as_verdicts():
+    asm = Assembler()
+    state = asm.on_interaction(None, inter(0))
+    state = asm.on_prm(state, dataclasses.replace(prm(0, 0, []), error="judge raised OSError"))
+    assert state.turns[0].prm["n0"].no_verdict
+    ta = StateJson(AssemblyState)
+    raw = ta.dump(state)
+    assert ta.load(raw) == state
+    older = orjson.loads(raw)  # stored before the field: the entry has no "no_verdict"
+    del older["turns"]["0"]["prm"]["n0"]["no_verdict"]
+    assert not ta.load(orjson.dumps(older)).turns[0].prm["n0"].no_verdict

@@ -243,7 +243,8 @@ def zscore_by_group_step(
     has no spread). A constant bucket (no spread in outcome+PRM) is dropped from training the RL
     term instead of being kept at advantage 0: its members get a zero ``loss_mask`` (and are
     ``masked`` unless their OPD mask still trains), so they neither dilute the token count of
-    the informative samples nor let a path-part difference alone become a ±1 advantage."""
+    the informative samples nor let a path-part difference alone become a ±1 advantage; so is
+    a bucket whose spread overflows (no sound advantage to give it)."""
     groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         if s.group_id is not None and s.rl_trainable():
@@ -260,8 +261,9 @@ def zscore_by_group_step(
                 out[idx[0]] = _without_rl(s)
             continue
         mean = sum(base) / len(base)
-        std = math.sqrt(sum((r - mean) ** 2 for r in base) / len(base))
-        if std <= 1e-9 * max(1.0, abs(mean)):
+        # (products, not ** 2: a huge outcome score overflows to inf instead of raising)
+        std = math.sqrt(sum((r - mean) * (r - mean) for r in base) / len(base))
+        if not math.isfinite(std) or std <= 1e-9 * max(1.0, abs(mean)):
             for i in idx:
                 out[i] = _without_rl(samples[i])
             continue
