@@ -782,3 +782,12 @@ def test_a_failed_verdict_round_trips_in_the_state_and_older_states_read_as_verd
     older = orjson.loads(raw)  # stored before the field: the entry has no "no_verdict"
     del older["turns"]["0"]["prm"]["n0"]["no_verdict"]
     assert not ta.load(orjson.dumps(older)).turns[0].prm["n0"].no_verdict
+
+
+def test_a_huge_outcome_score_in_a_group_neither_raises_nor_trains():
+    # Found by the property search: scores ±1e308 (valid JSON) in one bucket: mean 0, and
+    # (1e308 − 0) ** 2 raised OverflowError in the group agent. Now the spread overflows to
+    # inf and the bucket leaves the RL term, as a constant one does.
+    out = zscore_by_group_step([sample(1e308, "g", 0), sample(-1e308, "g", 0)])
+    assert [(s.reward, s.rl_trainable(), s.normalized) for s in out] == [
+        (1e308, False, False), (-1e308, False, False)]
