@@ -34,6 +34,7 @@ the rule cannot be farmed.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Sequence
@@ -512,6 +513,7 @@ class RuleSet:
                                        f"a passing run: {part.text[:160]}"})
 
 
+@functools.lru_cache(maxsize=8)  # a call's result is read several times in one evaluation
 def exit_code(result: str) -> int | None:
     """The exit code a tool result reports (terminal adapter formats), else None."""
     found = parse_content(result, 0)
