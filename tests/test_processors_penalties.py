@@ -489,6 +489,19 @@ def test_farm_repeated_failures_are_keyed_by_the_program() -> None:
     assert phis == pytest.approx([0, 0, -0.2, -0.2, -0.2, -0.1, 0, 0, 0, 0])
 
 
+def test_counter_example_the_parts_of_a_line_are_shaped_in_their_order() -> None:
+    """Found by the hypothesis search below (2500 examples): one line holding the safe push
+    before a forced one was refunded as if the violation came first (-0.28); as two calls the
+    refund finds no debt yet (-0.3). The parts are now taken in order, like calls."""
+    rs = rules()
+    lease, force = "git push --force-with-lease", "git push --force origin main"
+    for first, second, want in ((lease, force, -0.3), (force, lease, -0.28)):
+        one = rs.evaluate(0, [term(f"{first} && {second}", 0)], PathHistory()).phi
+        two = rs.evaluate(0, [term(first, 0, cid="a"), term(second, 0, cid="b")],
+                          PathHistory()).phi
+        assert one == pytest.approx(two) == pytest.approx(want)
+
+
 # ---- the invariants, searched: generated sessions of tool calls and GUI actions -------------
 
 # (command, runs a test program): a line that runs one and exits 0 may verify a pass; the

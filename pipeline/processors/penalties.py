@@ -431,24 +431,25 @@ class RuleSet:
         return PathResult(round(shaping, 10), round(bonus, 10), t.hits, round(after[0], 10))
 
     def _forbidden(self, call: ToolCall, parts: list[_Part], t: _Turn) -> None:
-        """A forbidden pattern in any part is a violation; each verified success of a
+        """Part by part, in order: a forbidden pattern is a violation; a verified success of a
         compliant alternative (in a part that is not itself forbidden) repays part of an
-        earlier violation of the rule, so the parts of one line count as separate calls."""
+        earlier violation of the rule. So the parts of one line count as separate calls."""
+        units = self._succeeded(call, parts)
+        unit_of = {id(p): i for i, unit in enumerate(units) for p in unit}
         for rule in self.spec.rules:
             if rule.kind != "forbidden_pattern":
                 continue
             c = self._compiled[rule.id]
-
-            def forbidden(p: _Part, c: _Compiled = c) -> bool:
-                return any(rx.search(p.raw) for rx in c.patterns)
-
-            hit = next((p for p in parts if forbidden(p)), None)
-            if hit is not None:
-                t.violate(rule, hit.raw[:200])
-            for unit in self._succeeded(call, parts):
-                if any(not p.read_only and not forbidden(p) and alt.search(p.raw)
-                       for p in unit for alt in c.alternatives):
-                    t.refund(rule, f"compliant alternative: {call.command[:160]}")
+            repaid: set[int] = set()  # a unit refunds once (a line without an exit code is one)
+            for p in parts:
+                if any(rx.search(p.raw) for rx in c.patterns):
+                    t.violate(rule, p.raw[:200])
+                    continue
+                unit = unit_of.get(id(p))
+                if (unit is not None and unit not in repaid and not p.read_only
+                        and any(alt.search(p.raw) for alt in c.alternatives)):
+                    repaid.add(unit)
+                    t.refund(rule, f"compliant alternative: {p.raw[:160]}")
 
     def _repeated_failure(self, call: ToolCall, parts: list[_Part], t: _Turn) -> None:
         """A failed line counts against its intent (its first part that is not a ``cd``); the
