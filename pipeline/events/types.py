@@ -141,7 +141,9 @@ class Hint(TurnEvent):
 
 @dataclass(slots=True, kw_only=True)
 class PathPenalty(TurnEvent):
-    """Verifiable rule hits on a turn: penalty is Phi in R = O + beta * Phi."""
+    """A turn's (or GUI action's) path shaping, R = O + beta * penalty: since rules-3 penalty
+    is F = Phi(s') - Phi(s) over a bounded per-session potential, so a session's penalties sum
+    to Phi(s_T) (processors/penalties.py); hits are the rules behind it."""
 
     type: str = field(default="path_penalty", init=False)
     rule_ids: list[str]
