@@ -33,7 +33,7 @@ import difflib
 import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -312,9 +312,15 @@ class Pairer:
             detail["repeats_question"] = True
         exit_code = None
         if kind == "tool_result":
-            shells = [r for m in added if (r := parse_tool_message(m)) is not None]
-            exit_code = combined_exit_code(shells)
-            if exit_code is not None:
+            commands = {c[0]: c[3] for c in prev.tool_calls}  # stored id -> command
+            shells = [
+                replace(r, command=commands.get(bounded_id(str(m.get("tool_call_id")), _ID_CHARS)))
+                for m in added if (r := parse_tool_message(m)) is not None
+            ]
+            if shells:
+                # Terminal even when nothing counts (read-only commands, exit 124/126/127):
+                # the results stay on record, the exit code is None (no outcome).
+                exit_code = combined_exit_code(shells)
                 kind = "terminal"
                 detail["terminal"] = [r.to_json() for r in shells]
         parents = [prev.event_id, inter.event_id]
