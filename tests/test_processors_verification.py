@@ -3,8 +3,6 @@ commands, and all-must-pass across a session's checks."""
 
 from __future__ import annotations
 
-import pytest
-
 from pipeline.processors import verification as V
 from pipeline.processors.outcomes import GateResult, gate_event, outcome_event
 from pipeline.processors.rewards import Assembler, Outcome
@@ -50,8 +48,6 @@ def test_all_must_pass_over_the_latest_result_of_each_check() -> None:
     assert V.outcome_value(lost) is None
 
 
-@pytest.mark.xfail(strict=True, reason="needs rewards.py: Assembler._record to use "
-                   "verification.outcome_value/keep_latest/all_must_pass (issue 38 item 6)")
 def test_a_failing_gate_then_a_passing_one_fails_the_session() -> None:
     """Issue 38, as recorded by two `liverl record-outcome -- CMD` calls: the later passing
     lint set the session's outcome to +1 on 7ed65b3."""
@@ -65,8 +61,6 @@ def test_a_failing_gate_then_a_passing_one_fails_the_session() -> None:
     assert reward.outcome == -1.0
 
 
-@pytest.mark.xfail(strict=True, reason="needs rewards.py: Assembler._record to skip an "
-                   "outcome whose verification.outcome_value is None (issue 38 item 6)")
 def test_a_gate_that_was_not_found_is_no_session_outcome() -> None:
     asm = Assembler()
     state = feed(asm, [(1, [1], 0.0)])
@@ -74,3 +68,23 @@ def test_a_gate_that_was_not_found_is_no_session_outcome() -> None:
     state = asm.on_next_state(state, ev, 1)
     (reward,) = asm.complete(state, 10).rewards
     assert (state.outcome, reward.outcome) == (None, 0.0)
+
+
+def test_a_session_combines_at_most_a_bounded_number_of_checks() -> None:
+    """A client names its check (the source of a posted outcome): a session keeps the results
+    of at most MAX_OUTCOME_CHECKS distinct checks, so posting many sources cannot grow its
+    state; a check it already holds is still updated."""
+    from pipeline.processors.rewards import MAX_OUTCOME_CHECKS
+
+    asm = Assembler()
+    state = feed(asm, [(1, [1], 0.0)])
+    for ts in range(1, MAX_OUTCOME_CHECKS + 6):
+        ev = gate_event("s", ["check", str(ts)], GateResult(0, "", "", False, 0.1))
+        ev.ts_ms = ts
+        state = asm.on_next_state(state, ev, ts)
+    assert len(state.outcomes) == MAX_OUTCOME_CHECKS
+    ev = gate_event("s", ["check", "1"], GateResult(1, "", "", False, 0.1))
+    ev.ts_ms = 100
+    state = asm.on_next_state(state, ev, 100)
+    (reward,) = asm.complete(state, 200).rewards
+    assert reward.outcome == -1.0  # the held check's later failure fails the session

@@ -50,6 +50,7 @@ from pipeline.events import RuleHit
 from pipeline.processors.errors import RuleConfigError
 
 from .terminal import parse_content
+from .verification import READ_ONLY_PATTERNS, SEPARATORS
 
 GAMMA = 1.0
 """The shaping discount. 1 makes a session's total telescope exactly to Phi(s_T) - Phi(s_0).
@@ -65,14 +66,8 @@ PROGRESS_KINDS = ("no_progress", "idle", "too_many_turns", "slow", "length", "in
 # Commands that change nothing: they never earn a refund nor run a required step (design rule
 # 4). Matched at the start of each part of a command line; a line is read-only when every
 # part is.
-DEFAULT_READ_ONLY = (
-    r"^(ls|cat|head|tail|less|more|echo|printf|pwd|true|false|:|which|type|whoami|id|env"
-    r"|printenv|grep|egrep|fgrep|rg|wc|stat|file|du|df|date|uname|tree|test|\[)(\s|$)",
-    r"^git\s+(status|log|diff|show|blame|rev-parse|ls-files|describe|shortlog|reflog"
-    r"|stash\s+(list|show)|branch(\s+(-a|-r|-v|-vv|--list))*\s*$|remote(\s+-v)?\s*$"
-    r"|config\s+--get)(\s|$)",
-)
-_SEPARATORS = re.compile(r"\s*(?:;|&&|\|\||\|)\s*")
+DEFAULT_READ_ONLY = READ_ONLY_PATTERNS  # the one list (verification.py)
+_SEPARATORS = SEPARATORS
 # Words that run the command after them (their own flags and a duration skipped).
 _WRAPPERS = frozenset({"env", "time", "nice", "nohup", "sudo", "command", "exec", "timeout"})
 _RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch"})  # `<runner> run <command>`

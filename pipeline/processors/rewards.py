@@ -73,7 +73,10 @@ from pipeline.events import (
     derive_event_id,
 )
 
+from . import verification
+
 OUTCOME_KINDS = ("test_result", "feedback")
+MAX_OUTCOME_CHECKS = 16  # distinct checks (gates, sources) whose results a session combines
 
 
 def is_session_outcome(ns: NextState) -> bool:
@@ -149,17 +152,6 @@ def token_payload(inter: Interaction) -> TokenPayload:
         response_token_ids=inter.response_token_ids,
         response_logprobs=inter.response_logprobs,
     )
-
-
-def outcome_value(ns: NextState) -> float:
-    """Explicit score, else pass/fail from the exit code, else 0. A non-finite score (only an
-    in-process producer can make one: JSON has none) counts as its sign, NaN as no score."""
-    if ns.score is not None and not math.isnan(ns.score):
-        v = float(ns.score)
-        return v if math.isfinite(v) else math.copysign(1.0, v)
-    if ns.exit_code is not None:
-        return 1.0 if ns.exit_code == 0 else -1.0
-    return 0.0
 
 
 def reward_parts(
@@ -430,6 +422,8 @@ class AssemblyState:
     session_id: str = ""
     turns: dict[int, AssemblyTurn] = field(default_factory=dict)
     outcome: Outcome | None = None
+    # Each check's latest result (verification.outcome_key); ``outcome`` is all_must_pass of them.
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
     closed_at_ms: int | None = None
     last_turn: int | None = None
     done: bool = False
@@ -628,11 +622,15 @@ class Assembler:
 
     def _record(self, state: AssemblyState, ns: NextState, now_ms: int) -> None:
         if is_session_outcome(ns):
-            prev = state.outcome
-            if prev is None or (ns.ts_ms, ns.event_id) > (prev.ts_ms, prev.event_id):
-                state.outcome = Outcome(
-                    event_id=ns.event_id, ts_ms=ns.ts_ms, value=outcome_value(ns)
-                )
+            value = verification.outcome_value(ns)
+            if value is None:  # timed out, not found, read-only: no outcome
+                return
+            key = verification.outcome_key(ns)
+            if key not in state.outcomes and len(state.outcomes) >= MAX_OUTCOME_CHECKS:
+                return  # a client names its check (its source): their number is bounded
+            verification.keep_latest(state.outcomes, key,
+                                     Outcome(event_id=ns.event_id, ts_ms=ns.ts_ms, value=value))
+            state.outcome = verification.all_must_pass(state.outcomes.values())
             return
         if state.done:
             return

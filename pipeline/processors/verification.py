@@ -20,6 +20,7 @@ task pool; the reward assembly through :func:`outcome_value`) goes through
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, MutableMapping, Sequence
 from typing import Protocol, TypeVar
@@ -112,12 +113,15 @@ def outcome_sign(state: NextState) -> Vote | None:
 
 
 def outcome_value(state: NextState) -> float | None:
-    """A session outcome's value for the reward: its explicit score, else ±1 from its exit
-    code; None when it carries no outcome (then it must not be recorded as one)."""
+    """A session outcome's value for the reward: its explicit score (a NaN is none, an
+    infinite one its sign), else ±1 from its exit code; None when it carries no outcome (then
+    it must not be recorded as one)."""
     if no_outcome_reason(state) is not None:
         return None
-    if state.score is not None:
-        return float(state.score)
+    if state.score is not None and not math.isnan(state.score):
+        # Non-finite only from an in-process producer (JSON has none): its sign.
+        v = float(state.score)
+        return v if math.isfinite(v) else math.copysign(1.0, v)
     if state.exit_code is not None:
         return 1.0 if state.exit_code == 0 else -1.0
     return None
