@@ -43,6 +43,7 @@ from confluent_kafka.admin import AdminClient
 from pipeline import events
 from pipeline.events import examples
 from pipeline.kafka import EventProducer, names
+from pipeline.processors.supervisor import _parent_death_signal
 from pipeline.settings import Settings
 
 DERIVED = (names.NEXT_STATES, names.PRM_SCORES, names.REWARDS, names.SAMPLES, names.DLQ)
@@ -73,6 +74,7 @@ class SoakResult:
     turns: int
     kills: int = 0
     recovery_kills: int = 0
+    crashes: int = 0  # workers that exited on their own (restarted, as a supervisor would)
     records: dict[str, int] = field(default_factory=dict)  # topic -> raw records
     repeated_ids: dict[str, int] = field(default_factory=dict)  # topic -> ids read twice+
     missing_reward: list[tuple[str, int]] = field(default_factory=list)
@@ -98,7 +100,7 @@ class SoakResult:
             f"turns without a reward {len(self.missing_reward)}, without a sample "
             f"{len(self.missing_sample)}, with a second reward id {len(self.second_reward_id)},"
             f" a second sample id {len(self.second_sample_id)}; dead letters "
-            f"{len(self.dead_letters)}"
+            f"{len(self.dead_letters)}; workers that stopped on their own {self.crashes}"
         )
 
 
@@ -145,12 +147,15 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
     logpath = os.path.join(state, f"{app_id}.log")
     log = open(logpath, "ab")  # noqa: SIM115 - held by the workers
 
+    die_with_soak = _parent_death_signal()
+
     def worker(i: int) -> subprocess.Popen[bytes]:
         code = "from pipeline.processors.commands import workers; workers()"
         return subprocess.Popen(
             [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn",
              "--worker-index", str(i), f"--{plan.guarantee}"],
             env=env, cwd=plan.tree, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=die_with_soak,  # noqa: PLW1509 - only prctl: a killed soak leaves none
         )
 
     sessions = [session(f"{app_id}-{k}", plan.turns) for k in range(plan.sessions)]
@@ -184,7 +189,19 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
         time.sleep(plan.restart_after_s)
         procs[victim] = worker(victim)
 
+    def restart_stopped() -> None:
+        """A worker that exited by itself (a fenced transaction stops it) is restarted, as
+        ``liverl workers --processes N`` or ``liverl up`` would; the count is reported."""
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                result.crashes += 1
+                if say:
+                    say(f"  worker {i} stopped on its own (exit {proc.returncode}) at "
+                        f"{time.monotonic() - began:.0f} s: restarted")
+                procs[i] = worker(i)
+
     def more() -> bool:
+        restart_stopped()
         if plan.kills is not None:
             return result.kills < plan.kills
         return any(th.is_alive() for th in clients)
@@ -203,7 +220,8 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
             time.sleep(plan.kill_every_s * rng.uniform(0.6, 1.4))
         for th in clients:
             th.join()
-        _count(settings, start_out, app_id, sessions, plan.settle_s, procs, result)
+        restart_stopped()
+        _count(settings, start_out, app_id, sessions, plan.settle_s, restart_stopped, result)
         result.workers_alive = all(p.poll() is None for p in procs)
     finally:
         for proc in procs:
@@ -226,7 +244,7 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
 
 def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
            sessions: list[list[events.Interaction]], settle_s: float,
-           procs: list[subprocess.Popen[bytes]], result: SoakResult) -> None:  # fmt: skip
+           restart_stopped: Any, result: SoakResult) -> None:  # fmt: skip
     """Read the derived topics (read_committed, raw records) until every turn has a reward
     and a sample and 5 s more passed (a late repeat would show), or ``settle_s``."""
     want = {(i.session_id, i.turn) for s in sessions for i in s}
@@ -237,7 +255,8 @@ def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
     c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
     deadline, quiet_until = time.monotonic() + settle_s, None
     try:
-        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        while time.monotonic() < deadline:
+            restart_stopped()
             for msg in c.consume(1000, timeout=0.5):
                 if msg.error() is not None or not (msg.key() or b"").startswith(prefix.encode()):
                     continue

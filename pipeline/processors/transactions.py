@@ -50,9 +50,10 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from faust import Service
+from faust.exceptions import ProducerSendError
 from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -169,10 +170,11 @@ class Transaction:
         except ProducerFenced:
             # Its uncommitted work is aborted by the broker; a restart reads it again.
             log.error(
-                "another worker started with transactional id %s and fenced this one: give "
-                "each worker of app %s on one machine its own --worker-index (liverl workers "
-                "--processes N numbers its children)",
-                self.transactional_id, self.group_id,
+                "the broker fenced transactional id %s at commit: the transaction stayed open "
+                "longer than [processors] transaction_timeout_s (%g s), or another worker "
+                "started with this id (give each worker of app %s on one machine its own "
+                "--worker-index; liverl workers --processes N numbers its children)",
+                self.transactional_id, self.timeout_ms / 1000, self.group_id,
             )
             raise
         await producer.begin_transaction()
@@ -195,8 +197,21 @@ def transaction_of(app: Any) -> Transaction:
     return txn
 
 
+def is_fenced(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what it wraps) says the broker fenced the transactional producer."""
+    from aiokafka.errors import ProducerFenced
+
+    while exc is not None:
+        if isinstance(exc, ProducerFenced):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 class Producer(faust_aiokafka.Producer):
     """Faust's producer over one transactional aiokafka producer, open from start to stop."""
+
+    _fenced = False
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {"acks": "all", "enable_idempotence": True,
@@ -219,7 +234,36 @@ class Producer(faust_aiokafka.Producer):
 
     async def send(self, *args: Any, **kwargs: Any) -> Any:
         transaction_of(self.app).dirty = True
-        return await super().send(*args, **kwargs)
+        try:
+            fut = await super().send(*args, **kwargs)
+        except ProducerSendError as exc:
+            self._on_fenced(exc.__cause__)
+            raise
+        if isinstance(fut, asyncio.Future):
+            fut.add_done_callback(self._delivered)
+        return fut
+
+    def _delivered(self, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            self._on_fenced(fut.exception())
+
+    def _on_fenced(self, exc: BaseException | None) -> None:
+        """A fenced producer writes nothing any more, but the worker would go on holding its
+        partitions and processing records whose outputs can never be committed (a worker
+        whose transaction stayed open past its timeout under load did, for minutes): stop it,
+        so its partitions move and its restart reads from the last commit."""
+        if not is_fenced(exc) or self._fenced:
+            return
+        self._fenced = True
+        txn = transaction_of(self.app)
+        log.error(
+            "the broker fenced this worker's transaction (%s): it stayed open longer than "
+            "[processors] transaction_timeout_s (%g s), or another worker started with "
+            "transactional id %s. The worker stops; the broker aborts what it wrote since its "
+            "last commit and its restart reads those records again",
+            exc, txn.timeout_ms / 1000, txn.transactional_id,
+        )
+        asyncio.ensure_future(self.app.crash(cast(BaseException, exc)))
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -317,6 +361,11 @@ class Consumer(LedgerConsumer):
         except UnitFailed as exc:
             log.error("%s", exc)
             await self.crash(exc)  # as Faust's consumer does with a commit it cannot make
+            return False
+        except Exception as exc:
+            if not is_fenced(exc):
+                raise
+            await self.app.crash(exc)  # stop: the partitions move, the restart reads again
             return False
         self.committed_now(mine)
         return True
