@@ -117,10 +117,10 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         if unknown:
             log.info("seeking %s from the beginning: no start offset known",
                      ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unknown)))
-        partitions = {tp: 0 if tp in unknown else cast(int, offset)
-                      for tp, offset in partitions.items()}  # fmt: skip
-        await super().seek_wait(partitions)
-        for tp, offset in partitions.items():
+        known: dict[TP, int] = {tp: 0 if tp in unknown else cast(int, offset)
+                                for tp, offset in partitions.items()}  # fmt: skip
+        await super().seek_wait(known)
+        for tp, offset in known.items():
             if self._tracked(tp.topic):
                 self.ledger.seek(tp, offset)
 

@@ -82,7 +82,9 @@ class StepInputs:
     def row_baseline(self) -> float | torch.Tensor:
         """:attr:`baseline` for the rows the loss averages over (a scalar stays as it is)."""
         b = self.baseline
-        return b[self.rows] if _per_row(b) else b
+        if isinstance(b, torch.Tensor) and b.dim() > 0:
+            return b[self.rows]
+        return b
 
 
 def _per_row(b: float | torch.Tensor) -> bool:
