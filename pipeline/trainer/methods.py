@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -82,9 +82,7 @@ class StepInputs:
     def row_baseline(self) -> float | torch.Tensor:
         """:attr:`baseline` for the rows the loss averages over (a scalar stays as it is)."""
         b = self.baseline
-        if isinstance(b, torch.Tensor) and b.dim() > 0:
-            return b[self.rows]
-        return b
+        return cast("torch.Tensor", b)[self.rows] if _per_row(b) else b
 
 
 def _per_row(b: float | torch.Tensor) -> bool:
