@@ -312,6 +312,8 @@ def main() -> None:
     ap.add_argument("--trees", default=".",
                     help="comma list of checkouts whose workers run in turn (an A/B)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the kill schedule's seed of round 1 (round r uses seed + r - 1)")
     args = ap.parse_args()
     chosen = [g.strip() for g in args.guarantees.split(",") if g.strip()]
     if not chosen or any(g not in ("exactly-once", "at-least-once") for g in chosen):
@@ -328,7 +330,7 @@ def main() -> None:
                     workers=args.workers, send_s=args.send_s, kill_every_s=args.kill_every_s,
                     restart_after_s=args.restart_after_s,
                     recovery_kill_every=args.recovery_kill_every, kills=args.kills,
-                    guarantee=g, settle_s=args.settle_s, seed=r,
+                    guarantee=g, settle_s=args.settle_s, seed=args.seed + r,
                     tree=None if tree == here else tree,
                 )
                 res = run_soak(settings, plan, say=lambda line: print(line, flush=True))
