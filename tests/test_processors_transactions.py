@@ -1,10 +1,15 @@
-"""The worker's transactional producer once the broker fenced it: it must stop the worker."""
+"""The worker's transaction: a fenced producer stops the worker; table recovery past the
+changelog's closing marker waits for what was handed to it."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 from typing import Any
+
+import faust
+import pytest
+from faust.types import TP
 
 from pipeline.processors.transactions import Transaction
 
@@ -42,3 +47,44 @@ def test_a_fenced_send_stops_the_worker_once_and_other_errors_do_not() -> None:
     wrapped = ProducerSendError("x")
     wrapped.__cause__ = ProducerFenced()
     assert is_fenced(wrapped) and not is_fenced(ProducerSendError("x")) and not is_fenced(None)
+
+
+def test_recovery_past_markers_waits_for_what_was_fetched_to_be_applied() -> None:
+    """Past the changelog's last offset (a commit marker read_committed never hands over),
+    recovery is declared done after a round without progress, but only once every record
+    handed to it was taken: a starved recovery loop with records in its queue made no
+    progress for a round, was declared done, and dropped those records (the newest sessions'
+    state) because recovery skips offsets at or below the one it is told."""
+    from pipeline.processors import transactions
+
+    app = faust.App("markers", broker=f"{transactions.SCHEME}://127.0.0.1:1")
+    app.liverl_transaction = Transaction("t", "g", 10)  # type: ignore[attr-defined]
+    consumer: Any = app.consumer
+    tp = TP("markers-sessions-changelog", 0)
+    recovery = SimpleNamespace(in_recovery=True, active_offsets={tp: 7},
+                               active_highwaters={tp: 10})  # fmt: skip
+    app.tables._recovery = recovery  # type: ignore[attr-defined]
+    consumer.changelog_handed = {tp: 9}  # fetched up to 9; 8 and 9 wait in recovery's queue
+    rounds: list[int] = []
+
+    async def sleep(_: float) -> None:
+        rounds.append(recovery.active_offsets[tp])
+        if len(rounds) == 4:  # recovery takes 8 and 9 while it was declared nothing
+            recovery.active_offsets[tp] = 9
+        if len(rounds) > 7:
+            raise asyncio.CancelledError
+
+    async def position(_: TP) -> int:
+        return 11  # past the last offset: 10 is the marker
+
+    consumer.sleep = sleep
+    consumer.position = position
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await type(consumer)._recover_past_markers(consumer)
+
+    asyncio.run(main())
+    # Rounds 1-4: 7 < 9 handed: never declared. Then 9 in two rounds alike: declared (10).
+    assert rounds[:4] == [7, 7, 7, 7]
+    assert recovery.active_offsets[tp] == 10

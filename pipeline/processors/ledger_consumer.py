@@ -46,6 +46,9 @@ class LedgerConsumer(faust_aiokafka.Consumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ledger = OffsetLedger()
+        # Changelog partition -> the last offset handed to table recovery since its last seek
+        # (transactions.Consumer._recover_past_markers: recovered only once that is applied).
+        self.changelog_handed: dict[TP, int] = {}
 
     def _tracked(self, topic: str) -> bool:
         return bool(self.app.topics.acks_enabled_for(topic))
@@ -59,6 +62,7 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         try:
             async for tp, message in batch:
                 if not self._tracked(tp.topic):
+                    self.changelog_handed[tp] = message.offset
                     yield tp, message
                     continue
                 if ledger.seeked_since(tp, fetched_at):
@@ -114,6 +118,7 @@ class LedgerConsumer(faust_aiokafka.Consumer):
                                 for tp, offset in partitions.items()}  # fmt: skip
         await super().seek_wait(known)
         for tp, offset in known.items():
+            self.changelog_handed.pop(tp, None)
             if self._tracked(tp.topic):
                 self.ledger.seek(tp, offset)
 

@@ -295,7 +295,9 @@ class Consumer(LedgerConsumer):
         killed predecessor's open transaction ends in an abort marker once fenced): recovery
         would wait forever. A partition whose position has passed its last offset, with no
         progress for a whole round (what was fetched has been applied), is recovered. Faust's
-        own exactly-once mode does the same (``detect_aborted_tx``)."""
+        own exactly-once mode does the same (``detect_aborted_tx``). Only once every
+        changelog record handed to recovery has been taken by it: a round without progress
+        is no proof when records wait in its queue."""
         stalled: dict[TP, int] = {}  # partition -> applied offset seen past the end last round
         while not self.should_stop:
             await self.sleep(1.0)
@@ -307,6 +309,12 @@ class Consumer(LedgerConsumer):
             for tp, last in list(recovery.active_highwaters.items()):
                 done = offsets.get(tp)
                 if last is None or done is None or done >= last:
+                    continue
+                if done < self.changelog_handed.get(tp, -1):
+                    # Fetched, not yet taken by recovery (a starved loop, a full queue): that
+                    # is no stall. Declaring the partition recovered now would drop those
+                    # records (recovery skips offsets at or below the one it is told), and
+                    # the state they hold, the newest sessions', would be missing.
                     continue
                 with contextlib.suppress(Exception):  # a partition just revoked: next round
                     position = await self.position(tp)
