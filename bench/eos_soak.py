@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,7 +245,7 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
 
 def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
            sessions: list[list[events.Interaction]], settle_s: float,
-           restart_stopped: Any, result: SoakResult) -> None:  # fmt: skip
+           restart_stopped: Callable[[], None], result: SoakResult) -> None:  # fmt: skip
     """Read the derived topics (read_committed, raw records) until every turn has a reward
     and a sample and 5 s more passed (a late repeat would show), or ``settle_s``."""
     want = {(i.session_id, i.turn) for s in sessions for i in s}
