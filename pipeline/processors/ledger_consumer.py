@@ -30,6 +30,7 @@ from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from . import producer_buffer
 from .offset_ledger import OffsetLedger
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,7 @@ def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
 
 class Transport(faust_aiokafka.Transport):
     Consumer = LedgerConsumer
+    Producer = producer_buffer.Producer
 
 
 TRANSPORTS.aliases.setdefault(SCHEME, f"{__name__}:Transport")

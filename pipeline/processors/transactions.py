@@ -32,6 +32,7 @@ Commit ordering, per commit (the exclusive section)::
 
     wait until no unit runs  -> no output or state write is half done
     producer.flush()         -> changelog writes buffered by Faust are in the transaction
+                                (all of them: producer_buffer.py)
     send_offsets_to_transaction(acked offsets, group id)
     commit_transaction()     -> outputs + state + offsets, atomically
     begin_transaction()      -> the next units write into the next one
@@ -54,6 +55,7 @@ from faust.transport.drivers import TRANSPORTS
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
+from . import producer_buffer
 from .ledger_consumer import LedgerConsumer
 
 log = logging.getLogger(__name__)
@@ -187,8 +189,9 @@ def is_fenced(exc: BaseException | None) -> bool:
     return False
 
 
-class Producer(faust_aiokafka.Producer):
-    """Faust's producer over one transactional aiokafka producer, open from start to stop."""
+class Producer(producer_buffer.Producer):
+    """Faust's producer over one transactional aiokafka producer, open from start to stop
+    (its flush waits for every table write: ``producer_buffer.py``)."""
 
     _fenced = False
 
