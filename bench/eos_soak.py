@@ -18,6 +18,7 @@ worker restart lost turns silently before the offset ledger). Longer runs:
     .venv/bin/python bench/eos_soak.py --send-s 900 --sessions 600 --rounds 3
     .venv/bin/python bench/eos_soak.py --trees /tmp/before,. --rounds 2  # A/B with a checkout
     .venv/bin/python bench/eos_soak.py --guarantees at-least-once,exactly-once
+    .venv/bin/python bench/eos_soak.py --sessions 100 --send-s 100 --slow-table-writes-s 0.12
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ from pipeline.kafka import EventProducer, names
 from pipeline.processors.supervisor import _parent_death_signal
 from pipeline.settings import Settings
 
+# Injected into a worker by --slow-table-writes-s (the bench's fault, never the product's).
+SLOW_TABLE_WRITES = '''
+import asyncio
+from faust.transport.producer import ProducerBuffer
+_send = ProducerBuffer._send_pending
+async def _slow(self, fut):
+    await asyncio.sleep(%r)
+    await _send(self, fut)
+ProducerBuffer._send_pending = _slow
+'''
+
 DERIVED = (names.NEXT_STATES, names.PRM_SCORES, names.REWARDS, names.SAMPLES, names.DLQ)
 INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
 
@@ -67,6 +79,9 @@ class SoakPlan:
     settle_s: float = 240.0  # after the kills, how long the outputs may take
     seed: int = 0
     tree: str | None = None  # run the workers from another checkout (an A/B with a commit)
+    # Each table write Faust buffers waits this long before it is handed to the producer (a
+    # loaded worker, made reproducible; 0: off): the fault producer_buffer.py guards against.
+    slow_table_writes_s: float = 0.0
 
 
 @dataclass
@@ -152,6 +167,8 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
 
     def worker(i: int) -> subprocess.Popen[bytes]:
         code = "from pipeline.processors.commands import workers; workers()"
+        if plan.slow_table_writes_s:
+            code = f"{SLOW_TABLE_WRITES % plan.slow_table_writes_s}\n{code}"
         return subprocess.Popen(
             [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn",
              "--worker-index", str(i), f"--{plan.guarantee}"],
@@ -313,6 +330,9 @@ def main() -> None:
     ap.add_argument("--trees", default=".",
                     help="comma list of checkouts whose workers run in turn (an A/B)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--slow-table-writes-s", type=float, default=0.0,
+                    help="delay each buffered table write this long before the producer "
+                         "takes it (a loaded worker, reproducibly)")
     ap.add_argument("--seed", type=int, default=0,
                     help="the kill schedule's seed of round 1 (round r uses seed + r - 1)")
     args = ap.parse_args()
@@ -333,6 +353,7 @@ def main() -> None:
                     recovery_kill_every=args.recovery_kill_every, kills=args.kills,
                     guarantee=g, settle_s=args.settle_s, seed=args.seed + r,
                     tree=None if tree == here else tree,
+                    slow_table_writes_s=args.slow_table_writes_s,
                 )
                 res = run_soak(settings, plan, say=lambda line: print(line, flush=True))
                 report(res, f"round {r + 1}, {tree}")
