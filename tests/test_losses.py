@@ -29,6 +29,7 @@ from pipeline.trainer.losses import (
     opd_advantages,
     opd_loss,
     ppo_clip_loss,
+    row_baselines,
     staleness_keep_mask,
     tis_weights,
     token_logprobs,
@@ -506,3 +507,28 @@ def test_hybrid_advantage_loss_clips_the_sum_not_each_part() -> None:
 def test_warmup_factor_by_hand() -> None:
     assert [warmup_factor(k, 4) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert warmup_factor(0, 0) == 1.0 and warmup_factor(0, 1) == 1.0
+
+
+# ---------------------------------------------------------------------------
+# Per-row baselines (issue 38)
+
+
+def test_row_baselines_by_hand() -> None:
+    # rows: z-scored −1 and +1 (normalised), judged −1, a failure at 0, judged +0.5; all train.
+    # batch mean over the rows not normalised: (−1 + 0 + 0.5) / 3 = −1/6
+    # b = (0, 0, −1/6, max(−1/6, 0) = 0, −1/6) → A = (−1, 1, −5/6, 0, 2/3)
+    # (one batch mean over all five, −0.1, gave (−0.9, 1.1, −0.9, +0.1, 0.6))
+    r = torch.tensor([-1.0, 1.0, -1.0, 0.0, 0.5])
+    rows = torch.ones(5, dtype=torch.bool)
+    normalized = torch.tensor([True, True, False, False, False])
+    failed = torch.tensor([False, False, False, True, False])
+    b, mean = row_baselines(r, rows, normalized, failed)
+    assert float(mean) == pytest.approx(-1 / 6)
+    a = binary_rl_advantages(r, torch.ones(5, 1), b).squeeze(-1)
+    assert a.tolist() == pytest.approx([-1.0, 1.0, -5 / 6, 0.0, 2 / 3])
+    # batch_mean off: b = 0 except the failure, which is never lifted: a failure at +0.5
+    # (an older record, before outcome_bound) gets b = 0.5, A = 0
+    r2 = torch.tensor([0.5, -1.0])
+    b2, _ = row_baselines(r2, torch.ones(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool),
+                          torch.tensor([True, False]), batch_mean=False)  # fmt: skip
+    assert (r2 - b2).tolist() == [0.0, -1.0]

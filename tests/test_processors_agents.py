@@ -530,7 +530,7 @@ def test_group_agent_zscores_within_group_and_step_once_complete(h: Harness) -> 
         ("t-c", 0, 3.0),  # its group was already emitted: passed on unchanged
     ]
     assert samples[0].event_id == events.derive_event_id(
-        "sample", ["t-a-i0", "t-a-r0"], "samples-2", False, "group", "g", ["t-a", "t-b"]
+        "sample", ["t-a-i0", "t-a-r0"], "samples-3", False, "group", "g", ["t-a", "t-b"]
     )
     assert samples[4].event_id == "t-c-s0"
     members = [(k, v is None) for t, k, v in h.changelog if t == "group_members"]

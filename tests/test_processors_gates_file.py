@@ -1,5 +1,6 @@
-"""Gates file: checked whole before anything runs; ``liverl gates run`` records each gate's
-outcome as ``liverl record-outcome -- CMD`` does, and exits with the first failure's code."""
+"""Gates file: checked whole before anything runs; ``liverl gates run`` records one outcome
+for the gates (all must pass, each gate's result kept), a file of one gate exactly as
+``liverl record-outcome -- CMD`` does, and exits with the first failure's code."""
 
 from __future__ import annotations
 
@@ -118,12 +119,44 @@ def test_run_gates_records_what_record_outcome_records_and_exits_with_the_first_
     runs = run_gates(load_gates(path), "s-1", sent.append, echo=False)
     assert [r.result.exit_code for r in runs] == [0, 3, 5, 0]
     assert exit_code(runs) == 3  # the first failing gate's, not the last's
-    assert [e.exit_code for e in sent] == [0, 3, 0]  # the unrecorded gate sent nothing
-    first, unit, _last = sent
-    assert (first.scope, first.turn, first.score, first.kind) == ("session", 0, 1.0, "test_result")
+    # one outcome for the session's gates (both passed), one for the gate of turn 4; the
+    # unrecorded gate is in neither
+    assert [e.exit_code for e in sent] == [0, 3]
+    session, unit = sent
+    assert (session.scope, session.turn, session.score, session.kind) == (
+        "session", 0, 1.0, "test_result")
+    assert [g["exit_code"] for g in session.detail["gates"]] == [0, 0]
+    assert session.detail["rule"] == "all_must_pass" and session.detail["passed"] is True
     assert (unit.scope, unit.turn, unit.score, unit.detail["gate"]) == ("turn", 4, -1.0, "unit")
     assert "boom" in unit.detail["stdout_tail"] and unit.detail["passed"] is False
-    assert runs[2].event is None
+    assert runs[2].event is None and runs[0].event is runs[3].event is session
+
+
+def test_a_failing_gate_then_a_passing_one_is_one_failed_outcome(tmp_path):
+    """Issue 38: a failing pytest then a passing lint were two outcomes, and the last one
+    recorded (+1) was the session's reward. All must pass: one outcome, failed."""
+    path = write(tmp_path, f"gates:\n  - name: tests\n    command: {exit_with(1, '1 failed')}\n"
+                           f"  - name: lint\n    command: {exit_with(0, 'clean')}\n")
+    sent: list[NextState] = []
+    run_gates(load_gates(path), "s-3", sent.append, echo=False)
+    (outcome,) = sent
+    assert (outcome.score, outcome.exit_code, outcome.detail["passed"]) == (-1.0, 1, False)
+    assert [(g["gate"], g["passed"]) for g in outcome.detail["gates"]] == [
+        ("tests", False), ("lint", True)]  # each gate's own result, for the record
+    assert "1 failed" in outcome.content and "clean" in outcome.content
+
+
+def test_a_gate_that_could_not_run_makes_the_run_no_outcome(tmp_path):
+    """A gate that is not found (127) is no outcome, not a failure; beside a passing gate the
+    run verifies nothing (all must pass), beside a failing one it failed."""
+    path = write(tmp_path, "gates:\n  - command: liverl-no-such-gate-38\n"
+                           f"  - command: {exit_with(0)}\n")
+    sent: list[NextState] = []
+    runs = run_gates(load_gates(path), "s-4", sent.append, echo=False)
+    assert [r.result.exit_code for r in runs] == [127, 0]
+    (outcome,) = sent
+    assert (outcome.score, outcome.exit_code, outcome.detail["passed"]) == (None, 127, None)
+    assert outcome.detail["gates"][0]["no_outcome"] == "command not found"
 
 
 def test_fail_fast_stops_and_a_failed_record_is_kept_as_the_runs_error(tmp_path):
@@ -182,15 +215,15 @@ def test_a_gate_whose_child_left_with_setsid_times_out_and_leaves_nothing_runnin
         for pid in running(marker):  # nothing of ours stays behind, whatever fails below
             os.kill(pid, signal.SIGKILL)
     assert res.exit_code == 124, res.output
-    assert "timed out after 2 s (exit 124); not recorded" in res.output
+    assert "timed out after 2 s (exit 124): no outcome; not recorded" in res.output
     assert "passed" not in res.output
     assert took < 8.0 and left == []
 
 
 @pytest.mark.integration
-def test_gates_run_records_each_outcome_on_the_broker(kafka_settings, unique, tmp_path):
-    """Two recorded gates (pass, fail 3) and an unrecorded one: two next states read back from
-    the real topic, the command's exit code its outcome, and the run's exit code 3."""
+def test_gates_run_records_one_combined_outcome_on_the_broker(kafka_settings, unique, tmp_path):
+    """Two recorded gates (pass, fail 3) and an unrecorded one: one next state read back from
+    the real topic, failed (all must pass) with each gate's result, and the run's exit code 3."""
     sid = f"gates-{unique}"
     path = write(
         tmp_path,
@@ -212,11 +245,11 @@ def test_gates_run_records_each_outcome_on_the_broker(kafka_settings, unique, tm
                 from pipeline import events
 
                 got.append(events.decode(msg.value(), "next_state"))
-        if len(got) >= 2:
+        if len(got) >= 1:
             break
     c.close()
-    assert [(e.exit_code, e.score, e.scope) for e in got] == [(0, 1.0, "session"),
-                                                             (3, -1.0, "session")]
-    assert got[0].detail["gate"] == "tests" and "5 passed" in got[0].content
+    assert [(e.exit_code, e.score, e.scope) for e in got] == [(3, -1.0, "session")]
+    assert [g.get("gate") for g in got[0].detail["gates"]] == ["tests", None]
+    assert "5 passed" in got[0].content and "1 failed" in got[0].content
     assert all(e.event_id in res.output for e in got)
     assert "not recorded (record_outcome: false)" in res.output

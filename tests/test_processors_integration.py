@@ -1,14 +1,16 @@
 """The real Faust worker against the real broker: a scripted 5-turn session end to end.
 
-Expected values are computed by hand from the test rule set (beta 0.5). A bonus pays only for
-the compliant alternative to a violation (the forbidden rule here lists none) and recovery once:
-turn 0  grep, ok                  -> nothing (no bonus for an unrelated call)   Phi  0
-turn 1  pytest, fails             -> 1st failure, allowed                       Phi  0
-turn 2  pytest again, fails       -> repeated (N=1) -0.2                        Phi -0.2
-turn 3  pytest && git push --force, ok -> forbidden -0.3, pytest recovered +0.05 Phi -0.25
-turn 4  git commit (session done) -> tests ran +0.05                            Phi  0.05
-Rule judge: tool results 0, "Thanks, that works" +1, session end 0. Turns 0 and 1 total 0 with
-no outcome: no RL signal; turn 0 also has a hint, so it becomes an OPD-only sample that trains.
+Expected values are computed by hand from the test rule set (beta 0.5). Each turn's path
+penalty is its shaping F = Phi(s') - Phi(s); a refund repays part of an earlier violation of
+the same rule, and progress needs a verified (exit code 0) passing test run:
+turn 0  grep, ok                  -> nothing (read-only)                        F  0
+turn 1  pytest, fails             -> 1st failure, allowed                       F  0
+turn 2  pytest again, fails       -> repeated (N=1) -0.2                        F -0.2
+turn 3  pytest && git push --force, ok -> forbidden -0.3, pytest recovered +0.05 F -0.25
+turn 4  git commit (session done) -> tests ran (no violation), none verified   F  0
+Rule judge: tool results 0, "Thanks, that works" +1, session end 0. Turns 0, 1 and 4 total 0
+with no outcome: no RL signal; turn 0 also has a hint, so it becomes an OPD-only sample that
+trains.
 """
 
 from __future__ import annotations
@@ -305,29 +307,32 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     assert prm[3].parents == [ids[3], ns[3].event_id]
 
     pen = {e.turn: e for e in first[names.PATH_PENALTIES]}
-    expect_phi = {0: 0.0, 1: 0.0, 2: -0.2, 3: -0.25, 4: 0.05}
+    # F = Phi(s') - Phi(s) (rules: phi_min -0.7): turn 2 pytest's 2nd failure (N = 1): -0.2;
+    # turn 3 a force push -0.3 and pytest, penalised, succeeding: a refund of mu, +0.05; turn
+    # 4 commits after test runs that never reported a verified pass: no violation, no progress
+    expect_phi = {0: 0.0, 1: 0.0, 2: -0.2, 3: -0.25, 4: 0.0}
     assert {t: p.penalty for t, p in pen.items()} == pytest.approx(expect_phi)
     assert {t: p.compliance_bonus for t, p in pen.items()} == pytest.approx(
-        {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.05, 4: 0.05}
+        {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.05, 4: 0.0}
     )
     assert pen[2].rule_ids == ["repeated"]
     assert pen[3].rule_ids == ["forbidden", "repeated"]
-    assert pen[4].rule_ids == ["tests-first"]
+    assert pen[4].rule_ids == []
 
     rewards = {e.turn: e for e in first[names.REWARDS]}
-    expect_total = {0: 0.0, 1: 0.0, 2: -0.1, 3: 0.875, 4: 0.025}
+    expect_total = {0: 0.0, 1: 0.0, 2: -0.1, 3: 0.875, 4: 0.0}
     assert {t: r.total for t, r in rewards.items()} == pytest.approx(expect_total)
     assert {t: r.prm for t, r in rewards.items()} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 0}
     assert all(r.outcome == 0 for r in rewards.values())
 
     samples = {e.turn: e for e in first[names.SAMPLES]}
     assert sorted(samples) == [0, 1, 2, 3, 4]  # the side turn never becomes a sample
-    masks = {  # (loss_mask, opd_mask, masked): turn 0 is OPD-only, turn 1 carries nothing
+    masks = {  # (loss_mask, opd_mask, masked): turn 0 is OPD-only, turns 1 and 4 carry nothing
         0: ([0, 0], [1, 1], False),
         1: ([0, 0], [0, 0], True),
         2: ([1, 1], [0, 0], False),
         3: ([1, 1], [0, 0], False),
-        4: ([1, 1], [0, 0], False),
+        4: ([0, 0], [0, 0], True),
     }
     for t, s in samples.items():
         assert (s.prompt_token_ids, s.response_token_ids) == ([t, t + 1, t + 2], [100 + t, 200 + t])

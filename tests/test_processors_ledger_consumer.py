@@ -33,8 +33,9 @@ class ScriptedThread:
     """Batches of up to 18 records from ``position``; a seek moves the position, but a fetch
     already in flight returns what it read before the seek."""
 
-    def __init__(self) -> None:
+    def __init__(self, committed: bool = True) -> None:
         self.position = COMMITTED
+        self.committed = committed
         self.seeks: list[int] = []
 
     async def getmany(self, active: Any, timeout: float) -> dict[TP, list[int]]:
@@ -48,7 +49,9 @@ class ScriptedThread:
         self.seeks.append(offset)
         self.position = offset
 
-    async def seek_to_committed(self) -> dict[TP, int]:
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        if not self.committed:  # aiokafka moves only partitions with a committed offset
+            return {PART: None}
         self.position = COMMITTED
         return {PART: COMMITTED}
 
@@ -59,17 +62,19 @@ class ScriptedThread:
         return {PART}
 
 
-async def drain(scheme: str) -> tuple[int, set[int], ScriptedThread]:
+async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], ScriptedThread]:
     """Run Faust's drain loop; records handed before the seek are never processed (their
     queue is cleared), those after it are processed and acked, and every ack is followed by
-    a commit of the consumer's new offset. Returns the last commit and the processed set."""
-    app = faust.App(f"ledger-{scheme}", broker=f"{scheme}://127.0.0.1:1")
+    a commit of the consumer's new offset. Returns the last commit and the processed set.
+    ``committed=False``: the group never committed the partition (reading began at 280)."""
+    app = faust.App(f"ledger-{scheme}-{committed}", broker=f"{scheme}://127.0.0.1:1")
     consumer: Any = app.consumer
-    thread = ScriptedThread()
+    thread = ScriptedThread(committed)
     consumer._thread = thread
     consumer._active_partitions = {PART}
-    consumer._committed_offset[PART] = COMMITTED
-    consumer._read_offset[PART] = COMMITTED
+    if committed:
+        consumer._committed_offset[PART] = COMMITTED
+        consumer._read_offset[PART] = COMMITTED
     app.topics.acks_enabled_for = lambda topic: topic == TOPIC  # type: ignore[method-assign]
     consumer._to_message = lambda tp, offset: Message(
         TOPIC, 0, offset, 0.0, 0, None, b"k", b"v", None)
@@ -124,6 +129,19 @@ def test_the_ledger_consumer_commits_only_what_units_acknowledged() -> None:
     assert set(range(COMMITTED, END)) <= processed  # ...through every record, processed
     # The stale batch was not handed: the partition was fetched again from the commit point.
     assert thread.seeks == [COMMITTED]
+
+
+def test_a_partition_never_committed_is_read_again_from_its_first_unacknowledged_record(
+) -> None:
+    """aiokafka's seek to the committed offsets leaves a partition without one where it is:
+    the records handed before (cleared from the queues) would wait for the stalled-record
+    redelivery, and that only once a later record is acknowledged. The ledger consumer seeks
+    such a partition to its first unacknowledged record itself."""
+    offset, processed, thread = asyncio.run(drain(ledger_consumer.SCHEME, committed=False))
+    assert offset == END
+    assert set(range(COMMITTED, END)) <= processed
+    # Seeked back by the re-seek, and again when the batch in flight came back stale.
+    assert thread.seeks == [COMMITTED, COMMITTED]
 
 
 @pytest.mark.parametrize("scheme", [ledger_consumer.SCHEME, "liverl-eos"])

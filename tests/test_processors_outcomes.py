@@ -79,7 +79,7 @@ def test_a_child_that_left_with_setsid_is_the_gate_running_and_ends_at_its_timeo
     assert 2.0 <= took < 8.0  # the timeout (and the SIGTERM's effect), not 10 s of joins
     (pid,) = pids(pidfile)
     assert not alive(pid)  # outside the gate's process group, and gone all the same
-    assert verdict(gate, 2.0) == "timed out after 2 s (exit 124)"
+    assert verdict(gate, 2.0) == "timed out after 2 s (exit 124): no outcome"
 
 
 def test_a_background_child_in_the_group_ends_at_the_timeout(pidfile):
@@ -155,3 +155,26 @@ def test_exit_codes_as_a_shell_reports_them():
     assert verdict(killed, 30.0) == "failed (exit 137)"
     denied = run_gate([os.devnull], 30.0, echo=False)  # not executable
     assert denied.exit_code == 126 and os.devnull in denied.stderr_tail
+
+
+@pytest.mark.parametrize(("code", "timed_out", "why"), [
+    (124, True, "timed out"), (126, False, "not executable"), (127, False, "command not found")])
+def test_a_gate_that_timed_out_or_could_not_run_is_no_outcome(
+    code: int, timed_out: bool, why: str
+) -> None:
+    """Issue 38: exit 124, 126 and 127 say the check never reached a verdict, not that the
+    agent failed. On 7ed65b3 each was a failed outcome (score -1, judges -1, consistency -1)."""
+    from pipeline.processors.consistency import outcome_vote
+    from pipeline.processors.judges import ReplyJudge, RuleJudge
+    from pipeline.processors.outcomes import GateResult, gate_event
+
+    event = gate_event("s", ["pytest", "-q"], GateResult(code, "", "", timed_out, 1.0))
+    assert (event.exit_code, event.score, event.detail["passed"]) == (code, None, None)
+    assert event.detail["no_outcome"] == why
+    assert outcome_vote(event) is None
+    for judge in (RuleJudge(), ReplyJudge()):
+        v = judge.verdict(event)
+        assert (v.score, v.rationale) == (0, f"no outcome: {why} (exit {code})")
+    # the same for a turn's gate, and for a gate that really is not there
+    real = run_gate(["liverl-no-such-gate-38"], 10.0, echo=False)
+    assert real.exit_code == 127 and gate_event("s", ["x"], real, turn=2).score is None

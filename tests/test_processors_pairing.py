@@ -121,7 +121,8 @@ def test_pairing_state_round_trips_through_its_json():
     second = dataclasses.replace(turn(1, msgs, ts_ms=2_000), tool_calls=[{**call, "id": "c1"}])
     st = p.on_interaction(st, second).state
     assert isinstance(st.prev, PrevTurn) and st.prev.tool_calls and st.seen == ["i0", "i1"]
-    assert st.history is not None and st.history["commands"] == [[0, "pytest"]]
+    assert st.history is not None and st.history["ran"] == {"tests-before-commit": 0}
+    assert st.history["failures"] == {"shell:pytest": 1}
     adapter = TypeAdapter(PairingState)
     assert adapter.validate_json(adapter.dump_json(st)) == st
     assert adapter.validate_json(adapter.dump_json(PairingState())) == PairingState()

@@ -194,7 +194,7 @@ def test_session_assembly_masks_zero_reward_turns():
         (2, False, [1, 1], pytest.approx(-0.9)),
     ]
     r0 = out.rewards[0]
-    assert r0.event_id == derive_event_id("reward", ["p0", "x0"], "reward-2")
+    assert r0.event_id == derive_event_id("reward", ["p0", "x0"], "reward-3")
     assert out.samples[0].parents == ["i0", r0.event_id]
     assert out.samples[0].behavior_logprobs == inter(0).response_logprobs
     assert out.samples[0].behavior_weight_version == 12
@@ -658,3 +658,136 @@ def test_an_actions_penalty_adds_to_its_turns_path_part():
     (r,) = Assembler().complete(plain, 1).rewards  # without one: as before
     assert (r.penalty, r.total, r.parents) == (pytest.approx(-0.1), pytest.approx(0.9),
                                                ["p0", "x0"])
+
+
+# ---- issue 38: errored verdicts are no verdict; shaping alone is no signal -------------------
+
+
+def errored(t: int, sid: str = "s") -> PrmScore:
+    """A verdict whose judge failed (judging.judge_one): error set, no vote, score 0."""
+    return dataclasses.replace(prm(t, 0, []), error="judge raised TimeoutError: read timed out",
+                               event_id=f"{sid}-p{t}", session_id=sid,
+                               parents=[f"{sid}-i{t}", f"{sid}-n{t}"])  # fmt: skip
+
+
+def session_with(sid: str, verdicts: list[PrmScore | None], phis: list[float] | None = None,
+                 group: str | None = None, outcome: bool | None = None) -> list[events.Sample]:
+    """One session, turn t judged by ``verdicts[t]`` (None: never answered), Phi ``phis[t]``
+    (beta 0.5), in ``group`` if given, with an optional session outcome."""
+    asm = Assembler()
+    state = None
+    for t, v in enumerate(verdicts):
+        i = dataclasses.replace(inter(t), event_id=f"{sid}-i{t}", session_id=sid, group_id=group)
+        state = asm.on_interaction(state, i)
+        kind = "session_end" if t == len(verdicts) - 1 else "user_reply"
+        state = asm.on_next_state(state, dataclasses.replace(
+            ns(t, kind), event_id=f"{sid}-n{t}", session_id=sid), 0)  # fmt: skip
+        if v is not None:
+            state = asm.on_prm(state, v)
+        phi = 0.0 if phis is None else phis[t]
+        state = asm.on_penalty(state, dataclasses.replace(pen(t, phi), session_id=sid,
+                                                          event_id=f"{sid}-x{t}"))  # fmt: skip
+    if outcome is not None:
+        o = dataclasses.replace(outcome_event(sid, outcome, ts_ms=5), event_id=f"{sid}-o")
+        state = asm.on_next_state(state, o, 10)
+    assert state is not None
+    return asm.complete(state, 11).samples
+
+
+def judged(t: int, score: int, sid: str = "s") -> PrmScore:
+    return dataclasses.replace(prm(t, score, [score]), event_id=f"{sid}-p{t}", session_id=sid,
+                               parents=[f"{sid}-i{t}", f"{sid}-n{t}"])  # fmt: skip
+
+
+def test_an_errored_verdict_in_a_group_is_not_ranked_as_a_zero():
+    """Issue 38 repro: PRM-only group, turn 0 of session a judged −1, of session b errored
+    (score 0, no vote). Before, b's 0 was ranked: mean −0.5, std 0.5, z_b = +0.5 / 0.5 = +1.0.
+    Now b is unjudged (no outcome: no reward, masked) and a is alone in its bucket (−1 kept,
+    not normalised)."""
+    a = session_with("a", [judged(0, -1, "a")], group="g")
+    b = session_with("b", [errored(0, "b")], group="g")
+    assert [(s.reward, s.loss_mask, s.masked) for s in b] == [(0.0, [0, 0], True)]
+    out = grouping.normalize("g", {"a": a, "b": b}, "samples-2")
+    assert [(s.session_id, s.reward, s.rl_trainable(), s.normalized) for s in out] == [
+        ("a", -1.0, True, False), ("b", 0.0, False, False)]
+
+
+def test_an_errored_verdict_alone_is_not_trained_at_zero():
+    """Issue 38 repro: one ungrouped turn, its verdict errored. Before it counted as judged:
+    reward 0, kept trainable as the session's last judged turn. Now: no verdict, no outcome,
+    no reward event, masked."""
+    asm = Assembler()
+    state = asm.on_interaction(None, inter(0))
+    state = asm.on_next_state(state, ns(0, "session_end"), 0)
+    state = asm.on_prm(state, dataclasses.replace(prm(0, 0, []), error="judge raised OSError"))
+    state = asm.on_penalty(state, pen(0, 0.0))
+    assert asm.ready(state, 1)  # the failed verdict still answers the turn: no waiting
+    out = asm.complete(state, 1)
+    assert out.rewards == []
+    assert [(s.reward, s.loss_mask, s.masked) for s in out.samples] == [(0.0, [0, 0], True)]
+
+
+def test_an_errored_verdict_with_an_outcome_takes_the_outcome_alone():
+    # passed session: O = 1, the failed verdict adds no vote and is not a parent: total 1.0.
+    # A multi-vote judge with an error but a vote cast (+1, None) has a verdict: 1 + 1 = 2.
+    (s,) = session_with("a", [errored(0, "a")], outcome=True)
+    assert (s.reward, s.loss_mask) == (1.0, [1, 1])
+    partial = dataclasses.replace(judged(0, 1, "b"), votes=[1, None], error="1 of 2 timed out")
+    (s,) = session_with("b", [partial], outcome=True)
+    assert s.reward == 2.0
+
+
+def test_path_shaping_alone_makes_no_reward_and_no_trainable_sample():
+    """Issue 38 repro: turn 0 judged +1 (a real signal), turn 1 judged 0 with Phi +0.2 (beta
+    0.5: +0.1) and no outcome, ungrouped. Before, turn 1 kept loss_mask 1 at reward +0.1 from
+    the path part alone; now the path part is dropped (reward 0, penalty 0) and it is masked.
+    A negative path part alone (Phi −0.2) trains nothing either."""
+    for phi in (0.2, -0.2):
+        s0, s1 = session_with("s", [judged(0, 1), judged(1, 0)], phis=[0.0, phi])
+        assert (s0.reward, s0.loss_mask) == (1.0, [1, 1])
+        assert (s1.reward, s1.penalty, s1.loss_mask, s1.masked) == (0.0, 0.0, [0, 0], True)
+    # on a real signal the path part still applies: judged −1, Phi +0.2 → −1 + 0.1 = −0.9
+    (s,) = session_with("t", [judged(0, -1, "t")], phis=[0.2])
+    assert (s.reward, s.penalty) == (pytest.approx(-0.9), pytest.approx(0.1))
+
+
+def test_path_shaping_alone_does_not_train_a_grouped_turn_alone_in_its_bucket():
+    """A grouped judged-0 turn with Phi +0.2 alone in its bucket: before it kept reward +0.1
+    (base 0, reward ≠ 0, so not taken out of RL); now its reward is 0 and it leaves RL, as
+    does an older sample still carrying that path part (reward = penalty = +0.1)."""
+    s = session_with("a", [judged(0, 0, "a")], phis=[0.2], group="g")
+    (out,) = grouping.normalize("g", {"a": s}, "samples-2")
+    assert (out.reward, out.rl_trainable()) == (0.0, False)
+    older = zscore_by_group_step([sample(0.1, "g", 0, penalty=0.1)])
+    assert [x.rl_trainable() for x in older] == [False]
+
+
+def test_zscored_samples_are_marked_normalized_and_others_not():
+    # [1, −1] in one bucket: z = ±1, both normalised; a bucket of one and an ungrouped sample
+    # keep their raw reward and are not (the trainer re-centres those by the batch mean)
+    out = zscore_by_group_step([sample(1.0, "g", 0), sample(-1.0, "g", 0),
+                                sample(-1.0, "g", 1), sample(1.0, None, None)])  # fmt: skip
+    assert [(round(s.reward, 5), s.normalized) for s in out] == [
+        (1.0, True), (-1.0, True), (-1.0, False), (1.0, False)]
+
+
+def test_a_failed_verdict_round_trips_in_the_state_and_older_states_read_as_verdicts():
+    asm = Assembler()
+    state = asm.on_interaction(None, inter(0))
+    state = asm.on_prm(state, dataclasses.replace(prm(0, 0, []), error="judge raised OSError"))
+    assert state.turns[0].prm["n0"].no_verdict
+    ta = StateJson(AssemblyState)
+    raw = ta.dump(state)
+    assert ta.load(raw) == state
+    older = orjson.loads(raw)  # stored before the field: the entry has no "no_verdict"
+    del older["turns"]["0"]["prm"]["n0"]["no_verdict"]
+    assert not ta.load(orjson.dumps(older)).turns[0].prm["n0"].no_verdict
+
+
+def test_a_huge_outcome_score_in_a_group_neither_raises_nor_trains():
+    # Found by the property search: scores ±1e308 (valid JSON) in one bucket: mean 0, and
+    # (1e308 − 0) ** 2 raised OverflowError in the group agent. Now the spread overflows to
+    # inf and the bucket leaves the RL term, as a constant one does.
+    out = zscore_by_group_step([sample(1e308, "g", 0), sample(-1e308, "g", 0)])
+    assert [(s.reward, s.rl_trainable(), s.normalized) for s in out] == [
+        (1e308, False, False), (-1e308, False, False)]

@@ -135,3 +135,54 @@ def test_pairing_keeps_plain_tool_output_and_user_replies_as_they_were() -> None
              {"role": "user", "content": "thanks"}]
     (ns,) = p.on_interaction(st, _turn(1, reply)).next_states
     assert (ns.kind, ns.exit_code) == ("user_reply", None)  # the user's word is the evidence
+
+
+def _shell(call_id: str, cmd: str) -> dict:
+    return {"id": call_id, "type": "function",
+            "function": {"name": "shell", "arguments": json.dumps({"cmd": cmd})}}
+
+
+def _terminal_after(calls: list[tuple[str, str, int]]):  # type: ignore[no-untyped-def]
+    """Turn 0 runs ``calls`` (id, command, exit code); turn 1 hands back their results: turn
+    0's next state."""
+    sys_msg, user = {"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}
+    p = Pairer(load_rules(DEFAULT_RULES), "pairing-1")
+    t0 = dataclasses.replace(_turn(0, [sys_msg, user]),
+                             tool_calls=[_shell(i, c) for i, c, _ in calls])
+    st = p.on_interaction(None, t0).state
+    msgs = [sys_msg, user, {"role": "assistant", "content": None},
+            *({"role": "tool", "tool_call_id": i, "content": {"exit_code": code, "stdout": "x"}}
+              for i, _, code in calls)]
+    (ns,) = p.on_interaction(st, _turn(1, msgs)).next_states
+    return ns
+
+
+def test_a_read_only_command_is_no_outcome() -> None:
+    """Issue 38: `ls` (or `git status`, `cat`, `echo`...) exiting 0 verified the turn: judges
+    +1 on 7ed65b3. It changes nothing, so its exit code says nothing about the task."""
+    from pipeline.processors.consistency import outcome_vote
+    from pipeline.processors.judges import RuleJudge
+
+    ns = _terminal_after([("c1", "ls -la", 0), ("c2", "git status && cat README.md", 0)])
+    assert (ns.kind, ns.exit_code) == ("terminal", None)
+    assert [(e["command"], e.get("no_outcome")) for e in ns.detail["terminal"]] == [
+        ("ls -la", True), ("git status && cat README.md", True)]
+    assert RuleJudge().verdict(ns).score == 0 and outcome_vote(ns) is None
+    # beside a command that does something, that one decides; a grep finding nothing (1) is
+    # not a failure either
+    ns = _terminal_after([("c1", "grep -rn TODO .", 1), ("c2", "pytest -q", 0)])
+    assert (ns.exit_code, RuleJudge().verdict(ns).score) == (0, 1)
+    ns = _terminal_after([("c1", "ls", 0), ("c2", "pytest -q", 1)])
+    assert (ns.exit_code, RuleJudge().verdict(ns).score) == (1, -1)
+    # a read-only-looking line that writes a file is not read-only
+    assert _terminal_after([("c1", "echo x > out.txt", 0)]).exit_code == 0
+
+
+def test_timeouts_and_missing_commands_are_no_outcome() -> None:
+    """Issue 38: exit 124 (timed out), 126 (not executable), 127 (not found) are no outcome,
+    not the agent's failure: on 7ed65b3 they were the turn's failing code."""
+    assert combined_exit_code([TerminalResult(127), TerminalResult(0)]) == 0
+    assert combined_exit_code([TerminalResult(124), TerminalResult(126)]) is None
+    ns = _terminal_after([("c1", "pytest -q", 124)])
+    assert (ns.kind, ns.exit_code, ns.detail["terminal"][0]["no_outcome"]) == (
+        "terminal", None, True)

@@ -1,4 +1,7 @@
-"""The worker's transaction: a fenced producer stops the worker; table recovery past the
+"""The worker's transaction: after a unit failed nothing may be committed any more (half a
+unit's outputs are in the open transaction and its record is not acked,
+``test_processors_runtime.py``: the commit raises, the worker stops, the broker aborts, the
+restart reads the records again); a fenced producer stops the worker; table recovery past the
 changelog's closing marker waits for what was handed to it."""
 
 from __future__ import annotations
@@ -11,7 +14,77 @@ import faust
 import pytest
 from faust.types import TP
 
-from pipeline.processors.transactions import Transaction
+from pipeline.processors.transactions import Transaction, UnitFailed
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_id: str) -> None:
+        self.calls.append("offsets")
+
+    async def commit_transaction(self) -> None:
+        self.calls.append("commit")
+
+    async def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+
+def txn() -> tuple[Transaction, Producer]:
+    t = Transaction("app-eos-host-0", "app", timeout_s=60)
+    t.producer = producer = Producer()
+    return t, producer
+
+
+def test_a_unit_that_raised_stops_every_later_commit() -> None:
+    t, producer = txn()
+
+    async def main() -> None:
+        async with t.unit():
+            pass  # a unit that completed
+        await t.commit({TP("in", 0): 1})
+        with pytest.raises(KeyError):
+            async with t.unit():
+                raise KeyError("half done")
+        async with t.unit():
+            pass  # later units run (their outputs are aborted with the rest)
+        with pytest.raises(UnitFailed, match="KeyError"):
+            await t.commit({TP("in", 0): 3})
+
+    asyncio.run(main())
+    assert producer.calls == ["offsets", "commit", "begin"]  # only the first commit
+    assert t.commits == 1
+
+
+def test_a_cancelled_unit_stops_commits_and_an_inner_failure_caught_by_its_unit_does_not()\
+        -> None:
+    t, producer = txn()
+
+    async def main() -> None:
+        async with t.unit():
+            try:
+                async with t.unit():  # re-entrant: a timer's send inside its unit
+                    raise ValueError("handled by the outer unit")
+            except ValueError:
+                pass
+        await t.commit({})
+        assert t.commits == 1
+
+        async def cut_short() -> None:
+            async with t.unit():
+                await asyncio.sleep(60)
+
+        task = asyncio.ensure_future(cut_short())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(UnitFailed, match="CancelledError"):
+            await t.commit({})
+
+    asyncio.run(main())
+    assert producer.calls == ["commit", "begin"]
 
 
 def test_a_fenced_send_stops_the_worker_once_and_other_errors_do_not() -> None:

@@ -478,10 +478,10 @@ def half_beta_rules(path: Path) -> Path:
     from pipeline.processors.config import DEFAULT_RULES
 
     text = DEFAULT_RULES.read_text()
-    assert "\nbeta: 0.5\n" in text and "\nversion: rules-2\n" in text
+    assert "\nbeta: 0.5\n" in text and "\nversion: rules-3\n" in text
     path.write_text(
         text.replace("\nbeta: 0.5\n", "\nbeta: 0.25\n").replace(
-            "\nversion: rules-2\n", "\nversion: rules-half-beta\n"
+            "\nversion: rules-3\n", "\nversion: rules-half-beta\n"
         )
     )
     return path

@@ -314,3 +314,15 @@ def test_the_default_judges_read_the_answer_and_outvote_a_checker_on_junk(
     assert [v["vote"] for v in task.votes] == votes and (task.status, task.k) == (status, 3)
     assert why in task.votes[0]["rationale"]
     assert "explicit score 1" in task.votes[2]["rationale"]  # replies reads the checker
+
+
+def test_a_read_only_command_posted_through_the_gateway_verifies_nothing() -> None:
+    """Issue 38: `git status` exiting 0, posted to POST /v1/next_states/terminal, was a verified
+    outcome (score +1) and became a task on 7ed65b3. A pytest run still verifies."""
+    from pipeline.processors.task_pool import TaskJoin, verified
+
+    for command in ("git status", "ls -la && cat setup.py", "git log --oneline"):
+        state = posted("s-ro", command)
+        assert (state.exit_code, state.score, verified(state)) == (0, None, False)
+        assert TaskJoin().outcome(state) == []
+    assert verified(posted("s-ok", "pytest -q"))

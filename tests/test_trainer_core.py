@@ -401,3 +401,50 @@ def test_lr_warm_up_scales_the_first_updates(tiny: Path) -> None:
         assert result.grad_norm
         lrs.append(core.optimizer.param_groups[0]["lr"])
     assert lrs == pytest.approx([1e-4 * f for f in (0.25, 0.5, 0.75, 1.0, 1.0)])
+
+
+# ---- issue 38: the batch baseline neither re-centres group advantages nor lifts a failure ----
+
+
+def _rl_advantages(core: TrainerCore, batch: list[Sample]) -> list[float]:
+    """Each row's Binary-RL advantage A = r − b on its first token, as the step computes it."""
+    from pipeline.trainer import losses as L
+
+    b = core._prepare(batch, 0, None)
+    return L.binary_rl_advantages(b.rewards, b.mask_rl, b.baseline)[:, 0].tolist()
+
+
+def test_a_failed_turn_gets_no_positive_advantage_from_the_batch_mean(tiny: Path) -> None:
+    """Issue 38 repro: a judged −1 turn and a failed turn whose reward outcome_bound clamped
+    to 0. The batch mean b = (−1 + 0) / 2 = −0.5 gave the failed turn A = 0 + 0.5 = +0.5 (and
+    one step raised its log-prob by about +0.45). Now A = min(0 − (−0.5), 0) = 0; the judged
+    turn keeps A = −1 − (−0.5) = −0.5. Measured on the tiny model, one step (lr 1e-2) raised
+    the sum of the failed turn's 3 token log-probs by +1.86 before; now +0.13, what
+    rl_baseline = "none" gives too (A = 0: only the shared weights' side effect)."""
+    judged = sample(0, reward=-1.0)
+    failed = sample(1, prompt=6, reward=0.0, outcome=-1.0,
+                    response_token_ids=[200, 201, 202])  # fmt: skip
+    batch = [judged, failed]
+    core = make_core(tiny, old_logprobs="trainer")
+    assert _rl_advantages(core, batch) == pytest.approx([-0.5, 0.0])
+    before = sum(_own_logprobs(core, [failed])[0])
+    core.train_step(batch, 0)
+    assert sum(_own_logprobs(core, [failed])[0]) - before < 0.5
+
+
+def test_group_normalised_rewards_are_not_re_centred_by_the_batch(tiny: Path) -> None:
+    """Two z-scored attempts of a group (A = −1, +1: already centred in their group) and two
+    ungrouped judged −1 turns. Before: b = (−1 + 1 − 1 − 1) / 4 = −0.5 for every row, so the
+    group's advantages became −0.5 and +1.5. Now a normalised row takes b = 0 (A = −1, +1)
+    and the ungrouped ones the mean of the ungrouped rows, b = −1 (A = 0, 0)."""
+    g = dict(group_id="g", step_index=0, normalized=True)
+    batch = [sample(0, reward=-1.0, **g), sample(1, reward=1.0, **g),
+             sample(2, reward=-1.0), sample(3, reward=-1.0)]  # fmt: skip
+    core = make_core(tiny)
+    assert _rl_advantages(core, batch) == pytest.approx([-1.0, 1.0, 0.0, 0.0])
+    result = core.train_step(batch, 0)
+    assert result.metrics["baseline"] == pytest.approx(-1.0)  # the ungrouped rows' mean
+    # with rl_baseline = "none" only the failure bound remains: A = r, a failure at most 0
+    plain = make_core(tiny, rl_baseline="none")
+    lifted = [sample(0, reward=0.5, outcome=-1.0), sample(1, reward=-1.0)]  # an old record
+    assert _rl_advantages(plain, lifted) == pytest.approx([0.0, -1.0])

@@ -171,20 +171,23 @@ def test_votes_and_verdict_by_hand(tiny: Path, tmp_path: Path) -> None:
     assert (fig["gate_fluency_for"], fig["gate_fluency_against"]) == (1, 1)
     assert (fig["gate_hint_for"], fig["gate_reward_against"]) == (1, 1)
     # a majority against rejects: b and d against, a for
-    status, fig = G.decide([v("a", 1), v("b", -1), v("d", -1)], (12, 12), (None, None), cfg)
+    ok = (-1.0, -1.0)  # fluency measured on both sides, equal
+    status, fig = G.decide([v("a", 1), v("b", -1), v("d", -1)], (12, 12), ok, cfg)
     assert status == "rejected" and fig["gate_reasons"] == ["live preferred on 2 of 3 prompts "
                                                             "(candidate on 1)"]
-    # ... of all prompts: lost 2, won 0, tied 3 is no majority against
+    # ... of all prompts: lost 2, won 0, tied 3 is no majority against (the ties are decided:
+    # real ties, not abstentions)
     five = [v("a", -1), v("b", -1), v("c", 0), v("d", 0), v("e", 0)]
-    assert G.decide(five, (12, 12), (None, None), cfg)[0] == "promoted"
+    assert G.decide(five, (12, 12), ok, cfg)[0] == "promoted"
+    one = [v("a", 0)]  # one decided (tied) prompt: the vetoes below decide
     # capability: one question fewer is within the tolerance of 1, two are not
-    assert G.decide([], (11, 12), (None, None), cfg)[0] == "promoted"
-    status, fig = G.decide([], (10, 12), (None, None), cfg)
+    assert G.decide(one, (11, 12), ok, cfg)[0] == "promoted"
+    status, fig = G.decide(one, (10, 12), ok, cfg)
     assert status == "rejected" and "capability probe 10 correct vs live 12" in fig[
         "gate_reasons"][0]
     # fluency: 0.3 nats per token below live is the limit
-    assert G.decide([], (12, 12), (-1.29, -1.0), cfg)[0] == "promoted"
-    assert G.decide([], (12, 12), (-1.31, -1.0), cfg)[0] == "rejected"
+    assert G.decide(one, (12, 12), (-1.29, -1.0), cfg)[0] == "promoted"
+    assert G.decide(one, (12, 12), (-1.31, -1.0), cfg)[0] == "rejected"
 
 
 class FakeJudge(BaseHTTPRequestHandler):
@@ -226,6 +229,8 @@ def test_llm_judge_votes_through_an_openai_compatible_server() -> None:
         server.shutdown()
     # unreachable: it abstains, never fails the gate
     assert LlmJudge("http://127.0.0.1:9/v1", "m", timeout_s=0.5).compare("q", "a", "b") == 0
+    # ... an abstention, not a tie: the gate counts no decided prompt from it
+    assert LlmJudge("http://127.0.0.1:9/v1", "m", timeout_s=0.5).judge("q", "a", "b") is None
 
 
 def test_rollouts_are_deterministic(tiny: Path, tmp_path: Path) -> None:
@@ -488,8 +493,9 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
     assert "reward" not in G.judge_weights(off)
     votes = [{"prompt_id": "a", "vote": 1, "judge": "fluency", "source": "held_out"},
              {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"}]
-    status, fig = G.decide(votes, (12, 12), (None, None), cfg)  # 0.5 - 0.596 < 0: lost
-    assert (status, fig["gate_lost"]) == ("rejected", 1)
+    status, fig = G.decide(votes, (12, 12), (-1.0, -1.0), cfg)  # 0.5 - 0.596 < 0: lost
+    assert (status, fig["gate_reasons"]) == ("rejected", ["live preferred on 1 of 1 prompts "
+                                                         "(candidate on 0)"])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"judges": [{"judge_id": "llm", "judge_version": "a",
                                            "consistency": 1.5}]}))
@@ -521,6 +527,142 @@ def test_live_consistency_weights_the_gate_over_the_file(tiny: Path, tmp_path: P
                                           "reward": 0.9}
     votes = [{"prompt_id": "a", "vote": 1, "judge": "llm", "source": "held_out"},
              {"prompt_id": "a", "vote": -1, "judge": "fluency", "source": "held_out"}]
-    assert G.decide(votes, (12, 12), (None, None), cfg)[0] == "promoted"  # file: 0.9 > 0.5
-    status, fig = G.decide(votes, (12, 12), (None, None), cfg, live)  # live: 0.3 < 0.5
+    ok = (-1.0, -1.0)  # fluency measured on both sides, equal
+    assert G.decide(votes, (12, 12), ok, cfg)[0] == "promoted"  # file: 0.9 > 0.5
+    status, fig = G.decide(votes, (12, 12), ok, cfg, live)  # live: 0.3 < 0.5
     assert (status, fig["gate_lost"], fig["gate_judge_weights"]["llm"]) == ("rejected", 1, 0.3)
+
+
+# ---- abstention cannot promote (issue 38 item 5) -----------------------------------------------
+# The issue's shape: 4 held-out prompts and 8 probe questions; the live version answers every
+# prompt (fluency -1.0) and gets 1 of the 8 probe questions right. On 7ed65b3 each candidate
+# below was promoted: its judges abstained (won/lost/tied 0/1/11) and the fluency veto was
+# skipped on a missing or NaN mean.
+
+LIVE_ANSWER = "Bread goes stale as its starch crystallises."
+
+
+def fixed_scores(prompts: list[G.EvalPrompt], *, text: str, fluency: float | None,
+                 right: int, ids: list[int] | None = None) -> G.Scored:
+    """The same answer (greedy and sampled) on every prompt; the first ``right`` probe
+    questions answered right."""
+    probe_at = [i for i, p in enumerate(prompts) if p.item is not None]
+    n = len(prompts)
+    return G.Scored(
+        greedy=[list(ids) if ids else [] for _ in prompts], text=[text] * n,
+        sampled_text=[text] * n,
+        correct=[None if p.item is None else i in probe_at[:right]
+                 for i, p in enumerate(prompts)],
+        fluency=[fluency] * n, hint=[None] * n, recorded=[None] * n,
+    )
+
+
+def verdict_against_weak_live(tiny: Path, tmp_path: Path, *, text: str,
+                              fluency: float | None, ids: list[int] | None = None,
+                              right: int = 0) -> dict[str, Any]:
+    """Gate.evaluate on the issue's 12 prompts with both sides' answers fixed (no model)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    cfg = settings(tiny, tmp_path)  # defaults: 4 held-out prompts, 8 probe questions
+    gate = G.Gate(cfg)
+    gate.add([{"status": "held_out", "prompt_token_ids": [1, 40 + k, 2], "reward": 0.0,
+               "response_token_ids": [70, 80], "hints": [], "session_id": f"s{k}",
+               "weight_version": 0, "step": k, "source_partition": 0, "source_offset": k}
+              for k in range(4)])
+    gate.baseline = object()
+    core = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tiny), model=object())
+    gate._live_scores = lambda _core, ps: fixed_scores(  # type: ignore[method-assign]
+        ps, text=LIVE_ANSWER, fluency=-1.0, right=1)
+    gate._score = lambda _core, _model, ps: fixed_scores(  # type: ignore[method-assign]
+        ps, text=text, fluency=fluency, ids=ids, right=right)
+    out = gate.evaluate(core, 1)
+    assert out is not None and out["metrics"]["gate_prompts"] == 12
+    return out
+
+
+def test_empty_answers_lose_every_prompt(tiny: Path, tmp_path: Path) -> None:
+    out = verdict_against_weak_live(tiny, tmp_path, text="", fluency=None)  # None: nothing scored
+    m = out["metrics"]
+    assert out["status"] == "rejected"
+    assert (m["gate_won"], m["gate_lost"], m["gate_tied"]) == (0, 12, 0)
+    assert m["gate_validity_against"] == 12
+    assert any("fluency not measured" in r for r in m["gate_reasons"])
+    why = {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"}
+    assert why == {"sampled answer: empty"}
+
+
+def test_whitespace_answers_lose_every_prompt(tiny: Path, tmp_path: Path) -> None:
+    # Whitespace is easy to predict: its fluency reads better than the live answers' (-0.8
+    # against -1.0, a tie within the 0.5 margin on 7ed65b3).
+    out = verdict_against_weak_live(tiny, tmp_path, text=" \n\t ", fluency=-0.8)
+    m = out["metrics"]
+    assert out["status"] == "rejected" and (m["gate_won"], m["gate_lost"]) == (0, 12)
+    assert {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"} == {
+        "sampled answer: whitespace"}
+
+
+def test_nan_fluency_is_a_failed_check(tiny: Path, tmp_path: Path) -> None:
+    # The same answers as the live version (one probe question right), but fluency NaN.
+    out = verdict_against_weak_live(tiny, tmp_path, text=LIVE_ANSWER, fluency=float("nan"),
+                                    right=1)
+    m = out["metrics"]
+    assert out["status"] == "rejected" and m["gate_lost"] == 12
+    assert any("fluency not measured: candidate nan" in r for r in m["gate_reasons"])
+    assert all(v["candidate_score"] is None for v in out["votes"] if v["judge"] == "fluency")
+
+
+def test_missing_fluency_is_a_failed_check(tiny: Path, tmp_path: Path) -> None:
+    out = verdict_against_weak_live(tiny, tmp_path, text=LIVE_ANSWER, fluency=None, right=1)
+    m = out["metrics"]
+    assert out["status"] == "rejected" and m["gate_lost"] == 12
+    assert any("fluency not measured: candidate None" in r for r in m["gate_reasons"])
+    assert {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"} == {
+        "no fluency"}
+
+
+def test_degenerate_answers_lose_every_prompt(tiny: Path, tmp_path: Path) -> None:
+    # One word looped: highly predictable, so its fluency beats the live version's by more
+    # than the margin (-0.3 vs -1.0: a fluency vote *for* it on 7ed65b3).
+    out = verdict_against_weak_live(tiny, tmp_path, text="the " * 12, fluency=-0.3,
+                                    ids=[5] * 16)
+    m = out["metrics"]
+    assert out["status"] == "rejected" and (m["gate_won"], m["gate_lost"]) == (0, 12)
+    assert {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"} == {
+        "sampled answer: degenerate"}
+
+
+def test_answer_defects_by_hand() -> None:
+    d = G.answer_defect
+    assert (d(""), d("  \n"), d("?!..."), d("the the the the")) == (
+        "empty", "whitespace", "no words", "degenerate")
+    assert d("ok", [7, 7, 7, 7]) == "degenerate"  # one token repeated 4 times
+    assert d("aaaaaa") == "degenerate" and d("a b a b a b a b") == "degenerate"  # 2 of 8 words
+    # answers, however short: the probe accepts "4"; a long number is still one
+    assert [d(t) for t in ("4", "Paris", "1000000000", "the the the", "a b c a b c a b")] == [
+        None] * 5
+    assert d("1000000000", [16, 15, 15, 15, 15, 15, 15, 15, 15, 15]) is None
+    assert (G.fluency_defect(None), G.fluency_defect(float("nan")),
+            G.fluency_defect(float("-inf")), G.fluency_defect(-1.2)) == (
+        "no fluency", "fluency NaN", "fluency infinite", None)
+
+
+def test_too_few_decided_prompts_is_no_decision(tiny: Path, tmp_path: Path) -> None:
+    cfg = settings(tiny, tmp_path)  # gate_min_decided 0.5
+    # 12 prompts: the capability judge decides one (lost); on the other 11 every judge
+    # abstained (an LLM judge that could not be reached, scores that could not be compared).
+    votes = [{"prompt_id": "q0", "source": "probe", "judge": "capability", "vote": -1}]
+    votes += [{"prompt_id": f"h{k}", "source": "held_out", "judge": j, "vote": 0,
+               "abstained": True} for k in range(11) for j in ("fluency", "llm")]
+    status, fig = G.decide(votes, (0, 1), (-1.0, -1.0), cfg)
+    assert status == "candidate"  # G.NO_DECISION: never promoted
+    assert (fig["gate_decided"], fig["gate_min_decided"]) == (1, 6)  # ceil(0.5 * 12) = 6
+    assert "1 of 12 prompts decided" in fig["gate_no_decision"]
+    # six decided prompts (ties within the margin are decisions) are enough ...
+    ties = [{**v, "abstained": False} for v in votes if v["prompt_id"] in {"h0", "h1", "h2",
+                                                                           "h3", "h4"}]
+    assert G.decide(votes + ties, (0, 1), (-1.0, -1.0), cfg)[0] == "promoted"
+    # ... and no votes at all are never a decision, whatever the setting
+    none = settings(tiny, tmp_path, gate_min_decided=0.0)
+    assert G.decide([], (0, 0), (-1.0, -1.0), none)[0] == "candidate"

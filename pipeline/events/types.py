@@ -141,7 +141,9 @@ class Hint(TurnEvent):
 
 @dataclass(slots=True, kw_only=True)
 class PathPenalty(TurnEvent):
-    """Verifiable rule hits on a turn: penalty is Phi in R = O + beta * Phi."""
+    """A turn's (or GUI action's) path shaping, R = O + beta * penalty: since rules-3 penalty
+    is F = Phi(s') - Phi(s) over a bounded per-session potential, so a session's penalties sum
+    to Phi(s_T) (processors/penalties.py); hits are the rules behind it."""
 
     type: str = field(default="path_penalty", init=False)
     rule_ids: list[str]
@@ -188,6 +190,10 @@ class Sample(TurnEvent):
     # The session's verified outcome, if any: a failed session's sample never carries a
     # positive reward or advantage (see processors/rewards.py: outcome_bound).
     outcome: float | None = None
+    # The reward is a group-normalised advantage (z-scored in its group and step): the trainer
+    # subtracts no batch baseline from it. False in events written before this field (their
+    # rewards are re-centred by the batch mean, as they were).
+    normalized: bool = False
 
     def opd_token_mask(self) -> Sequence[int]:
         """Per response token, 1 where the OPD term may train: ``opd_mask``, or ``loss_mask``
@@ -197,6 +203,11 @@ class Sample(TurnEvent):
     def rl_trainable(self) -> bool:
         """Whether the RL term has any token to train (and the sample is not bookkeeping)."""
         return not self.masked and any(self.loss_mask)
+
+    def outcome_failed(self) -> bool:
+        """Whether the session's outcome failed (< 0; a NaN one counts too, erring on the side
+        of never encouraging it): its RL advantage is never positive."""
+        return self.outcome is not None and not self.outcome >= 0
 
 
 @dataclass(slots=True, kw_only=True)

@@ -279,7 +279,8 @@ def record_outcome(
         assert passed is not None
         event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail,
                               source=source)
-    said = "passed" if event.exit_code == 0 else "failed"
+    said = ("no outcome" if event.score is None and gate is not None
+            else "passed" if event.exit_code == 0 else "failed")
     try:
         producer = EventProducer(settings, client_id="liverl-record-outcome")
         producer.send(names.NEXT_STATES, event)

@@ -89,8 +89,8 @@ class ProcessorSettings(BaseSettings):
     redeliver_after_s: float = Field(default=30.0, ge=1.0, le=3600.0)
     # Config versions enter every derived event id: change them when the logic changes.
     pairing_version: str = "pairing-1"
-    reward_version: str = "reward-2"
-    sample_version: str = "samples-2"
+    reward_version: str = "reward-3"
+    sample_version: str = "samples-3"
     # Pairing.
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 5.0

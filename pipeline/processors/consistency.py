@@ -40,21 +40,19 @@ from typing import Literal
 from pipeline.events import NextState, PrmScore
 from pipeline.events.types import Vote
 
-from .judges import sign
 from .rewards import is_session_outcome
+from .verification import outcome_sign
 
 JudgeKey = tuple[str, str]  # (judge_id, judge_version)
 
 
 def outcome_vote(state: NextState) -> Vote | None:
-    """The verifiable outcome a next state carries: the sign of its explicit score, else +1
-    for exit code 0 and -1 for any other code, else -1 for a user asking the question again,
-    else None (any other reply is evidence, not an outcome)."""
-    if state.score is not None:
-        s = sign(state.score)
-        return s if s != 0 else None
-    if state.exit_code is not None:
-        return 1 if state.exit_code == 0 else -1
+    """The verifiable outcome a next state carries: :func:`verification.outcome_sign` (the
+    sign of its explicit score, else +1 for exit code 0 and -1 for any other code; None for
+    exit 124/126/127 and a read-only terminal command), else -1 for a user asking the question
+    again, else None (any other reply is evidence, not an outcome)."""
+    if state.score is not None or state.exit_code is not None:
+        return outcome_sign(state)
     if state.kind == "user_reply" and (state.detail or {}).get("repeats_question") is True:
         return -1  # asked again: the answer did not answer (processors/pairing.py)
     return None

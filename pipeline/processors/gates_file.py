@@ -9,9 +9,11 @@ recipe), so a harness wires its tests to rewards with one file::
         timeout_s: 120
         record_outcome: false       # gates the exit code, teaches nothing
 
-``liverl gates run --session S`` runs each gate and records what ``liverl record-outcome
---session S -- CMD`` would (the same event, built by ``outcomes.gate_event``). The file is
-checked whole before anything runs: a typo is an error naming the field, not a gate skipped.
+``liverl gates run --session S`` runs each gate, then records one outcome for them, all must
+pass (``outcomes.gates_event``: failed when any gate failed, passed only when all passed, no
+outcome when one timed out or could not run), each gate's own result in ``detail.gates``; a
+file of one gate records exactly what ``liverl record-outcome --session S -- CMD`` would. The
+file is checked whole before anything runs: a typo is an error naming the field, not a gate skipped.
 YAML anchors and aliases are refused as they are read: a kilobyte of nested aliases names
 billions of values (every check that walks them would run for minutes).
 """
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.events import NextState
 
-from .outcomes import MAX_COMMAND_CHARS, GateResult, gate_event, run_gate
+from .outcomes import MAX_COMMAND_CHARS, GateResult, gates_event, run_gate
 from .terminal import TAIL_CHARS
 
 MAX_FILE_BYTES = 64 * 1024
@@ -165,8 +167,8 @@ def load_gates(path: Path) -> GatesFile:
 
 @dataclass(frozen=True)
 class GateRun:
-    """A gate that ran: its result and, when recorded, its event (``error`` when the record
-    could not be sent)."""
+    """A gate that ran: its result and, when recorded, the outcome it is part of (one event
+    for the gates run together, see :func:`run_gates`; ``error`` when it could not be sent)."""
 
     gate: Gate
     result: GateResult
@@ -188,32 +190,39 @@ def run_gates(
     echo: bool = True,
     on_start: Callable[[int, Gate], None] | None = None,
 ) -> list[GateRun]:
-    """Run the gates in order, recording each outcome as it ends (so a long later gate does
-    not hold back an earlier one's reward). ``record`` raising is kept as the run's error;
-    the remaining gates still run. ``turn`` applies to gates that name none."""
-    runs: list[GateRun] = []
+    """Run the gates in order, then record one outcome for them (``outcomes.gates_event``):
+    all must pass, each gate's own result in its ``detail.gates``. Gates that name another
+    turn, kind or source than the others are a separate outcome each such group (a
+    session's outcome and a turn's are different things). Recording a gate's result as it
+    ended made the last one the session's reward: a failing pytest then a passing lint read
+    +1. ``record`` raising is kept as the run's error. ``turn`` applies to gates that name
+    none."""
+    ran: list[tuple[Gate, GateResult]] = []
     for i, gate in enumerate(gates.gates):
         if on_start is not None:
             on_start(i, gate)
         result = run_gate(gate.argv, gate.timeout_s, tail_chars, echo=echo)
-        event = None
-        error = None
-        if gate.record_outcome:
-            event = gate_event(session_id, gate.argv, result,
-                               turn=gate.turn if gate.turn is not None else turn,
-                               kind=gate.kind, detail=gate.detail, source=gate.source)  # fmt: skip
-            if gate.name:
-                event.detail["gate"] = gate.name
-            try:
-                record(event)
-            except Exception as exc:  # noqa: BLE001 - Kafka's: the gate's verdict still stands
-                error = str(exc)
-        runs.append(GateRun(gate, result, event, error))
+        ran.append((gate, result))
         if gates.fail_fast and result.exit_code != 0:
             break
-    return runs
-
-
+    groups: dict[tuple[int | None, str, str], list[tuple[Gate, GateResult]]] = {}
+    for gate, result in ran:
+        if gate.record_outcome:
+            at = gate.turn if gate.turn is not None else turn
+            groups.setdefault((at, gate.kind, gate.source), []).append((gate, result))
+    sent: dict[int, tuple[NextState, str | None]] = {}
+    for (at, kind, source), members in groups.items():
+        detail = "\n\n".join(g.detail for g, _ in members if g.detail)
+        event = gates_event(session_id, [(g.argv, r, g.name) for g, r in members], turn=at,
+                            kind=kind, detail=detail, source=source)  # type: ignore[arg-type]
+        error = None
+        try:
+            record(event)
+        except Exception as exc:  # noqa: BLE001 - Kafka's: the gates' verdict still stands
+            error = str(exc)
+        for g, _ in members:
+            sent[id(g)] = (event, error)
+    return [GateRun(g, r, *sent.get(id(g), (None, None))) for g, r in ran]
 def exit_code(runs: list[GateRun]) -> int:
     """The first failing gate's exit code; 1 when all passed but one was not recorded."""
     for run in runs:

@@ -30,6 +30,7 @@ from pipeline.processors.gui import gui_vote
 from pipeline.processors.judge_registry import JUDGES as JUDGES
 from pipeline.processors.judge_registry import LlmJudgeOptions as LlmJudgeOptions
 from pipeline.processors.judge_registry import register as register
+from pipeline.processors.verification import no_outcome_reason
 
 BOXED = re.compile(r"\\boxed\{\s*([+-]?\d+)\s*\}")
 HINT = re.compile(r"\[HINT_START\](.*?)\[HINT_END\]", re.DOTALL)
@@ -196,6 +197,8 @@ class RuleJudge:
         return self.verdict(state, ctx.request if ctx is not None else "")
 
     def verdict(self, state: NextState, request: str = "") -> Verdict:
+        if (why := no_outcome_reason(state)) is not None:
+            return Verdict(0, [0], f"no outcome: {why}")
         if state.score is not None:
             s = sign(state.score)
             return Verdict(s, [s], f"explicit score {state.score:g}")
@@ -386,6 +389,8 @@ class ReplyJudge:
 
     def verdict(self, state: NextState, request: str = "") -> Verdict:
         reply = state.kind in ("user_reply", "feedback") and bool(state.content.strip())
+        if (why := no_outcome_reason(state)) is not None:
+            return Verdict(0, [0], f"no outcome: {why}")
         if state.score is not None:
             s = sign(state.score)
             # A thumbs-down with a directive ("please answer in one sentence") keeps its hint.

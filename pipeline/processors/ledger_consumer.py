@@ -10,7 +10,8 @@ rule that replaces it: ``offset_ledger.py``). Here:
   between the ledger's last record and the next fetched one). Faust's read offset is set to each
   handed record, so its own gap fill never runs and it never drops a record as already read;
 - every seek (Faust's re-seek to the committed offsets at the end of recovery, a seek of one
-  partition) starts the partition's epoch in the ledger;
+  partition) starts the partition's epoch in the ledger; a partition that re-seek leaves where
+  it is (never committed) is seeked to its first unacknowledged record;
 - an ack counts in the ledger only for the message object handed in the current epoch;
 - the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
 - a record handed and never acknowledged while later ones were (a queue cleared under it, say)
@@ -99,10 +100,16 @@ class LedgerConsumer(faust_aiokafka.Consumer):
     async def seek_to_committed(self) -> Mapping[TP, int]:
         committed = await super().seek_to_committed()
         for tp, offset in committed.items():
-            # aiokafka moves only partitions with a committed offset above 0 (the others
-            # read on from where they are): only those start a new epoch.
-            if offset is not None and offset > 0 and self._tracked(tp.topic):
+            if not self._tracked(tp.topic):
+                continue
+            if offset is not None and offset > 0:
                 self.ledger.seek(tp, offset)
+            elif self.ledger.waiting(tp):
+                # aiokafka moves only partitions with a committed offset above 0; this one
+                # reads on from where it is, past records handed and then cleared from the
+                # queues with the flow. Read it again from its first unacknowledged record,
+                # as the seek to a committed offset does for the others.
+                self._reposition(tp)
         return committed
 
     async def seek_wait(self, partitions: Mapping[TP, int | None]) -> None:

@@ -119,6 +119,11 @@ class OffsetLedger(Generic[K]):
         """``tp`` was revoked (after its hand-over commit)."""
         self._parts.pop(tp, None)
 
+    def waiting(self, tp: K) -> bool:
+        """Whether ``tp`` has handed records no unit acknowledged yet."""
+        part = self._parts.get(tp)
+        return part is not None and bool(part.pending)
+
     def partitions(self) -> Iterator[K]:
         return iter(list(self._parts))
 

@@ -1,7 +1,9 @@
 """Quality-gate outcomes as ``next_states`` events: a pass/fail said by a person, or a gate
 command run to its end (exit code and the ends of its output kept). ``liverl record-outcome``
 and ``liverl gates run`` both build their events here, so a gate recorded either way is the
-same event."""
+same event. A gate that timed out (124) or could not run (126, 127) is no outcome
+(``score`` None), not the agent's failure; gates run together are one outcome, all must pass
+(:func:`gates_event`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import click
 
@@ -25,6 +27,7 @@ from pipeline.events import NextState, Producer, new_event_id, now_ms
 from pipeline.events.types import NextStateKind
 
 from .terminal import TAIL_CHARS, tail
+from .verification import NO_OUTCOME_EXIT_CODES, combine_signs, exit_vote
 
 
 def outcome_event(
@@ -218,10 +221,90 @@ def run_gate(
 
 
 def verdict(gate: GateResult, timeout_s: float) -> str:
-    """How a gate ended, for people: passed, failed (exit N), or timed out after N s."""
+    """How a gate ended, for people: passed, failed (exit N), timed out after N s, or no
+    outcome (exit 126, 127: it could not run)."""
     if gate.timed_out:
-        return f"timed out after {timeout_s:g} s (exit {gate.exit_code})"
+        return f"timed out after {timeout_s:g} s (exit {gate.exit_code}): no outcome"
+    if gate.exit_code in NO_OUTCOME_EXIT_CODES:
+        return f"{NO_OUTCOME_EXIT_CODES[gate.exit_code]} (exit {gate.exit_code}): no outcome"
     return "passed" if gate.exit_code == 0 else f"failed (exit {gate.exit_code})"
+
+
+def _command(argv: list[str]) -> str:
+    cmd = shlex.join(argv)
+    return cmd if len(cmd) <= MAX_COMMAND_CHARS else cmd[: MAX_COMMAND_CHARS - 1] + "…"
+
+
+def gate_record(argv: list[str], gate: GateResult, name: str | None = None) -> dict[str, Any]:
+    """One gate's own result, as kept in its outcome's ``detail`` (``passed`` None: no
+    outcome, with ``no_outcome`` saying why)."""
+    sign = exit_vote(gate.exit_code)
+    out: dict[str, Any] = {
+        "passed": None if sign is None else sign == 1,
+        "command": _command(argv),
+        "exit_code": gate.exit_code,
+        "stdout_tail": gate.stdout_tail,
+        "stderr_tail": gate.stderr_tail,
+        "timed_out": gate.timed_out,
+        "duration_s": gate.duration_s,
+    }
+    if sign is None:
+        out["no_outcome"] = NO_OUTCOME_EXIT_CODES[gate.exit_code]
+    if name:
+        out["gate"] = name
+    return out
+
+
+def _text(record: dict[str, Any]) -> str:
+    text = f"$ {record['command']}\n{record['stdout_tail']}"
+    if record["stderr_tail"]:
+        text += f"\n[stderr]\n{record['stderr_tail']}"
+    if record["timed_out"]:
+        text += "\n[timed out]"
+    return text
+
+
+def gates_event(
+    session_id: str,
+    gates: list[tuple[list[str], GateResult, str | None]],
+    *,
+    turn: int | None = None,
+    kind: NextStateKind = "test_result",
+    detail: str = "",
+    source: str = "record-outcome",
+) -> NextState:
+    """One outcome for gates run together (argv, result, name each), all must pass: failed
+    when any failed (``exit_code`` the first failure's), else no outcome when any could not
+    say (124, 126, 127: ``score`` None), else passed. Each gate's own result is kept in
+    ``detail.gates``; one gate's is ``detail`` itself, as ``record-outcome -- CMD`` has always
+    written it."""
+    records = [gate_record(argv, g, name) for argv, g, name in gates]
+    signs = [exit_vote(g.exit_code) for _, g, _ in gates]
+    sign = combine_signs(signs)
+    codes = [g.exit_code for _, g, _ in gates]
+    failed = [c for c, v in zip(codes, signs, strict=True) if v == -1]
+    silent = [c for c, v in zip(codes, signs, strict=True) if v is None]
+    code = failed[0] if failed else silent[0] if silent else 0
+    text = "\n\n".join(_text(r) for r in records)
+    event = outcome_event(session_id, sign == 1, turn=turn, kind=kind, detail=detail or text,
+                          source=source)
+    event.producer = Producer(component=GATE_RUNNER, version="1")
+    event.exit_code = code
+    event.score = None if sign is None else float(sign)
+    if sign is None:
+        event.content = detail or f"no outcome\n{text}"
+    top: dict[str, Any] = dict(records[0]) if len(records) == 1 else {
+        "passed": None if sign is None else sign == 1,
+        "exit_code": code,
+        "timed_out": any(g.timed_out for _, g, _ in gates),
+        "duration_s": round(sum(g.duration_s for _, g, _ in gates), 3),
+    }
+    top["passed"] = None if sign is None else sign == 1
+    if len(records) > 1:
+        top["gates"] = records
+        top["rule"] = "all_must_pass"
+    event.detail = top
+    return event
 
 
 def gate_event(
@@ -234,28 +317,8 @@ def gate_event(
     detail: str = "",
     source: str = "record-outcome",
 ) -> NextState:
-    """The outcome of a gate command: pass/fail from its exit code, the judges' text from the
-    ends of its output (or ``detail`` when given), the rest in ``detail``."""
-    cmd = shlex.join(argv)
-    if len(cmd) > MAX_COMMAND_CHARS:
-        cmd = cmd[: MAX_COMMAND_CHARS - 1] + "…"
-    passed = gate.exit_code == 0
-    text = f"$ {cmd}\n{gate.stdout_tail}"
-    if gate.stderr_tail:
-        text += f"\n[stderr]\n{gate.stderr_tail}"
-    if gate.timed_out:
-        text += "\n[timed out]"
-    event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail or text,
-                          source=source)
-    event.producer = Producer(component=GATE_RUNNER, version="1")
-    event.exit_code = gate.exit_code
-    event.detail = {
-        "passed": passed,
-        "command": cmd,
-        "exit_code": gate.exit_code,
-        "stdout_tail": gate.stdout_tail,
-        "stderr_tail": gate.stderr_tail,
-        "timed_out": gate.timed_out,
-        "duration_s": gate.duration_s,
-    }
-    return event
+    """The outcome of a gate command: pass/fail from its exit code (no outcome for 124, 126,
+    127), the judges' text from the ends of its output (or ``detail`` when given), the rest in
+    ``detail``."""
+    return gates_event(session_id, [(argv, gate, None)], turn=turn, kind=kind, detail=detail,
+                       source=source)

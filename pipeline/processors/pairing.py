@@ -21,8 +21,10 @@ The state is a changelog value, so it is bounded whatever the traffic (``text_ch
 ``max_bytes``): a tool call is kept as its identity (name and canonical arguments, replaced by
 a prefix and their sha256 when longer than ``text_chars``, so "the same call" still compares
 exactly) and its command (head and tail, ``text_chars`` in all); a turn keeps the calls that fit
-in half of ``max_bytes``, and the rules' history drops its oldest commands, failure counts and
-credits while it would take more than the other half.
+in half of ``max_bytes``, and the rules' history drops its oldest failure counts, penalised
+intents and once-per-turn marks while it would take more than the other half (what the path
+potential is computed from, per-rule debts and progress facts, is a few entries per rule and is
+never dropped, so the session's shaping still telescopes).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import difflib
 import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -310,9 +312,15 @@ class Pairer:
             detail["repeats_question"] = True
         exit_code = None
         if kind == "tool_result":
-            shells = [r for m in added if (r := parse_tool_message(m)) is not None]
-            exit_code = combined_exit_code(shells)
-            if exit_code is not None:
+            commands = {c[0]: c[3] for c in prev.tool_calls}  # stored id -> command
+            shells = [
+                replace(r, command=commands.get(bounded_id(str(m.get("tool_call_id")), _ID_CHARS)))
+                for m in added if (r := parse_tool_message(m)) is not None
+            ]
+            if shells:
+                # Terminal even when nothing counts (read-only commands, exit 124/126/127):
+                # the results stay on record, the exit code is None (no outcome).
+                exit_code = combined_exit_code(shells)
                 kind = "terminal"
                 detail["terminal"] = [r.to_json() for r in shells]
         parents = [prev.event_id, inter.event_id]
@@ -380,15 +388,16 @@ class Pairer:
         )
 
     def _bounded_history(self, history: PathHistory) -> dict[str, Any]:
-        """The history as JSON within half the state bound: oldest commands go first, then
-        the oldest failure counts, then the oldest credits (each is at most one call's
-        bounded text, and their lists are already capped in number by the rules)."""
+        """The history as JSON within half the state bound: the oldest failure counts go
+        first, then the oldest penalised intents, then the oldest once-per-turn marks (each is
+        at most one call's bounded text, and their lists are already capped in number by the
+        rules). The potential's inputs (debts, progress facts) stay."""
         doc = history.to_json()
         room = self.max_bytes // 2
         failures = list(doc["failures"].items())
         size = len(orjson.dumps(doc))
         while size > room:
-            items = next((x for x in (doc["commands"], failures, doc["credited"]) if x), None)
+            items = next((x for x in (failures, doc["penalised"], doc["credited"]) if x), None)
             if items is None:
                 break
             size -= len(orjson.dumps(items.pop(0))) + 1  # an estimate: checked when it fits
@@ -397,4 +406,3 @@ class Pairer:
                 size = len(orjson.dumps(doc))
         doc["failures"] = dict(failures)
         return doc
-

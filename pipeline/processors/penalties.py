@@ -1,18 +1,32 @@
-"""RLVP path penalties: rules as YAML data, validated, evaluated per turn.
+"""RLVP path penalties as potential-based shaping: rules as YAML data, validated, evaluated per
+turn (and per GUI action) in session order.
 
-R = O + beta * Phi with Phi = -lambda per violated rule (at most once per rule and turn, so the
-path part is bounded) + mu per verified compliance. A compliance bonus rewards the compliant
-alternative to a specific violation, never mere absence of one (RLVP: avoiding the bad move must
-not be worth more than the outcome): a forbidden pattern pays mu only for a call matching one of
-its ``alternatives`` (each alternative once per session), a required step for the trigger done
-after its requirement, and a repeated failing call for a *recovery*: a goal (program and first
-argument, see :func:`goal_of`) that failed and then verifiably succeeded (a result that is not a
-failure; no result is not a success), once per goal per session; a GUI action that changed
-nothing repeated in a row (``repeated_noop_action``, read from ``gui`` next states:
-:meth:`RuleSet.evaluate_gui`) for the action that changes the screen after it. Read-only
-commands (``ls``, ``git stash list``, ...: ``read_only_patterns``) never earn a bonus: they cost
-nothing, so a bonus for them could be farmed. Validation enforces RLVP's four design rules
-(docs/architecture.md#path-penalties):
+Each evaluation emits the shaping term of Ng, Harada & Russell (1999)::
+
+    F = GAMMA * Phi(s') - Phi(s),        GAMMA = 1
+
+over a bounded per-session potential computed from the session's path state (see
+docs/architecture.md#path-penalties)::
+
+    Phi(s) = P(s) - min(D(s), -phi_min)                  in [phi_min, phi_max]
+    P(s)   = sum over required steps r of mu_r * ([r's requirement's last verified run passed]
+                                                  + [r's trigger verifiably done while passing])
+    D(s)   = sum over rules r of lambda_r * violations_r - mu_r * refunds_r
+             (refunds_r <= violations_r)
+
+So a session's shaping total telescopes to Phi(s_T) - Phi(s_0) = Phi(s_T), whatever its length,
+and lies in [phi_min, phi_max]. Nothing is paid per turn, per call or per action key: a progress
+fact is a state that holds or not; a compliance bonus (mu) only repays part of a violation of
+the same rule (mu < lambda, so D >= 0), so without a verified test run that passed (exit code
+0) no sequence of actions brings Phi above 0. Each violation counts once per rule and turn.
+
+Command lines are read part by part (``&&``, ``||``, ``;``, ``|``, ``&``, new lines; quotes
+respected), so ``pytest && git commit -m x`` is the two calls: a part verifiably passed when
+the line's exit code is 0 and only ``&&`` follows it. Read-only parts (``echo pytest``) run
+nothing. Repeated failures are keyed by the call's intent (:func:`intent_of`: the program, plus
+the script or subcommand for interpreters and multi-command tools), not its exact arguments.
+Exit codes 124, 126 and 127 (timeout, not executable, not found) are neither failure nor
+success. Validation enforces RLVP's design rules (docs/architecture.md#path-penalties):
 (1) only verifiable bad actions, never lack of progress; (2) the outcome stays the main driver;
 (3) every penalty is paired with a compliance reward; (4) the compliant path is reachable and
 the rule cannot be farmed.
@@ -20,6 +34,7 @@ the rule cannot be farmed.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Sequence
@@ -34,22 +49,35 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipeline.events import RuleHit
 from pipeline.processors.errors import RuleConfigError
 
+from .terminal import parse_content
+from .verification import READ_ONLY_PATTERNS, SEPARATORS
+
+GAMMA = 1.0
+"""The shaping discount. 1 makes a session's total telescope exactly to Phi(s_T) - Phi(s_0).
+With GAMMA < 1 every step also pays (GAMMA - 1) * Phi(s'), which is positive while Phi < 0:
+a long session in debt would earn a growing total, so the bound would not hold."""
+NO_OUTCOME_CODES = frozenset({124, 126, 127})
+"""Timeout, not executable, not found: the environment's result, not the agent's."""
 VERIFIABLE_KINDS = (
     "repeated_failing_call", "forbidden_pattern", "required_step", "repeated_noop_action"
 )
 # Kinds people reach for that reward or punish (lack of) progress: rule (1) forbids them.
 PROGRESS_KINDS = ("no_progress", "idle", "too_many_turns", "slow", "length", "inaction")
-# Commands that change nothing: no bonus may be paid for them (design rule 4). Matched at the
-# start of each part of a command line (split on ;, &&, ||, |); a line is read-only when
-# every part is.
-DEFAULT_READ_ONLY = (
-    r"^(ls|cat|head|tail|less|more|echo|printf|pwd|true|false|:|which|type|whoami|id|env"
-    r"|printenv|grep|egrep|fgrep|rg|wc|stat|file|du|df|date|uname|tree|test|\[)(\s|$)",
-    r"^git\s+(status|log|diff|show|blame|rev-parse|ls-files|describe|shortlog|reflog"
-    r"|stash\s+(list|show)|branch(\s+(-a|-r|-v|-vv|--list))*\s*$|remote(\s+-v)?\s*$"
-    r"|config\s+--get)(\s|$)",
-)
-_SEPARATORS = re.compile(r"\s*(?:;|&&|\|\||\|)\s*")
+# Commands that change nothing: they never earn a refund nor run a required step (design rule
+# 4). Matched at the start of each part of a command line; a line is read-only when every
+# part is.
+DEFAULT_READ_ONLY = READ_ONLY_PATTERNS  # the one list (verification.py)
+_SEPARATORS = SEPARATORS
+# Words that run the command after them (their own flags and a duration skipped).
+_WRAPPERS = frozenset({"env", "time", "nice", "nohup", "sudo", "command", "exec", "timeout"})
+_RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch"})  # `<runner> run <command>`
+# Programs whose first argument says what they do: a script, or a subcommand.
+_INTERPRETERS = frozenset({"python", "node", "bash", "sh", "zsh", "ruby", "perl", "php", "deno",
+                           "bun"})
+_SUBCOMMANDS = frozenset({"git", "npm", "yarn", "pnpm", "cargo", "go", "make", "docker", "pip",
+                          "uv", "poetry", "kubectl", "gh", "dotnet", "mvn", "gradle", "bundle",
+                          "rake", "just", "npx", "apt", "apt-get", "brew"})
+_MAX_FAILURES, _MAX_PENALISED, _MAX_CREDITED = 200, 50, 200
 
 
 class RuleSpec(BaseModel):
@@ -58,13 +86,13 @@ class RuleSpec(BaseModel):
     id: str = Field(min_length=1)
     kind: str
     penalty: float = Field(description="lambda, > 0")
-    compliance: float = Field(default=0.0, description="mu, the paired compliance bonus")
+    compliance: float = Field(default=0.0, description="mu: a refund, or a progress fact's value")
     max_repeats: int | None = None
     patterns: list[str] = Field(default_factory=list)
     alternatives: list[str] = Field(
         default_factory=list,
         description="forbidden_pattern: the compliant forms of the forbidden action (e.g. "
-        "--force-with-lease for --force); only these earn the compliance bonus.",
+        "--force-with-lease for --force); only these repay part of a violation.",
     )
     trigger: str | None = None
     requires: str | None = None
@@ -78,6 +106,11 @@ class RuleSetSpec(BaseModel):
     beta: float = Field(gt=0)
     outcome_scale: float = Field(default=1.0, gt=0)
     max_path_share: float = Field(default=0.5, gt=0, lt=1)
+    phi_min: float | None = Field(
+        default=None,
+        description="The potential's floor (< 0): the most a session's violations can cost, "
+        "in units of Phi. Default: minus the sum of the rules' penalties.",
+    )
     failure_patterns: list[str] = Field(default_factory=list)
     read_only_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_READ_ONLY),
@@ -120,48 +153,66 @@ class ToolCall:
 
 @dataclass
 class PathHistory:
-    """Per-session memory the rules need (JSON-able): failure counts, recent commands, the
-    goals that failed and still await their recovery, the bonuses already credited
-    (``"<rule id> <alternative index>"``, ``"<rule id> recovered <goal>"``), and the GUI
-    action that changed nothing, in a row (``noops``: [action key, count], empty for none)."""
+    """Per-session path state (JSON-able): what the potential is computed from, and what the
+    rules need to see the next violation.
+
+    ``failures``: failed calls per intent; ``penalised``: intents penalised for repeated
+    failure, not yet recovered; ``ran``: the last turn each required step's requirement ran;
+    ``passing``: required steps whose latest verified requirement run passed; ``done``: required
+    steps whose trigger verifiably succeeded while it passed; ``debt``: per rule, [violations,
+    refunds]; ``credited``: once-per-turn marks (``"<rule id> turn <t>"``); ``noops``: the GUI
+    action that changed nothing, in a row ([action key, count], empty for none)."""
 
     failures: dict[str, int] = field(default_factory=dict)
-    commands: list[tuple[int, str]] = field(default_factory=list)
-    failed_goals: list[str] = field(default_factory=list)  # failed, not yet recovered
+    penalised: list[str] = field(default_factory=list)
+    ran: dict[str, int] = field(default_factory=dict)
+    passing: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+    debt: dict[str, list[int]] = field(default_factory=dict)
     credited: list[str] = field(default_factory=list)
     noops: list[Any] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "failures": self.failures,
-            "commands": [list(c) for c in self.commands],
-            "failed_goals": self.failed_goals,
+            "penalised": self.penalised,
+            "ran": self.ran,
+            "passing": self.passing,
+            "done": self.done,
+            "debt": {k: list(v) for k, v in self.debt.items()},
             "credited": self.credited,
             "noops": self.noops,
         }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any] | None) -> PathHistory:
-        if not obj:
-            return cls()
+        """A stored history. One written before the potential (rules-2: failures keyed by the
+        exact call, ``commands``, ``failed_goals``) starts the potential at 0: its counts
+        cannot be read as intents, so only what happens next is shaped."""
+        if not obj or "debt" not in obj:
+            return cls(noops=list((obj or {}).get("noops", [])))
         return cls(
-            dict(obj["failures"]),
-            [(int(t), str(c)) for t, c in obj["commands"]],
-            # States written before goals kept no goal (their "unrecovered" was a call key):
-            # a recovery from them is not verifiable, so none is paid.
-            list(obj.get("failed_goals", [])),
-            list(obj.get("credited", [])),
-            list(obj.get("noops", [])),  # states written before GUI next states: none
+            {str(k): int(v) for k, v in obj["failures"].items()},
+            [str(x) for x in obj["penalised"]],
+            {str(k): int(v) for k, v in obj["ran"].items()},
+            [str(x) for x in obj["passing"]],
+            [str(x) for x in obj["done"]],
+            {str(k): [int(v[0]), int(v[1])] for k, v in obj["debt"].items()},
+            [str(x) for x in obj["credited"]],
+            list(obj["noops"]),
         )
 
 
 @dataclass(frozen=True)
 class PathResult:
-    """Phi of one turn and what produced it."""
+    """One evaluation's shaping: ``phi`` is F = GAMMA * Phi(s') - Phi(s) (the event's
+    ``penalty``), ``compliance_bonus`` the part of it that progress and refunds raised,
+    ``potential`` Phi(s'), and the hits that explain it."""
 
     phi: float
     compliance_bonus: float
     hits: list[RuleHit]
+    potential: float = 0.0
 
     @property
     def rule_ids(self) -> list[str]:
@@ -178,6 +229,42 @@ class _Compiled:
     requires: re.Pattern[str] | None
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One part of a command line and what the line's exit code verifies about it."""
+
+    raw: str  # as written: what forbidden patterns search
+    text: str  # as run (:func:`command_words`): what requirements and triggers match
+    intent: str  # :func:`part_intent`
+    read_only: bool
+    passed: bool  # the line exited 0 and only `&&` follows this part
+    failed: bool  # the line failed and its code is this (last) part's
+
+
+class _Turn:
+    """Violations and refunds of one evaluation, each violation once per rule."""
+
+    def __init__(self, history: PathHistory) -> None:
+        self.history = history
+        self.violated: set[str] = set()
+        self.hits: list[RuleHit] = []
+
+    def violate(self, rule: RuleSpec, detail: str) -> None:
+        if rule.id in self.violated:
+            return
+        self.violated.add(rule.id)
+        self.history.debt.setdefault(rule.id, [0, 0])[0] += 1
+        self.hits.append({"rule_id": rule.id, "detail": detail})
+
+    def refund(self, rule: RuleSpec, detail: str) -> None:
+        """Repay mu of one earlier violation of the same rule: never more refunds than
+        violations, so the rule's debt stays >= (lambda - mu) * violations >= 0."""
+        debt = self.history.debt.setdefault(rule.id, [0, 0])
+        if debt[1] < debt[0]:
+            debt[1] += 1
+            self.hits.append({"rule_id": rule.id, "detail": f"compliance: {detail}"})
+
+
 class RuleSet:
     """Validated, compiled rules. Build with :func:`load_rules` or :meth:`from_dict`."""
 
@@ -186,6 +273,9 @@ class RuleSet:
         self.spec = spec
         self.version = spec.version
         self.beta = spec.beta
+        self.phi_min = phi_bounds(spec)[0]
+        self.phi_max = phi_bounds(spec)[1]
+        self._by_id = {r.id: r for r in spec.rules}
         self._failure = [re.compile(p) for p in spec.failure_patterns]
         self._read_only = [re.compile(p) for p in spec.read_only_patterns]
         self._compiled = {
@@ -207,12 +297,22 @@ class RuleSet:
         return cls(spec)
 
     def is_failure(self, result: str | None) -> bool:
-        return result is not None and any(p.search(result) for p in self._failure)
+        """The call failed: its result reports an exit code other than 0 and the no-outcome
+        codes, or (no code reported) matches a failure pattern."""
+        if result is None:
+            return False
+        code = exit_code(result)
+        if code is not None:
+            return code != 0 and code not in NO_OUTCOME_CODES
+        return any(p.search(result) for p in self._failure)
 
     def is_success(self, result: str | None) -> bool:
-        """Verified success: a result came back and it is not a failure. A call whose result
-        never came (a session's last turn) is neither."""
-        return result is not None and not self.is_failure(result)
+        """A result came back and it is neither a failure nor a no-outcome code. A call whose
+        result never came (a session's last turn) is neither."""
+        if result is None:
+            return False
+        code = exit_code(result)
+        return code == 0 if code is not None else not self.is_failure(result)
 
     def is_read_only(self, command: str) -> bool:
         """Every part of the command line changes nothing (and none writes a file by ``>``)."""
@@ -221,46 +321,78 @@ class RuleSet:
             ">" not in p and any(rx.search(p) for rx in self._read_only) for p in parts
         )
 
+    def potential(self, history: PathHistory) -> float:
+        """Phi(s) = P(s) - min(D(s), -phi_min), in [phi_min, phi_max] (module doc)."""
+        progress = sum(
+            r.compliance * ((r.id in history.passing) + (r.id in history.done))
+            for r in self.spec.rules if r.kind == "required_step"
+        )
+        return progress - min(self._debt(history), -self.phi_min)
+
+    def _debt(self, history: PathHistory) -> float:
+        return sum(
+            r.penalty * v - r.compliance * min(f, v)
+            for rid, (v, f) in history.debt.items() if (r := self._by_id.get(rid)) is not None
+        )
+
+    def _parts(self, call: ToolCall) -> list[_Part]:
+        """The call's command line as parts, with what its exit code verifies about each (a
+        call that is no shell command is one part, which runs no requirement or trigger)."""
+        code = exit_code(call.result) if call.result is not None else None
+        if call.command == call.arguments:
+            return [_Part(call.command, "", call.key, False, code == 0,
+                          code is not None and code != 0 and code not in NO_OUTCOME_CODES)]
+        pieces = shell_parts(call.command)
+        out = []
+        for i, (raw, _) in enumerate(pieces):
+            after = [sep for _, sep in pieces[i:]]
+            last = i == len(pieces) - 1
+            passed = code == 0 and all(s == "&&" for s in after[:-1]) and after[-1] == ""
+            failed = (code is not None and code != 0 and code not in NO_OUTCOME_CODES and last
+                      and after[-1] == "" and (i == 0 or pieces[i - 1][1] != "&&"))
+            words = command_words(raw)  # `env X=1 pytest` runs pytest: not read-only
+            text = " ".join(words)
+            read_only = not text or self.is_read_only(text)
+            out.append(_Part(raw, text, part_intent(call.name, raw, words, read_only), read_only,
+                             passed, failed))
+        return out
+
+    def _succeeded(self, call: ToolCall, parts: list[_Part]) -> list[list[_Part]]:
+        """What verifiably succeeded, as units that each count once: with an exit code, every
+        part it verifies (so one line is its parts as separate calls); without one, a result
+        that is no failure is the whole line, once."""
+        if call.result is None:
+            return []
+        if exit_code(call.result) is not None:
+            return [[p] for p in parts if p.passed]
+        return [parts] if self.is_success(call.result) else []
+
     def evaluate(self, turn: int, calls: Sequence[ToolCall], history: PathHistory) -> PathResult:
-        """Score one turn's tool calls and update ``history`` (call once per turn, in order)."""
-        hits: list[RuleHit] = []
-        phi = bonus = 0.0
-        recovery = self._recovery(calls, history)
-        for rule in self.spec.rules:
-            outcome = self._apply(rule, turn, calls, history, recovery)
-            if outcome is None:
-                continue
-            violated, detail = outcome
-            if violated:
-                phi -= rule.penalty
-                hits.append({"rule_id": rule.id, "detail": detail})
-            elif rule.compliance > 0:
-                phi += rule.compliance
-                bonus += rule.compliance
-                hits.append({"rule_id": rule.id, "detail": f"compliance: {detail}"})
-        for call in calls:  # history after the rules, so a turn is judged on what came before
-            history.commands.append((turn, call.command))
-            if self.is_failure(call.result):
-                history.failures[call.key] = history.failures.get(call.key, 0) + 1
-        del history.commands[:-200]
-        del history.credited[:-200]
-        del history.failed_goals[:-50]
-        return PathResult(round(phi, 10), round(bonus, 10), hits)
+        """Shape one turn's tool calls and update ``history`` (call once per turn, in order)."""
+        before = self._state(history)
+        t = _Turn(history)
+        for call in calls:
+            parts = self._parts(call)
+            self._forbidden(call, parts, t)
+            self._repeated_failure(call, parts, t)
+            self._required_steps(turn, parts, t)
+        del history.penalised[:-_MAX_PENALISED]
+        return self._result(before, t)
 
     def evaluate_gui(
         self, turn: int, action_key: str, no_op: bool | None, history: PathHistory
     ) -> PathResult:
-        """Score one GUI action (a ``gui`` next state, in session order) and update
+        """Shape one GUI action (a ``gui`` next state, in session order) and update
         ``history``. ``no_op``: the screen did not change; None when nothing is known (the
         session's first screen), which neither extends nor breaks a run of no-ops.
 
         ``repeated_noop_action``: the same action (type, target, text) that changed nothing
-        more than ``max_repeats`` times in a row is penalised, once per turn; its bonus pays
-        for the action that changes the screen after such a penalised run, once per action
-        key and session (the run cost more than the bonus pays: it cannot be farmed)."""
+        more than ``max_repeats`` times in a row is a violation, once per turn; the action that
+        changes the screen after such a run repays mu of one violation (never more refunds than
+        violations, whatever the action keys)."""
+        before = self._state(history)
+        t = _Turn(history)
         key, count = (str(history.noops[0]), int(history.noops[1])) if history.noops else ("", 0)
-        hits: list[RuleHit] = []
-        phi = bonus = 0.0
         for rule in self.spec.rules:
             if rule.kind != "repeated_noop_action":
                 continue
@@ -270,124 +402,249 @@ class RuleSet:
                 tag = f"{rule.id} turn {turn}"
                 if run > rule.max_repeats and tag not in history.credited:
                     history.credited.append(tag)
-                    phi -= rule.penalty
-                    hits.append({"rule_id": rule.id,
-                                 "detail": f"{action_key[:160]} changed nothing {run} times"})
+                    t.violate(rule, f"{action_key[:160]} changed nothing {run} times")
             elif no_op is False and count > rule.max_repeats:
-                tag = f"{rule.id} recovered {key}"
-                if tag not in history.credited:
-                    history.credited.append(tag)
-                    phi += rule.compliance
-                    bonus += rule.compliance
-                    hits.append({"rule_id": rule.id, "detail": f"compliance: after {key[:120]} "
-                                 f"changed nothing {count} times, {action_key[:120]} did"})
+                t.refund(rule, f"after {key[:120]} changed nothing {count} times, "
+                               f"{action_key[:120]} did")
         if no_op:
             history.noops = [action_key, count + 1 if key == action_key else 1]
         elif no_op is False:
             history.noops = []
-        del history.credited[:-200]
-        return PathResult(round(phi, 10), round(bonus, 10), hits)
+        return self._result(before, t)
 
-    def _recovery(self, calls: Sequence[ToolCall], history: PathHistory) -> str | None:
-        """The goal this turn recovered (if any), updating the goals still failed. Calls are
-        taken in order: a failing call's goal becomes failed; a later call of a failed goal
-        that verifiably succeeds recovers it. Read-only calls are neither."""
-        recovered = None
-        for call in calls:
-            if self.is_read_only(call.command):
+    def _state(self, history: PathHistory) -> tuple[float, float, float]:
+        """(Phi, progress, capped debt) of a history."""
+        debt = min(self._debt(history), -self.phi_min)
+        phi = self.potential(history)
+        return phi, phi + debt, debt
+
+    def _result(self, before: tuple[float, float, float], t: _Turn) -> PathResult:
+        del t.history.credited[:-_MAX_CREDITED]
+        after = self._state(t.history)
+        shaping = GAMMA * after[0] - before[0]
+        bonus = max(0.0, after[1] - before[1]) + max(0.0, before[2] - after[2])
+        return PathResult(round(shaping, 10), round(bonus, 10), t.hits, round(after[0], 10))
+
+    def _forbidden(self, call: ToolCall, parts: list[_Part], t: _Turn) -> None:
+        """Part by part, in order: a forbidden pattern is a violation; a verified success of a
+        compliant alternative (in a part that is not itself forbidden) repays part of an
+        earlier violation of the rule. So the parts of one line count as separate calls."""
+        units = self._succeeded(call, parts)
+        unit_of = {id(p): i for i, unit in enumerate(units) for p in unit}
+        for rule in self.spec.rules:
+            if rule.kind != "forbidden_pattern":
                 continue
-            goal = goal_of(call)
-            if self.is_failure(call.result):
-                if goal not in history.failed_goals:
-                    history.failed_goals.append(goal)
-            elif self.is_success(call.result) and goal in history.failed_goals:
-                history.failed_goals.remove(goal)
-                recovered = recovered or goal
-        return recovered
-
-    def _apply(
-        self,
-        rule: RuleSpec,
-        turn: int,
-        calls: Sequence[ToolCall],
-        history: PathHistory,
-        recovery: str | None = None,
-    ) -> tuple[bool, str] | None:
-        """(violated, detail), (False, detail) for a verified compliance, or None when the
-        rule does not apply to this turn."""
-        c = self._compiled[rule.id]
-        if rule.kind == "forbidden_pattern":
-            for call in calls:
-                if any(p.search(call.command) for p in c.patterns):
-                    return True, call.command[:200]
-            # The compliant alternative, each one credited once per session (variants of one
-            # call are still one alternative) and never for a read-only command.
-            for call in calls:
-                if self.is_read_only(call.command):
+            c = self._compiled[rule.id]
+            repaid: set[int] = set()  # a unit refunds once (a line without an exit code is one)
+            for p in parts:
+                if any(rx.search(p.raw) for rx in c.patterns):
+                    t.violate(rule, p.raw[:200])
                     continue
-                for i, alt in enumerate(c.alternatives):
-                    tag = f"{rule.id} {i}"
-                    if tag not in history.credited and alt.search(call.command):
-                        history.credited.append(tag)
-                        return False, f"compliant alternative: {call.command[:160]}"
-            return None
-        if rule.kind == "repeated_failing_call":
-            assert rule.max_repeats is not None
-            for call in calls:
-                before = history.failures.get(call.key, 0)
-                if before >= rule.max_repeats and self.is_failure(call.result):
-                    return True, f"{call.key[:160]} failed {before + 1} times"
-            tag = f"{rule.id} recovered {recovery}"
-            if recovery is not None and tag not in history.credited:
-                history.credited.append(tag)
-                return False, f"recovered: {recovery[:160]} failed, then succeeded"
-            return None
-        if rule.kind == "repeated_noop_action":
-            return None  # GUI actions come as next states: evaluate_gui
-        if rule.kind == "required_step":
-            trigger, requires = c.trigger, c.requires
-            assert trigger is not None and requires is not None  # validate_spec checks both
-            for at, call in enumerate(calls):
-                if trigger.search(call.command):
+                unit = unit_of.get(id(p))
+                if (unit is not None and unit not in repaid and not p.read_only
+                        and any(alt.search(p.raw) for alt in c.alternatives)):
+                    repaid.add(unit)
+                    t.refund(rule, f"compliant alternative: {p.raw[:160]}")
+
+    def _repeated_failure(self, call: ToolCall, parts: list[_Part], t: _Turn) -> None:
+        """A failed line counts against its intent (its first part that is not a ``cd``); the
+        same intent failing more than ``max_repeats`` times is a violation (once per turn).
+        A verified success of a penalised intent repays part of one."""
+        rules = [r for r in self.spec.rules if r.kind == "repeated_failing_call"]
+        if not rules:
+            return
+        h = t.history
+        if self.is_failure(call.result):
+            intent = _line_intent(call, parts)
+            count = h.failures.pop(intent, 0) + 1
+            h.failures[intent] = count  # re-inserted: the oldest intents are dropped first
+            del_oldest(h.failures, _MAX_FAILURES)
+            for rule in rules:
+                assert rule.max_repeats is not None
+                if count > rule.max_repeats:
+                    t.violate(rule, f"{intent[:160]} failed {count} times")
+                    if intent not in h.penalised:
+                        h.penalised.append(intent)
+            return
+        for unit in self._succeeded(call, parts):
+            intent = _line_intent(call, unit)
+            if intent in h.penalised:
+                h.penalised.remove(intent)
+                for rule in rules:
+                    t.refund(rule, f"recovered: {intent[:160]} failed, then succeeded")
+
+    def _required_steps(self, turn: int, parts: list[_Part], t: _Turn) -> None:
+        """Part by part: a requirement run (not read-only, matched at the part's start)
+        records its turn and, when its result is verified, whether it passed; a trigger with
+        no requirement run within ``within_turns`` is a violation; a trigger that verifiably
+        succeeded while the requirement's latest verified run passed is progress, once."""
+        rules = [r for r in self.spec.rules if r.kind == "required_step"]
+        if not rules:
+            return
+        h = t.history
+        for part in parts:
+            if part.read_only:
+                continue
+            for rule in rules:
+                c = self._compiled[rule.id]
+                assert c.trigger is not None and c.requires is not None
+                if c.requires.match(part.text):
+                    h.ran[rule.id] = turn
+                    if part.passed and rule.id not in h.passing:
+                        h.passing.append(rule.id)
+                        t.hits.append({"rule_id": rule.id,
+                                       "detail": f"compliance: passed: {part.text[:160]}"})
+                    elif part.failed and rule.id in h.passing:
+                        h.passing.remove(rule.id)
+                        t.hits.append({"rule_id": rule.id,
+                                       "detail": f"no longer passes: {part.text[:160]}"})
+                elif c.trigger.match(part.text):
+                    last = h.ran.get(rule.id)
                     window = rule.within_turns
-                    runs = [
-                        f"{t} {cmd[:80]}" for t, cmd in history.commands
-                        if requires.search(cmd) and (window is None or turn - t <= window)
-                    ] + [f"{turn} {x.command[:80]}" for x in calls[:at]
-                         if requires.search(x.command)]
-                    if not runs:
-                        return True, call.command[:200]
-                    # One bonus per run of the requirement: committing twice after one test
-                    # run pays once (design rule 4), and the second commit is not a violation.
-                    tag = f"{rule.id} after {runs[-1]}"
-                    if tag in history.credited:
-                        return None
-                    history.credited.append(tag)
-                    return False, call.command[:200]
-            return None
-        raise RuleConfigError(f"rule {rule.id}: unknown kind {rule.kind!r}")
+                    if last is None or (window is not None and turn - last > window):
+                        t.violate(rule, part.text[:200])
+                    elif part.passed and rule.id in h.passing and rule.id not in h.done:
+                        h.done.append(rule.id)
+                        t.hits.append({"rule_id": rule.id, "detail": "compliance: done after "
+                                       f"a passing run: {part.text[:160]}"})
 
 
-def goal_of(call: ToolCall) -> str:
-    """What a call tries to do, so a retry with other flags is the same goal: for a command,
-    the tool, the program (path and ``VAR=`` assignments dropped) and its first argument that
-    is not a flag (``pytest -x`` and ``pytest`` are one goal, ``nosuchcmd`` and ``true`` two);
-    the first part of a command line that is not a ``cd``; for other calls, the call itself."""
-    command = call.command
-    if command == call.arguments:  # not a shell call: only an identical call is a retry
-        return call.key
-    parts = [p for p in _SEPARATORS.split(command.strip()) if p]
-    line = next((p for p in parts if not re.match(r"^cd(\s|$)", p)), command)
+@functools.lru_cache(maxsize=8)  # a call's result is read several times in one evaluation
+def exit_code(result: str) -> int | None:
+    """The exit code a tool result reports (terminal adapter formats), else None."""
+    found = parse_content(result, 0)
+    return found.exit_code if found is not None else None
+
+
+def del_oldest(items: dict[str, int], keep: int) -> None:
+    """Drop the oldest entries (insertion order) beyond ``keep``."""
+    for k in list(items)[: max(0, len(items) - keep)]:
+        del items[k]
+
+
+def shell_parts(command: str) -> list[tuple[str, str]]:
+    """A command line as (part, separator after it): ``&&``, ``||``, ``|`` (also ``|&``),
+    ``;`` (also a new line), ``&`` (background; not in ``2>&1`` or ``&>``), "" for the end.
+    Quotes and backslash escapes are respected; empty parts are dropped."""
+    parts: list[tuple[str, str]] = []
+    buf: list[str] = []
+    quote: str | None = None
+    i, n = 0, len(command)
+
+    def flush(sep: str) -> None:
+        text = "".join(buf).strip()
+        buf.clear()
+        if text:  # an empty part (`a &&\n b`) keeps the separator before it
+            parts.append((text, sep))
+
+    while i < n:
+        ch = command[i]
+        if quote is not None:
+            buf.append(ch)
+            if ch == "\\" and quote == '"' and i + 1 < n:
+                buf.append(command[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+            i += 1
+            continue
+        if ch in "'\"":
+            quote = ch
+        elif ch == "\\" and i + 1 < n:
+            buf.append(ch + command[i + 1])
+            i += 2
+            continue
+        two = command[i : i + 2]
+        sep, width = "", 1
+        if two in ("&&", "||"):
+            sep, width = two, 2
+        elif two == "|&":
+            sep, width = "|", 2
+        elif ch in ";\n":
+            sep = ";"
+        elif ch == "|":
+            sep = "|"
+        elif ch == "&" and (i == 0 or command[i - 1] not in "<>") and command[i + 1 : i + 2] != ">":
+            sep = "&"
+        if sep:
+            flush(sep)
+            i += width
+            continue
+        buf.append(ch)
+        i += 1
+    flush("")
+    if parts and parts[-1][1] == ";":  # a trailing `;` ends the line like its end
+        parts[-1] = (parts[-1][0], "")
+    return parts
+
+
+def command_words(part: str) -> list[str]:
+    """The words of one part of a command line, as what runs: ``VAR=`` assignments, wrappers
+    (``env``, ``timeout 60``, ``nice -n 5``, ``sudo``, ...), ``uv run`` and the like dropped,
+    ``python -m X`` read as ``X``, the program's path dropped (``/usr/bin/make`` is ``make``)."""
     try:
-        words = shlex.split(line)
+        words = shlex.split(part)
     except ValueError:
-        words = line.split()
-    words = [w for w in words if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", w)] or words
-    if not words:
-        return call.key
-    program = words[0].rsplit("/", 1)[-1]
-    first = next((w for w in words[1:] if not w.startswith("-")), "")
-    return f"{call.name}:{program} {first}".rstrip()
+        words = part.split()
+    while True:
+        before = len(words)
+        while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+            words = words[1:]
+        if not words:
+            return []
+        prog = words[0].rsplit("/", 1)[-1]
+        if prog in _WRAPPERS:
+            words = words[1:]
+            while words and (words[0].startswith("-") or re.fullmatch(r"[\d.]+[smhd]?",
+                                                                      words[0])):
+                words = words[1:]
+        elif (prog in _RUNNERS and words[1:2] == ["run"]) or (
+            re.fullmatch(r"python[\d.]*", prog) and len(words) > 2 and words[1] == "-m"
+        ):
+            words = words[2:]
+        if len(words) == before:
+            break
+    if words:
+        words[0] = words[0].rsplit("/", 1)[-1]
+    return words
+
+
+def part_intent(name: str, raw: str, words: list[str], read_only: bool) -> str:
+    """What one part of a command line tries to do, so that a retry with other arguments is
+    the same intent: the tool and the program (:func:`command_words`), plus the script of an
+    interpreter (``python step1.py``) or the subcommand of a multi-command tool (``git
+    commit``, ``make test``); ``pytest -k case1`` and ``pytest -x`` are one intent. A read-only
+    part (whose failures are exploration: ``grep`` exits 1 on no match): the part itself."""
+    if read_only or not words:
+        return f"{name}:{raw}"
+    program = "python" if re.fullmatch(r"python[\d.]*", words[0]) else words[0]
+    if program in _INTERPRETERS or program in _SUBCOMMANDS:
+        first = next((w for w in words[1:] if not w.startswith("-")), "")
+        return f"{name}:{program} {first}".rstrip()
+    return f"{name}:{program}"
+
+
+def _line_intent(call: ToolCall, parts: list[_Part]) -> str:
+    """The intent of a line (or unit): that of its first part that is not a ``cd``."""
+    return next((p.intent for p in parts if not re.match(r"^cd(\s|$)", p.text)),
+                parts[0].intent if parts else call.key)
+
+
+def intent_of(call: ToolCall, rules: RuleSet | None = None) -> str:
+    """The intent a failure of ``call`` counts against (:func:`part_intent` of its first part
+    that is not a ``cd``; a call that is no shell command: the call itself). ``rules`` says
+    what is read-only (default: the built-in read-only commands)."""
+    rs = rules if rules is not None else _DEFAULT_READ_ONLY_RULES
+    return _line_intent(call, rs._parts(call))
+
+
+def phi_bounds(spec: RuleSetSpec) -> tuple[float, float]:
+    """(phi_min, phi_max) of a rule set: the floor (``phi_min``, default minus the sum of the
+    penalties) and the sum of the progress facts (two per required step: mu each)."""
+    floor = spec.phi_min if spec.phi_min is not None else -sum(
+        max(r.penalty, 0.0) for r in spec.rules)
+    top = sum(2 * max(r.compliance, 0.0) for r in spec.rules if r.kind == "required_step")
+    return round(floor, 10), round(top, 10)
 
 
 def validate_spec(spec: RuleSetSpec) -> None:
@@ -460,21 +717,19 @@ def validate_spec(spec: RuleSetSpec) -> None:
                     )
             if r.within_turns is not None and r.within_turns < 1:
                 problems.append(f"{where}: within_turns must be >= 1")
-    worst = spec.beta * sum(r.penalty for r in spec.rules if r.penalty > 0)
-    best = spec.beta * sum(r.compliance for r in spec.rules if r.compliance > 0)
+    if spec.phi_min is not None and spec.phi_min >= 0:
+        problems.append(f"phi_min {spec.phi_min:g} must be below 0 (the potential's floor)")
+    floor, top = phi_bounds(spec)
     limit = spec.max_path_share * spec.outcome_scale
-    if worst >= limit:
+    if spec.beta * (top - floor) >= limit:
         problems.append(
-            f"inaction trap: the path part can reach beta * sum(lambda) = {worst:g}, not below "
-            f"{limit:g} (max_path_share {spec.max_path_share:g} x outcome scale "
-            f"{spec.outcome_scale:g}). When penalties can outweigh the outcome, an agent learns "
-            "that doing nothing (no tool calls, no risk) beats trying to succeed (design rule 2: "
-            "the outcome must stay the main driver); lower beta or the penalties"
-        )
-    if best >= limit:
-        problems.append(
-            f"compliance bonuses can reach beta * sum(mu) = {best:g}, not below {limit:g}: the "
-            "agent could earn more by ticking rules than by succeeding (design rule 2)"
+            f"inaction trap: the path part spans beta * (phi_max - phi_min) = "
+            f"{spec.beta * (top - floor):g}, not below {limit:g} (max_path_share "
+            f"{spec.max_path_share:g} x outcome scale {spec.outcome_scale:g}). When penalties "
+            "can outweigh the outcome, an agent learns that doing nothing (no tool calls, no "
+            "risk) beats trying to succeed, and bonuses that can outweigh it are earned instead "
+            "of succeeding (design rule 2: the outcome must stay the main driver); lower beta, "
+            "the penalties or phi_min's size"
         )
     if problems:
         raise RuleConfigError("invalid path-penalty rules:\n- " + "\n- ".join(problems))
@@ -495,3 +750,6 @@ def _compile(pattern: str, where: str, problems: list[str]) -> re.Pattern[str] |
     except re.error as exc:
         problems.append(f"{where}: bad regex {pattern!r}: {exc}")
         return None
+
+
+_DEFAULT_READ_ONLY_RULES = RuleSet(RuleSetSpec(version="read-only", beta=0.1))

@@ -16,6 +16,13 @@ group is z-scored). A failed session (outcome < 0) never carries a positive rewa
 (:func:`outcome_bound`, here and after z-scoring). A turn with an accepted hint trains OPD
 whatever its score (OpenClaw-RL's OPD-only samples); ``masked`` means neither term trains.
 
+A judge verdict that failed (``PrmScore.error`` set and no vote cast) is no verdict: the turn
+counts as unjudged (:attr:`PrmEntry.no_verdict`), so a failure is never trained, or ranked in a
+group, as if the judge had said 0. Path shaping only modifies a real signal (a verdict whose
+mean is not 0, or a session outcome; :func:`has_real_signal`): on a turn without one the path
+part is dropped, so shaping alone never makes a reward, positive or negative, nor a trainable
+sample. A non-finite part (an overflowing beta * Phi) is dropped too.
+
 Groups (RLAnything): sessions whose interactions carry a ``group_id`` are attempts at the same
 task; their samples' rewards are z-scored within (group, step index) by :func:`zscore_by_group_step`
 once the group is complete (the worker's group stage, keyed by group id, does the waiting).
@@ -66,7 +73,10 @@ from pipeline.events import (
     derive_event_id,
 )
 
+from . import verification
+
 OUTCOME_KINDS = ("test_result", "feedback")
+MAX_OUTCOME_CHECKS = 16  # distinct checks (gates, sources) whose results a session combines
 
 
 def is_session_outcome(ns: NextState) -> bool:
@@ -144,15 +154,6 @@ def token_payload(inter: Interaction) -> TokenPayload:
     )
 
 
-def outcome_value(ns: NextState) -> float:
-    """Explicit score, else pass/fail from the exit code, else 0."""
-    if ns.score is not None:
-        return float(ns.score)
-    if ns.exit_code is not None:
-        return 1.0 if ns.exit_code == 0 else -1.0
-    return 0.0
-
-
 def reward_parts(
     scores: Sequence[int],
     votes: Sequence[int | None],
@@ -170,6 +171,13 @@ def reward_parts(
         o = outcome
     pen = beta * phi
     return o, prm, pen, o + prm + pen
+
+
+def has_real_signal(prm: float, outcome: float | None) -> bool:
+    """Whether a turn's reward rests on something verified: a session outcome, or verdicts
+    whose mean is not 0. Path shaping may only modify such a reward (see the module
+    docstring), never make one."""
+    return outcome is not None or prm != 0
 
 
 def mask_turns(
@@ -218,14 +226,17 @@ def zscore_by_group_step(
     path_scale: float = PATH_SCALE,
 ) -> list[Sample]:
     """Z-score the outcome+PRM part (``reward - penalty``) within (group_id, step_index) with the
-    population std, then add the path part by :func:`path_adjusted`.
+    population std, then add the path part by :func:`path_adjusted`. The z-scored samples are
+    marked ``normalized``: their reward is an advantage already centred in its group, so the
+    trainer subtracts no batch baseline from it.
 
     Only RL-trainable samples take part (RL-masked ones carry no signal and would drag the mean
     to 0). Samples without a group and buckets of one are returned unchanged (a single sample
     has no spread). A constant bucket (no spread in outcome+PRM) is dropped from training the RL
     term instead of being kept at advantage 0: its members get a zero ``loss_mask`` (and are
     ``masked`` unless their OPD mask still trains), so they neither dilute the token count of
-    the informative samples nor let a path-part difference alone become a ±1 advantage."""
+    the informative samples nor let a path-part difference alone become a ±1 advantage; so is
+    a bucket whose spread overflows (no sound advantage to give it)."""
     groups: dict[tuple[str, int | None], list[int]] = defaultdict(list)
     for i, s in enumerate(samples):
         if s.group_id is not None and s.rl_trainable():
@@ -235,14 +246,16 @@ def zscore_by_group_step(
         base = [samples[i].reward - samples[i].penalty for i in idx]
         if len(idx) < 2:
             # No spread to rank against: a zero score without an outcome says nothing (it
-            # takes part only to be ranked in a group), so it leaves the RL term.
+            # takes part only to be ranked in a group), so it leaves the RL term, whatever
+            # path part it carries (shaping alone is no signal).
             s = samples[idx[0]]
-            if base[0] == 0 and s.reward == 0 and s.outcome is None:
+            if base[0] == 0 and s.outcome is None:
                 out[idx[0]] = _without_rl(s)
             continue
         mean = sum(base) / len(base)
-        std = math.sqrt(sum((r - mean) ** 2 for r in base) / len(base))
-        if std <= 1e-9 * max(1.0, abs(mean)):
+        # (products, not ** 2: a huge outcome score overflows to inf instead of raising)
+        std = math.sqrt(sum((r - mean) * (r - mean) for r in base) / len(base))
+        if not math.isfinite(std) or std <= 1e-9 * max(1.0, abs(mean)):
             for i in idx:
                 out[i] = _without_rl(samples[i])
             continue
@@ -250,7 +263,10 @@ def zscore_by_group_step(
             z = (b - mean) / (std + eps)
             adv = path_adjusted(z, samples[i].penalty, path_share, path_scale)
             adv = outcome_bound(adv, samples[i].outcome)
-            out[i] = replace(samples[i], reward=adv, penalty=adv - z)
+            if not math.isfinite(adv):  # an overflowing spread: nothing sound to train on
+                out[i] = _without_rl(samples[i])
+                continue
+            out[i] = replace(samples[i], reward=adv, penalty=adv - z, normalized=True)
     return out
 
 
@@ -295,6 +311,15 @@ class PrmEntry:
     event_id: str
     score: int
     votes: list[int | None] = field(default_factory=list)
+    # The judge failed (error set, no vote cast): the entry answers the turn (readiness) but
+    # is no verdict, so the turn counts as unjudged. False in states stored before the field.
+    no_verdict: bool = False
+
+
+def is_no_verdict(prm: PrmScore) -> bool:
+    """A verdict that errored: ``error`` set and no vote cast (its score 0 is no judgement).
+    A panel or multi-vote judge with some votes despite an error has a verdict."""
+    return prm.error is not None and all(v is None for v in prm.votes)
 
 
 @dataclass(slots=True)
@@ -397,6 +422,8 @@ class AssemblyState:
     session_id: str = ""
     turns: dict[int, AssemblyTurn] = field(default_factory=dict)
     outcome: Outcome | None = None
+    # Each check's latest result (verification.outcome_key); ``outcome`` is all_must_pass of them.
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
     closed_at_ms: int | None = None
     last_turn: int | None = None
     done: bool = False
@@ -442,8 +469,8 @@ class Assembler:
     """Collects a session's turn events (typed state, updated in place) and emits rewards and
     samples."""
 
-    reward_version: str = "reward-2"
-    sample_version: str = "samples-2"
+    reward_version: str = "reward-3"
+    sample_version: str = "samples-3"
     grace_ms: int = 30_000
     outcome_wait_ms: int = 0
     hint_wait_ms: int = 0
@@ -595,11 +622,15 @@ class Assembler:
 
     def _record(self, state: AssemblyState, ns: NextState, now_ms: int) -> None:
         if is_session_outcome(ns):
-            prev = state.outcome
-            if prev is None or (ns.ts_ms, ns.event_id) > (prev.ts_ms, prev.event_id):
-                state.outcome = Outcome(
-                    event_id=ns.event_id, ts_ms=ns.ts_ms, value=outcome_value(ns)
-                )
+            value = verification.outcome_value(ns)
+            if value is None:  # timed out, not found, read-only: no outcome
+                return
+            key = verification.outcome_key(ns)
+            if key not in state.outcomes and len(state.outcomes) >= MAX_OUTCOME_CHECKS:
+                return  # a client names its check (its source): their number is bounded
+            verification.keep_latest(state.outcomes, key,
+                                     Outcome(event_id=ns.event_id, ts_ms=ns.ts_ms, value=value))
+            state.outcome = verification.all_must_pass(state.outcomes.values())
             return
         if state.done:
             return
@@ -618,7 +649,8 @@ class Assembler:
         # parents are [interaction id, next state id]: key the verdict by its next state.
         info = self._turn(state, prm.session_id, prm.turn)
         info.prm[prm.parents[-1]] = PrmEntry(
-            event_id=prm.event_id, score=prm.score, votes=list(prm.votes)
+            event_id=prm.event_id, score=prm.score, votes=list(prm.votes),
+            no_verdict=is_no_verdict(prm),
         )
         # A judge agent's verdict may come before its next state, so one without its next
         # state is kept; but it is more often the verdict of a replaced vote. The oldest go
@@ -718,7 +750,12 @@ class Assembler:
             if state.last_turn is not None and t > state.last_turn:
                 continue
             info = turns[t]
-            judged = [info.prm[n] for n in sorted(info.next_states) if n in info.prm]
+            # A failed verdict is none: the turn is as unjudged as if the judge never answered.
+            judged = [
+                info.prm[n]
+                for n in sorted(info.next_states)
+                if n in info.prm and not info.prm[n].no_verdict
+            ]
             if not judged and o_val is None:
                 signal[t] = False  # no verdict, no outcome: nothing is known about the turn
                 continue
@@ -734,6 +771,9 @@ class Assembler:
             o, prm, penalty, total = reward_parts(
                 [j.score for j in judged], votes, o_val, beta, phi
             )
+            if not has_real_signal(prm, o_val) or not math.isfinite(total):
+                # Shaping modifies a real signal, never makes one (nor does an overflow).
+                penalty, total = 0.0, o + prm
             parents = [j.event_id for j in judged] + [
                 x for x in (pen and pen.event_id, outcome and outcome.event_id) if x
             ] + [a.event_id for a in actions]

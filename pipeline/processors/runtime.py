@@ -139,14 +139,14 @@ class Runtime:
     async def units(self, stream: faust.StreamT) -> AsyncIterator[Any]:
         """``stream``'s events, each handled as one unit and acked inside it (Faust would ack
         it only when the next one is asked for, after the unit: a commit in between would hold
-        its outputs but not its offset)."""
+        its outputs but not its offset). The ack follows the ``yield``, so it runs only when
+        the body asks for the next event: a unit that raised or was cancelled is never acked,
+        and the commit stops before its record (handed again: ``ledger_consumer.py``)."""
         stream.enable_acks = False
         async for ev in stream.events():
             async with self.unit():
-                try:
-                    yield ev
-                finally:
-                    await stream.ack(ev)
+                yield ev
+                await stream.ack(ev)
 
     async def unit_batches(
         self, stream: faust.StreamT, size: int, within: float
@@ -154,17 +154,24 @@ class Runtime:
         """Faust's ``take_events`` batches, each one unit, acked inside it like :meth:`units`.
         ``take_events`` acks each event again when the next batch is asked for; one reference
         given back per event makes that second ack a no-op for a message another agent still
-        holds (the judge agent shares interactions and next states with the session agent)."""
+        holds (the judge agent shares interactions and next states with the session agent).
+        A batch whose unit raised or was cancelled is not acked (see :meth:`units`), neither
+        here nor by ``take_events`` when it is closed."""
         batches = stream.take_events(size, within=within)  # type: ignore[attr-defined]
         async for evs in batches:
             async with self.unit():
                 try:
                     yield evs
-                finally:
+                except BaseException:
+                    # take_events acks the batch when it is closed: one reference more
+                    # per event keeps that ack from reaching the consumer.
                     for ev in evs:
-                        await stream.ack(ev)
-                        if not ev.message.acked:
-                            ev.message.incref()
+                        ev.message.incref()
+                    raise
+                for ev in evs:
+                    await stream.ack(ev)
+                    if not ev.message.acked:
+                        ev.message.incref()
 
     # ---- declarations -------------------------------------------------------------------
 

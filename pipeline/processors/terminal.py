@@ -9,8 +9,10 @@ plain tool output that merely mentions a number ("1 failed") is never taken for 
 - text with a line of its own such as ``Exit code: 1``, ``exit status 2``,
   ``Process exited with code 1``, or a bracketed ``[exit 1]`` / ``[exit code: 1]``.
 
-Pure functions: the pairing stage calls :func:`parse_tool_message` on each tool result and
-turns the turn's next state into a ``terminal`` one with :func:`combined_exit_code`.
+Pure functions: the pairing stage calls :func:`parse_tool_message` on each tool result, names
+each result's command (from the turn's tool call), and turns the turn's next state into a
+``terminal`` one with :func:`combined_exit_code`: results that verify nothing (exit 124, 126,
+127; a read-only command such as ``ls`` or ``git status``) do not count in it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .verification import exit_vote
 
 TAIL_CHARS = 2000
 """Kept of stdout and of stderr (their ends: where failures are reported)."""
@@ -46,13 +50,25 @@ class TerminalResult:
     exit_code: int
     stdout_tail: str = ""
     stderr_tail: str = ""
+    command: str | None = None  # the tool call's command, where the turn's calls name it
+
+    @property
+    def vote(self) -> int | None:
+        """What it verifies (``verification.exit_vote``): None for exit 124/126/127 and for a
+        read-only command."""
+        return exit_vote(self.exit_code, self.command)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "exit_code": self.exit_code,
             "stdout_tail": self.stdout_tail,
             "stderr_tail": self.stderr_tail,
         }
+        if self.command is not None:
+            out["command"] = self.command
+        if self.vote is None:
+            out["no_outcome"] = True
+        return out
 
 
 def tail(text: str, limit: int = TAIL_CHARS) -> str:
@@ -86,8 +102,10 @@ def parse_content(content: Any, limit: int = TAIL_CHARS) -> TerminalResult | Non
 
 
 def combined_exit_code(results: Iterable[TerminalResult]) -> int | None:
-    """One code for a turn's results: the first failure, else 0 (None without results)."""
-    codes = [r.exit_code for r in results]
+    """One code for a turn's results: the first failure, else 0; None when no result says
+    anything (none at all, or each timed out (124), could not run (126, 127) or ran a
+    read-only command: see :mod:`verification`)."""
+    codes = [r.exit_code for r in results if r.vote is not None]
     if not codes:
         return None
     return next((c for c in codes if c != 0), 0)

@@ -19,6 +19,10 @@ producer (faust-streaming issues 177, 323, 440, 517). Here instead, as in Kafka 
   ``broker_commit_interval`` (``[processors] commit_interval_s``), also without new offsets,
   when only timers wrote, and as soon as no unit has run for ``commit_idle_s`` (a quiet
   worker's records are visible at once);
+- a unit that raises or is cancelled is not acked (``runtime.Runtime.units``), and its
+  partial outputs are in the open transaction: that transaction is never committed. The
+  next commit raises :class:`UnitFailed`, which stops the worker; the broker aborts what it
+  wrote and its restart reads the records from the last commit again;
 - the offsets committed are those of the consumer's ledger (``offset_ledger.py``): contiguous
   from the last commit through records a unit acknowledged and offsets that hold no record,
   never past a record no unit handled, whatever Faust's own gap arithmetic says;
@@ -74,6 +78,7 @@ class UnitLock:
         self._committing = False
         self._cond = asyncio.Condition()
         self.last_end = 0.0  # monotonic time the last unit ended
+        self.failed: str | None = None  # the first unit that raised or was cancelled
 
     def idle_for(self) -> float:
         """Seconds since the last unit ended; 0 while one runs or a commit does."""
@@ -92,6 +97,12 @@ class UnitLock:
         token = _IN_UNIT.set(True)
         try:
             yield
+        except BaseException as exc:
+            # Its outputs and state writes so far are in the open transaction, its input is
+            # not acked: committing would keep half a unit. Nothing is committed any more.
+            if self.failed is None:
+                self.failed = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise
         finally:
             _IN_UNIT.reset(token)
             async with self._cond:
@@ -111,6 +122,10 @@ class UnitLock:
             async with self._cond:
                 self._committing = False
                 self._cond.notify_all()
+
+
+class UnitFailed(RuntimeError):
+    """A unit raised or was cancelled: the open transaction holds half of it."""
 
 
 class Transaction:
@@ -140,6 +155,12 @@ class Transaction:
         producer = self.producer
         if producer is None:
             raise RuntimeError("the worker's transactional producer has not started")
+        if self.lock.failed is not None:
+            raise UnitFailed(
+                f"a unit of work failed ({self.lock.failed}): what this worker wrote since "
+                "its last commit is left uncommitted (the broker aborts it, or the restart "
+                "fences it) and the worker stops; its restart reads those records again"
+            )
         try:
             if offsets:
                 await producer.send_offsets_to_transaction(
@@ -348,6 +369,10 @@ class Consumer(LedgerConsumer):
         mine = {tp: o for tp, o in offsets.items() if tp in owned}
         try:
             await transaction_of(self.app).commit(mine)
+        except UnitFailed as exc:
+            log.error("%s", exc)
+            await self.crash(exc)  # as Faust's consumer does with a commit it cannot make
+            return False
         except Exception as exc:
             if not is_fenced(exc):
                 raise

@@ -7,7 +7,8 @@ produces to Kafka itself): ``POST /v1/next_states/terminal`` with::
      "output": "2 failed, 10 passed"}
 
 One ``terminal`` next state of that turn: ``exit_code`` kept, ``score`` +1 when the code is
-one of ``passing_exit_codes`` (default ``[0]``), else -1, the output as its content.
+one of ``passing_exit_codes`` (default ``[0]``), else -1, the output as its content; no score
+for exit 124, 126, 127 or a read-only command (``ls``, ``git status``: no outcome).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline import __version__, events
+from pipeline.processors.verification import exit_vote
 
 from .errors import ApiError
 from .protocol import validated
@@ -49,6 +51,9 @@ class TerminalSource:
                            param="output", code="text_too_long")
         sid, turn = session_turn(request, post.session_id, post.turn)
         passed = post.exit_code in self.options.passing_exit_codes
+        # No score where the code says nothing: timed out, not runnable, or a read-only
+        # command (processors/verification.py), whatever passing_exit_codes says.
+        says = exit_vote(post.exit_code, post.command or None) is not None
         return [events.NextState(
             event_id=events.new_event_id(),
             producer=PRODUCER,
@@ -58,7 +63,7 @@ class TerminalSource:
             role="tool",
             content=post.output,
             exit_code=post.exit_code,
-            score=1.0 if passed else -1.0,
+            score=(1.0 if passed else -1.0) if says else None,
             source=self.options.source,
             detail={"command": post.command, "key_id": request.key_id},
         )]

@@ -233,6 +233,14 @@ class TrainerSettings(BaseModel):
         description="Fluency difference per prompt counted as a tie: one sampled answer per "
         "prompt varies by a few tenths of a nat on its own.",
     )
+    gate_min_decided: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="Share of the verdict's prompts that some judge must have decided (compared "
+        "two scores, a tie within the margin included, or found an answer that says nothing); "
+        "fewer (and always none) is no decision: the version stays a candidate, never "
+        "promoted. The verdict is a majority vote over prompts; when most judges abstained "
+        "it would be a majority of nothing.",
+    )
     gate_max_new_tokens: int = Field(
         default=16, ge=1, le=512,
         description="Longest fresh answer (tokens): each one costs a forward pass of every "

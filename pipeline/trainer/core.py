@@ -121,7 +121,8 @@ class _Batch:
     mask_opd: torch.Tensor
     rows: torch.Tensor  # the rows the loss averages over
     norm: torch.Tensor  # the normalising mask every part shares
-    baseline: float | torch.Tensor
+    baseline: float | torch.Tensor  # [B] per row (L.row_baselines), or 0.0
+    batch_mean: float  # the batch mean reward in it (reported as the step's ``baseline``)
     method: methods.Method
     options: Any  # the method's validated options
     mine: torch.Tensor  # [B] this rank's rows
@@ -446,6 +447,10 @@ class TrainerCore:
         loss_mask = pad([s.loss_mask for s in samples], torch.float32)
         opd_mask = pad([self._opd_mask_of(s) for s in samples], torch.float32)
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=dev)
+        # check_sample refuses a non-finite reward; one that overflows float32 (or a caller
+        # that skipped the check) must still not reach an advantage: it trains no RL term.
+        finite = torch.isfinite(rewards)
+        rewards = torch.where(finite, rewards, torch.zeros_like(rewards))
         versions = torch.tensor([s.behavior_weight_version for s in samples], device=dev)
         if staleness is None:
             lag_v = (current_version - versions).clamp(min=0)
@@ -457,7 +462,7 @@ class TrainerCore:
         held = flags(held_list)
         has_hint = self._has_hint(samples).bool()
         not_masked = flags([not s.masked for s in samples])
-        rl_ok = not_masked & ~held & (loss_mask.sum(dim=-1) > 0)
+        rl_ok = not_masked & ~held & finite & (loss_mask.sum(dim=-1) > 0)
         opd_ok = not_masked & ~held & has_hint & (opd_mask.sum(dim=-1) > 0)
         no = torch.zeros_like(rl_ok)
         method = methods.get(cfg.method)
@@ -467,17 +472,25 @@ class TrainerCore:
         mask_rl = loss_mask * (rl_ok & fresh_enough)[:, None].float()
         mask_opd = opd_mask * (opd_ok & fresh_enough)[:, None].float()
         rows, norm = self._batch_rows(has_hint, held, mask_rl, mask_opd, uses_rl, uses_opd)
-        # Binary RL's baseline: the whole batch's mean reward (before any data-parallel shard).
+        # Binary RL's baseline per row (before any data-parallel shard): the whole batch's mean
+        # reward over its trained rows that are not group-normalised; 0 for a group-normalised
+        # row; a failed session's row never above 0 (L.row_baselines).
         baseline: float | torch.Tensor = 0.0
-        if uses_rl and cfg.rl_baseline == "batch_mean":
-            baseline = L.batch_mean_baseline(rewards, mask_rl.sum(dim=-1) > 0)
+        batch_mean = 0.0
+        if uses_rl:
+            base, mean = L.row_baselines(
+                rewards, mask_rl.sum(dim=-1) > 0, flags([s.normalized for s in samples]),
+                flags([s.outcome_failed() for s in samples]),
+                batch_mean=cfg.rl_baseline == "batch_mean",
+            )  # fmt: skip
+            baseline, batch_mean = base, float(mean)
         return _Batch(
             samples=samples, rmax=rmax, tokens=tokens, rewards=rewards, versions=versions,
             valid=pad([[1.0] * len(s.response_token_ids) for s in samples], torch.float32),
             behavior=pad([s.behavior_logprobs for s in samples], torch.float32),
             lag_v=lag_v, stale=stale, held_list=held_list, has_hint=has_hint, rl_ok=rl_ok,
             usable=usable, keep=usable & fresh_enough, mask_rl=mask_rl, mask_opd=mask_opd,
-            rows=rows, norm=norm, baseline=baseline, method=method,
+            rows=rows, norm=norm, baseline=baseline, batch_mean=batch_mean, method=method,
             options=methods.options(cfg.method, cfg.method_options),
             mine=torch.ones(bsz, dtype=torch.bool, device=dev),
             trained_tokens=int(norm.sum().item()),
@@ -539,6 +552,7 @@ class TrainerCore:
                 logp=logp_cur, logp_old=b.logp_old, rewards=b.rewards,
                 mask=b.mask_rl if part.mask == "rl" else b.mask_opd, weights=b.weights,
                 outcomes=b.outcomes, rows=b.rows, norm=b.norm, baseline=b.baseline,
+                batch_mean=b.batch_mean,
                 options=b.options,
             ))
             if part.mask == "opd":  # the OPD mask's parts run the teacher

@@ -19,6 +19,10 @@ version's answers and scores are computed once per live version.
 
 Judges; each votes +1 (candidate better), −1 (live better) or 0 (tie, or does not apply):
 
+- ``validity`` (every prompt): an answer that says nothing (:func:`answer_defect`: empty,
+  whitespace, no letter or digit, a loop of one token or word) or whose fluency is missing,
+  NaN or infinite loses its prompt, whatever the other judges say (the live version's too);
+
 - ``capability`` (probe): one greedy answer is correct (``probe.is_correct``), the other not;
 - ``fluency`` (every prompt): f = mean log-prob per token of the sampled answer under the frozen
   base; |f_c − f_l| ≤ ``gate_fluency_margin`` is a tie. It detects collapse, not style: a
@@ -35,12 +39,16 @@ Judges; each votes +1 (candidate better), −1 (live better) or 0 (tie, or does 
 - ``llm`` (where ``gate_llm_url`` is set): an OpenAI-compatible model says which greedy answer
   is better (:mod:`pipeline.trainer.gate_llm`).
 
-Verdict: a prompt goes to the side its votes add up to (0: tied). The candidate is promoted iff
-a majority of the prompts does not prefer the live version (ties count as no preference: a
-small step changes few answers, and the vetoes below guard what matters), its probe score
-is at most ``gate_probe_tolerance`` questions below the live one's, and its mean fluency at most
-``gate_fluency_tolerance`` nats per token below. Every vote is kept in the verdict (``votes``),
-and from there becomes a ``GateVote`` event and a ``gate_votes`` Delta row.
+Verdict: a prompt goes to the side its votes add up to (0: tied), or to the validity judge's.
+The candidate is promoted iff a majority of the prompts does not prefer the live version (ties
+count as no preference: a small step changes few answers, and the vetoes below guard what
+matters), its probe score is at most ``gate_probe_tolerance`` questions below the live one's,
+and its mean fluency at most ``gate_fluency_tolerance`` nats per token below (a fluency that
+is missing or not finite fails). A vote cast without two comparable scores is an abstention;
+with fewer than ``gate_min_decided`` of the prompts decided by some judge the verdict is no
+decision (``NO_DECISION``): the version stays a candidate, never promoted. Every vote is kept
+in the verdict (``votes``), and from there becomes a ``GateVote`` event and a ``gate_votes``
+Delta row.
 
 The verdict is stored in ``vN/trainer/verdict.json`` before it is appended to Delta and sent,
 so a crash anywhere after that replays the same verdict rather than re-evaluating. What the
@@ -51,6 +59,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
+import re
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -86,7 +96,16 @@ _COLUMNS = [
     "event_id", "session_id", "prompt_token_ids", "response_token_ids", "loss_mask", "reward",
     "hints", "weight_version", "step", "source_partition", "source_offset",
 ]
-JUDGES = ("capability", "fluency", "hint", "reward", "llm")
+JUDGES = ("validity", "capability", "fluency", "hint", "reward", "llm")
+VALIDITY = "validity"  # an empty, degenerate or unscored answer loses its prompt, unweighted
+NO_DECISION = "candidate"  # the status of a verdict with too few decided prompts: not promoted
+# An answer's smallest acceptable content: one word character. The probe's right answers can be
+# a single character ("4", "7", "0"), so any longer minimum would fail correct answers; an
+# answer without a single letter or digit ("", "  ", "...") answers nothing.
+MIN_WORD_CHARS = 1
+REPEAT_MIN = 4  # units (tokens, words, characters): this many or more, all one unit, is a loop
+LOOP_MIN = 8  # units: this many or more with at most a quarter of them distinct is a loop
+_WORD_CHAR = re.compile(r"\w")
 ANSWER_CHARS = 400  # of each answer kept in a vote (the Delta row, the event's detail)
 
 
@@ -148,11 +167,13 @@ class Scored:
     fluency: list[float | None]
     hint: list[float | None]
     recorded: list[float | None]  # mean log-prob of the recorded response (reward judge)
+    sampled: list[list[int]] = field(default_factory=list)  # token ids of the sampled answers
 
     def row(self, i: int) -> tuple[Any, ...]:
         """Prompt ``i``'s scores in field order: what the live cache keeps per prompt."""
         return (self.greedy[i], self.text[i], self.sampled_text[i], self.correct[i],
-                self.fluency[i], self.hint[i], self.recorded[i])
+                self.fluency[i], self.hint[i], self.recorded[i],
+                self.sampled[i] if i < len(self.sampled) else [])
 
 
 def tally(values: Sequence[int], weights: Sequence[float] | None = None) -> int:
@@ -191,16 +212,69 @@ def judge_weights(cfg: TrainerSettings, live: LiveRows | None = None) -> dict[st
     return weights
 
 
+def finite(x: float | None) -> bool:
+    """A score that can be compared: present and neither NaN nor infinite."""
+    return x is not None and math.isfinite(x)
+
+
 def vote(candidate: float | None, live: float | None, margin: float) -> int:
     """+1 / −1 when one score beats the other by more than ``margin``; 0 otherwise or when a
-    score is missing (the judge abstains)."""
-    if candidate is None or live is None:
+    score is missing, NaN or infinite (the judge abstains: see :func:`judged`)."""
+    if not finite(candidate) or not finite(live):
         return 0
+    assert candidate is not None and live is not None
     if candidate > live + margin:
         return 1
     if candidate < live - margin:
         return -1
     return 0
+
+
+def judged(candidate: float | None, live: float | None) -> bool:
+    """Whether a score judge compared two scores (a tie within the margin included), rather
+    than abstained on a missing or non-finite one."""
+    return finite(candidate) and finite(live)
+
+
+def _repeats(units: Sequence[Any]) -> bool:
+    """One unit (token, word, character) said ``REPEAT_MIN`` or more times, and nothing else."""
+    return len(units) >= REPEAT_MIN and len(set(units)) == 1
+
+
+def _loops(words: Sequence[str]) -> bool:
+    """``LOOP_MIN`` or more words of which at most a quarter are distinct ("a b a b a b a b").
+    Words only: a long number is a few distinct digit tokens and still an answer."""
+    return len(words) >= LOOP_MIN and 4 * len(set(words)) <= len(words)
+
+
+def answer_defect(text: str, ids: Sequence[int] | None = None) -> str | None:
+    """Why an answer answers nothing (None: it is an answer): ``empty``, ``whitespace``,
+    ``no words`` (fewer than ``MIN_WORD_CHARS`` letters or digits: "...", "?!"), or
+    ``degenerate`` (one token, word or character repeated, or a loop of a few words).
+    Model-independent: read from the decoded text, and from the token ids where given."""
+    if not text:
+        return "empty"
+    if not text.strip():
+        return "whitespace"
+    if len(_WORD_CHAR.findall(text)) < MIN_WORD_CHARS:
+        return "no words"
+    words = text.split()
+    chars = [c for c in text if not c.isspace()]
+    if _repeats(list(ids or ())) or _repeats(words) or _loops(words) or (
+            len(words) == 1 and _repeats(chars)):
+        return "degenerate"
+    return None
+
+
+def fluency_defect(value: float | None) -> str | None:
+    """Why a fluency score is not one (None: it is): missing, NaN or infinite."""
+    if value is None:
+        return "no fluency"
+    if math.isnan(value):
+        return "fluency NaN"
+    if math.isinf(value):
+        return "fluency infinite"
+    return None
 
 
 def decide(
@@ -210,13 +284,25 @@ def decide(
     cfg: TrainerSettings,
     live: LiveRows | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(status, figures) from the votes and the capability checks (see the module docstring)."""
+    """(status, figures) from the votes and the capability checks (see the module docstring):
+    ``rejected`` on any reason, else ``NO_DECISION`` when fewer than ``gate_min_decided`` of
+    the prompts were decided, else ``promoted``."""
     weights = judge_weights(cfg, live)
-    by_prompt: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    by_prompt: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for v in votes:
-        by_prompt.setdefault((v["source"], v["prompt_id"]), []).append(
-            (int(v["vote"]), weights.get(v["judge"], 1.0)))
-    sides = [tally([x for x, _ in vs], [w for _, w in vs]) for vs in by_prompt.values()]
+        by_prompt.setdefault((v["source"], v["prompt_id"]), []).append(v)
+    sides, decided = [], 0
+    for vs in by_prompt.values():
+        # The validity judge settles its prompt whatever the others say: an answer that
+        # answers nothing loses, however the weighted judges split or abstain.
+        forced = [int(v["vote"]) for v in vs if v["judge"] == VALIDITY and int(v["vote"])]
+        rest = [v for v in vs if v["judge"] != VALIDITY]
+        if forced:
+            sides.append(min(forced))
+        else:
+            sides.append(tally([int(v["vote"]) for v in rest],
+                               [weights.get(v["judge"], 1.0) for v in rest]))
+        decided += bool(forced) or any(not v.get("abstained", False) for v in rest)
     won, lost = sides.count(1), sides.count(-1)
     reasons = []
     if lost > len(sides) / 2:
@@ -226,12 +312,19 @@ def decide(
         reasons.append(f"capability probe {cand_ok} correct vs live {live_ok} "
                        f"(tolerance {cfg.gate_probe_tolerance})")
     f_c, f_l = fluency
-    if f_c is not None and f_l is not None and f_c < f_l - cfg.gate_fluency_tolerance:
+    if not finite(f_c) or not finite(f_l):
+        # A fluency that cannot be measured fails the check: skipping it let a candidate that
+        # answers nothing (fluency None) or scores NaN through.
+        reasons.append(f"fluency not measured: candidate {f_c}, live {f_l} nats/token "
+                       "(a failed check)")
+    elif f_c is not None and f_l is not None and f_c < f_l - cfg.gate_fluency_tolerance:
         reasons.append(f"fluency {f_c:.3f} vs live {f_l:.3f} nats/token "
                        f"(tolerance {cfg.gate_fluency_tolerance})")
+    need = max(1, math.ceil(cfg.gate_min_decided * len(by_prompt)))
     figures: dict[str, Any] = {
         "gate_prompts": len(by_prompt), "gate_won": won, "gate_lost": lost,
-        "gate_tied": len(sides) - won - lost, "gate_reasons": reasons,
+        "gate_tied": len(sides) - won - lost, "gate_decided": decided,
+        "gate_min_decided": need, "gate_reasons": reasons,
     }
     if weights:
         figures["gate_judge_weights"] = weights
@@ -240,7 +333,15 @@ def decide(
         if mine:
             figures[f"gate_{judge}_for"] = mine.count(1)
             figures[f"gate_{judge}_against"] = mine.count(-1)
-    return ("rejected" if reasons else "promoted"), figures
+    if reasons:
+        return "rejected", figures
+    if decided < need:
+        # Judges that abstain are no evidence either way: the candidate is neither promoted
+        # nor rejected, and stays a candidate (never served).
+        figures["gate_no_decision"] = (f"{decided} of {len(by_prompt)} prompts decided, "
+                                       f"fewer than {need} (gate_min_decided)")
+        return NO_DECISION, figures
+    return "promoted", figures
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -425,7 +526,7 @@ class Gate:
             sampled_text=[core.tokenizer.decode(s, skip_special_tokens=True) for s in sampled],
             correct=[None if p.item is None else P.is_correct(p.item, t)
                      for p, t in zip(prompts, text, strict=True)],
-            fluency=fluency, hint=hint, recorded=recorded,
+            fluency=fluency, hint=hint, recorded=recorded, sampled=[list(a) for a in sampled],
         )
 
     def _live_scores(self, core: Any, prompts: Sequence[EvalPrompt]) -> Scored:
@@ -437,7 +538,7 @@ class Gate:
                 self._live[(self.baseline_version, p.key)] = got.row(i)
         rows = [self._live[(self.baseline_version, p.key)] for p in prompts]
         cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else [
-            [] for _ in range(7)
+            [] for _ in range(8)
         ]
         return Scored(*cols)
 
@@ -445,36 +546,71 @@ class Gate:
 
     def votes(self, prompts: Sequence[EvalPrompt], cand: Scored,
               live: Scored) -> list[dict[str, Any]]:
-        """Every judge's vote on every prompt it applies to."""
+        """Every judge's vote on every prompt it applies to; ``abstained`` marks a vote cast
+        without two comparable scores (it decides nothing)."""
         cfg = self.cfg
         out: list[dict[str, Any]] = []
 
-        def add(i: int, judge: str, v: int, c: float | None, li: float | None) -> None:
+        def add(i: int, judge: str, v: int, c: float | None, li: float | None,
+                abstained: bool = False, **detail: Any) -> None:
             p = prompts[i]
             out.append({
                 "prompt_id": p.prompt_id, "source": p.source, "judge": judge, "vote": v,
-                "candidate_score": c, "live_score": li,
+                "candidate_score": c if finite(c) else None,
+                "live_score": li if finite(li) else None,
                 "candidate_answer": cand.text[i][:ANSWER_CHARS],
                 "live_answer": live.text[i][:ANSWER_CHARS], "session_id": p.session_id,
+                "abstained": abstained, **({"detail": detail} if detail else {}),
             })
 
         for i, p in enumerate(prompts):
+            wants_greedy = p.item is not None or bool(p.hint) or self.llm is not None
+            mine = self.defect(cand, i, wants_greedy, scored=True)
+            theirs = self.defect(live, i, wants_greedy, scored=False)
+            if mine or theirs:
+                # An answer that says nothing loses its prompt (the live version's too: the
+                # candidate answered where it did not), whatever the other judges say below.
+                add(i, VALIDITY, -1 if mine else 1, None, None,
+                    candidate=mine, live=theirs)
             if p.item is not None:
                 c, li = float(bool(cand.correct[i])), float(bool(live.correct[i]))
                 add(i, "capability", int(c - li), c, li)
             add(i, "fluency", vote(cand.fluency[i], live.fluency[i], cfg.gate_fluency_margin),
-                cand.fluency[i], live.fluency[i])
+                cand.fluency[i], live.fluency[i],
+                abstained=not judged(cand.fluency[i], live.fluency[i]))
             if p.hint:
                 add(i, "hint", vote(cand.hint[i], live.hint[i], cfg.gate_tolerance),
-                    cand.hint[i], live.hint[i])
+                    cand.hint[i], live.hint[i], abstained=not judged(cand.hint[i], live.hint[i]))
             if cand.recorded[i] is not None and live.recorded[i] is not None:
                 c = p.reward * float(cand.recorded[i] or 0.0)
                 li = p.reward * float(live.recorded[i] or 0.0)
-                add(i, "reward", vote(c, li, cfg.gate_tolerance), c, li)
+                add(i, "reward", vote(c, li, cfg.gate_tolerance), c, li,
+                    abstained=not judged(c, li))
             if self.llm is not None:
-                v = self.llm.compare(p.text, cand.text[i], live.text[i])
-                add(i, "llm", v, None, None)
+                said = self.llm.judge(p.text, cand.text[i], live.text[i])
+                add(i, "llm", said or 0, None, None, abstained=said is None)
         return out
+
+    @staticmethod
+    def defect(s: Scored, i: int, wants_greedy: bool, *, scored: bool) -> str | None:
+        """Why prompt ``i``'s answers in ``s`` answer nothing: the sampled answer (every
+        prompt has one), the greedy one where a judge reads it, and with ``scored`` its
+        fluency (missing, NaN or infinite: an answer the judges cannot score)."""
+        def at(xs: Sequence[Any], default: Any) -> Any:
+            return xs[i] if i < len(xs) else default
+
+        sampled = answer_defect(at(s.sampled_text, ""), at(s.sampled, None) or None)
+        if sampled:
+            return f"sampled answer: {sampled}"
+        if wants_greedy:
+            greedy = answer_defect(at(s.text, ""), at(s.greedy, None) or None)
+            if greedy:
+                return f"greedy answer: {greedy}"
+        if scored:
+            bad = fluency_defect(at(s.fluency, None))
+            if bad:
+                return bad
+        return None
 
     def evaluate(self, core: Any, version: int) -> dict[str, Any] | None:
         """Verdict for ``core.model`` as version ``version`` (None: too few held-out prompts

@@ -37,6 +37,12 @@ class LlmJudge:
 
     def compare(self, question: str, candidate: str, live: str) -> int:
         """+1 candidate better, −1 live better, 0 tie or no usable answer."""
+        return self.judge(question, candidate, live) or 0
+
+    def judge(self, question: str, candidate: str, live: str) -> int | None:
+        """+1 candidate better, −1 live better, 0 a tie; None when it gave no usable answer
+        (unreachable, or a reply that is not A, B or TIE): an abstention, which the gate
+        does not count as a decided prompt."""
         flip = hashlib.sha256(question.encode()).digest()[0] & 1 == 1
         a, b = (live, candidate) if flip else (candidate, live)
         body = {
@@ -50,9 +56,11 @@ class LlmJudge:
             reply = self._post(body)
         except Exception as exc:  # noqa: BLE001 - the judge abstains, the gate goes on
             log.warning("gate LLM judge unavailable (%s): abstaining", exc)
-            return 0
+            return None
         found = _WORD.search(reply.upper())
-        if found is None or found.group(1) == "TIE":
+        if found is None:
+            return None
+        if found.group(1) == "TIE":
             return 0
         first_wins = found.group(1) == "A"
         return 1 if first_wins != flip else -1

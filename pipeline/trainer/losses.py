@@ -226,15 +226,41 @@ def batch_mean_baseline(rewards: torch.Tensor, rows: torch.Tensor) -> torch.Tens
     return (r * keep).sum() / keep.sum().clamp(min=1.0)
 
 
+def row_baselines(
+    rewards: torch.Tensor,
+    rows: torch.Tensor,
+    normalized: torch.Tensor,
+    failed: torch.Tensor,
+    batch_mean: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row baseline ``b`` ``[B]`` for ``A = r − b``, and the batch mean it uses (0-dim).
+
+    - a group-normalised row (``normalized``: z-scored in its group and step) is already an
+      advantage centred in its group: ``b = 0`` (re-centring it by the batch would let the
+      other rows decide its sign);
+    - any other row: the batch mean over the trained rows that are not normalised
+      (:func:`batch_mean_baseline`), or 0 when ``batch_mean`` is off;
+    - a row of a failed session (``failed``: outcome < 0) gets ``b ← max(b, r)``, so
+      ``A = min(r − b, 0)``: a failure is never encouraged, whatever the batch holds.
+
+    All arguments ``[B]`` (``rows``, ``normalized``, ``failed`` bool or 0/1).
+    """
+    r = rewards.to(torch.float32)
+    own = rows.bool() & ~normalized.bool()
+    mean = batch_mean_baseline(r, own) if batch_mean else torch.zeros((), device=r.device)
+    b = torch.where(normalized.bool(), torch.zeros_like(r), mean.expand_as(r))
+    return torch.where(failed.bool(), torch.maximum(b, r), b), mean
+
+
 def binary_rl_advantages(
     rewards: torch.Tensor, loss_mask: torch.Tensor, baseline: float | torch.Tensor = 0.0
 ) -> torch.Tensor:
-    """``A[b, t] = (r_b − baseline) · m[b, t]``: the sample's reward, less the baseline, on
+    """``A[b, t] = (r_b − baseline_b) · m[b, t]``: the sample's reward, less the baseline, on
     every response token.
 
-    No group normalisation (one sample per prompt); ``baseline`` 0 is plain ``A = r``, the
-    trainer passes :func:`batch_mean_baseline` by default (``rl_baseline``). ``rewards`` ``[B]``,
-    ``loss_mask`` ``[B, T]`` → ``[B, T]``.
+    ``baseline`` is a scalar or per row ``[B]``; 0 is plain ``A = r``, the trainer passes
+    :func:`row_baselines` (``rl_baseline``). ``rewards`` ``[B]``, ``loss_mask`` ``[B, T]`` →
+    ``[B, T]``.
     """
     r = rewards.to(torch.float32) - torch.as_tensor(baseline, dtype=torch.float32,
                                                     device=rewards.device)

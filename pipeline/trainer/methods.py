@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -68,13 +68,26 @@ class StepInputs:
     outcomes: list[Any]  # per-sample SampleOutcome (a part may record e.g. the chosen hint)
     rows: torch.Tensor  # indices of the rows the loss averages over
     norm: torch.Tensor  # [B, R]
-    baseline: float | torch.Tensor = 0.0  # Binary RL's reward baseline (trainer.rl_baseline)
+    # Binary RL's reward baseline (trainer.rl_baseline): a scalar, or per row [B]
+    # (losses.row_baselines); ``batch_mean`` is the batch mean reward it uses.
+    baseline: float | torch.Tensor = 0.0
+    batch_mean: float = 0.0
     # The method's own options (``[trainer.method_options]``), validated by its options model.
     options: Any = None
 
     def take(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """``t`` restricted to :attr:`rows` (None stays None)."""
         return None if t is None else t[self.rows]
+
+    def row_baseline(self) -> float | torch.Tensor:
+        """:attr:`baseline` for the rows the loss averages over (a scalar stays as it is)."""
+        b = self.baseline
+        return cast("torch.Tensor", b)[self.rows] if _per_row(b) else b
+
+
+def _per_row(b: float | torch.Tensor) -> bool:
+    """Whether a baseline is per row (a ``[B]`` tensor) rather than one number."""
+    return not isinstance(b, int | float) and b.dim() > 0
 
 
 LossPart = Callable[[StepInputs], "LossOutput"]
@@ -167,13 +180,13 @@ def binary_rl(x: StepInputs) -> LossOutput:
     out = L.binary_rl_loss(
         x.logp[x.rows], x.logp_old[x.rows], x.rewards[x.rows], x.mask[x.rows], eps=cfg.eps,
         eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=x.take(x.weights),
-        norm_mask=x.norm[x.rows], baseline=x.baseline,
+        norm_mask=x.norm[x.rows], baseline=x.row_baseline(),
     )
-    out.metrics["baseline"] = float(x.baseline)
+    out.metrics["baseline"] = x.batch_mean if _per_row(x.baseline) else float(x.baseline)
     # what hybrid's advantage combine reuses
     out.inputs.update(logp=x.logp[x.rows], logp_old=x.logp_old[x.rows],
                       rewards=x.rewards[x.rows], mask=x.mask[x.rows], weights=x.take(x.weights),
-                      norm=x.norm[x.rows], baseline=x.baseline)
+                      norm=x.norm[x.rows], baseline=x.row_baseline())
     return out
 
 

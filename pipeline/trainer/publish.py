@@ -334,6 +334,7 @@ class Publisher:
             vote=int(vote["vote"]),
             candidate_score=vote.get("candidate_score"),
             live_score=vote.get("live_score"),
+            detail={"abstained": bool(vote.get("abstained", False)), **vote.get("detail", {})},
         )  # the answers (about a user's prompt) stay in the lake, where forget reaches them
 
     def _weights_row(
