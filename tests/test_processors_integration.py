@@ -312,25 +312,28 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     # 4 commits after test runs that never reported a verified pass: no violation, no progress
     expect_phi = {0: 0.0, 1: 0.0, 2: -0.2, 3: -0.25, 4: 0.0}
     assert {t: p.penalty for t, p in pen.items()} == pytest.approx(expect_phi)
+    # compliance_bonus is what progress and paid-back debt raised, net within the turn: turn
+    # 3's refund (+0.05) sits beside a bigger violation (-0.3), so the debt rose and it is 0
     assert {t: p.compliance_bonus for t, p in pen.items()} == pytest.approx(
-        {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.05, 4: 0.0}
+        {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}
     )
     assert pen[2].rule_ids == ["repeated"]
     assert pen[3].rule_ids == ["forbidden", "repeated"]
     assert pen[4].rule_ids == []
 
     rewards = {e.turn: e for e in first[names.REWARDS]}
-    expect_total = {0: 0.0, 1: 0.0, 2: -0.1, 3: 0.875, 4: 0.0}
+    # turn 2: judge 0 and no outcome, so its shaping alone is no signal (issue 38): total 0
+    expect_total = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.875, 4: 0.0}
     assert {t: r.total for t, r in rewards.items()} == pytest.approx(expect_total)
     assert {t: r.prm for t, r in rewards.items()} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 0}
     assert all(r.outcome == 0 for r in rewards.values())
 
     samples = {e.turn: e for e in first[names.SAMPLES]}
     assert sorted(samples) == [0, 1, 2, 3, 4]  # the side turn never becomes a sample
-    masks = {  # (loss_mask, opd_mask, masked): turn 0 is OPD-only, turns 1 and 4 carry nothing
+    masks = {  # (loss_mask, opd_mask, masked): turn 0 is OPD-only, turns 1, 2, 4 carry nothing
         0: ([0, 0], [1, 1], False),
         1: ([0, 0], [0, 0], True),
-        2: ([1, 1], [0, 0], False),
+        2: ([0, 0], [0, 0], True),
         3: ([1, 1], [0, 0], False),
         4: ([0, 0], [0, 0], True),
     }

@@ -492,9 +492,10 @@ def shell(call_id: str, cmd: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": "shell", "arguments": args}}
 
 
-def session(sid: str, policy: str) -> list[events.Interaction]:
-    """Turn 0 force-pushes (forbidden: Phi -0.3), the user thanks; turn 1 commits without
-    tests (required step missing: Phi -0.2) and ends the session."""
+def session(sid: str, policy: str, turns: int = 2) -> list[events.Interaction]:
+    """Turn 0 force-pushes (forbidden: F = -0.3), the user thanks; turn 1 commits without
+    tests (required step missing: F = -0.2), and the session ends; with ``turns=3`` the user
+    thanks again and turn 2 only looks (``git status``: F = 0) and ends it."""
     import dataclasses
 
     from pipeline.events import examples
@@ -502,7 +503,8 @@ def session(sid: str, policy: str) -> list[events.Interaction]:
     base = examples.interaction(prompt_tokens=8, response_tokens=4)
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Ship the fix."}]
     out = []
-    for t, cmd in enumerate(["git push --force origin main", "git commit -am fix"]):
+    cmds = ["git push --force origin main", "git commit -am fix", "git status"][:turns]
+    for t, cmd in enumerate(cmds):
         call = shell(f"c{t}", cmd)
         out.append(
             dataclasses.replace(
@@ -517,7 +519,7 @@ def session(sid: str, policy: str) -> list[events.Interaction]:
                 prompt_token_ids=[t + 1, t + 2, t + 3],
                 response_token_ids=[10 + t, 20 + t],
                 response_logprobs=[-0.5, -0.25],
-                session_done=t == 1,
+                session_done=t == turns - 1,
             )
         )
         msgs += [
@@ -624,7 +626,8 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
     request,  # type: ignore[no-untyped-def]
 ) -> None:
     """Live: the default rules (beta 0.5). Namespace: half beta. The rewards differ by exactly
-    half of each turn's penalty part; the namespace's trainer publishes only in the namespace;
+    half of each turn's penalty part (turns with a judge's verdict: a turn without one carries
+    no shaping on either side, issue 38); the namespace's trainer publishes only in the namespace;
     live groups, live weights and live topics see nothing of it."""
     prefix = f"rj{unique}"
     sids = [f"{prefix}-a", f"{prefix}-b"]
@@ -651,7 +654,7 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
 
     producer = EventProducer(kafka_settings, client_id="rejudge-test")
     for sid in sids:
-        for inter in session(sid, policy):
+        for inter in session(sid, policy, turns=3):
             producer.send(names.INTERACTIONS, inter)
     producer.flush()
     produced = end_offsets(kafka_settings, names.INTERACTIONS)
@@ -659,7 +662,7 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
     live_log = tmp_path / "live-workers.log"
     proc = start(["workers", "--app-id", app_id, "--no-web"], env, live_log)
     try:
-        live = wait_rewards(kafka_settings, names.REWARDS, keys, 4, proc, live_log, rewards_start)
+        live = wait_rewards(kafka_settings, names.REWARDS, keys, 6, proc, live_log, rewards_start)
         # Another live pipeline on this broker may have been faster: wait for ours.
         deadline = time.monotonic() + 120
         while True:
@@ -691,18 +694,19 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
         ns_log,
     )
     try:
-        new = wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), keys, 4, proc, ns_log)
+        new = wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), keys, 6, proc, ns_log)
         samples = names.resolve(names.SAMPLES, ns)
         deadline = time.monotonic() + 60
-        while sum(end_offsets(kafka_settings, samples).values()) < 4:
+        while sum(end_offsets(kafka_settings, samples).values()) < 6:
             assert time.monotonic() < deadline, ns_log.read_text()[-3000:]
             time.sleep(0.5)
     finally:
         stop(proc)
 
-    # The rules say: penalty part = beta * Phi, Phi(turn 0) = -0.3 (force push),
-    # Phi(turn 1) = -0.2 (commit without tests); the judge is the same on both sides.
-    phi = {0: -0.3, 1: -0.2}
+    # The rules say: penalty part = beta * F, F = Phi(s') - Phi(s): -0.3 on turn 0 (force
+    # push), -0.2 on turn 1 (commit without tests), 0 on turn 2 (looked, and no verdict:
+    # shaping alone is no signal); the judge is the same on both sides.
+    phi = {0: -0.3, 1: -0.2, 2: 0.0}
     for (sid, turn), old in live.items():
         assert old.penalty == pytest.approx(0.5 * phi[turn])
         assert new[(sid, turn)].penalty == pytest.approx(0.25 * phi[turn])
@@ -719,11 +723,11 @@ def test_rejudge_a_replayed_day_with_other_rules_never_touches_live(
         assert row["new"] == pytest.approx(new[key].total)
         assert row["delta"] == pytest.approx(-0.25 * phi[key[1]])
     summary = doc["summary"]
-    assert (summary["turns_compared"], summary["changed"]) == (4, 4)
-    assert summary["mean_abs_delta"] == pytest.approx(0.0625)  # (0.075 + 0.05) / 2
+    assert (summary["turns_compared"], summary["changed"]) == (6, 4)
+    assert summary["mean_abs_delta"] == pytest.approx(0.25 / 6)  # 2 x (0.075 + 0.05) / 6
     res = invoke(["diff-rewards", ns], ns_env)
-    assert res.exit_code == 0 and "4 turn(s) compared" in res.output, res.output
-    assert "4 changed" in res.output and "mean |Δ| 0.0625" in res.output
+    assert res.exit_code == 0 and "6 turn(s) compared" in res.output, res.output
+    assert "4 changed" in res.output and "mean |Δ| 0.0417" in res.output
 
     res = invoke(["tap", "rewards", "--namespace", ns, "--session", sids[0], "--format",
                   "json"], ns_env)  # fmt: skip

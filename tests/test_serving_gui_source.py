@@ -234,7 +234,8 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     """Four turns, a tree posted after each action (the goal: dark mode in the settings):
     turn 0 the first screen (0), turn 1 an error alert appears (-1), turn 2 "Settings" and
     "Dark mode" appear (+1), turn 3 "apply" twice with nothing changing (0, 0; the second is
-    a repeated no-op: Phi -0.1, so the turn's path part is 0.5 * -0.1 = -0.05)."""
+    a repeated no-op: F = -0.1 on its path_penalty event; every verdict of turn 3 is 0, so that
+    shaping alone is no signal and the turn's reward carries none of it, issue 38)."""
     from pipeline.kafka import names
     from pipeline.processors.config import DEFAULT_RULES
     from pipeline.processors.judges import ReplyJudge
@@ -317,7 +318,7 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
 
     own = {p.turn: p for p in pens.values() if p.parents[0] not in gui_ids}
     assert own[3].penalty == 0.0  # no tool calls: the turn's own path part is 0
-    assert rewards[3].penalty == pytest.approx(-0.05)
+    assert rewards[3].prm == 0 and rewards[3].penalty == 0.0  # shaping alone: no signal
     assert noop.event_id in rewards[3].parents
     for turn in range(4):  # each turn's prm is the mean of its verdicts, the gui ones among them
         verdicts = {p.event_id: p.score for p in prm.values() if p.turn == turn}
