@@ -166,3 +166,70 @@ def test_a_failed_gate_is_never_encouraged() -> None:
     assert rewards(run) == pytest.approx({0: 0.05, 1: -1.0})
     assert [(s.reward, s.outcome) for s in run.samples] == [(0.0, -1.0), (-1.0, -1.0)]
 
+
+# ---- what the search found ----------------------------------------------------------------------
+
+
+def test_failures_hidden_from_the_judge_are_charged_to_the_next_judged_turn() -> None:
+    # Found by the search (the "bound" invariant): pytest fails with output that reports no
+    # exit code, so the judge scores those turns 0 (no signal) and their shaping was dropped,
+    # while the recoveries after them, judged +1, were paid.
+    #   turn:      0    1    2     3 (exit 0)        4     5 (exit 0)  6
+    #   F:         0    0   -0.2  +0.1 (refund, pass) -0.2  +0.05       0    Phi_T = -0.25
+    # Dropped, the rewards carried 0.5 * (0.1 + 0.05) = +0.075 of path part: above beta *
+    # phi_max = 0.05, and positive for a session whose Phi is -0.25. Carried to the next
+    # judged turn: turn 3 takes 0.5 * (-0.2 + 0.1) = -0.05, turn 5 0.5 * (-0.2 + 0.05) =
+    # -0.075; the session's path parts sum to 0.5 * -0.25 = beta * Phi_T.
+    tb = TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  ImportError"),))
+    ok = TurnSpec((Call("pytest", 0),))
+    run = fuzz.drive_one(SessionSpec((tb, tb, tb, ok, tb, ok, TurnSpec())))
+    assert shaping(run) == pytest.approx([0.0, 0.0, -0.2, 0.1, -0.2, 0.05, 0.0])
+    assert rewards(run) == pytest.approx({0: 0.0, 1: 0.0, 2: 0.0, 3: 0.95, 4: 0.0, 5: 0.925,
+                                          6: 0.0})  # fmt: skip
+    assert sum(r.penalty for r in run.rewards) == pytest.approx(0.5 * -0.25)
+    # the reward names the penalties it took on (turn 2's, turn 4's) among its parents
+    pen = {p.turn: p.event_id for p in run.penalties}
+    by_turn = {r.turn: r for r in run.rewards}
+    assert pen[2] in by_turn[3].parents and pen[4] in by_turn[5].parents
+    assert pen[2] not in by_turn[5].parents
+    # turns without a signal still carry no path part and train nothing
+    assert all(s.penalty == 0.0 and not s.rl_trainable() for s in run.samples if s.turn != 3
+               and s.turn != 5)  # fmt: skip
+
+
+def test_in_a_group_a_judged_zero_ranks_above_a_failed_attempt() -> None:
+    # Found by the search against a too strict check ("a session without signal never gets a
+    # reward > 0"): in a group, a judged 0 is a value. Step 0: b = [0 (s0, judged 0), -1
+    # (s1, failed gate; its turn judged 0: prm 0)], mean -0.5, std 0.5: z = +-0.5 / (0.5 +
+    # 1e-6) = +-0.999998000004; no path part on either. Without any rule: the same.
+    spec0 = SessionSpec((TurnSpec(user="fix the failing test"),), group="g")
+    spec1 = SessionSpec((TurnSpec(user="fix the failing test"),), gates=(Gate("pytest", 1, 0),),
+                        group="g")
+    for rules in (fuzz.DEFAULT, fuzz.NO_RULES):
+        runs = [fuzz.drive_one(spec0, rules, "s0"), fuzz.drive_one(spec1, rules, "s1")]
+        got = {s.session_id: s.reward for s in fuzz.assemble(runs, [spec0, spec1])}
+        assert got == pytest.approx({"s0": 0.5 / (0.5 + 1e-6), "s1": -0.5 / (0.5 + 1e-6)})
+
+
+COUNTER_EXAMPLES = {
+    # a force push in the other attempt of the group: its reward - penalty is 0 to ~1e-17,
+    # which moved s0's z-score by as much (the check compares to float precision)
+    "float_precision_in_a_group": [
+        SessionSpec((TurnSpec(user="fix the failing test"), TurnSpec()), group="g"),
+        SessionSpec((TurnSpec(user="fix the failing test"),
+                     TurnSpec((Call("git push --force", 0),))),
+                    gates=(Gate("pytest", 1, 0),), group="g"),
+    ],
+    "hidden_failures": [SessionSpec((
+        TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  x"),)),
+        *[TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  x"),))] * 2,
+        TurnSpec((Call("pytest", 0),)),
+        TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  x"),)),
+        TurnSpec((Call("pytest", 0),)), TurnSpec()))],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(COUNTER_EXAMPLES))
+def test_the_search_s_counter_examples_keep_the_invariants(cores: dict[str, Any],
+                                                          name: str) -> None:
+    fuzz.check(COUNTER_EXAMPLES[name], cores, random.Random(0))
