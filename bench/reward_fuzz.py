@@ -33,7 +33,9 @@ runs for a budget::
     .venv/bin/python bench/reward_fuzz.py --examples 2000 --seed 7
 
 It prints the examples tried, how often each invariant was checked on a case that exercises
-it, and any counter-example (minimised by hypothesis). Figures only, no timed assertions.
+it, and any counter-example (minimised by hypothesis; shrinking may run minutes past the
+budget). Figures only, no timed assertions. It imports the installed ``pipeline``: from
+another worktree, put that one first (``PYTHONPATH=.``).
 """
 
 from __future__ import annotations

@@ -197,6 +197,25 @@ def test_failures_hidden_from_the_judge_are_charged_to_the_next_judged_turn() ->
                and s.turn != 5)  # fmt: skip
 
 
+def test_the_search_s_minimal_hidden_failures_session() -> None:
+    # The search's own minimised counter-example (seed 11, against main before the fix):
+    #   turn 0 pytest && git commit -m x, exit 0: passing + done, F = +0.1, judged +1
+    #   turns 1-3 pytest failing without an exit code (judged 0): failures 1, 2, 3: F = 0, 0,
+    #     -0.2 (the progress facts stay: no exit code verifies a failed run)
+    #   turn 4 pytest, exit 0: the penalised intent recovers, F = +0.05, judged +1
+    #   turn 5 closes: F = 0.                                      Phi_T = -0.05
+    # Dropped, turn 3's -0.2 left the rewards 0.5 * (0.1 + 0.05) = +0.075 of path part
+    # (above 0.5 * 0.1); carried, turn 4 is 1 + 0.5 * (-0.2 + 0.05) = 0.925 and the path parts
+    # sum to 0.05 - 0.075 = -0.025 = 0.5 * Phi_T.
+    tb = TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  AssertionError"),))
+    run = fuzz.drive_one(SessionSpec((
+        TurnSpec((Call("pytest && git commit -m x", 0),), user="fix the failing test"),
+        tb, tb, tb, TurnSpec((Call("pytest", 0),)), TurnSpec())))  # fmt: skip
+    assert shaping(run) == pytest.approx([0.1, 0.0, 0.0, -0.2, 0.05, 0.0])
+    assert rewards(run) == pytest.approx({0: 1.05, 1: 0.0, 2: 0.0, 3: 0.0, 4: 0.925, 5: 0.0})
+    assert sum(r.penalty for r in run.rewards) == pytest.approx(0.5 * -0.05)
+
+
 def test_in_a_group_a_judged_zero_ranks_above_a_failed_attempt() -> None:
     # Found by the search against a too strict check ("a session without signal never gets a
     # reward > 0"): in a group, a judged 0 is a value. Step 0: b = [0 (s0, judged 0), -1
