@@ -230,6 +230,35 @@ def test_in_a_group_a_judged_zero_ranks_above_a_failed_attempt() -> None:
         assert got == pytest.approx({"s0": 0.5 / (0.5 + 1e-6), "s1": -0.5 / (0.5 + 1e-6)})
 
 
+def test_shaping_that_cancels_a_real_signal_does_not_move_the_kept_turn() -> None:
+    # The search's counter-example after the carry fix (seed 11, 5,289 examples):
+    #   turn 0 no calls; its next state an empty reply: judged 0
+    #   turn 1 git push --force, exit 0, the judge raises: no verdict; F = -0.3, carried:
+    #     0.5 * -0.3 = -0.15
+    #   turn 2 the same click four times on the same screen: the first screen, then no-ops;
+    #     the second no-op in a row is a violation, F = -0.1 (beta 0.5: -0.05); each judged
+    #     0; then the user thanks (+1): prm = 1 / 5 = 0.2, path -0.15 - 0.05 = -0.2, total 0
+    #   turn 3 the session's end: judged 0
+    # Masked by its total of 0, turn 2 left every turn without signal and mask_turns kept the
+    # last judged one, turn 3, trained at 0 because of shaping alone. By its prm (0.2) turn 2
+    # keeps its signal, as without any rule, and turn 3 stays masked.
+    same = Extra("gui", "click:settings-link:", "home")
+    spec = SessionSpec((
+        TurnSpec(user="fix the failing test"),
+        TurnSpec((Call("git push --force", 0),), judge="raise"),
+        TurnSpec(extras=(same,) * 4),
+        TurnSpec(user="thanks, that works"),
+    ))  # fmt: skip
+    run = fuzz.drive_one(spec)
+    assert shaping(run) == pytest.approx([0.0, -0.3, -0.1, 0.0, 0.0])
+    assert rewards(run) == pytest.approx({0: 0.0, 2: 0.0, 3: 0.0})
+    assert {r.turn: r.prm for r in run.rewards} == pytest.approx({0: 0.0, 2: 0.2, 3: 0.0})
+    plain = fuzz.drive_one(spec, fuzz.NO_RULES)
+    assert rewards(plain) == pytest.approx({0: 0.0, 2: 0.2, 3: 0.0})
+    for r in (run, plain):
+        assert [s.turn for s in r.samples if s.rl_trainable()] == [2]
+
+
 COUNTER_EXAMPLES = {
     # a force push in the other attempt of the group: its reward - penalty is 0 to ~1e-17,
     # which moved s0's z-score by as much (the check compares to float precision)
@@ -239,6 +268,11 @@ COUNTER_EXAMPLES = {
                      TurnSpec((Call("git push --force", 0),))),
                     gates=(Gate("pytest", 1, 0),), group="g"),
     ],
+    "shaping_cancels_a_signal": [SessionSpec((
+        TurnSpec(user="fix the failing test"),
+        TurnSpec((Call("git push --force", 0),), judge="raise"),
+        TurnSpec(extras=(Extra("gui", "click:settings-link:", "home"),) * 4),
+        TurnSpec(user="thanks, that works")))],
     "hidden_failures": [SessionSpec((
         TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  x"),)),
         *[TurnSpec((Call("pytest", None, "Traceback (most recent call last):\n  x"),))] * 2,

@@ -9,10 +9,13 @@ outcome the mean of all valid votes; penalty = beta * Phi (plus beta * Phi of th
 GUI actions' own penalties, ``action_penalties``); total = O + prm + penalty. A turn the
 judge never scored takes the session's outcome alone (prm 0); without an outcome it has no
 reward. The RL mask (``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no
-reward, or a total of exactly 0 without a session outcome outside a group, has no RL signal
-(RL-masked, except that the session's last *judged* turn is kept when every turn would be); a
-total of 0 *with* an outcome, or in a group, is a real value and stays (it is ranked when the
-group is z-scored). A failed session (outcome < 0) never carries a positive reward or advantage
+reward, or a prm of 0 without a session outcome outside a group, has no RL signal (RL-masked,
+except that the session's last *judged* turn is kept when every turn would be); a total of 0
+*with* an outcome, or in a group, is a real value and stays (it is ranked when the group is
+z-scored). The path part never decides it: a real signal that shaping brings to a total of
+exactly 0 stays, or the session's last turn, judged 0, would be kept in its place, trained
+because of shaping alone (a search counter-example: prm 0.2 and a path part of -0.2). A
+failed session (outcome < 0) never carries a positive reward or advantage
 (:func:`outcome_bound`, here and after z-scoring). A turn with an accepted hint trains OPD
 whatever its score (OpenClaw-RL's OPD-only samples); ``masked`` means neither term trains.
 
@@ -814,7 +817,7 @@ class Assembler:
                 total=total,
                 formula_version=self.reward_version,
             )
-            signal[t] = total != 0 or o_val is not None or grouped
+            signal[t] = has_real_signal(prm, o_val) or grouped  # whatever the path part
         masked = mask_turns(signal, judged_turns)
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
