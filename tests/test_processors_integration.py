@@ -322,8 +322,10 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     assert pen[4].rule_ids == []
 
     rewards = {e.turn: e for e in first[names.REWARDS]}
-    # turn 2: judge 0 and no outcome, so its shaping alone is no signal (issue 38): total 0
-    expect_total = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.875, 4: 0.0}
+    # turn 2: judge 0 and no outcome, so its shaping alone is no signal (issue 38): total 0;
+    # its path part goes to the next judged turn (the failures its output reported without an
+    # exit code are not hidden that way): turn 3 is 1 + 0.5 * (-0.2 - 0.25) = 0.775
+    expect_total = {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.775, 4: 0.0}
     assert {t: r.total for t, r in rewards.items()} == pytest.approx(expect_total)
     assert {t: r.prm for t, r in rewards.items()} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 0}
     assert all(r.outcome == 0 for r in rewards.values())
@@ -345,7 +347,7 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
         assert s.reward == pytest.approx(expect_total[t])
         assert s.parents == [ids[t], rewards[t].event_id]
     assert samples[0].hints == [hint.hint] and samples[0].penalty == 0.0
-    assert samples[3].penalty == pytest.approx(-0.125)  # beta * Phi, kept for group z-scoring
+    assert samples[3].penalty == pytest.approx(-0.225)  # beta * F, kept for group z-scoring
 
     # The hinted zero-score turn trains through its hint (OPD), and only that way.
     from pipeline.models.tiny import ensure_tiny_model

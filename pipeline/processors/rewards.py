@@ -9,19 +9,28 @@ outcome the mean of all valid votes; penalty = beta * Phi (plus beta * Phi of th
 GUI actions' own penalties, ``action_penalties``); total = O + prm + penalty. A turn the
 judge never scored takes the session's outcome alone (prm 0); without an outcome it has no
 reward. The RL mask (``loss_mask``) and the OPD mask (``opd_mask``) are separate: a turn with no
-reward, or a total of exactly 0 without a session outcome outside a group, has no RL signal
-(RL-masked, except that the session's last *judged* turn is kept when every turn would be); a
-total of 0 *with* an outcome, or in a group, is a real value and stays (it is ranked when the
-group is z-scored). A failed session (outcome < 0) never carries a positive reward or advantage
+reward, or a prm of 0 without a session outcome outside a group, has no RL signal (RL-masked,
+except that the session's last *judged* turn is kept when every turn would be); a total of 0
+*with* an outcome, or in a group, is a real value and stays (it is ranked when the group is
+z-scored). The path part never decides it: a real signal that shaping brings to a total of
+exactly 0 stays, or the session's last turn, judged 0, would be kept in its place, trained
+because of shaping alone (a search counter-example: prm 0.2 and a path part of -0.2). A
+failed session (outcome < 0) never carries a positive reward or advantage
 (:func:`outcome_bound`, here and after z-scoring). A turn with an accepted hint trains OPD
 whatever its score (OpenClaw-RL's OPD-only samples); ``masked`` means neither term trains.
 
 A judge verdict that failed (``PrmScore.error`` set and no vote cast) is no verdict: the turn
 counts as unjudged (:attr:`PrmEntry.no_verdict`), so a failure is never trained, or ranked in a
 group, as if the judge had said 0. Path shaping only modifies a real signal (a verdict whose
-mean is not 0, or a session outcome; :func:`has_real_signal`): on a turn without one the path
-part is dropped, so shaping alone never makes a reward, positive or negative, nor a trainable
-sample. A non-finite part (an overflowing beta * Phi) is dropped too.
+mean is not 0, or a session outcome; :func:`has_real_signal`): a turn without one carries no
+path part, so shaping alone never makes a reward, positive or negative, nor a trainable
+sample. Its path part is carried to the session's next turn with a real signal, so a session's
+path parts still telescope, to beta * Phi after its last turn with one, within beta *
+[phi_min, phi_max]. Dropped instead, they let a session hide its violations on turns the judge
+cannot score (failures that report no exit code are judged 0) and be paid the refunds and
+progress that follow: pytest failing nine times without an exit code and passing twice paid
++0.075 of path part for a Phi of -0.75 (bench/reward_fuzz.py's search). A non-finite part (an
+overflowing beta * Phi) is dropped.
 
 Groups (RLAnything): sessions whose interactions carry a ``group_id`` are attempts at the same
 task; their samples' rewards are z-scored within (group, step index) by :func:`zscore_by_group_step`
@@ -268,6 +277,13 @@ def zscore_by_group_step(
                 continue
             out[i] = replace(samples[i], reward=adv, penalty=adv - z, normalized=True)
     return out
+
+
+def _carried(path: float, ids: list[str]) -> tuple[float, list[str]]:
+    """What a turn passes on to the next one of its session: its path part (its own and
+    what it took on) while no reward carried it, with the penalty ids behind it; nothing
+    once a reward did, for a part of 0, or for one that overflowed (dropped, as ever)."""
+    return (path, ids) if path != 0 and math.isfinite(path) else (0.0, [])
 
 
 def _without_rl(s: Sample) -> Sample:
@@ -746,6 +762,9 @@ class Assembler:
             v.interaction is not None and v.interaction.group_id is not None
             for v in turns.values()
         )
+        # The path part of turns without a real signal, carried to the next turn with one
+        # (and the ids of the penalties it comes from): see the module docstring.
+        carry, carried = 0.0, list[str]()
         for t in sorted(turns):
             if state.last_turn is not None and t > state.last_turn:
                 continue
@@ -756,27 +775,35 @@ class Assembler:
                 for n in sorted(info.next_states)
                 if n in info.prm and not info.prm[n].no_verdict
             ]
-            if not judged and o_val is None:
-                signal[t] = False  # no verdict, no outcome: nothing is known about the turn
-                continue
-            if judged:
-                judged_turns.add(t)
             pen = info.penalty
             actions = [info.action_penalties[k] for k in sorted(info.action_penalties)]
-            votes = [v for j in judged for v in j.votes]
             beta, phi = (pen.beta, pen.phi) if pen else (0.0, 0.0)
             if actions:  # beta * Phi summed over the turn's penalties, as one part
                 phi, beta = beta * phi + sum(a.beta * a.phi for a in actions), 1.0
+            before = carried  # penalties of earlier turns this one's path part takes on
+            if before:
+                phi, beta = beta * phi + carry, 1.0
+            path_ids = before + [x for x in (pen and pen.event_id,) if x] + [
+                a.event_id for a in actions]  # fmt: skip
+            if not judged and o_val is None:
+                signal[t] = False  # no verdict, no outcome: nothing is known about the turn
+                carry, carried = _carried(beta * phi, path_ids)
+                continue
+            if judged:
+                judged_turns.add(t)
+            votes = [v for j in judged for v in j.votes]
             # An unjudged turn of a session with an outcome takes the outcome alone (prm 0).
             o, prm, penalty, total = reward_parts(
                 [j.score for j in judged], votes, o_val, beta, phi
             )
-            if not has_real_signal(prm, o_val) or not math.isfinite(total):
+            shaped = has_real_signal(prm, o_val) and math.isfinite(total)
+            carry, carried = _carried(0.0 if shaped else penalty, path_ids)
+            if not shaped:
                 # Shaping modifies a real signal, never makes one (nor does an overflow).
                 penalty, total = 0.0, o + prm
             parents = [j.event_id for j in judged] + [
                 x for x in (pen and pen.event_id, outcome and outcome.event_id) if x
-            ] + [a.event_id for a in actions]
+            ] + [a.event_id for a in actions] + (before if shaped else [])
             rewards[t] = Reward(
                 event_id=derive_event_id("reward", parents, self.reward_version),
                 ts_ms=now_ms,
@@ -790,7 +817,7 @@ class Assembler:
                 total=total,
                 formula_version=self.reward_version,
             )
-            signal[t] = total != 0 or o_val is not None or grouped
+            signal[t] = has_real_signal(prm, o_val) or grouped  # whatever the path part
         masked = mask_turns(signal, judged_turns)
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
