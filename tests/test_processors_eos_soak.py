@@ -7,8 +7,8 @@ run lost turns silently: the committed offset passed records no unit processed (
 run of this test with the workers of 7ed65b3). Each table write the workers buffer waits 0.12 s
 before the producer takes it, as on a loaded machine: with Faust's own buffer a commit then
 left a session's state write for the next transaction, and a kill lost the session (339 of
-500 turns in ``bench/results/eos-soak-2026-12-07c.txt``; 40 of 500 in a CI run without the
-delay; ``producer_buffer.py``). ``bench/eos_soak.py`` is the soak; it runs longer ones."""
+500 turns in ``bench/results/eos-soak-2026-12-07c.txt``; ``producer_buffer.py``).
+``bench/eos_soak.py`` is the soak; it runs longer ones."""
 
 from __future__ import annotations
 
