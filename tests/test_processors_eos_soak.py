@@ -12,35 +12,22 @@ left a session's state write for the next transaction, and a kill lost the sessi
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from pipeline.settings import Settings
+from tests import bench_module
 
 pytestmark = pytest.mark.integration
-
-
-def bench_soak() -> ModuleType:
-    """bench/eos_soak.py, loaded by path: the soak lives once, in the benchmark."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "eos_soak.py"
-    spec = importlib.util.spec_from_file_location("liverl_bench_eos_soak", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.timeout(900)
 def test_killed_and_restarted_workers_lose_and_double_no_turn(
     kafka_settings: Settings, unique: str, tmp_path: Path
 ) -> None:
-    soak = bench_soak()
+    soak = bench_module.load("eos_soak")
     plan = soak.SoakPlan(sessions=100, send_s=100.0, seed=random.randrange(1 << 30),
                          slow_table_writes_s=0.12)  # fmt: skip
     result = soak.run_soak(kafka_settings, plan, str(tmp_path), app_id=f"soak-{unique}")

@@ -10,30 +10,16 @@ repeated-noop-action: N 1, lambda 0.1, mu 0.02). The bench runs the search for l
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests import bench_module
 
-def bench_fuzz() -> ModuleType:
-    """bench/reward_fuzz.py, loaded by path: the search lives once, in the benchmark."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "reward_fuzz.py"
-    spec = importlib.util.spec_from_file_location("liverl_bench_reward_fuzz", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = bench_fuzz()
+fuzz = bench_module.load("reward_fuzz")
 Call, Extra, Gate, SessionSpec, TurnSpec = (
     fuzz.Call, fuzz.Extra, fuzz.Gate, fuzz.SessionSpec, fuzz.TurnSpec)  # fmt: skip
 
