@@ -177,7 +177,7 @@ def test_capability_probe_without_a_base_model_says_so(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(1800)  # ~8 min on a quiet 2-core machine; the global 600 s cut it under load
+@pytest.mark.timeout(1800)  # ~10 min at 10 rounds on a quiet 2-core machine; 600 s cut it
 def test_quick_demo_improves_the_live_policy_on_held_out_users(tmp_path: Path) -> None:
     """The real model, the real loop: after the training sessions, held-out users (questions
     the policy never trained on, nothing recorded) are satisfied more often than before,
@@ -193,7 +193,7 @@ def test_quick_demo_improves_the_live_policy_on_held_out_users(tmp_path: Path) -
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             # 7 of --quick's 10 rounds: the measured quick run was first satisfied by version 4
-            # (bench/results/demo-quick-gate-2026-12-02.json); CI keeps ~6 minutes.
+            # (bench/results/demo-quick-gate-2026-12-02.json); 3 rounds less CI time.
             [sys.executable, "-m", "pipeline.cli", "demo", "--quick", "--rounds", "7", "--out",
              str(out)],
             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
