@@ -22,13 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.events import PathPenalty, PrmScore, Producer, Sample, examples
-from pipeline.models.tiny import ensure_tiny_model
 from pipeline.processors import grouping
 from pipeline.processors.outcomes import outcome_event
 from pipeline.processors.rewards import Assembler
 from pipeline.trainer import losses as L
-from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import TrainerCore
+from tests import bench_module
 
 P = Producer(component="t", version="1")
 HUGE = [1e308, -1e308, 1e39, -1e39]  # overflow beta * Phi, or float32 in the trainer
@@ -192,12 +191,8 @@ def test_assembly_invariants(specs: list[SessionSpec]) -> None:
 
 @pytest.fixture(scope="module")
 def cores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TrainerCore]:
-    tiny = ensure_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-    return {
-        mode: TrainerCore.load(TrainerSettings(model=str(tiny), device="cpu", method="rl",
-                                               rl_baseline=mode))  # type: ignore[arg-type]
-        for mode in ("batch_mean", "none")
-    }  # fmt: skip
+    """The trainer with either batch baseline, as the reward fuzz loads it."""
+    return bench_module.load("reward_fuzz").load_cores(tmp_path_factory.mktemp("model") / "tiny")
 
 
 REWARD = st.one_of(st.floats(-3.0, 3.0), st.sampled_from([math.nan, math.inf, -math.inf, *HUGE]))

@@ -796,7 +796,8 @@ class Assembler:
             o, prm, penalty, total = reward_parts(
                 [j.score for j in judged], votes, o_val, beta, phi
             )
-            shaped = has_real_signal(prm, o_val) and math.isfinite(total)
+            real = has_real_signal(prm, o_val)
+            shaped = real and math.isfinite(total)
             carry, carried = _carried(0.0 if shaped else penalty, path_ids)
             if not shaped:
                 # Shaping modifies a real signal, never makes one (nor does an overflow).
@@ -817,7 +818,7 @@ class Assembler:
                 total=total,
                 formula_version=self.reward_version,
             )
-            signal[t] = has_real_signal(prm, o_val) or grouped  # whatever the path part
+            signal[t] = real or grouped  # whatever the path part
         masked = mask_turns(signal, judged_turns)
         out.rewards = [rewards[t] for t in sorted(rewards)]
         for t in sorted(masked):
