@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import random
 import signal
@@ -59,6 +60,7 @@ async def _slow(self, fut):
 ProducerBuffer._send_pending = _slow
 '''
 
+TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eos_trace.py")
 DERIVED = (names.NEXT_STATES, names.PRM_SCORES, names.REWARDS, names.SAMPLES, names.DLQ)
 INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.HINTS)
 
@@ -82,6 +84,8 @@ class SoakPlan:
     # Each table write Faust buffers waits this long before it is handed to the producer (a
     # loaded worker, made reproducible; 0: off): the fault producer_buffer.py guards against.
     slow_table_writes_s: float = 0.0
+    # A folder for the workers' debug trace (bench/eos_trace.py) and the lost turns; None: off.
+    trace_dir: str | None = None
 
 
 @dataclass
@@ -158,6 +162,9 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
     start_out = ends(settings, DERIVED)
     env = dict(os.environ, LIVERL_PROCESSORS_SESSION_PREFIX=app_id, LIVERL_STATE_DIR=state,
                LIVERL_PROCESSORS_SESSION_TIMEOUT_S="6")
+    if plan.trace_dir:
+        os.makedirs(plan.trace_dir, exist_ok=True)
+        env["LIVERL_SOAK_TRACE"] = plan.trace_dir
     if plan.tree:
         env["PYTHONPATH"] = plan.tree  # its pipeline/ before the installed one
     logpath = os.path.join(state, f"{app_id}.log")
@@ -169,6 +176,8 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
         code = "from pipeline.processors.commands import workers; workers()"
         if plan.slow_table_writes_s:
             code = f"{SLOW_TABLE_WRITES % plan.slow_table_writes_s}\n{code}"
+        if plan.trace_dir:
+            code = f"exec(open({TRACE!r}).read())\n{code}"
         return subprocess.Popen(
             [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn",
              "--worker-index", str(i), f"--{plan.guarantee}"],
@@ -255,6 +264,10 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
             for f in admin.delete_topics(mine, operation_timeout=30).values():
                 f.result()
     result.seconds = time.monotonic() - began
+    if plan.trace_dir:
+        with open(os.path.join(plan.trace_dir, "lost.json"), "w") as fh:
+            json.dump({"missing_reward": result.missing_reward,
+                       "missing_sample": result.missing_sample}, fh)
     with open(logpath, "rb") as fh:
         result.log_tail = fh.read().decode(errors="replace")[-3000:]
     return result
@@ -335,6 +348,9 @@ def main() -> None:
                          "takes it (a loaded worker, reproducibly)")
     ap.add_argument("--seed", type=int, default=0,
                     help="the kill schedule's seed of round 1 (round r uses seed + r - 1)")
+    ap.add_argument("--trace", metavar="DIR", default=None,
+                    help="workers write a debug trace (bench/eos_trace.py) to DIR/round-N, "
+                         "with the lost turns in lost.json")
     args = ap.parse_args()
     chosen = [g.strip() for g in args.guarantees.split(",") if g.strip()]
     if not chosen or any(g not in ("exactly-once", "at-least-once") for g in chosen):
@@ -354,6 +370,7 @@ def main() -> None:
                     guarantee=g, settle_s=args.settle_s, seed=args.seed + r,
                     tree=None if tree == here else tree,
                     slow_table_writes_s=args.slow_table_writes_s,
+                    trace_dir=args.trace and os.path.join(args.trace, f"round-{r + 1}"),
                 )
                 res = run_soak(settings, plan, say=lambda line: print(line, flush=True))
                 report(res, f"round {r + 1}, {tree}")

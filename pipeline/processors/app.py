@@ -128,6 +128,11 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         topic_partitions=partitions,
         topic_replication_factor=conn.replication_factor or 1,
         store="memory://",
+        # No standby copies: the memory store restores a newly active partition from its
+        # changelog's start anyway (it keeps no offset), and a standby's records went into
+        # the same in-memory table the timers walk, so a worker swept sessions it did not
+        # own; every worker also read every other worker's changelogs all the time.
+        table_standby_replicas=0,
         datadir=str(datadir),
         **cfg.faust_web(),  # loopback only, and a port of its own (config.py)
         consumer_auto_offset_reset=cfg.auto_offset_reset,

@@ -38,6 +38,7 @@ from pipeline.kafka.producer import bound_dead_letter
 
 from . import ledger_consumer
 from .config import ProcessorSettings
+from .owned_keys import keep_owned_only
 from .records import TABLE_SESSION, Parked, key_partition, parked_key, session_of
 from .rewards import LeftOut, UnmatchedHint
 from .state_json import StateUnreadable
@@ -186,7 +187,7 @@ class Runtime:
         :data:`~.records.TABLE_SESSION`: forget must know how a table's keys name a session."""
         if name not in TABLE_SESSION:
             raise ValueError(f"table {name!r} is not in records.TABLE_SESSION")
-        return self.app.Table(
+        tbl = self.app.Table(
             name,
             default=None,
             key_type=bytes,
@@ -194,6 +195,9 @@ class Runtime:
             partitions=self.partitions,
             use_partitioner=use_partitioner,
         )
+        partitions = self.partitions
+        keep_owned_only(tbl, lambda key: key_partition(session_of(key), partitions))
+        return tbl
 
     def session_table(self, name: str) -> TableT:
         """A table whose keys ``session\\0…`` go to the session's partition, not the key's own.
