@@ -102,6 +102,8 @@ class SoakResult:
     second_reward_id: list[tuple[str, int]] = field(default_factory=list)
     second_sample_id: list[tuple[str, int]] = field(default_factory=list)
     dead_letters: list[str] = field(default_factory=list)
+    # topic -> turns without a reward whose records there were written and never committed
+    uncommitted: dict[str, int] = field(default_factory=dict)
     workers_alive: bool = True
     seconds: float = 0.0
     log_tail: str = ""
@@ -121,6 +123,8 @@ class SoakResult:
             f"{len(self.missing_sample)}, with a second reward id {len(self.second_reward_id)},"
             f" a second sample id {len(self.second_sample_id)}; dead letters "
             f"{len(self.dead_letters)}; workers that stopped on their own {self.crashes}"
+            + (f"; of the turns without a reward, records written and never committed, by "
+               f"topic: {self.uncommitted}" if self.missing_reward else "")
         )
 
 
@@ -310,6 +314,40 @@ def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
     result.missing_sample = sorted(want - set(samples))
     result.second_reward_id = sorted(k for k, v in rewards.items() if len(v) > 1)
     result.second_sample_id = sorted(k for k, v in samples.items() if len(v) > 1)
+    if result.missing_reward:
+        result.uncommitted = _uncommitted(settings, start, prefix, set(result.missing_reward))
+
+
+def _uncommitted(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
+                 missing: set[tuple[str, int]]) -> dict[str, int]:  # fmt: skip
+    """Of the turns without a reward, how many have records on each derived topic that only a
+    read_uncommitted reader sees (written in a transaction that was aborted or is still open):
+    processed and then not committed, rather than never processed."""
+    seen: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    committed: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for isolation, into in (("read_uncommitted", seen), ("read_committed", committed)):
+        c = Consumer(settings.kafka_client_config(**{
+            "group.id": f"soak-audit-{prefix}", "isolation.level": isolation,
+            "enable.partition.eof": True}))
+        tps = [TopicPartition(t, p, o) for (t, p), o in start.items()]
+        c.assign(tps)
+        left = {(tp.topic, tp.partition) for tp in tps}
+        deadline = time.monotonic() + 60
+        try:
+            while left and time.monotonic() < deadline:
+                for msg in c.consume(1000, timeout=0.5):
+                    if msg.error() is not None:
+                        left.discard((msg.topic(), msg.partition()))
+                        continue
+                    if not (msg.key() or b"").startswith(prefix.encode()):
+                        continue
+                    ev = events.decode(msg.value())
+                    at = (getattr(ev, "session_id", ""), getattr(ev, "turn", -1))
+                    if at in missing:
+                        into[msg.topic()].add(at)
+        finally:
+            c.close()
+    return {t: len(seen[t] - committed[t]) for t in DERIVED if seen[t] - committed[t]}
 
 
 def report(r: SoakResult, label: str) -> None:
@@ -320,6 +358,9 @@ def report(r: SoakResult, label: str) -> None:
                   f"{r.repeated_ids.get(topic, 0):5d}")
     if r.missing_sample:
         print(f"  e.g. without a sample: {r.missing_sample[:5]}")
+    if r.missing_reward:
+        print("  of the turns without a reward, written in a transaction never committed: "
+              + (", ".join(f"{t} {n}" for t, n in r.uncommitted.items()) or "none"))
 
 
 def main() -> None:
