@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import pytest
 
 from pipeline.events import NextState, PrmScore, Producer
 from pipeline.processors.consistency import (
     ConsistencyTracker,
     Tally,
+    log_odds_weight,
     outcome_vote,
     weighted_plurality,
 )
@@ -284,3 +287,62 @@ def test_session_outcomes_that_disagree_contradict_only_the_turns_they_stand_for
     # a repeated outcome of either sign adds nothing; a turn of its own keeps deciding
     assert tr.outcome(outcome("s", 1, score=0.7, eid="again", ts=3)) == []
     assert tr.contradictory == 1
+
+
+# ---- issue 38 item 7: a recent window beside the cumulative tally; log-odds weights ----------
+
+
+def test_the_recent_consistency_is_the_same_mean_over_the_last_window_decided_matches() -> None:
+    """Window 3: after agree, agree, disagree, agree the window holds (agree, disagree, agree):
+    recent (2 + 1) / (3 + 2) = 0.6 beside the cumulative (3 + 1) / (4 + 2) = 2/3. Abstentions
+    stay out of the window as they stay out of ``decided``."""
+    tr = ConsistencyTracker(window=3)
+    for i, passed in enumerate([True, True, False, True]):
+        tr.outcome(outcome(f"s{i}", passed=passed))
+        tr.verdict(verdict(f"s{i}", 0, 1))
+    tr.outcome(outcome("z", passed=True))
+    tr.verdict(verdict("z", 0, 0))  # an abstention
+    t = tr.tallies[("replies", "v1")]
+    assert (t.agree, t.disagree, t.abstain) == (3, 1, 1)
+    assert (t.recent_agree, t.recent_disagree) == (2, 1)
+    assert t.recent_consistency == pytest.approx(3 / 5)
+    assert t.consistency == pytest.approx(4 / 6)
+    assert Tally().recent_consistency == 0.5  # no evidence: the prior, as the cumulative
+
+
+def test_a_contradicted_match_leaves_the_recent_window_too() -> None:
+    """Agreed (thumbs up), then the turn's thumbs down contradicts it: the match leaves the
+    counts and the window; the match a copy was taken of keeps its own window."""
+    tr = ConsistencyTracker(window=5)
+    tr.outcome(outcome("a", passed=True))
+    tr.verdict(verdict("a", 0, 1))
+    tr.verdict(verdict("b", 0, 1))
+    (agreed,) = tr.outcome(thumbs("b", True, "up", 1))
+    assert agreed.tally is not None and agreed.tally.recent_agree == 2
+    (back,) = tr.outcome(thumbs("b", False, "down", 2))
+    assert back.contradicted and back.tally is not None
+    assert (back.tally.recent_agree, back.tally.recent_disagree) == (1, 0)
+    assert back.tally.recent_consistency == pytest.approx(2 / 3)  # (1 + 1) / (1 + 2)
+    assert agreed.tally.recent_agree == 2  # the earlier snapshot is its own
+
+
+def test_log_odds_weights_by_hand() -> None:
+    """w = max(0, log(p / (1 - p))), p clipped into [0.001, 0.999]."""
+    assert log_odds_weight(0.5) == 0.0
+    assert log_odds_weight(0.9) == pytest.approx(2.1972, abs=1e-4)  # log 9
+    assert log_odds_weight(0.75) == pytest.approx(1.0986, abs=1e-4)  # log 3
+    assert log_odds_weight(0.3) == 0.0  # worse than a coin: no weight, never a negative one
+    assert log_odds_weight(1.0) == pytest.approx(6.9068, abs=1e-4)  # log(0.999 / 0.001)
+    assert log_odds_weight(0.0) == 0.0
+    # the posterior mean's odds are (agree + 1) / (disagree + 1): 8 agree, 0 disagree -> log 9
+    t = Tally(agree=8)
+    assert log_odds_weight(t.consistency) == pytest.approx(math.log(9))
+
+
+def test_two_coin_flip_judges_no_longer_outvote_one_at_0_9() -> None:
+    """Weighted by consistency the two at 0.5 carried 0.5 + 0.5 = 1.0 > 0.9; by log-odds
+    they carry 0 + 0 against log 9 = 2.1972, and the 0.9 judge decides."""
+    assert weighted_plurality([(1, 0.5), (1, 0.5), (-1, 0.9)]) == 1  # the old weights
+    w = [log_odds_weight(p) for p in (0.5, 0.5, 0.9)]
+    assert w == [0.0, 0.0, pytest.approx(2.1972, abs=1e-4)]
+    assert weighted_plurality([(1, w[0]), (1, w[1]), (-1, w[2])]) == -1

@@ -17,7 +17,15 @@ asking the question again (``detail.repeats_question``, set by pairing) is an ou
 
 The score is the posterior mean of agreement under a uniform prior,
 ``consistency = (agree + 1) / (agree + disagree + 2)``: 0.5 with no evidence, so a new judge
-is neither trusted nor distrusted, and one lucky verdict moves it only to 2/3.
+is neither trusted nor distrusted, and one lucky verdict moves it only to 2/3. Beside it, the
+*recent* consistency is the same mean over the judge's last ``window`` decided matches
+(:data:`RECENT_WINDOW`): the cumulative figure of a judge right 200 times falls below 0.5 only
+after 201 wrong verdicts in a row, the recent one (window 20) after 11, so flagging reads it.
+
+A judge's weight in a vote (the panel, the promotion gate) is :func:`log_odds_weight` of its
+consistency, ``max(0, log(p / (1 - p)))``: the weight under which a weighted majority of
+independent judges is the most likely answer, so a coin-flip judge (0.5) weighs nothing and two
+of them cannot outvote one judge at 0.9.
 
 Pure and incremental: :class:`ConsistencyTracker` takes verdicts and outcomes in any order
 (they are different topics) and returns each match once, so a streaming consumer and the
@@ -33,6 +41,8 @@ panel is weighted by those tallies, so each member must be tallied by its own vo
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -44,6 +54,17 @@ from .rewards import is_session_outcome
 from .verification import outcome_sign
 
 JudgeKey = tuple[str, str]  # (judge_id, judge_version)
+RECENT_WINDOW = 20  # decided matches in a judge's recent consistency (the watcher's default)
+WEIGHT_EPS = 1e-3  # a consistency is clipped into [eps, 1 - eps] before its log-odds
+
+
+def log_odds_weight(p: float, eps: float = WEIGHT_EPS) -> float:
+    """A judge's vote weight from its consistency ``p``: ``max(0, log(p / (1 - p)))`` with
+    ``p`` clipped into [eps, 1 - eps] (a perfect record would weigh infinitely). Log-odds add
+    up as evidence does, so 0.5 weighs 0 and a judge worse than a coin weighs 0 too (never a
+    negative weight: its votes are not read backwards)."""
+    q = min(max(p, eps), 1.0 - eps)
+    return max(0.0, math.log(q / (1.0 - q)))
 
 
 def outcome_vote(state: NextState) -> Vote | None:
@@ -60,22 +81,33 @@ def outcome_vote(state: NextState) -> Vote | None:
 
 @dataclass(slots=True)
 class Tally:
-    """Agreement counts of one judge (and version)."""
+    """Agreement counts of one judge (and version), and whether each of its last ``window``
+    decided matches agreed (oldest first; compared by the counts only)."""
 
     agree: int = 0
     disagree: int = 0
     abstain: int = 0
     contradicted: int = 0  # verdicts whose outcomes disagreed with each other: counted neither way
+    window: int = field(default=RECENT_WINDOW, compare=False)
+    recent: deque[tuple[str, bool]] = field(default_factory=deque, compare=False, repr=False)
 
     def add(self, match: Match) -> None:
         if match.contradicted:
             self.contradicted += 1
-        else:
-            self._count(match.agrees, 1)
+            return
+        self._count(match.agrees, 1)
+        if match.agrees is not None:
+            self.recent.append((match.verdict_id, match.agrees))
+            while len(self.recent) > self.window:
+                self.recent.popleft()
 
-    def retract(self, agrees: bool | None) -> None:
-        """Take back a match that counted ``agrees`` (its turn turned out contradicted)."""
+    def retract(self, agrees: bool | None, verdict_id: str) -> None:
+        """Take back a match that counted ``agrees`` (its turn turned out contradicted), and
+        out of the recent window if it is still there (the window is then one shorter until
+        the next decided match)."""
         self._count(agrees, -1)
+        if agrees is not None and (verdict_id, agrees) in self.recent:
+            self.recent.remove((verdict_id, agrees))
 
     def _count(self, agrees: bool | None, n: int) -> None:
         if agrees is None:
@@ -86,7 +118,8 @@ class Tally:
             self.disagree += n
 
     def copy(self) -> Tally:
-        return Tally(self.agree, self.disagree, self.abstain, self.contradicted)
+        return Tally(self.agree, self.disagree, self.abstain, self.contradicted, self.window,
+                     deque(self.recent))
 
     @property
     def decided(self) -> int:
@@ -96,6 +129,19 @@ class Tally:
     def consistency(self) -> float:
         """(agree + 1) / (agree + disagree + 2): the posterior mean under a uniform prior."""
         return (self.agree + 1) / (self.decided + 2)
+
+    @property
+    def recent_agree(self) -> int:
+        return sum(1 for _, agrees in self.recent if agrees)
+
+    @property
+    def recent_disagree(self) -> int:
+        return len(self.recent) - self.recent_agree
+
+    @property
+    def recent_consistency(self) -> float:
+        """The same posterior mean over the last ``window`` decided matches only."""
+        return (self.recent_agree + 1) / (len(self.recent) + 2)
 
     @property
     def agreement(self) -> float | None:
@@ -193,6 +239,7 @@ class ConsistencyTracker:
 
     tallies: dict[JudgeKey, Tally] = field(default_factory=dict)
     contradictory: int = 0
+    window: int = RECENT_WINDOW  # of each tally's recent consistency
     _verdicts: dict[str, dict[int, list[_Verdict]]] = field(default_factory=dict)  # by session
     _turn_outcomes: dict[tuple[str, int], _Outcomes] = field(default_factory=dict)
     _session_outcomes: dict[str, _Outcomes] = field(default_factory=dict)
@@ -326,7 +373,7 @@ class ConsistencyTracker:
         for turn, verdicts in scope:
             for v in verdicts:
                 if v.status == "matched" and v.source == key:
-                    self.tallies[v.judge].retract(v.agrees)
+                    self.tallies[v.judge].retract(v.agrees, v.event_id)
                     out.append(self._match(sid, turn, v, key, o, True))
         return out
 
@@ -336,7 +383,7 @@ class ConsistencyTracker:
                   contradicted=contradicted)
         v.status = "contradicted" if contradicted else "matched"
         v.source, v.agrees = key, m.agrees
-        t = self.tallies.setdefault(v.judge, Tally())
+        t = self.tallies.setdefault(v.judge, Tally(window=self.window))
         t.add(m)
         return dataclasses.replace(m, tally=t.copy())
 
