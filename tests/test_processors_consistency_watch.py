@@ -15,7 +15,12 @@ from pipeline import events
 from pipeline.events import NextState, PrmScore, Producer
 from pipeline.kafka import EventProducer, names
 from pipeline.processors.consistency import ConsistencyTracker, Match, Tally
-from pipeline.processors.consistency_watch import ConsistencyWatcher, Flagger, match_event
+from pipeline.processors.consistency_watch import (
+    Change,
+    ConsistencyWatcher,
+    Flagger,
+    match_event,
+)
 from pipeline.processors.outcomes import outcome_event
 from pipeline.settings import Settings
 from tests.test_replay import cli_env, drop, invoke, read_topic
@@ -30,27 +35,81 @@ def verdict(sid: str, score: int, evidence: str) -> PrmScore:
 
 
 def test_flagger_flags_once_after_the_minimum_and_again_only_after_recovering() -> None:
+    """Fewer decided matches than the window (20): recent and cumulative are the same here.
+    Recovery asks for flag_below + 0.05 = 0.55 (the rule's values are unchanged; the reason
+    now names both figures and recovery is a change of its own)."""
     f = Flagger(flag_below=0.5, min_decided=4)
     key = ("j", "1")
     tally = Tally()
 
-    def step(agrees: bool) -> str | None:
-        m = Match(key, "s", 0, 1, 1 if agrees else -1, "v", "o")
+    def step(agrees: bool) -> Change | None:
+        m = Match(key, "s", 0, 1, 1 if agrees else -1, f"v{tally.decided}", "o")
         tally.add(m)
-        return f.check(dataclasses.replace(m, tally=Tally(tally.agree, tally.disagree)))
+        return f.check(dataclasses.replace(m, tally=tally.copy()))
 
     assert [step(False) for _ in range(3)] == [None] * 3  # 1/5: below, but 3 < 4 decided
-    reason = step(False)  # 4 decided, (0 + 1) / (4 + 2) = 0.167
-    assert reason is not None and "0.167 < 0.5 after 4" in reason
+    change = step(False)  # 4 decided, (0 + 1) / (4 + 2) = 0.167
+    assert change is not None and change.kind == "flagged"
+    assert change.reason == ("recent 0.167 over the last 4 decided (0 agree), cumulative "
+                             "0.167 after 4 (0 agree, 4 disagree); < 0.5")
     assert step(False) is None  # already flagged
     for _ in range(6):
         assert step(True) is None  # 2/7 = 0.286 ... 7/13 = 0.538: not yet >= 0.55
     assert f.flagged == {key}
-    assert step(True) is None  # 8/14 = 0.571 >= 0.55: cleared
+    change = step(True)  # 8/14 = 0.571 >= 0.55: recovered
+    assert change is not None and change.kind == "recovered" and "; >= 0.55" in change.reason
     assert f.flagged == set()
     for _ in range(6):
         step(False)  # 8/20 = 0.4, flagged again on the way down
     assert f.flagged == {key}
+
+
+def run_judge(watcher: ConsistencyWatcher, results: list[bool]) -> list[events.JudgeConsistency]:
+    """One +1 verdict per session, each meeting a gate that passed (agree) or failed."""
+    out = []
+    for i, passed in enumerate(results):
+        sid = f"s{i}"
+        watcher.tracker.outcome(outcome_event(sid, passed, turn=0))
+        out += watcher.match_events(watcher.tracker.verdict(verdict(sid, 1, f"{sid}-n0")))
+    return out
+
+
+def test_a_long_right_judge_that_turns_bad_is_flagged_within_the_window_and_recovers() -> None:
+    """200 right, then wrong: the window of 20 holds 20 - k right and k wrong, recent
+    (21 - k) / 22. k = 10: 11/22 = 0.5, not below; k = 11: 10/22 = 0.4545 < 0.5, flagged,
+    while the cumulative figure is 201 / 213 = 0.9437. Then right again: the first 9 push out
+    the window's 9 old right ones (still 9 right, 11 wrong); the 10th, 11th, 12th push out
+    wrong ones: 11/22, 12/22 = 0.5455 < 0.55, 13/22 = 0.5909 >= 0.55: recovered at the 12th.
+    One event says each change; every event in between says the judge is excluded."""
+    watcher = ConsistencyWatcher(Settings(), flag_below=0.5, min_decided=10, window=20)
+    evs = run_judge(watcher, [True] * 200 + [False] * 11 + [True] * 12)
+    assert len(evs) == 223
+    flags = [i for i, e in enumerate(evs) if e.flagged]
+    recoveries = [i for i, e in enumerate(evs) if e.recovered]
+    assert (flags, recoveries) == ([210], [222])  # the 11th wrong, the 12th right after
+    flag, back = evs[210], evs[222]
+    assert (flag.recent_agree, flag.recent_disagree, flag.window) == (9, 11, 20)
+    assert flag.recent_consistency == pytest.approx(10 / 22)
+    assert flag.consistency == pytest.approx(201 / 213)
+    assert flag.reason == ("recent 0.455 over the last 20 decided (9 agree), cumulative 0.944 "
+                           "after 211 (200 agree, 11 disagree); < 0.5")
+    assert evs[209].recent_consistency == pytest.approx(0.5) and not evs[209].excluded
+    assert (back.recent_agree, back.recent_disagree) == (12, 8)
+    assert back.recent_consistency == pytest.approx(13 / 22)
+    assert evs[221].recent_consistency == pytest.approx(12 / 22)
+    assert [e.excluded for e in evs] == [False] * 210 + [True] * 12 + [False]
+    assert not back.excluded and back.reason is not None and back.reason.endswith(">= 0.55")
+    for ev in (flag, back):  # the schema takes the new fields
+        assert events.decode(events.encode(ev)) == ev
+
+
+def test_the_cumulative_figure_alone_waited_for_201_wrong_verdicts() -> None:
+    """The issue's numbers: with a window as long as the history the recent figure is the
+    cumulative one, (200 + 1) / (200 + k + 2) < 0.5 first at k = 201 (k = 200: exactly 0.5)."""
+    watcher = ConsistencyWatcher(Settings(), flag_below=0.5, min_decided=10, window=10_000)
+    evs = run_judge(watcher, [True] * 200 + [False] * 201)
+    assert [i - 200 for i, e in enumerate(evs) if e.flagged] == [200]  # the 201st wrong one
+    assert evs[-1].consistency == pytest.approx(201 / 403)
 
 
 def test_each_match_carries_the_tally_as_it_stood_then() -> None:
@@ -152,7 +211,11 @@ def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
     assert (last.agree, last.disagree, last.abstain) == (3, 9, 0)
     assert last.consistency == pytest.approx(4 / 14)
     (flag,) = [e for e in got if e.flagged]
-    assert flag.agree + flag.disagree == 10 and flag.reason and "< 0.5 after 10" in flag.reason
+    assert flag.agree + flag.disagree == 10 and flag.reason
+    # 3 agree, 7 disagree, all inside the window of 20: recent = cumulative = 4/12
+    assert "recent 0.333 over the last 10 decided" in flag.reason
+    assert flag.reason.endswith("< 0.5") and flag.excluded and last.excluded
+    assert not any(e.recovered for e in got)
     # a second run rebuilds the join from history and publishes nothing again
     res = invoke(["judges", "watch", "--namespace", ns, "--once"], env)
     assert res.exit_code == 0 and "published 0 match(es)" in res.output, res.output

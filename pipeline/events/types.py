@@ -298,6 +298,18 @@ class JudgeConsistency(Event):
     # of it published before is out of this tally); ``contradictions`` counts such verdicts.
     contradicted: bool = False
     contradictions: int = 0
+    # The same over the judge's last ``window`` decided matches: what flagging reads, so a
+    # judge right for long that turns bad is flagged within about ``window`` verdicts. None
+    # (and 0s): published before the window existed.
+    recent_agree: int = 0
+    recent_disagree: int = 0
+    recent_consistency: float | None = None
+    window: int = 0
+    # ``flagged`` marks the match that took the judge out of panels and the promotion gate,
+    # ``recovered`` the one that brought it back; ``excluded`` is where it stands after this
+    # match, so the newest event of a judge is enough to weigh it.
+    recovered: bool = False
+    excluded: bool = False
 
 
 @dataclass(slots=True, kw_only=True)

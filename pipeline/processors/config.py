@@ -147,6 +147,11 @@ class ProcessorSettings(BaseSettings):
     # an error naming the key). For "llm", the llm_* fields below are its defaults.
     judge_options: dict[str, Any] = Field(default_factory=dict)
     judge_batch: int = 32
+    # `liverl judges watch`: a judge's recent consistency covers its last this many decided
+    # matches, and flagging reads it (processors/consistency_watch.py): a judge right for a
+    # long time that turns bad is flagged after about half as many wrong verdicts (11 of 20),
+    # where its cumulative figure would wait for as many wrong verdicts as it had right ones.
+    consistency_window: int = Field(default=20, ge=1, le=100_000)
     # The session agent takes records in batches of up to this many, waiting at most
     # session_batch_s for one to fill: a session's records of a batch share one state read and
     # one state write (one changelog record). 1 makes every record its own unit.

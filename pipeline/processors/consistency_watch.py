@@ -16,9 +16,14 @@ rebuilt at a restart). ``contradictions`` on each event counts the judge's contr
 verdicts, also served as ``liverl_judge_contradicted``.
 
 A judge is *flagged* (``flagged: true`` on the match that did it, the
-``liverl_judge_flags_total`` counter) when its consistency falls below ``flag_below`` once it
-has ``min_decided`` verdicts that agreed or disagreed; it is flagged again only after it has
-risen back above ``flag_below + FLAG_HYSTERESIS``.
+``liverl_judge_flags_total`` counter) when its *recent* consistency (over its last ``window``
+decided matches, ``processors.consistency_window``) falls below ``flag_below`` once it has
+``min_decided`` decided verdicts in all: the cumulative figure of a long-right judge would
+take as many wrong verdicts as it had right ones to get there. A flagged judge is *excluded*
+(``excluded: true`` on every event until it recovers): panels and the promotion gate give it
+weight 0. It *recovers* (``recovered: true`` on the match that did it, one event) when its
+recent consistency is back at ``flag_below + FLAG_HYSTERESIS``: without the margin a judge
+near the threshold would flap in and out of the panel, changing its version at each turn.
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pipeline import events
 from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable
 
-from .consistency import ConsistencyTracker, JudgeKey, Match, outcome_vote
+from .consistency import RECENT_WINDOW, ConsistencyTracker, JudgeKey, Match, outcome_vote
 
 log = logging.getLogger(__name__)
 VERSION = "consistency-1"  # in every match id: change the join rules, change it
@@ -76,9 +81,10 @@ def read_history(settings: Connectable, namespace: str | None,
     return found
 
 
-def match_event(m: Match, flagged: bool = False, reason: str | None = None
+def match_event(m: Match, change: Change | None = None, excluded: bool = False
                 ) -> events.JudgeConsistency:
-    """The event of one match, with the judge's tally as it stood right after it."""
+    """The event of one match, with the judge's tally as it stood right after it, the change
+    of its state this match made (if any) and whether it stands excluded after it."""
     assert m.tally is not None  # a match the tracker made
     t = m.tally
     parents = [m.verdict_id, m.outcome_id]
@@ -101,32 +107,54 @@ def match_event(m: Match, flagged: bool = False, reason: str | None = None
         disagree=t.disagree,
         abstain=t.abstain,
         consistency=t.consistency,
-        flagged=flagged,
-        reason=reason,
+        flagged=change is not None and change.kind == "flagged",
+        recovered=change is not None and change.kind == "recovered",
+        reason=None if change is None else change.reason,
         contradicted=m.contradicted,
         contradictions=t.contradicted,
+        recent_agree=t.recent_agree,
+        recent_disagree=t.recent_disagree,
+        recent_consistency=t.recent_consistency,
+        window=t.window,
+        excluded=excluded,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A judge's state changed at a match: ``flagged`` (out) or ``recovered`` (back in)."""
+
+    kind: Literal["flagged", "recovered"]
+    reason: str
 
 
 @dataclass
 class Flagger:
-    """Decides which match flags its judge (see the module docstring)."""
+    """Decides which match flags its judge and which brings it back (see the module
+    docstring); :attr:`flagged` holds the judges excluded now."""
 
     flag_below: float = 0.5
     min_decided: int = 10
     flagged: set[JudgeKey] = field(default_factory=set)
 
-    def check(self, m: Match) -> str | None:
+    def check(self, m: Match) -> Change | None:
+        """The change ``m`` makes to its judge's state; None for all but the two matches
+        that cross the thresholds."""
         assert m.tally is not None
         t = m.tally
+        recent = t.recent_consistency
+        figures = (f"recent {recent:.3f} over the last {len(t.recent)} decided "
+                   f"({t.recent_agree} agree), cumulative {t.consistency:.3f} after "
+                   f"{t.decided} ({t.agree} agree, {t.disagree} disagree)")
         if m.judge in self.flagged:
-            if t.consistency >= self.flag_below + FLAG_HYSTERESIS:
+            back = self.flag_below + FLAG_HYSTERESIS
+            if recent >= back:
                 self.flagged.discard(m.judge)
+                return Change("recovered", f"{figures}; >= {back:g}")
             return None
-        if t.decided >= self.min_decided and t.consistency < self.flag_below:
+        if t.decided >= self.min_decided and recent < self.flag_below:
             self.flagged.add(m.judge)
-            return (f"consistency {t.consistency:.3f} < {self.flag_below} after "
-                    f"{t.decided} decided verdicts ({t.agree} agree, {t.disagree} disagree)")
+            return Change("flagged", f"{figures}; < {self.flag_below:g}")
         return None
 
 
@@ -136,11 +164,12 @@ class ConsistencyWatcher:
 
     def __init__(self, settings: Connectable, *, namespace: str | None = None,
                  flag_below: float = 0.5, min_decided: int = 10,
+                 window: int = RECENT_WINDOW,
                  on_event: Callable[[events.JudgeConsistency], None] | None = None,
                  horizon_s: float = 7 * 86_400.0) -> None:
         self.settings = settings
         self.namespace = namespace
-        self.tracker = ConsistencyTracker()
+        self.tracker = ConsistencyTracker(window=window)
         self.flagger = Flagger(flag_below, min_decided)
         self.inputs = [names.resolve(names.PRM_SCORES, namespace),
                        names.resolve(names.NEXT_STATES, namespace)]
@@ -224,14 +253,13 @@ class ConsistencyWatcher:
             from pipeline.kafka import EventProducer
 
             self._producer = EventProducer(self.settings, client_id="liverl-consistency")
-        for m in matches:
-            reason = self.flagger.check(m)
-            ev = match_event(m, reason is not None, reason)
+        for ev in self.match_events(matches):
             _metrics(ev)
             if ev.event_id in self.published:
                 continue  # published (and said) before a restart: said once
-            if reason is not None:
-                log.warning("judge %s (%s) flagged: %s", ev.judge_id, ev.judge_version, reason)
+            if ev.flagged or ev.recovered:
+                log.warning("judge %s (%s) %s: %s", ev.judge_id, ev.judge_version,
+                            "flagged" if ev.flagged else "recovered", ev.reason)
             self._producer.send(self.output, ev, key=ev.judge_id)
             self.published.add(ev.event_id)
             self.sent += 1
@@ -239,6 +267,14 @@ class ConsistencyWatcher:
             if self.on_event is not None:
                 self.on_event(ev)
         self._producer.flush()
+
+    def match_events(self, matches: list[Match]) -> list[events.JudgeConsistency]:
+        """The events of ``matches`` in order, each with the flag state it leaves."""
+        out = []
+        for m in matches:
+            change = self.flagger.check(m)
+            out.append(match_event(m, change, m.judge in self.flagger.flagged))
+        return out
 
     def close(self) -> None:
         if self._producer is not None:
@@ -258,25 +294,36 @@ def _event_id(raw: bytes | None) -> str:
 
 
 _GAUGE: Any = None
+_RECENT: Any = None
+_EXCLUDED: Any = None
 _FLAGS: Any = None
 _CONTRADICTED: Any = None
 
 
 def _metrics(ev: events.JudgeConsistency) -> None:
-    """``liverl_judge_consistency`` and ``liverl_judge_contradicted`` per judge and version;
+    """``liverl_judge_consistency``, ``liverl_judge_recent_consistency``,
+    ``liverl_judge_excluded`` and ``liverl_judge_contradicted`` per judge and version;
     ``liverl_judge_flags_total``."""
-    global _GAUGE, _FLAGS, _CONTRADICTED
+    global _GAUGE, _RECENT, _EXCLUDED, _FLAGS, _CONTRADICTED
     from prometheus_client import Counter, Gauge
 
     if _GAUGE is None:
         _GAUGE = Gauge("liverl_judge_consistency", "A judge's agreement with outcomes: "
                        "(agree + 1) / (agree + disagree + 2)", ["judge_id", "judge_version"])
+        _RECENT = Gauge("liverl_judge_recent_consistency", "The same over the judge's last "
+                        "window decided matches (what flagging reads)",
+                        ["judge_id", "judge_version"])
+        _EXCLUDED = Gauge("liverl_judge_excluded", "1 while a judge is flagged: out of panels "
+                          "and the promotion gate", ["judge_id", "judge_version"])
         _FLAGS = Counter("liverl_judge_flags", "Times a judge fell below the flag threshold",
                          ["judge_id", "judge_version"])
         _CONTRADICTED = Gauge("liverl_judge_contradicted", "A judge's verdicts on turns whose "
                               "outcomes disagree with each other (counted neither way)",
                               ["judge_id", "judge_version"])
     _GAUGE.labels(ev.judge_id, ev.judge_version).set(ev.consistency)
+    if ev.recent_consistency is not None:
+        _RECENT.labels(ev.judge_id, ev.judge_version).set(ev.recent_consistency)
+    _EXCLUDED.labels(ev.judge_id, ev.judge_version).set(int(ev.excluded))
     _CONTRADICTED.labels(ev.judge_id, ev.judge_version).set(ev.contradictions)
     if ev.flagged:
         _FLAGS.labels(ev.judge_id, ev.judge_version).inc()

@@ -130,9 +130,13 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
               help="Flag a judge whose consistency falls below this...")
 @click.option("--min-decided", type=click.IntRange(1), default=10, show_default=True,
               help="...once it has this many verdicts that agreed or disagreed.")
+@click.option("--window", type=click.IntRange(1, 100_000), default=None,
+              help="Flag by the consistency of each judge's last this many decided matches. "
+              "Default: processors.consistency_window (20).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve liverl_judge_consistency, liverl_judge_contradicted and "
-              "liverl_judge_flags_total here (no authentication).")
+              help="Serve liverl_judge_consistency, liverl_judge_recent_consistency, "
+              "liverl_judge_excluded, liverl_judge_contradicted and liverl_judge_flags_total "
+              "here (no authentication).")
 @click.option("--metrics-host", default=None, show_default=False,
               help="Interface the metrics server binds to. Default: processors.web_host, "
               "the workers' (127.0.0.1).")
@@ -142,14 +146,16 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
 @click.option("--once", is_flag=True, help="Catch up to the topics' ends, publish, and exit.")
 @click.pass_context
 def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
-                  min_decided: int, metrics_port: int | None, metrics_host: str | None,
-                  horizon_h: float, once: bool) -> None:
+                  min_decided: int, window: int | None, metrics_port: int | None,
+                  metrics_host: str | None, horizon_h: float, once: bool) -> None:
     """Join verdicts to outcomes as they arrive; publish each match on judge_consistency.
 
     Runs beside the workers. At start it rebuilds the join from the topics' history and
     publishes what was never published, then follows their ends until Ctrl-C. A judge whose
-    consistency drops below --flag-below is flagged (a warning, flagged: true on the match,
-    the liverl_judge_flags_total counter). A verdict on a turn whose outcomes disagree with
+    consistency over its last --window decided matches drops below --flag-below is flagged (a
+    warning, flagged: true on the match, the liverl_judge_flags_total counter) and excluded:
+    panels and the promotion gate give it weight 0 until that figure is back at --flag-below
+    + 0.05 (recovered: true on the match). A verdict on a turn whose outcomes disagree with
     each other (passed and failed) is contradicted: it counts neither way, and a match of it
     published before is taken back (contradicted: true).
     """
@@ -179,11 +185,13 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     def say(ev: events.JudgeConsistency) -> None:
-        if ev.flagged:
-            click.echo(f"flagged {ev.judge_id} ({ev.judge_version}): {ev.reason}", err=True)
+        if ev.flagged or ev.recovered:
+            click.echo(f"{'flagged' if ev.flagged else 'recovered'} {ev.judge_id} "
+                       f"({ev.judge_version}): {ev.reason}", err=True)
 
     watcher = ConsistencyWatcher(settings, namespace=namespace, flag_below=flag_below,
                                  min_decided=min_decided, on_event=say,
+                                 window=window or settings.processors.consistency_window,
                                  horizon_s=horizon_h * 3600)
     try:
         watcher.run(stop, once=once)
