@@ -80,20 +80,20 @@ def test_a_live_panel_reweights_as_its_members_meet_outcomes(
         return lambda: (r := live.row(judge_id, version)) is not None and r.decided == n
 
     try:
-        assert session(0, passed=True) == 0  # no evidence: 0.5 against 0.5, a tie
+        assert session(0, passed=True) == 0  # no evidence: log-odds of 0.5 is 0 for both
         for i in range(1, 4):  # the gates side with the thanks: rules right, replies wrong
             session(i, passed=True)
         wait_for(decided("rules", RuleJudge.version, 4), "four rules matches")
         wait_for(decided("replies", replies_v, 4), "four replies matches")
-        # rules (4 + 1) / (4 + 2) = 0.83, replies 1 / 6 = 0.17: rules decides the split
-        assert panel.weigh()[0] == [0.17, 0.83]
+        # rules (4 + 1) / (4 + 2) = 0.83, log-odds log 5 = 1.61; replies 1 / 6 -> 0
+        assert panel.weigh()[0] == [0.0, 1.61]
         assert session(4, passed=False) == 1  # and from now on the gates disagree with it
         for i in range(5, 12):
             session(i, passed=False)
         wait_for(decided("rules", RuleJudge.version, 12), "twelve rules matches")
         wait_for(decided("replies", replies_v, 12), "twelve replies matches")
-        # rules 4 agree / 8 disagree: 5/14 = 0.36; replies 8 / 4: 9/14 = 0.64
-        assert panel.weigh()[0] == [0.64, 0.36]
+        # rules 4 agree / 8 disagree: 5/14 -> 0; replies 8 / 4: 9/14, log(9/5) = 0.59
+        assert panel.weigh()[0] == [0.59, 0.0]
         state = NextState(event_id="n", producer=P, session_id="x", turn=0, kind="user_reply",
                           role="user", content=SPLIT, source="pairing")
         v = asyncio.run(panel.judge(TurnContext("x", 0, "Explain it.", "Long."), state))
@@ -164,3 +164,27 @@ def test_a_worker_attaches_the_topic_reader_to_a_live_panel(
     finally:
         if live is not None:
             live.stop()
+
+
+def test_the_reader_keeps_whether_a_judge_stands_flagged() -> None:
+    """No broker: the newest event of a judge version says whether it is excluded, and its
+    row's weight is 0 while it is (the log-odds of its consistency otherwise)."""
+    live = LiveConsistency(Settings(), "unit")
+
+    def ev(n: int, excluded: bool) -> events.JudgeConsistency:
+        return events.JudgeConsistency(
+            event_id=f"m{n}", producer=P, parents=["p", "o"], judge_id="llm",
+            judge_version="v1", verdict=1, outcome=1, verdict_id="p", outcome_id="o",
+            agree=8, disagree=n, abstain=0, consistency=9 / (10 + n), recent_agree=8,
+            recent_disagree=n, recent_consistency=9 / (10 + n), window=20, excluded=excluded)
+
+    assert live.excluded("llm", "v1") is False  # nothing read: not excluded
+    live.apply(ev(0, False))
+    row = live.row("llm", "v1")
+    assert row is not None and row.weight == pytest.approx(2.1972, abs=1e-4)  # log 9
+    live.apply(ev(1, True))
+    row = live.row("llm", "v1")
+    assert live.excluded("llm", "v1") and row is not None and row.weight == 0.0
+    assert row.recent == pytest.approx(9 / 11) and row.decided == 9
+    live.apply(ev(2, False))
+    assert not live.excluded("llm", "v1")

@@ -43,7 +43,9 @@ def test_the_more_consistent_member_decides_a_split_vote(tmp_path: Path) -> None
     panel = make_judge("panel", {"judges": ["replies", "rules"],
                                  "consistency_file": str(trust_rules)})
     v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
-    assert (v.score, v.votes, v.hints) == (1, [-1, 1], [])  # 0.8 > 0.3: no hint of the loser
+    # log-odds: rules log(0.8 / 0.2) = 1.386, replies 0 (0.3 is worse than a coin)
+    assert panel.weights == [0.0, pytest.approx(1.3863, abs=1e-4)]
+    assert (v.score, v.votes, v.hints) == (1, [-1, 1], [])  # no hint of the loser
     trust_replies = consistency_file(tmp_path / "b.json", {
         ("replies", replies.version): 0.9, ("rules", RuleJudge.version): 0.4})
     panel2 = make_judge("panel", {"judges": ["replies", "rules"],
@@ -51,7 +53,7 @@ def test_the_more_consistent_member_decides_a_split_vote(tmp_path: Path) -> None
     v = asyncio.run(panel2.judge(CTX, reply(SPLIT)))
     assert v.score == -1 and v.hints == ["Answer in one sentence."]
     assert panel.version != panel2.version  # other weights, other verdict ids on a replay
-    assert "replies (0.90) -1" in v.rationale
+    assert "replies (2.20) -1" in v.rationale  # log 9 = 2.1972
 
 
 def test_weights_fall_back_to_fixed_weights_then_one_and_ties_are_zero(tmp_path: Path) -> None:
@@ -97,9 +99,13 @@ class Source:
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, str], float] = {}
+        self.flagged: set[tuple[str, str]] = set()
 
     def consistency(self, judge_id: str, judge_version: str) -> float | None:
         return self.rows.get((judge_id, judge_version))
+
+    def excluded(self, judge_id: str, judge_version: str) -> bool:
+        return (judge_id, judge_version) in self.flagged
 
 
 def test_a_live_panel_follows_its_source_and_names_what_decided_each_verdict() -> None:
@@ -109,21 +115,22 @@ def test_a_live_panel_follows_its_source_and_names_what_decided_each_verdict() -
     panel = make_judge("panel", {"judges": ["replies", "rules"], "live": True,
                                  "weights": {"rules": 0.6}})
     replies = make_judge("replies")
-    # no source yet: fixed weights, else the prior 0.5: rules 0.6 beats replies 0.5
-    assert panel.weights == [0.5, 0.6]
+    # no source yet: fixed weights, else the prior 0.5, whose log-odds is 0: rules 0.6 decides
+    assert panel.weights == [0.0, 0.6]
     src = Source()
     panel.use_live(src)
     work = judging.JudgeWork(CTX, "i-1", reply(SPLIT))
     first = asyncio.run(judging.judge_one(panel, work)).prm
     assert (first.score, first.judge_version) == (1, panel.version)
-    # the topic now says rules is contradicted more than replies: 0.333 -> 0.33, 0.875 -> 0.88
+    # the topic now says rules is contradicted more than replies: log-odds of 1/3 -> 0,
+    # of 7/8 -> log 7 = 1.9459 -> 1.95
     src.rows = {("rules", RuleJudge.version): 1 / 3, ("replies", replies.version): 7 / 8}
     out = asyncio.run(judging.judge_one(panel, work))
     prm = out.prm
     assert prm.score == -1 and [h.hint for h in out.hints] == ["Answer in one sentence."]
     assert prm.members == [
-        {"judge_id": "replies", "judge_version": replies.version, "vote": -1, "weight": 0.88},
-        {"judge_id": "rules", "judge_version": RuleJudge.version, "vote": 1, "weight": 0.33}]
+        {"judge_id": "replies", "judge_version": replies.version, "vote": -1, "weight": 1.95},
+        {"judge_id": "rules", "judge_version": RuleJudge.version, "vote": 1, "weight": 0.0}]
     # the verdict's version (and so its id) names the weights it was made with
     assert prm.judge_version != first.judge_version and prm.event_id != first.event_id
     assert prm.judge_version == panel.weigh()[1]
@@ -173,3 +180,44 @@ def test_a_failed_member_has_no_vote_and_the_others_decide() -> None:
     v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
     assert (v.score, v.votes) == (0, [None, None])
     assert v.error == "llm2: timed out after 30 s; llm: timed out after 30 s"
+
+
+# A long answer the user rejects: replies -1 (it reads the rejection), verbose and agreeable +1.
+LONG = " ".join(["word"] * 26)
+REJECT = "No, that is far too long. Answer in one short sentence."
+THREE = ["replies", "verbose", "agreeable"]
+
+
+def test_two_coin_flip_members_no_longer_outvote_one_at_0_9(tmp_path: Path) -> None:
+    """Consistencies 0.9 (replies), 0.5, 0.5: by consistency the two carried 0.5 + 0.5 = 1.0
+    against 0.9 and won; by log-odds they carry 0 + 0 against log 9 = 2.1972."""
+    import pipeline.sim.flawed_judges  # noqa: F401  (registers verbose and agreeable)
+
+    versions = {n: make_judge(n).version for n in THREE}
+    path = consistency_file(tmp_path / "three.json", {
+        ("replies", versions["replies"]): 0.9, ("verbose", versions["verbose"]): 0.5,
+        ("agreeable", versions["agreeable"]): 0.5})
+    panel = make_judge("panel", {"judges": THREE, "consistency_file": str(path)})
+    assert panel.weights == [pytest.approx(2.1972, abs=1e-4), 0.0, 0.0]
+    ctx = TurnContext("s", 0, "Capital of France?", LONG)
+    v = asyncio.run(panel.judge(ctx, reply(REJECT)))
+    assert (v.score, v.votes) == (-1, [-1, 1, 1])
+
+
+def test_a_flagged_member_weighs_nothing_until_it_recovers() -> None:
+    """replies at 0.9 decides the split; flagged (the topic's newest event says excluded) it
+    weighs 0 and the split is a tie (rules at 0.5 weighs 0 too); recovered, it decides
+    again. Its vote is still reported, so the watcher can see it recover."""
+    panel = make_judge("panel", {"judges": ["replies", "rules"], "live": True})
+    replies = make_judge("replies")
+    src = Source()
+    src.rows = {("replies", replies.version): 0.9, ("rules", RuleJudge.version): 0.5}
+    panel.use_live(src)
+    assert asyncio.run(panel.judge(CTX, reply(SPLIT))).score == -1
+    src.flagged.add(("replies", replies.version))
+    v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
+    assert (v.score, [m["weight"] for m in v.members or []]) == (0, [0.0, 0.0])
+    assert [m["vote"] for m in v.members or []] == [-1, 1]
+    src.flagged.clear()
+    v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
+    assert (v.score, [m["weight"] for m in v.members or []]) == (-1, [2.2, 0.0])

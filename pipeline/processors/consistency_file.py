@@ -9,6 +9,8 @@ from pathlib import Path
 
 import orjson
 
+from .consistency import log_odds_weight
+
 MAX_BYTES = 4 << 20
 
 
@@ -18,6 +20,15 @@ class JudgeRow:
     judge_version: str
     consistency: float
     decided: int  # agree + disagree: the evidence behind the score
+    # Flagged by `liverl judges watch` and not recovered (the topic says so; a compare file
+    # never does): weight 0 in panels and the promotion gate whatever its consistency.
+    excluded: bool = False
+    recent: float | None = None  # consistency over the judge's last decided matches (topic)
+
+    @property
+    def weight(self) -> float:
+        """Its vote weight: 0 while excluded, else the log-odds of its consistency."""
+        return 0.0 if self.excluded else log_odds_weight(self.consistency)
 
 
 def read_compare_file(path: Path) -> list[JudgeRow]:

@@ -1,7 +1,8 @@
 """Judges' consistency as it stands now, read from ``liverl.judge_consistency.v1``.
 
 ``liverl judges watch`` publishes every match with the judge's running tally; the newest
-event of a (judge id, version) is its consistency now. :class:`LiveConsistency` keeps those in
+event of a (judge id, version) is its consistency now, and whether it stands flagged
+(``excluded``: weight 0 until it recovers). :class:`LiveConsistency` keeps those in
 memory for the components that weight judges by them while they run: the panel judge in the
 reward workers (``judge_options.live = true``) and the trainer's promotion gate
 (``trainer.gate_consistency_live``). A weight read this way moves as outcomes arrive, where a
@@ -51,8 +52,9 @@ class LiveConsistency:
 
     def apply(self, ev: events.JudgeConsistency) -> None:
         """Take one published match: its tally is the judge's newest."""
+        recent = None if ev.recent_consistency is None else float(ev.recent_consistency)
         row = JudgeRow(ev.judge_id, ev.judge_version, float(ev.consistency),
-                       int(ev.agree) + int(ev.disagree))
+                       int(ev.agree) + int(ev.disagree), bool(ev.excluded), recent)
         with self._lock:
             self._rows[(ev.judge_id, ev.judge_version)] = row
 
@@ -64,6 +66,11 @@ class LiveConsistency:
         """The judge version's consistency now; None when the topic has no tally of it."""
         r = self.row(judge_id, judge_version)
         return None if r is None else r.consistency
+
+    def excluded(self, judge_id: str, judge_version: str) -> bool:
+        """Whether the judge version stands flagged now (out of panels and the gate)."""
+        r = self.row(judge_id, judge_version)
+        return r is not None and r.excluded
 
     def rows(self) -> list[JudgeRow]:
         with self._lock:

@@ -1,15 +1,21 @@
 """The "panel" judge: several judges vote on each next state, each weighted by how well its
 verdicts have agreed with verifiable outcomes (RLAnything's reward-model consistency).
 
-A member's weight is, first, with ``live = true``, its consistency now on the
-``judge_consistency`` topic (``liverl judges watch`` keeps it from the members' own votes,
-which every panel verdict carries in ``prm_score.members``); else its consistency in a
-``liverl judges compare NAME --format json`` file; both matched by judge id *and* version,
-so a changed judge starts again without evidence; else ``weights[name]``; else 0.5 (the
-consistency prior) when live, 1.0 otherwise. The verdict is the members'
-:func:`weighted_plurality`; the hints are those of the members that voted with it. The
-panel's version names its members' versions and weights, so changing either re-derives every
-verdict id (a live panel's verdict names the version it was made under: ``Verdict.version``).
+A member's weight is, first, with ``live = true``, 0 while the ``judge_consistency`` topic
+says it stands flagged (``excluded``: its recent consistency fell below the watcher's
+threshold; it is back once it recovers), else the log-odds of its consistency now on that topic
+(``liverl judges watch`` keeps it from the members' own votes, which every panel verdict carries
+in ``prm_score.members``, an excluded member's included, so it can recover); else the log-odds
+of its consistency in a ``liverl judges compare NAME --format json`` file; both matched by judge
+id *and* version, so a changed judge starts again without evidence; else ``weights[name]`` (a
+weight, taken as it is); else the log-odds of 0.5, the consistency prior, which is 0, when live
+(a live panel abstains until a member has agreed more often than not), 1.0 otherwise. The
+log-odds weight is ``max(0, log(p / (1 - p)))`` (:func:`consistency.log_odds_weight`): a
+coin-flip member weighs nothing, so two at 0.5 no longer outvote one at 0.9. The verdict is the
+members' :func:`weighted_plurality`; the hints are those of the members that voted with it.
+The panel's version names its members' versions and weights, so changing either re-derives
+every verdict id (a live panel's verdict names the version it was made under:
+``Verdict.version``).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Protocol
 
 from pipeline.events import NextState
 
-from .consistency import weighted_plurality
+from .consistency import log_odds_weight, weighted_plurality
 from .consistency_file import read_compare_file
 from .judge_registry import PanelOptions
 from .judges import Judge, TurnContext, Verdict, make_judge
@@ -38,6 +44,8 @@ class ConsistencySource(Protocol):
     """Where live consistencies come from (``consistency_live.LiveConsistency``)."""
 
     def consistency(self, judge_id: str, judge_version: str) -> float | None: ...
+
+    def excluded(self, judge_id: str, judge_version: str) -> bool: ...
 
 
 class PanelJudge:
@@ -66,13 +74,16 @@ class PanelJudge:
         weight has moved by that much, not at every match."""
         weights = []
         for n, j in self.members:
+            if self.source is not None and self.source.excluded(j.judge_id, j.version):
+                weights.append(0.0)  # flagged: out until its recent consistency recovers
+                continue
             live = self.source.consistency(j.judge_id, j.version) if self.source else None
             if live is not None:
-                weights.append(round(live, 2))
+                weights.append(round(log_odds_weight(live), 2))
                 continue
             known = self._file.get((j.judge_id, j.version))
-            weights.append(known if known is not None
-                           else self._fixed.get(n, NO_EVIDENCE if self.live else 1.0))
+            weights.append(log_odds_weight(known) if known is not None else self._fixed.get(
+                n, log_odds_weight(NO_EVIDENCE) if self.live else 1.0))
         spec = ";".join(f"{j.version}={w:.6f}" for (_, j), w in zip(self.members, weights,
                                                                    strict=True))
         return weights, f"panel-1/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
