@@ -480,7 +480,8 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
     ]}))
     cfg = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.5},
                    gate_consistency_file=path)
-    assert G.judge_weights(cfg) == {"fluency": 0.5, "llm": pytest.approx(31 / 52)}
+    # log-odds of the row with the most decided verdicts: log((31/52) / (21/52)) = 0.3895
+    assert G.judge_weights(cfg) == {"fluency": 0.5, "llm": pytest.approx(0.3895, abs=1e-4)}
     # the reward judge's votes rest on the reward pipeline's judge: its row weights them
     rows = json.loads(path.read_text())["judges"]
     rows.append({"judge_id": "replies", "judge_version": "r", "agree": 6, "disagree": 2,
@@ -488,12 +489,18 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
     withrep = tmp_path / "with-replies.json"
     withrep.write_text(json.dumps({"judges": rows}))
     got = G.judge_weights(settings(tiny, tmp_path, gate_consistency_file=withrep))
-    assert got["reward"] == 0.7 and got["replies"] == 0.7
+    assert got["reward"] == got["replies"] == pytest.approx(0.8473, abs=1e-4)  # log(7/3)
     off = settings(tiny, tmp_path, gate_consistency_file=withrep, gate_reward_judge=None)
     assert "reward" not in G.judge_weights(off)
     votes = [{"prompt_id": "a", "vote": 1, "judge": "fluency", "source": "held_out"},
              {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"}]
-    status, fig = G.decide(votes, (12, 12), (-1.0, -1.0), cfg)  # 0.5 - 0.596 < 0: lost
+    # By consistency llm weighed 31/52 = 0.596 > 0.5 and the prompt was lost; by log-odds it
+    # weighs 0.3895 < 0.5 (a judge barely better than a coin): fluency's +1 wins the prompt.
+    status, fig = G.decide(votes, (12, 12), (-1.0, -1.0), cfg)
+    assert (status, fig["gate_won"], fig["gate_reasons"]) == ("promoted", 1, [])
+    cfg2 = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.3},
+                    gate_consistency_file=path)
+    status, fig = G.decide(votes, (12, 12), (-1.0, -1.0), cfg2)  # 0.3 - 0.3895 < 0: lost
     assert (status, fig["gate_reasons"]) == ("rejected", ["live preferred on 1 of 1 prompts "
                                                          "(candidate on 0)"])
     bad = tmp_path / "bad.json"
@@ -520,17 +527,26 @@ def test_live_consistency_weights_the_gate_over_the_file(tiny: Path, tmp_path: P
          "consistency": 0.9}]}))
     cfg = settings(tiny, tmp_path, gate_consistency_file=path, gate_consistency_live=True,
                    gate_judge_weights={"fluency": 0.5})
-    # the topic has since seen llm contradicted (2 agree, 6 disagree: 3/10); the version with
-    # the most decided verdicts speaks for the judge
+    # the topic has since seen llm contradicted (2 agree, 6 disagree: 3/10, log-odds < 0 -> 0);
+    # the version with the most decided verdicts speaks for the judge; the file's 0.9 -> log 9
     live = Live([JudgeRow("llm", "a", 0.3, 8), JudgeRow("llm", "old", 0.95, 2)])
-    assert G.judge_weights(cfg, live) == {"fluency": 0.5, "llm": 0.3, "replies": 0.9,
-                                          "reward": 0.9}
+    log9 = pytest.approx(2.1972, abs=1e-4)
+    assert G.judge_weights(cfg, live) == {"fluency": 0.5, "llm": 0.0, "replies": log9,
+                                          "reward": log9}
     votes = [{"prompt_id": "a", "vote": 1, "judge": "llm", "source": "held_out"},
              {"prompt_id": "a", "vote": -1, "judge": "fluency", "source": "held_out"}]
     ok = (-1.0, -1.0)  # fluency measured on both sides, equal
-    assert G.decide(votes, (12, 12), ok, cfg)[0] == "promoted"  # file: 0.9 > 0.5
-    status, fig = G.decide(votes, (12, 12), ok, cfg, live)  # live: 0.3 < 0.5
-    assert (status, fig["gate_lost"], fig["gate_judge_weights"]["llm"]) == ("rejected", 1, 0.3)
+    assert G.decide(votes, (12, 12), ok, cfg)[0] == "promoted"  # file: 2.1972 > 0.5
+    status, fig = G.decide(votes, (12, 12), ok, cfg, live)  # live: 0 < 0.5
+    assert (status, fig["gate_lost"], fig["gate_judge_weights"]["llm"]) == ("rejected", 1, 0.0)
+    # flagged by the watcher (its recent consistency fell): out of the gate's votes whatever
+    # its cumulative 0.9, until the topic says it recovered
+    flagged = Live([JudgeRow("llm", "a", 0.9, 40, excluded=True, recent=0.4)])
+    assert G.judge_weights(cfg, flagged)["llm"] == 0.0
+    assert G.decide(votes, (12, 12), ok, cfg, flagged)[0] == "rejected"
+    back = Live([JudgeRow("llm", "a", 0.9, 60, recent=0.6)])
+    assert G.judge_weights(cfg, back)["llm"] == log9
+    assert G.decide(votes, (12, 12), ok, cfg, back)[0] == "promoted"
 
 
 # ---- abstention cannot promote (issue 38 item 5) -----------------------------------------------

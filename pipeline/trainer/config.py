@@ -269,14 +269,15 @@ class TrainerSettings(BaseModel):
     gate_consistency_file: Path | None = Field(
         default=None,
         description="A `liverl judges compare NAME --format json` file: a gate judge with a "
-        "row of the same judge_id votes with that consistency as its weight (over "
-        "gate_judge_weights).",
+        "row of the same judge_id votes with weight max(0, log(p / (1 - p))) of that "
+        "consistency p (over gate_judge_weights): a judge at 0.5 weighs 0.",
     )
     gate_consistency_live: bool = Field(
         default=False,
         description="Weight the gate's judges by their consistency now on the "
         "judge_consistency topic (`liverl judges watch` keeps it), read while the trainer "
-        "runs; over gate_consistency_file for a judge the topic has.",
+        "runs, as log-odds like gate_consistency_file, and 0 while the watcher has the judge "
+        "flagged; over gate_consistency_file for a judge the topic has.",
     )
     gate_reward_judge: str | None = Field(
         default="replies",

@@ -183,20 +183,23 @@ def tally(values: Sequence[int], weights: Sequence[float] | None = None) -> int:
 
 
 def _best(rows: Iterable[JudgeRow]) -> dict[str, float]:
-    """judge_id -> the consistency of its row with the most decided verdicts."""
+    """judge_id -> the weight of its row with the most decided verdicts: 0 while the topic
+    says it stands flagged, else the log-odds of its consistency (``JudgeRow.weight``)."""
     best: dict[str, tuple[int, float]] = {}
     for r in rows:
         if r.judge_id not in best or r.decided > best[r.judge_id][0]:
-            best[r.judge_id] = (r.decided, r.consistency)
-    return {j: c for j, (_, c) in best.items()}
+            best[r.judge_id] = (r.decided, r.weight)
+    return {j: w for j, (_, w) in best.items()}
 
 
 def judge_weights(cfg: TrainerSettings, live: LiveRows | None = None) -> dict[str, float]:
-    """Each gate judge's weight: ``gate_judge_weights``, then the consistency of the judge of
-    the same id in ``gate_consistency_file``, then its consistency now on the consistency
-    topic (``live``, with ``gate_consistency_live``); of several versions of a judge, the row
-    with the most decided verdicts. The ``reward`` judge takes the row of
-    ``gate_reward_judge``, the judge behind the rewards."""
+    """Each gate judge's weight: ``gate_judge_weights``, then the weight of the judge of the
+    same id in ``gate_consistency_file``, then its weight now on the consistency topic
+    (``live``, with ``gate_consistency_live``); of several versions of a judge, the row with
+    the most decided verdicts. A row's weight is ``max(0, log(p / (1 - p)))`` of its
+    consistency p, and 0 while the topic says the judge stands flagged: a coin-flip or
+    flagged judge carries no weight (``processors/consistency.py``). The ``reward`` judge
+    takes the row of ``gate_reward_judge``, the judge behind the rewards."""
     weights = dict(cfg.gate_judge_weights)
     sources = []
     if cfg.gate_consistency_file is not None:
