@@ -284,3 +284,28 @@ def test_session_outcomes_that_disagree_contradict_only_the_turns_they_stand_for
     # a repeated outcome of either sign adds nothing; a turn of its own keeps deciding
     assert tr.outcome(outcome("s", 1, score=0.7, eid="again", ts=3)) == []
     assert tr.contradictory == 1
+
+
+def test_a_turns_own_outcome_after_its_sessions_rematches_the_verdict_from_the_turn() -> None:
+    """One rule in any order (issue 38): the batch read sees turn 1's failure and matches the
+    -1 to it (agree); live, the session's pass came first (disagree) and is taken back."""
+    tr = ConsistencyTracker()
+    tr.verdict(verdict("s", 1, -1))
+    (m1,) = tr.outcome(outcome("s", passed=True, session=True, eid="sp", ts=1))
+    assert (m1.agrees, m1.tally) == (False, Tally(disagree=1))
+    (m2,) = tr.outcome(outcome("s", 1, passed=False, eid="t1", ts=2))
+    assert (m2.agrees, m2.outcome_id, m2.tally) == (True, "t1", Tally(agree=1))
+    assert tr.outcome(outcome("s", passed=False, session=True, eid="sf", ts=3)) == []  # turn's
+    # a session contradiction taken back by the turn's own outcome
+    tr.verdict(verdict("s", 2, 1))  # no outcome of turn 2 yet: the session's (contradicted)
+    assert tr.tallies[("replies", "v1")] == Tally(agree=1, contradicted=1)
+    (m3,) = tr.outcome(outcome("s", 2, passed=True, eid="t2", ts=4))
+    assert (m3.agrees, m3.contradicted) == (True, False)
+    assert tr.tallies[("replies", "v1")] == Tally(agree=2)
+    batch = ConsistencyTracker()
+    batch.feed([verdict("s", 1, -1), verdict("s", 2, 1)],
+               [outcome("s", passed=True, session=True, eid="sp", ts=1),
+                outcome("s", 1, passed=False, eid="t1", ts=2),
+                outcome("s", passed=False, session=True, eid="sf", ts=3),
+                outcome("s", 2, passed=True, eid="t2", ts=4)])
+    assert batch.tallies == tr.tallies
