@@ -345,3 +345,28 @@ def test_two_coin_flip_judges_no_longer_outvote_one_at_0_9() -> None:
     w = [log_odds_weight(p) for p in (0.5, 0.5, 0.9)]
     assert w == [0.0, 0.0, pytest.approx(2.1972, abs=1e-4)]
     assert weighted_plurality([(1, w[0]), (1, w[1]), (-1, w[2])]) == -1
+
+
+def test_a_turns_own_outcome_after_its_sessions_rematches_the_verdict_from_the_turn() -> None:
+    """One rule in any order (issue 38): the batch read sees turn 1's failure and matches the
+    -1 to it (agree); live, the session's pass came first (disagree) and is taken back."""
+    tr = ConsistencyTracker()
+    tr.verdict(verdict("s", 1, -1))
+    (m1,) = tr.outcome(outcome("s", passed=True, session=True, eid="sp", ts=1))
+    assert (m1.agrees, m1.tally) == (False, Tally(disagree=1))
+    (m2,) = tr.outcome(outcome("s", 1, passed=False, eid="t1", ts=2))
+    assert (m2.agrees, m2.outcome_id, m2.tally) == (True, "t1", Tally(agree=1))
+    assert tr.outcome(outcome("s", passed=False, session=True, eid="sf", ts=3)) == []  # turn's
+    # a session contradiction taken back by the turn's own outcome
+    tr.verdict(verdict("s", 2, 1))  # no outcome of turn 2 yet: the session's (contradicted)
+    assert tr.tallies[("replies", "v1")] == Tally(agree=1, contradicted=1)
+    (m3,) = tr.outcome(outcome("s", 2, passed=True, eid="t2", ts=4))
+    assert (m3.agrees, m3.contradicted) == (True, False)
+    assert tr.tallies[("replies", "v1")] == Tally(agree=2)
+    batch = ConsistencyTracker()
+    batch.feed([verdict("s", 1, -1), verdict("s", 2, 1)],
+               [outcome("s", passed=True, session=True, eid="sp", ts=1),
+                outcome("s", 1, passed=False, eid="t1", ts=2),
+                outcome("s", passed=False, session=True, eid="sf", ts=3),
+                outcome("s", 2, passed=True, eid="t2", ts=4)])
+    assert batch.tallies == tr.tallies

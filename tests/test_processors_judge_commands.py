@@ -15,6 +15,7 @@ import pytest
 
 from pipeline import events
 from pipeline.events import NextState, Producer, examples
+from pipeline.events.types import Vote
 from pipeline.kafka import EventProducer, names
 from pipeline.processors.outcomes import outcome_event
 from tests.test_replay import cli_env, drop, invoke, read_topic, start, stop
@@ -154,3 +155,110 @@ def test_consistency_falls_when_the_judge_approves_what_gates_fail(
         stop(proc)
     res = invoke(["judges", "compare", ns], env)
     assert res.exit_code == 0 and "replies" in res.output and "0.500" in res.output
+
+
+# ---- one matching rule: compare and watch count the same events the same way (issue 38) ----
+
+def _verdict(sid: str, turn: int, score: Vote) -> events.PrmScore:
+    return events.PrmScore(event_id=f"prm-{sid}-{turn}", producer=P, ts_ms=10,
+                           parents=[f"{sid}-i{turn}", f"{sid}-reply{turn}"], session_id=sid,
+                           turn=turn, score=score, votes=[score], judge_id="replies",
+                           judge_version="v1")
+
+
+def _outcome(sid: str, passed: bool, ts: int, turn: int | None = None) -> NextState:
+    ev = outcome_event(sid, passed, turn=turn, ts_ms=ts)
+    return dataclasses.replace(ev, event_id=f"out-{sid}-{turn}-{passed}-{ts}")
+
+
+def same_events() -> list[events.PrmScore | NextState]:
+    """In the order the watcher reads them live: each verdict before its session's outcomes."""
+    return [
+        # a: the session passes, then fails: its outcomes contradict, the verdict counts
+        # neither way (was: agree live, disagree in compare)
+        _verdict("a", 0, 1), _outcome("a", True, 1), _outcome("a", False, 2),
+        # b: turn-level outcomes name their turn; each verdict meets its own turn's only
+        _verdict("b", 1, 1), _verdict("b", 2, 1),
+        _outcome("b", True, 3, turn=1), _outcome("b", False, 4, turn=2),
+        # c: a session pass read first, then turn 1's own failure: the turn's decides
+        # (was: disagree live, from the session's pass; agree in compare)
+        _verdict("c", 1, -1), _outcome("c", True, 5), _outcome("c", False, 6, turn=1),
+        # d: the session's outcomes contradict, then turn 0's own pass decides
+        # (was: contradicted live, agree in compare)
+        _verdict("d", 0, 1), _outcome("d", True, 7), _outcome("d", False, 8),
+        _outcome("d", True, 9, turn=0),
+        # e: an abstention on a failed turn
+        _verdict("e", 0, 0), _outcome("e", False, 10, turn=0),
+    ]
+
+
+# By hand: a contradicted; b turn 1 agrees, turn 2 disagrees; c agrees (-1 vs turn 1 failed);
+# d agrees (+1 vs turn 0 passed); e abstains.
+EXPECTED = {"agree": 3, "disagree": 1, "abstain": 1, "contradicted": 1}
+
+
+class _Sent:
+    """The watcher's producer, keeping what it sends (no broker)."""
+
+    def __init__(self) -> None:
+        self.sent: list[events.JudgeConsistency] = []
+
+    def send(self, topic: str, ev: events.JudgeConsistency, key: str) -> None:
+        self.sent.append(ev)
+
+    def flush(self) -> None:
+        pass
+
+
+def _history(evs: list[events.PrmScore | NextState]) -> Any:
+    from pipeline.processors.consistency_watch import History
+
+    return History([e for e in evs if isinstance(e, events.PrmScore)],
+                   [e for e in evs if isinstance(e, NextState)])
+
+
+def _newest(sent: list[events.JudgeConsistency]) -> dict[str, int]:
+    """The judge's tally as consumers read it: the newest event on the topic."""
+    ev = sent[-1]
+    return {"agree": ev.agree, "disagree": ev.disagree, "abstain": ev.abstain,
+            "contradicted": ev.contradictions}
+
+
+def test_compare_and_watch_count_the_same_events_the_same_way(monkeypatch: Any) -> None:
+    """``judges compare`` (one batch read), ``judges watch`` following the events one by one,
+    and ``judges watch`` rebuilt at a restart all end with the same tally."""
+    from pipeline.kafka import reader
+    from pipeline.processors import consistency_watch, judge_commands
+    from pipeline.settings import Settings
+
+    evs = same_events()
+    monkeypatch.setattr(consistency_watch, "read_history", lambda *a, **k: _history(evs))
+    result = judge_commands.compare(Settings(), "ns")
+    (row,) = result.rows()
+    assert {k: row[k] for k in EXPECTED} == EXPECTED
+    assert row["consistency"] == round((3 + 1) / (4 + 2), 6)
+    assert (result.verdicts, result.outcomes, result.contradictory) == (6, 10, 2)
+
+    # watch, restarted: the catch-up reads the same history
+    monkeypatch.setattr(reader, "read_to_end", lambda *a, **k: None)  # nothing published yet
+    monkeypatch.setattr(consistency_watch.ConsistencyWatcher, "_ends", lambda self: {})
+    rebuilt = consistency_watch.ConsistencyWatcher(Settings(), namespace="ns")
+    rebuilt._producer = _Sent()
+    rebuilt.catch_up()
+    assert _newest(rebuilt._producer.sent) == EXPECTED
+
+    # watch, live: an empty history, then each event as it arrives
+    monkeypatch.setattr(consistency_watch, "read_history", lambda *a, **k: _history([]))
+    live = consistency_watch.ConsistencyWatcher(Settings(), namespace="ns")
+    live._producer = _Sent()
+    live.catch_up()
+    for ev in evs:
+        live._publish(live.handle(ev))
+    assert _newest(live._producer.sent) == EXPECTED
+    t = live.tracker.tallies[("replies", "v1")]
+    assert (t.agree, t.disagree, t.abstain, t.contradicted) == (3, 1, 1, 1)
+    # the re-matches of c and d are new events: c's verdict named the session's pass, then
+    # turn 1's failure
+    c = [(e.outcome_id, e.verdict * e.outcome) for e in live._producer.sent
+         if e.verdict_id == "prm-c-1"]
+    assert c == [("out-c-None-True-5", -1), ("out-c-1-False-6", 1)]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -18,13 +20,14 @@ from pipeline.events import Interaction, NextState
 from pipeline.events.examples import interaction
 from pipeline.processors.config import TaskSettings
 from pipeline.processors.outcomes import GateResult, gate_event, outcome_event
-from pipeline.processors.task_commands import allowed_argv, find_task
+from pipeline.processors.task_commands import allowed_argv, find_task, success_rate
 from pipeline.processors.task_pool import (
     TaskJoin,
     build_judges,
     checker_of,
     decide,
     majority,
+    revise,
     task_id,
 )
 
@@ -88,10 +91,15 @@ def test_only_positive_verifiable_outcomes_of_the_prefix_count() -> None:
     assert j.outcome(passed("other")) == []  # outside the prefix
     (c,) = j.outcome(passed("t-1", turn_=1))  # turn-scoped: the turns up to it
     assert [t.turn for t in c.turns] == [0, 1]
-    fb = dataclasses.replace(outcome_event("t-1", True, kind="feedback"), exit_code=None,
-                             score=0.5)
-    (c2,) = j.outcome(fb)  # explicit positive feedback for the session: all three turns
-    assert [t.turn for t in c2.turns] == [0, 1, 2]
+    later = c.outcome.state.ts_ms + 1000
+    fb = dataclasses.replace(outcome_event("t-1", True, kind="feedback", ts_ms=later),
+                             exit_code=None, score=0.5)
+    # explicit positive feedback for the session: was a second task of all three turns; a
+    # session is one task now, the feedback one more of its outcomes
+    (c2,) = j.outcome(fb)
+    assert c2.task_id == c.task_id and [t.turn for t in c2.turns] == [0, 1]
+    assert [(r["outcome_id"], r["vote"], r["turn"]) for r in c2.record] == [
+        (c.outcome.state.event_id, 1, 1), (fb.event_id, 1, None)]
     assert j.outcome(fb) == []  # the same outcome again: nothing
 
 
@@ -326,3 +334,130 @@ def test_a_read_only_command_posted_through_the_gateway_verifies_nothing() -> No
         assert (state.exit_code, state.score, verified(state)) == (0, None, False)
         assert TaskJoin().outcome(state) == []
     assert verified(posted("s-ok", "pytest -q"))
+
+
+# ---- verified tasks that stay verified (issue 38 item 8) -------------------------------------
+
+
+def versioned(sid: str, t: int, version: int) -> Interaction:
+    return dataclasses.replace(turn(sid, t, f"answer {t}"), weight_version=version)
+
+
+def test_a_session_that_passes_fails_then_passes_is_one_task_withdrawn_by_the_failure() -> None:
+    judges = build_judges(["word-a", "word-b", "word-c"], WORDS, PLUGINS)
+    inters = [(dataclasses.replace(versioned("s", 0, 3), response_text="fixed the tests"), None)]
+    sequence = [outcome_event("s", True, ts_ms=1), outcome_event("s", False, ts_ms=2),
+                outcome_event("s", True, ts_ms=3)]
+    (batch,) = TaskJoin().feed(inters, [(o, None) for o in sequence])
+    assert [r["vote"] for r in batch.record] == [1, -1, 1] and batch.withdrawn
+    task = decide(batch, judges)
+    assert (task.task_id, task.status) == (task_id("s", sequence[0].event_id), "withdrawn")
+    assert [o["outcome_id"] for o in task.outcomes] == [o.event_id for o in sequence]
+    assert events.decode(events.encode(task)) == task  # the schema takes status and outcomes
+    # live, one outcome at a time: the same one task, published accepted, then revised
+    j = TaskJoin()
+    j.interaction(inters[0][0])
+    (first,) = j.outcome(sequence[0])
+    accepted = decide(first, judges)
+    assert accepted.status == "accepted" and accepted.outcomes[0]["weight_version"] == 3
+    (failed,) = j.outcome(sequence[1])
+    withdrawn = revise(accepted, failed)
+    assert (withdrawn.task_id, withdrawn.status) == (accepted.task_id, "withdrawn")
+    assert withdrawn.votes == accepted.votes and withdrawn.event_id != accepted.event_id
+    (again,) = j.outcome(sequence[2])
+    final = revise(withdrawn, again)
+    assert final.status == "withdrawn" and final.parents == task.parents
+    assert revise(final, again) is final  # nothing since: not published again
+    # a failure before the first pass is the work the pass fixed: it marks nothing
+    j2 = TaskJoin()
+    j2.interaction(inters[0][0])
+    assert j2.outcome(outcome_event("s", False, ts_ms=1)) == []
+    (c,) = j2.outcome(outcome_event("s", True, ts_ms=2))
+    assert not c.withdrawn and decide(c, judges).status == "accepted"
+
+
+def test_a_tasks_success_rate_is_that_of_the_newest_policy_version() -> None:
+    j = TaskJoin()
+    for t, version in ((0, 1), (1, 2), (2, 2)):
+        j.interaction(versioned("r", t, version))
+    outs = [outcome_event("r", True, turn=0, ts_ms=1),  # verifies: weights 1
+            outcome_event("r", False, turn=1, ts_ms=2),  # weights 2
+            outcome_event("r", True, turn=2, ts_ms=3),  # weights 2
+            outcome_event("r", True, ts_ms=4)]  # the session: its last turn, weights 2
+    cs = [c for o in outs for c in j.outcome(o)]
+    task = dataclasses.replace(_task("pytest -q"), outcomes=list(cs[-1].record))
+    assert [o["weight_version"] for o in task.outcomes] == [1, 2, 2, 2]
+    # under weights 2: 2 passed of 3 (the pass under weights 1 is another policy's)
+    assert success_rate(task) == {"policy_id": BASE.policy_id, "weight_version": 2,
+                                  "passed": 2, "failed": 1, "rate": 2 / 3}
+    assert success_rate(_task("pytest -q"))["rate"] is None  # an older task keeps none
+
+
+def _git(repo: object, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.com",
+                           "-c", "user.name=t", *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_tasks_check_runs_in_the_recorded_workspace_at_its_commit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The gate passed at commit A in repo/sub; the checkout has moved on to B, where it
+    fails. check runs it at A in a temporary worktree, leaving the checkout as it is."""
+    from pipeline.cli import cli
+    from pipeline.processors import task_commands
+
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    flag = repo / "sub" / "flag.txt"
+    flag.write_text("pass")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "A")
+    a = _git(repo, "rev-parse", "HEAD")
+    flag.write_text("fail")
+    _git(repo, "commit", "-q", "-am", "B")
+    b = _git(repo, "rev-parse", "HEAD")
+    gate = shlex.join([sys.executable, "-c", "import pathlib, sys; "
+                       "sys.exit(pathlib.Path('flag.txt').read_text() != 'pass')"])
+    recorded = {"dir": str(repo / "sub"), "commit": a}
+    task = dataclasses.replace(_task(gate), checker={**_task(gate).checker, "workspace": recorded})
+    monkeypatch.setattr(task_commands, "_pool", lambda settings, ns: {task.task_id: task})
+    env = {"LIVERL_STATE_DIR": str(tmp_path / "state"),
+           "LIVERL_TASKS_ALLOWED_COMMANDS": json.dumps([shlex.join([sys.executable, "-c", "*"])])}
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
+    assert res.exit_code == 0 and "in a temporary worktree" in res.output, res.output
+    assert f"{task.task_id}: passed" in res.output
+    assert _git(repo, "rev-parse", "HEAD") == b and flag.read_text() == "fail"  # untouched
+    assert _git(repo, "status", "--porcelain") == ""
+    assert len(_git(repo, "worktree", "list").splitlines()) == 1  # the temporary one gone
+    # recorded at B, where the directory is: it runs there, and fails
+    task.checker["workspace"] = {"dir": str(repo / "sub"), "commit": b}
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
+    assert res.exit_code == 1 and f"in {repo / 'sub'} at {b[:12]}" in res.output, res.output
+    # none recorded: said, and run here
+    del task.checker["workspace"]
+    monkeypatch.chdir(repo / "sub")
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
+    assert res.exit_code == 1 and "no recorded workspace" in res.output, res.output
+    # a timeout is no outcome (exit 124), not a failure
+    slow = shlex.join([sys.executable, "-c", "import time; time.sleep(30)"])
+    task.checker["command"] = slow
+    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id, "--timeout", "0.5"], env=env)
+    assert res.exit_code == 124 and "no outcome" in res.output, res.output
+
+
+def test_a_gate_records_where_it_ran_and_the_task_keeps_it(tmp_path: Path) -> None:
+    from pipeline.processors.outcomes import workspace_of
+
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "f").write_text("x")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    here = workspace_of(tmp_path)
+    assert here == {"dir": str(tmp_path.resolve()), "commit": _git(tmp_path, "rev-parse", "HEAD")}
+    outside = tmp_path.parent / "plain"
+    outside.mkdir()
+    assert workspace_of(outside)["commit"] is None
+    ev = gate_event("s", ["pytest", "-q"], GateResult(0, "", "", False, 1.0), workspace=here)
+    assert checker_of(ev)["workspace"] == here

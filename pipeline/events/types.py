@@ -26,7 +26,7 @@ NextStateKind = Literal[
 WeightsStatus = Literal["candidate", "promoted", "rejected"]
 Vote = Literal[-1, 0, 1]  # a PRM score: bad, neutral, good
 GateVoteSource = Literal["held_out", "probe"]
-TaskStatus = Literal["accepted", "rejected"]
+TaskStatus = Literal["accepted", "rejected", "withdrawn"]
 
 
 class WeightFile(TypedDict):
@@ -331,6 +331,10 @@ class VerifiedTask(Event):
     checker: dict[str, Any]
     provenance: dict[str, Any]
     votes: list[dict[str, Any]]
+    # Added to v1 (optional): the session's outcomes from the verifying one on (newest last,
+    # bounded), each with the policy version that produced its turn; a failure among them
+    # withdraws an accepted task. Empty in older events.
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True, kw_only=True)

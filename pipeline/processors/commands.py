@@ -24,7 +24,7 @@ from .config import ProcessorSettings, free_port, port_problem
 from .gates_file import DEFAULT_FILE as DEFAULT_GATES_FILE
 from .gates_file import Gate, GatesFile, GatesFileError, load_gates, run_gates
 from .gates_file import exit_code as gates_exit_code
-from .outcomes import gate_event, outcome_event, run_gate
+from .outcomes import gate_event, outcome_event, run_gate, workspace_of
 from .outcomes import verdict as gate_verdict
 from .terminal import TAIL_CHARS
 
@@ -274,7 +274,7 @@ def record_outcome(
     if command:
         gate = run_gate(list(command), timeout_s, tail_chars)
         event = gate_event(session_id, list(command), gate, turn=turn, kind=kind,
-                           detail=detail, source=source)
+                           detail=detail, source=source, workspace=workspace_of())
     else:
         assert passed is not None
         event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail,

@@ -31,7 +31,10 @@ Pure and incremental: :class:`ConsistencyTracker` takes verdicts and outcomes in
 (they are different topics) and returns each match once, so a streaming consumer and the
 ``liverl judges compare`` batch read share it. A match is made as soon as an outcome is
 known; an outcome of the other sign arriving later turns it into a contradiction, returned as
-a second match of the same verdict that takes the first back out of the tally.
+a second match of the same verdict that takes the first back out of the tally, and a turn's
+own outcome arriving after its session's re-matches the verdict from the turn the same way
+(the one rule of both commands: a turn's verdict is checked against its turn's outcomes
+when the turn has any).
 
 A panel's verdict (``prm_score.members``) also counts as one verdict of each member, under
 the member's own judge id and version (match id ``<prm_score id>/<member judge_id>``): the
@@ -180,7 +183,8 @@ class _Verdict:
     event_id: str
     evidence: frozenset[str]  # the verdict's parents: the interaction and its next state
     # Where it stands: unmatched (None), matched from the outcomes of ``source`` (a turn's or
-    # its session's), or contradicted (final: outcomes of both signs never agree again).
+    # its session's), or contradicted (final for those outcomes: both signs never agree
+    # again; a turn's own outcome after a session's still re-matches it from the turn).
     status: Literal["matched", "contradicted"] | None = None
     source: _Key | None = None
     agrees: bool | None = None  # what it counted, while matched
@@ -227,14 +231,17 @@ class _Outcomes:
 class ConsistencyTracker:
     """Joins verdicts to outcomes as either arrives; :attr:`tallies` per judge key.
 
-    A verdict is matched once: to its turn's latest outcome if one is known when it is first
-    matchable, else to its session's; an outcome of the same sign arriving later, or one of
-    the turn's own after a session's matched it, does not re-count it (the first verifiable
-    word decides). An outcome of the other sign among those it was matched from does: the
-    verdict becomes contradicted, its match is taken out of the tally and a contradicted
-    match says so. A verdict first matchable once its outcomes disagree is contradicted at
-    once. :attr:`contradictory` counts the turns (or sessions, for session outcomes) whose
-    outcomes came to disagree.
+    A verdict is matched to its turn's latest outcome if the turn has one, else to its
+    session's; an outcome of the same sign arriving later does not re-count it (the first
+    verifiable word decides). A turn's own outcome arriving after a session's matched (or
+    contradicted) the verdict re-matches it from the turn: its earlier match leaves the tally
+    and a new match names the turn's outcome, so the live join ends where the batch read
+    (``liverl judges compare``, the watcher's catch-up) does, in any order of arrival. An
+    outcome of the other sign among those it was matched from makes the verdict
+    contradicted: its match is taken out of the tally and a contradicted match says so. A
+    verdict first matchable once its outcomes disagree is contradicted at once.
+    :attr:`contradictory` counts the turns (or sessions, for session outcomes) whose outcomes
+    came to disagree.
     """
 
     tallies: dict[JudgeKey, Tally] = field(default_factory=dict)
@@ -352,14 +359,24 @@ class ConsistencyTracker:
         return None
 
     def _match_all(self, sid: str, turn: int, verdicts: Sequence[_Verdict]) -> list[Match]:
+        """Match the verdicts not matched yet, and re-match from the turn's own outcomes
+        those matched (or contradicted) from their session's: the batch read, which knows
+        every outcome before any verdict, matches them so, and the live join must agree."""
         out = []
         for v in verdicts:
-            if v.status is not None:
-                continue
             found = self._outcome_for(sid, turn, v)
-            if found is not None:
-                key, outcomes, o = found
-                out.append(self._match(sid, turn, v, key, o, outcomes.contradictory))
+            if found is None:
+                continue
+            key, outcomes, o = found
+            if v.status is not None:
+                if not (isinstance(v.source, str) and isinstance(key, tuple)):
+                    continue  # matched already from these outcomes: the first word decides
+                t = self.tallies[v.judge]
+                if v.status == "contradicted":
+                    t.contradicted -= 1
+                else:
+                    t.retract(v.agrees, v.event_id)
+            out.append(self._match(sid, turn, v, key, o, outcomes.contradictory))
         return out
 
     def _contradict(self, sid: str, key: _Key, o: _Outcome, met: bool) -> list[Match]:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.events import NextState
 
-from .outcomes import MAX_COMMAND_CHARS, GateResult, gates_event, run_gate
+from .outcomes import MAX_COMMAND_CHARS, GateResult, gates_event, run_gate, workspace_of
 from .terminal import TAIL_CHARS
 
 MAX_FILE_BYTES = 64 * 1024
@@ -214,7 +214,8 @@ def run_gates(
     for (at, kind, source), members in groups.items():
         detail = "\n\n".join(g.detail for g, _ in members if g.detail)
         event = gates_event(session_id, [(g.argv, r, g.name) for g, r in members], turn=at,
-                            kind=kind, detail=detail, source=source)  # type: ignore[arg-type]
+                            kind=kind, detail=detail, source=source,  # type: ignore[arg-type]
+                            workspace=workspace_of())
         error = None
         try:
             record(event)

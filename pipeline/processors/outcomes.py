@@ -163,12 +163,28 @@ def _end_tree(proc: subprocess.Popen[bytes], status: _Status, grace_s: float) ->
         proc.wait()
 
 
+def workspace_of(directory: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Where a gate runs (default: here): the absolute directory and, inside a git work tree,
+    its HEAD commit (None otherwise). Kept in the outcome so ``liverl tasks check`` can run the
+    command again where it ran, on the code it ran on."""
+    where = Path(directory or os.getcwd()).resolve()
+    commit: str | None = None
+    try:
+        res = subprocess.run(["git", "-C", str(where), "rev-parse", "--verify", "-q", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=False)
+        commit = (res.stdout.strip() or None) if res.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        commit = None  # no git here: the directory alone
+    return {"dir": str(where), "commit": commit}
+
+
 def run_gate(
     argv: list[str],
     timeout_s: float,
     tail_chars: int = TAIL_CHARS,
     echo: bool = True,
     grace_s: float = KILL_GRACE_S,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> GateResult:
     """Run ``argv`` (no shell), its output passing through to ours when ``echo``, until its
     process has ended *and* its output is closed (a descendant that holds it is still the
@@ -186,7 +202,7 @@ def run_gate(
             [sys.executable, "-I", "-S", str(_REAPER), str(status_w), repr(float(grace_s)),
              str(os.getpid()), "--", *argv],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
-            start_new_session=True,
+            start_new_session=True, cwd=cwd,
         )  # fmt: skip
     except OSError as exc:
         os.close(status_r)
@@ -272,12 +288,14 @@ def gates_event(
     kind: NextStateKind = "test_result",
     detail: str = "",
     source: str = "record-outcome",
+    workspace: dict[str, Any] | None = None,
 ) -> NextState:
     """One outcome for gates run together (argv, result, name each), all must pass: failed
     when any failed (``exit_code`` the first failure's), else no outcome when any could not
     say (124, 126, 127: ``score`` None), else passed. Each gate's own result is kept in
     ``detail.gates``; one gate's is ``detail`` itself, as ``record-outcome -- CMD`` has always
-    written it."""
+    written it. ``workspace`` (:func:`workspace_of`: where they ran) goes in
+    ``detail.workspace``."""
     records = [gate_record(argv, g, name) for argv, g, name in gates]
     signs = [exit_vote(g.exit_code) for _, g, _ in gates]
     sign = combine_signs(signs)
@@ -303,6 +321,8 @@ def gates_event(
     if len(records) > 1:
         top["gates"] = records
         top["rule"] = "all_must_pass"
+    if workspace is not None:
+        top["workspace"] = workspace
     event.detail = top
     return event
 
@@ -316,9 +336,10 @@ def gate_event(
     kind: NextStateKind = "test_result",
     detail: str = "",
     source: str = "record-outcome",
+    workspace: dict[str, Any] | None = None,
 ) -> NextState:
     """The outcome of a gate command: pass/fail from its exit code (no outcome for 124, 126,
     127), the judges' text from the ends of its output (or ``detail`` when given), the rest in
     ``detail``."""
     return gates_event(session_id, [(argv, gate, None)], turn=turn, kind=kind, detail=detail,
-                       source=source)
+                       source=source, workspace=workspace)

@@ -10,9 +10,15 @@ trainer train on them through the usual exactly-once path.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import os
 import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import IO, Any
 
 import click
@@ -59,13 +65,31 @@ def find_task(pool: dict[str, events.VerifiedTask], task_id: str) -> events.Veri
                            "liverl tasks list shows them)")
 
 
+def success_rate(t: events.VerifiedTask) -> dict[str, Any]:
+    """The task's success rate under the current policy: of its outcomes (the verifying one
+    and the session's later ones) those of the newest policy version among them (the
+    ``policy_id`` and ``weight_version`` of the turn each judged), the share that passed.
+    ``rate`` None when no outcome is kept (tasks published before they were)."""
+    kept = [o for o in t.outcomes if o.get("vote") in (-1, 1)]
+    if not kept:
+        return {"policy_id": None, "weight_version": None, "passed": 0, "failed": 0,
+                "rate": None}
+    newest = max(kept, key=lambda o: (o.get("weight_version") is not None,
+                                      o.get("weight_version") or 0, o.get("ts_ms") or 0))
+    version = (newest.get("policy_id"), newest.get("weight_version"))
+    mine = [o for o in kept if (o.get("policy_id"), o.get("weight_version")) == version]
+    passed = sum(1 for o in mine if o["vote"] == 1)
+    return {"policy_id": version[0], "weight_version": version[1], "passed": passed,
+            "failed": len(mine) - passed, "rate": passed / len(mine)}
+
+
 def task_doc(t: events.VerifiedTask) -> dict[str, Any]:
     """A task as people and scripts read it (``show``, ``export``)."""
     return {"task_id": t.task_id, "status": t.status, "k": t.k,
             "yes": sum(1 for v in t.votes if v.get("vote") == 1), "prompt": t.prompt,
             "messages": t.messages, "answer": t.answer, "checker": t.checker,
             "provenance": t.provenance, "votes": t.votes, "event_id": t.event_id,
-            "ts_ms": t.ts_ms}
+            "ts_ms": t.ts_ms, "outcomes": t.outcomes, "success_rate": success_rate(t)}
 
 
 @click.group("tasks")
@@ -130,13 +154,15 @@ def watch_command(ctx: click.Context, namespace: str | None, judges: tuple[str, 
 
 @tasks.command("list")
 @namespace_option
-@click.option("--status", type=click.Choice(["accepted", "rejected", "all"]), default="all",
+@click.option("--status", type=click.Choice(["accepted", "rejected", "withdrawn", "all"]),
+              default="all",
               show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
 @click.pass_context
 def list_command(ctx: click.Context, namespace: str | None, status: str, fmt: str) -> None:
-    """The pool: one row per task (id, status, votes, checker, session, prompt)."""
+    """The pool: one row per task (id, status, votes, success rate under the newest policy
+    version of its outcomes, checker, session, prompt)."""
     import orjson
     from rich.console import Console
     from rich.table import Table
@@ -146,18 +172,20 @@ def list_command(ctx: click.Context, namespace: str | None, status: str, fmt: st
     rows = sorted((t for t in pool.values() if status in ("all", t.status)),
                   key=lambda t: (t.ts_ms, t.task_id))
     if fmt == "json":
-        doc = [{k: v for k, v in task_doc(t).items() if k not in ("messages", "votes")}
-               for t in rows]
+        doc = [{k: v for k, v in task_doc(t).items()
+                if k not in ("messages", "votes", "outcomes")} for t in rows]
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
     console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"tasks ({len(rows)} of {len(pool)})")
-    for col in ("task", "status", "yes/k", "checker", "session", "prompt"):
+    for col in ("task", "status", "yes/k", "rate", "checker", "session", "prompt"):
         table.add_column(col)
     for t in rows:
         d = task_doc(t)
         checker = t.checker.get("command") or t.checker.get("kind", "")
-        table.add_row(t.task_id, t.status, f"{d['yes']}/{t.k}", str(checker)[:40],
+        r = d["success_rate"]
+        rate = "-" if r["rate"] is None else f"{r['passed']}/{r['passed'] + r['failed']}"
+        table.add_row(t.task_id, t.status, f"{d['yes']}/{t.k}", rate, str(checker)[:40],
                       str(t.provenance.get("session_id", "")), " ".join(t.prompt.split())[:60])
     console.print(table)
 
@@ -256,6 +284,53 @@ def allowed_argv(checker: dict[str, Any], allowed: list[str]) -> list[str]:
         f"({listed}){note}: {PATTERN_FORM}. Read the command before allowing it.")
 
 
+def _git(directory: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", directory, *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+@contextlib.contextmanager
+def workspace(recorded: Any) -> Iterator[tuple[str | None, str]]:
+    """Where to run a task's command, and a line saying so: the recorded directory when it
+    is at the recorded commit (or none was recorded); else a temporary detached git worktree
+    of that commit (the same subdirectory in it), removed afterwards. The user's checkout is
+    never changed: no checkout, no stash, no reset. No recorded workspace: the current
+    directory, said so."""
+    if not isinstance(recorded, dict) or not recorded.get("dir"):
+        yield None, "no recorded workspace (the outcome predates it): running here, in " \
+            f"{os.getcwd()}"
+        return
+    where, commit = str(recorded["dir"]), recorded.get("commit")
+    if not os.path.isdir(where):
+        raise click.UsageError(f"the task's workspace {where} does not exist here")
+    if not commit:
+        yield where, f"in {where} (no commit recorded: not a git work tree then)"
+        return
+    head = _git(where, "rev-parse", "--verify", "-q", "HEAD").stdout.strip()
+    if head == commit:
+        yield where, f"in {where} at {commit[:12]}"
+        return
+    if _git(where, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        raise click.UsageError(f"commit {commit} of the task's workspace {where} is not in "
+                               "its repository")
+    top = _git(where, "rev-parse", "--show-toplevel").stdout.strip()
+    sub = os.path.relpath(os.path.realpath(where), os.path.realpath(top))
+    tmp = tempfile.mkdtemp(prefix="liverl-task-check-")
+    tree = os.path.join(tmp, "tree")
+    try:
+        added = _git(top, "worktree", "add", "--detach", tree, commit)
+        if added.returncode != 0:
+            raise click.ClickException(f"cannot check out {commit} in a temporary worktree: "
+                                       f"{added.stderr.strip()}")
+        yield (os.path.join(tree, sub) if sub != "." else tree,
+               f"in a temporary worktree of {top} at {commit[:12]} (the workspace is at "
+               f"{head[:12] or 'no commit'}; left as it is)")
+    finally:
+        _git(top, "worktree", "remove", "--force", tree)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _git(top, "worktree", "prune")
+
+
 @tasks.command("check")
 @click.argument("task_id")
 @namespace_option
@@ -271,7 +346,10 @@ def check_command(ctx: click.Context, task_id: str, namespace: str | None,
     """Run a task's gate command again, here: one liverl ran (record-outcome, gates run) whose
     whole argv matches a pattern of tasks.allowed_commands, or --command CMD.
 
-    Exits with the command's exit code (124 on timeout), so it can stand in for the gate.
+    It runs in the task's recorded workspace: its directory, at its commit (a temporary
+    worktree of that commit when the directory has moved on; the checkout is never changed).
+    Exits with the command's exit code, so it can stand in for the gate: 124 on timeout,
+    which is no outcome (not a failure), as 126 and 127 (could not run).
     """
     from .outcomes import run_gate, verdict
 
@@ -288,7 +366,9 @@ def check_command(ctx: click.Context, task_id: str, namespace: str | None,
     else:
         argv = allowed_argv(task.checker, settings.tasks.allowed_commands)
     timeout = timeout_s or settings.tasks.check_timeout_s
-    gate = run_gate(argv, timeout)
+    with workspace(task.checker.get("workspace")) as (cwd, where):
+        click.echo(f"{task.task_id}: running {shlex.join(argv)} {where}", err=True)
+        gate = run_gate(argv, timeout, cwd=cwd)
     was = task.checker.get("exit_code")
     click.echo(f"{task.task_id}: {verdict(gate, timeout)}; recorded exit {was}", err=True)
     ctx.exit(gate.exit_code)

@@ -21,11 +21,20 @@ plug-in) can overrule it.
 and publishes the tasks never published, then follows the topics' ends. The task id derives
 from the session and the outcome event, so a rerun, or a crash between a send and the next
 start, rewrites the same key of the compacted topic.
+
+A session is *one* task, from its first verified outcome (issue 38: a session that passes,
+fails, then passes was two tasks). Every later outcome of the session, either sign, is added
+to it (``outcomes``, with the policy version of the turn it judged) and the task is published
+again under its key without a new vote; a failure among them *withdraws* an accepted task
+(status ``withdrawn``: kept for audit, never exported or replayed): a checker that failed
+after verifying it does not keep the task verified. A failure before the first verified
+outcome is the work in progress the pass fixed, and counts nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -48,6 +57,7 @@ VERSION = "tasks-1"  # in every task's event id: change the join or the vote, ch
 PRODUCER = events.Producer(component="task_pool", version=VERSION)
 RATIONALE_CHARS = 500
 CONTENT_CHARS = 2000
+MAX_OUTCOMES = 50  # of a task's outcomes kept in its event, newest
 
 At = tuple[str, int, int]  # topic, partition, offset
 
@@ -69,6 +79,8 @@ class Turn:
     answer: str
     messages: tuple[tuple[str, str], ...]
     at: At | None = None
+    policy_id: str | None = None
+    weight_version: int | None = None
 
     @classmethod
     def of(cls, inter: Interaction, at: At | None = None, chars: int = 8000) -> Turn:
@@ -84,7 +96,8 @@ class Turn:
                       if m.get("role") == "user"), "")
         return cls(inter.event_id, inter.session_id, inter.turn, inter.ts_ms,
                    _cut(first, chars), _cut(last_user_text(inter.messages), chars),
-                   _cut(answer_text(inter), chars), tuple(msgs), at)
+                   _cut(answer_text(inter), chars), tuple(msgs), at, inter.policy_id,
+                   inter.weight_version)
 
 
 @dataclass(frozen=True)
@@ -95,10 +108,17 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A verified outcome joined to the turns it verified (in turn order, at least one)."""
+    """A verified outcome joined to the turns it verified (in turn order, at least one), and
+    the session's outcomes from it on (``record``, as kept in the task's ``outcomes``)."""
 
     outcome: Outcome
     turns: tuple[Turn, ...]
+    record: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def withdrawn(self) -> bool:
+        """An outcome after the verifying one failed."""
+        return any(r["vote"] == -1 for r in self.record)
 
     @property
     def session_id(self) -> str:
@@ -126,8 +146,10 @@ def majority(votes: Sequence[int]) -> bool:
 
 
 class TaskJoin:
-    """Joins verified outcomes to their sessions' interactions, in either order (they are
-    different topics); each outcome becomes a candidate once, when its session has a turn."""
+    """Joins outcomes to their sessions' interactions, in either order (they are different
+    topics). A session's first verified outcome becomes its candidate once the session has a
+    turn; each later outcome of the session (either sign) returns the candidate again with
+    the outcome added to its ``record``."""
 
     def __init__(self, session_prefix: str = "", chars: int = 8000) -> None:
         self.session_prefix = session_prefix
@@ -135,6 +157,7 @@ class TaskJoin:
         self.turns: dict[str, dict[str, Turn]] = {}
         self.waiting: dict[str, dict[str, Outcome]] = {}
         self.joined: set[str] = set()  # outcome event ids
+        self.tasks: dict[str, Candidate] = {}  # session id -> its candidate
 
     def _mine(self, session_id: str) -> bool:
         return session_id.startswith(self.session_prefix)
@@ -145,22 +168,59 @@ class TaskJoin:
         self.turns.setdefault(inter.session_id, {}).setdefault(
             inter.event_id, Turn.of(inter, at, self.chars))
         waiting = self.waiting.pop(inter.session_id, {})
-        out = [c for o in waiting.values() if (c := self._join(o)) is not None]
+        out: dict[str, Candidate] = {}
+        for o in sorted(waiting.values(), key=lambda o: (o.state.ts_ms, o.state.event_id)):
+            for c in self._take(o):
+                out[c.task_id] = c
         left = {i: o for i, o in waiting.items() if i not in self.joined}
         if left:
             self.waiting[inter.session_id] = left
-        return out
+        return list(out.values())
 
     def outcome(self, state: NextState, at: At | None = None) -> list[Candidate]:
-        if not verified(state) or not self._mine(state.session_id) \
+        if outcome_vote(state) is None or not self._mine(state.session_id) \
                 or state.event_id in self.joined:
             return []
         o = Outcome(state, at)
+        out = self._take(o)
+        if not out and state.event_id not in self.joined:
+            self.waiting.setdefault(state.session_id, {})[state.event_id] = o
+        return out
+
+    def _take(self, o: Outcome) -> list[Candidate]:
+        """``o`` added to its session's candidate, or made it; [] when it must wait for a
+        turn (or is a failure before any verified outcome: dropped)."""
+        s = o.state
+        c = self.tasks.get(s.session_id)
+        if c is not None:
+            self.joined.add(s.event_id)
+            if (s.ts_ms, s.event_id) < (c.outcome.state.ts_ms, c.outcome.state.event_id):
+                return []  # before the verifying one: work in progress
+            c = dataclasses.replace(c, record=(*c.record, self._record(s)))
+            self.tasks[s.session_id] = c
+            return [c]
+        if not verified(s):
+            if self.turns.get(s.session_id):
+                self.joined.add(s.event_id)  # a failure before any pass: nothing to mark
+            return []
         c = self._join(o)
         if c is None:
-            self.waiting.setdefault(state.session_id, {})[state.event_id] = o
             return []
+        c = dataclasses.replace(c, record=(self._record(s),))
+        self.tasks[s.session_id] = c
         return [c]
+
+    def _record(self, s: NextState) -> dict[str, Any]:
+        """An outcome as a task keeps it: with the policy version of the turn it judged (the
+        session's last known turn for a session outcome)."""
+        turns = sorted(self.turns.get(s.session_id, {}).values(),
+                       key=lambda t: (t.turn, t.ts_ms, t.event_id))
+        judged = [t for t in turns if s.scope == "session" or t.turn <= s.turn]
+        t = judged[-1] if judged else None
+        return {"outcome_id": s.event_id, "ts_ms": s.ts_ms,
+                "turn": None if s.scope == "session" else s.turn,
+                "vote": outcome_vote(s), "policy_id": t.policy_id if t else None,
+                "weight_version": t.weight_version if t else None}
 
     def _join(self, o: Outcome) -> Candidate | None:
         s = o.state
@@ -173,13 +233,15 @@ class TaskJoin:
 
     def feed(self, interactions: Iterable[tuple[Interaction, At | None]],
              outcomes: Iterable[tuple[NextState, At | None]]) -> list[Candidate]:
-        """A batch read: every interaction first, then the outcomes in order."""
+        """A batch read: every interaction first, then the outcomes in order; each task once,
+        as it stands after them all."""
         for inter, at in interactions:
             self.interaction(inter, at)
-        out: list[Candidate] = []
+        out: dict[str, Candidate] = {}
         for state, at in outcomes:
-            out += self.outcome(state, at)
-        return out
+            for c in self.outcome(state, at):
+                out[c.task_id] = c
+        return list(out.values())
 
 
 # ---- the vote ------------------------------------------------------------------------------
@@ -201,11 +263,14 @@ def checker_of(state: NextState, chars: int = CONTENT_CHARS) -> dict[str, Any]:
     command = command if isinstance(command, str) and command else None
     kind = ("command" if command and ran_by_liverl(state) else "reported" if command
             else "feedback" if state.kind == "feedback" else "test_result")
-    doc = {"kind": kind, "command": command if kind == "command" else None,
+    doc: dict[str, Any] = {"kind": kind, "command": command if kind == "command" else None,
            "exit_code": state.exit_code, "score": state.score, "source": state.source,
            "content": _cut(state.content, chars), "producer": state.producer.component}
     if kind == "reported":
         doc["reported_command"] = command
+    workspace = state.detail.get("workspace") if isinstance(state.detail, dict) else None
+    if kind == "command" and isinstance(workspace, dict) and workspace.get("dir"):
+        doc["workspace"] = {"dir": str(workspace["dir"]), "commit": workspace.get("commit")}
     return doc
 
 
@@ -233,7 +298,7 @@ def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 80
     votes = loop.run_until_complete(vote) if loop is not None else asyncio.run(vote)
     first = c.turns[0]
     s = c.outcome.state
-    parents = [*(t.event_id for t in c.turns), s.event_id]
+    parents = _parents(c)
     spec = ";".join(f"{n}={j.version}" for n, j in judges)
 
     def coords(at: At | None) -> dict[str, Any]:
@@ -245,7 +310,7 @@ def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 80
         producer=PRODUCER,
         parents=parents,
         task_id=c.task_id,
-        status="accepted" if majority([v["vote"] for v in votes]) else "rejected",
+        status=_status(c, majority([v["vote"] for v in votes])),
         k=len(votes),
         prompt=first.prompt,
         answer=_cut(final.answer, chars),
@@ -261,7 +326,35 @@ def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 80
                              for t in c.turns],
         },
         votes=votes,
+        outcomes=list(c.record[-MAX_OUTCOMES:]),
     )
+
+
+def _parents(c: Candidate) -> list[str]:
+    """The turns, the verifying outcome, then the later outcomes (none: as before they were
+    kept, so a task without any keeps its event id)."""
+    later = [r["outcome_id"] for r in c.record if r["outcome_id"] != c.outcome.state.event_id]
+    return [*(t.event_id for t in c.turns), c.outcome.state.event_id, *later]
+
+
+def _status(c: Candidate, accepted: bool) -> events.TaskStatus:
+    if not accepted:
+        return "rejected"
+    return "withdrawn" if c.withdrawn else "accepted"
+
+
+def revise(task: events.VerifiedTask, c: Candidate) -> events.VerifiedTask:
+    """The task published before, with the session's outcomes since: its votes as they were
+    (no judge runs again), withdrawn once a later outcome failed."""
+    parents = _parents(c)
+    if parents == task.parents:
+        return task  # nothing since: the record as published
+    spec = task.event_id  # derived from the first decision, judges included
+    accepted = task.status != "rejected"
+    return dataclasses.replace(
+        task, event_id=events.derive_event_id("verified_task", parents, VERSION, spec),
+        ts_ms=events.now_ms(), parents=parents, status=_status(c, accepted),
+        outcomes=list(c.record[-MAX_OUTCOMES:]))
 
 
 def build_judges(names_: Sequence[str], options: dict[str, dict[str, Any]] | None = None,
@@ -314,11 +407,13 @@ def read_tasks(settings: Connectable, namespace: str | None = None,
 class PoolStats:
     accepted: int = 0
     rejected: int = 0
+    revised: int = 0  # published again with later outcomes (withdrawn ones included)
+    withdrawn: int = 0
     skipped: int = 0  # built again, but already published
 
     @property
     def sent(self) -> int:
-        return self.accepted + self.rejected
+        return self.accepted + self.rejected + self.revised
 
 
 @dataclass
@@ -341,7 +436,7 @@ class TaskPool:
         self.inputs = [names.resolve(names.INTERACTIONS, self.namespace),
                        names.resolve(names.NEXT_STATES, self.namespace)]
         self.output = names.resolve(names.TASKS, self.namespace)
-        self.published: set[str] = set()
+        self.published: dict[str, events.VerifiedTask] = {}  # task id -> its latest record
         self._producer: Any = None
         self._loop = asyncio.new_event_loop()
 
@@ -368,7 +463,7 @@ class TaskPool:
         from pipeline.kafka.reader import read_to_end
 
         ends = self._ends()
-        self.published |= set(read_tasks(self.settings, self.namespace))
+        self.published.update(read_tasks(self.settings, self.namespace))
         inters: list[tuple[Interaction, At | None]] = []
         outcomes: list[tuple[NextState, At | None]] = []
 
@@ -379,7 +474,7 @@ class TaskPool:
             ev = _decode(msg.value())
             if isinstance(ev, Interaction):
                 inters.append((ev, _at(msg)))
-            elif isinstance(ev, NextState) and verified(ev):
+            elif isinstance(ev, NextState) and outcome_vote(ev) is not None:
                 outcomes.append((ev, _at(msg)))
 
         read_to_end(self.settings, self.inputs, collect, group_prefix="liverl-tasks-history")
@@ -405,25 +500,35 @@ class TaskPool:
             self.close()
 
     def _publish(self, found: list[Candidate]) -> None:
-        todo = [c for c in found if c.task_id not in self.published]
-        self.stats.skipped += len(found) - len(todo)
-        if not todo:
-            return
-        if self._producer is None:
-            from pipeline.kafka import EventProducer
+        """Decide new tasks; revise known ones with their later outcomes (no new vote). A
+        record already published (same event id) is not sent again."""
+        sent = False
+        for c in {c.task_id: c for c in found}.values():  # the newest of each task
+            old = self.published.get(c.task_id)
+            task = (decide(c, self.judges, chars=self.chars, loop=self._loop) if old is None
+                    else revise(old, c))
+            if old is not None and task.event_id == old.event_id:
+                self.stats.skipped += 1
+                continue
+            if self._producer is None:
+                from pipeline.kafka import EventProducer
 
-            self._producer = EventProducer(self.settings, client_id="liverl-tasks")
-        for c in todo:
-            task = decide(c, self.judges, chars=self.chars, loop=self._loop)
+                self._producer = EventProducer(self.settings, client_id="liverl-tasks")
             self._producer.send(self.output, task, key=task.task_id)
-            self.published.add(task.task_id)
-            if task.status == "accepted":
-                self.stats.accepted += 1
-            else:
+            sent = True
+            self.published[task.task_id] = task
+            if old is not None:
+                self.stats.revised += 1
+                self.stats.withdrawn += task.status == "withdrawn" != old.status
+            elif task.status == "rejected":
                 self.stats.rejected += 1
+            else:
+                self.stats.accepted += 1
+                self.stats.withdrawn += task.status == "withdrawn"
             if self.on_task is not None:
                 self.on_task(task)
-        self._producer.flush()
+        if sent:
+            self._producer.flush()
 
     def close(self) -> None:
         if self._producer is not None:
