@@ -38,12 +38,13 @@ class ScriptedThread:
         self.committed = committed
         self.seeks: list[int] = []
 
-    async def getmany(self, active: Any, timeout: float) -> dict[TP, list[int]]:
+    async def getmany(self, active: Any, timeout: float) -> dict[TP, list[SimpleNamespace]]:
         start = self.position
         stop = min(END, start + 18)
         self.position = stop
         await asyncio.sleep(0.01)  # in flight
-        return {PART: list(range(start, stop))} if start < END else {}
+        batch = [SimpleNamespace(offset=o) for o in range(start, stop)]
+        return {PART: batch} if start < END else {}
 
     def seek(self, tp: TP, offset: int) -> None:
         self.seeks.append(offset)
@@ -62,6 +63,10 @@ class ScriptedThread:
         return {PART}
 
 
+def _to_message(tp: TP, record: SimpleNamespace) -> Message:
+    return Message(TOPIC, 0, record.offset, 0.0, 0, None, b"k", b"v", None)
+
+
 async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], ScriptedThread]:
     """Run Faust's drain loop; records handed before the seek are never processed (their
     queue is cleared), those after it are processed and acked, and every ack is followed by
@@ -76,8 +81,7 @@ async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], Scr
         consumer._committed_offset[PART] = COMMITTED
         consumer._read_offset[PART] = COMMITTED
     app.topics.acks_enabled_for = lambda topic: topic == TOPIC  # type: ignore[method-assign]
-    consumer._to_message = lambda tp, offset: Message(
-        TOPIC, 0, offset, 0.0, 0, None, b"k", b"v", None)
+    consumer._to_message = _to_message
     processed: set[int] = set()
     committed = [COMMITTED]
     seeked = asyncio.Event()
@@ -192,3 +196,67 @@ def test_a_standby_added_during_recovery_is_read_from_the_beginning_not_a_crash(
         asyncio.run(run("kafka"))
     seeks = asyncio.run(run(ledger_consumer.SCHEME))
     assert sorted(seeks.values()) == [0, 41]
+
+
+async def drain_through_a_flow_stop(scheme: str) -> tuple[int, set[int], ScriptedThread]:
+    """Every record handed is processed and acked, and each ack commits the consumer's new
+    offset; at offset 285 the flow stops (a rebalance begins) and resumes 50 ms later with no
+    re-seek, as when Faust resumes the flow before its re-seek (no table to recover) and then
+    skips the re-seek because another rebalance has begun. Faust's ``getmany`` drops the rest
+    of the batch it was handing (286..297); the fetch position is already past them."""
+    app = faust.App(f"flow-{scheme}", broker=f"{scheme}://127.0.0.1:1")
+    consumer: Any = app.consumer
+    thread = ScriptedThread()
+    consumer._thread = thread
+    consumer._active_partitions = {PART}
+    consumer._committed_offset[PART] = COMMITTED
+    consumer._read_offset[PART] = COMMITTED
+    if isinstance(consumer, ledger_consumer.LedgerConsumer):
+        consumer.ledger.seek(PART, COMMITTED)
+    app.topics.acks_enabled_for = lambda topic: topic == TOPIC  # type: ignore[method-assign]
+    consumer._to_message = _to_message
+    processed: set[int] = set()
+    committed = [COMMITTED]
+
+    async def resume_later() -> None:
+        await asyncio.sleep(0.05)
+        consumer.resume_flow()
+
+    async def callback(message: Message) -> None:
+        consumer.track_message(message)
+        processed.add(message.offset)
+        consumer.ack(message)
+        new = consumer._new_offset(message.tp)
+        if new is not None and new > committed[-1]:
+            committed.append(new)
+            consumer._committed_offset[message.tp] = new
+        if message.offset == 285 and consumer.flow_active:
+            consumer.stop_flow()
+            asyncio.ensure_future(resume_later())
+
+    consumer.callback = callback
+
+    class Fetcher:
+        _stopped = asyncio.Event()
+
+    task = asyncio.ensure_future(consumer._drain_messages(Fetcher))
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        if committed[-1] >= END and processed >= set(range(COMMITTED, END)):
+            break
+    Fetcher._stopped.set()
+    await asyncio.wait_for(task, 5)
+    return committed[-1], processed, thread
+
+
+def test_faust_drops_the_rest_of_a_batch_when_the_flow_stops_and_commits_past_it() -> None:
+    offset, processed, _ = asyncio.run(drain_through_a_flow_stop("kafka"))
+    skipped = set(range(COMMITTED, offset)) - processed
+    assert set(range(286, 298)) <= skipped, (offset, sorted(processed))
+
+
+def test_records_fetched_and_not_handed_on_are_fetched_again() -> None:
+    offset, processed, thread = asyncio.run(drain_through_a_flow_stop(ledger_consumer.SCHEME))
+    assert offset == END
+    assert set(range(COMMITTED, END)) <= processed  # 286..297 too: fetched again
+    assert thread.seeks == [286]  # positioned at the first record not handed on

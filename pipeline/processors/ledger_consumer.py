@@ -15,7 +15,14 @@ rule that replaces it: ``offset_ledger.py``). Here:
 - an ack counts in the ledger only for the message object handed in the current epoch;
 - the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
 - a record handed and never acknowledged while later ones were (a queue cleared under it, say)
-  is handed again after ``redeliver_after_s``, with a warning and a metric: never silence.
+  is handed again after ``redeliver_after_s``, with a warning and a metric: never silence;
+- a record fetched and never handed is fetched again: Faust's ``getmany`` stops handing a batch
+  when the flow stops or the generation changes (a rebalance starting) and drops the rest,
+  while the fetch position has already moved past it. A re-seek usually follows, but not
+  always (Faust resumes the flow before the re-seek when no table needs recovery, and skips
+  the re-seek when another rebalance has begun): the next batch's records would then be handed
+  after a hole the ledger takes for offsets without records, and committed past. Each
+  partition with such records is positioned again at its committable offset at once.
 
 Changelog partitions (acks disabled: table recovery) pass through as Faust reads them.
 """
@@ -40,10 +47,15 @@ SCHEME = "liverl-kafka"  # at least once through the ledger (processors/app.py)
 REDELIVER_AFTER_S = 30.0  # default for ``app.liverl_redeliver_after_s``
 
 
+def _offset(record: Any) -> int:
+    return int(record.offset)
+
+
 class LedgerConsumer(faust_aiokafka.Consumer):
     """See the module docstring."""
 
     ledger: OffsetLedger[TP]
+    _fetched: Any = None  # the last fetch's records, by partition (``_wait_next_records``)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,18 +67,26 @@ class LedgerConsumer(faust_aiokafka.Consumer):
     def _tracked(self, topic: str) -> bool:
         return bool(self.app.topics.acks_enabled_for(topic))
 
+    async def _wait_next_records(self, timeout: float) -> tuple[Any, Any]:
+        records, active = await super()._wait_next_records(timeout)
+        self._fetched = records  # what getmany may drop unhanded (see the module docstring)
+        return records, active
+
     async def getmany(self, timeout: float) -> AsyncIterator[tuple[TP, Any]]:
         ledger = self.ledger
         fetched_at = ledger.epoch  # before the fetch: a seek after it makes its records stale
         read_offset = self._read_offset
+        self._fetched = None
         batch = cast(AsyncGenerator[tuple[TP, Any], None], super().getmany(timeout))
         repositioned: set[TP] = set()
+        reached: dict[TP, int] = {}  # tracked partition -> the last offset Faust handed on
         try:
             async for tp, message in batch:
                 if not self._tracked(tp.topic):
                     self.changelog_handed[tp] = message.offset
                     yield tp, message
                     continue
+                reached[tp] = message.offset
                 if ledger.seeked_since(tp, fetched_at):
                     # Stale, or fetched after a seek that ran while this batch was under
                     # way: either way it is fetched again from the committable offset.
@@ -81,6 +101,31 @@ class LedgerConsumer(faust_aiokafka.Consumer):
                 yield tp, message
         finally:
             await batch.aclose()
+            self._refetch_dropped(reached, repositioned, fetched_at)
+
+    def _refetch_dropped(self, reached: Mapping[TP, int], repositioned: set[TP],
+                         fetched_at: int) -> None:  # fmt: skip
+        """Position again every tracked partition of the last fetch whose records Faust did
+        not all hand on (see the module docstring)."""
+        fetched, self._fetched = self._fetched, None
+        if not fetched:
+            return
+        assigned = self.assignment()
+        for tp, records in fetched.items():
+            if not records or tp in repositioned or not self._tracked(tp.topic):
+                continue
+            last = _offset(records[-1])
+            done = reached.get(tp, -1)
+            if done >= last or tp not in assigned or self.ledger.seeked_since(tp, fetched_at):
+                continue  # all handed on, no longer ours, or seeked (fetched again) already
+            first = next(_offset(r) for r in records if _offset(r) > done)
+            position = self.ledger.committable(tp)
+            self.ledger.dropped_refetched += sum(1 for r in records if _offset(r) > done)
+            log.info("%s: %d fetched records from offset %d were not handed on (the flow "
+                     "stopped or a rebalance began): fetching again from %s", tp,
+                     sum(1 for r in records if _offset(r) > done), first,
+                     first if position is None else position)  # fmt: skip
+            self._seek_now(tp, first if position is None else min(position, first))
 
     def _reposition(self, tp: TP) -> None:
         """Fetch ``tp`` again from the ledger's committable offset (stale records dropped)."""
@@ -199,6 +244,9 @@ def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
         ("liverl_workers_records_redelivered",
          "Records no unit acknowledged while later ones were, handed again",
          read("redelivered")),
+        ("liverl_workers_records_dropped_refetched",
+         "Records fetched and not handed on (a rebalance began mid-batch), fetched again",
+         read("dropped_refetched")),
     )
 
 

@@ -68,6 +68,7 @@ class OffsetLedger(Generic[K]):
         self.epoch = 0  # bumped by every seek: a batch remembers the epoch it was fetched in
         self.stale_dropped = 0  # handed out of order (a stale batch, a re-fetch): not handed
         self.redelivered = 0  # stalled records handed again (see :meth:`stalled`)
+        self.dropped_refetched = 0  # fetched, dropped by Faust unhanded, fetched again
 
     def seek(self, tp: K, position: int | None) -> None:
         """Reading of ``tp`` restarts at ``position``: pending records will be handed again."""
