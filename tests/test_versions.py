@@ -3,7 +3,13 @@ events: what ``liverl versions`` shows and what every gateway replica loads."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -20,6 +26,9 @@ from pipeline.versions.table import (
     served,
     wilson,
 )
+
+if TYPE_CHECKING:
+    from pipeline.serving.backends.base import Backend
 
 POLICY = "p"
 TRAINER = events.Producer(component="trainer", version="test")
@@ -247,3 +256,91 @@ def test_rows_carry_the_manifest_verdict_serving_and_outcomes() -> None:
         10, "rejected", None, False)
     assert lineage(log, 2) == [2, 1]
     assert [(a.kind, a.by, a.reason) for a in log.actions] == [("pin", "ops", "freeze")]
+
+
+# ---- the gateway's reloader follows the actions ---------------------------------------------
+
+
+class FakeBackend:
+    """Records the versions it was told to load; a version whose folder lacks its files fails
+    in the reloader's check, before the backend sees it."""
+
+    def __init__(self) -> None:
+        self.policy_id = POLICY
+        self.loaded: list[int] = []
+
+    @property
+    def version(self) -> int:
+        return self.loaded[-1] if self.loaded else 0
+
+    async def reload(self, path: Path, version: int) -> None:
+        self.loaded.append(version)
+
+
+def on_disk(root: Path, ev: events.WeightsPublished) -> events.WeightsPublished:
+    """The event pointing at a real folder holding its files."""
+    folder = root / f"v{ev.version}"
+    folder.mkdir(exist_ok=True)
+    files = []
+    for i in range(2):
+        data = f"v{ev.version} file {i}".encode()
+        (folder / f"f{i}").write_bytes(data)
+        files.append({"path": f"f{i}", "sha256": hashlib.sha256(data).hexdigest(),
+                      "bytes": len(data)})
+    ev.uri, ev.files = folder.as_uri() + "/", files  # type: ignore[assignment]
+    return ev
+
+
+@pytest.fixture
+def running_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def test_the_reloader_follows_pin_unpin_rollback_and_reports_each_load(
+    tmp_path: Path, running_loop: asyncio.AbstractEventLoop
+) -> None:
+    from pipeline.serving.reloader import Reloader
+    from pipeline.settings import Settings
+
+    backend = FakeBackend()
+    statuses: list[events.ServingStatus] = []
+    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0", require_promoted=True,
+                 emit=lambda _topic, ev: statuses.append(ev))
+    for ev in promoted(1, 2, 3):
+        r.log.add(on_disk(tmp_path, ev))
+    assert r.load_newest() == 3
+    act(r.log, "pin", 2, reason="v3 regressed")
+    r.log.add(on_disk(tmp_path, weights(4)))
+    r.log.add(on_disk(tmp_path, weights(4, "promoted")))
+    assert r.load_newest() == 2 and r.load_newest() is None, "pinned: v4 is not loaded"
+    act(r.log, "unpin", None)
+    assert r.load_newest() == 4
+    act(r.log, "rollback", 2)
+    assert r.load_newest() == 2
+    assert backend.loaded == [3, 2, 4, 2]
+    assert [s.version for s in statuses] == [3, 2, 4, 2] and all(s.ok for s in statuses)
+    assert statuses[1].event_id != statuses[3].event_id, "served again: a new report"
+    assert statuses[3].parents[-1] == r.log.last_action_id
+
+
+def test_a_pinned_version_that_fails_is_not_replaced(
+    tmp_path: Path, running_loop: asyncio.AbstractEventLoop
+) -> None:
+    from pipeline.serving.reloader import Reloader
+    from pipeline.settings import Settings
+
+    backend = FakeBackend()
+    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0")
+    for v in (1, 2, 3):
+        r.log.add(on_disk(tmp_path, weights(v)))
+    assert r.load_newest() == 3
+    act(r.log, "pin", 1, require_promoted=False)
+    (tmp_path / "v1" / "f0").write_bytes(b"corrupt")
+    assert r.load_newest() is None and backend.version == 3 and 1 in r.failed
+    act(r.log, "unpin", None, require_promoted=False)
+    assert r.load_newest() is None and backend.version == 3, "unpinned: v3 serves already"

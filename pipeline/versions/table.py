@@ -102,6 +102,11 @@ class VersionLog:
             self.withdrawn.discard(v)
         return True
 
+    @property
+    def last_action_id(self) -> str | None:
+        """The newest operator action's event id (None before any)."""
+        return self.actions[-1].event_id if self.actions else None
+
     def servable(self, version: int, require_promoted: bool) -> bool:
         """Whether the no-pin rule may serve ``version``."""
         status = self.status.get(version)
