@@ -309,8 +309,8 @@ def test_the_reloader_follows_pin_unpin_rollback_and_reports_each_load(
 
     backend = FakeBackend()
     statuses: list[events.ServingStatus] = []
-    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0", require_promoted=True,
-                 emit=lambda _topic, ev: statuses.append(ev))
+    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0",
+                 require_promoted=True, emit=lambda _topic, ev: statuses.append(ev))
     for ev in promoted(1, 2, 3):
         r.log.add(on_disk(tmp_path, ev))
     assert r.load_newest() == 3
