@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -245,7 +246,7 @@ def test_rows_carry_the_manifest_verdict_serving_and_outcomes() -> None:
     table = rows(log, served(POLICY, [status("r0", 1, 1_500)]),
                  {1: OutcomeRate(5, 10)}, require_promoted=True)
     one, two = table
-    assert (one["version"], one["parent"], one["step"], one["steps"]) == (1, None, 10, None)
+    assert (one["version"], one["parent"], one["step"], one["steps"]) == (1, None, 10, 10)
     assert (one["samples"], one["method"], one["status"]) == (12, "opd", "promoted")
     assert one["gate"]["gate_won"] == 5 and "gate_reasons" not in one["gate"]
     assert one["served_since_ms"] == 1_500 and one["replicas"] == ["r0"]
@@ -344,3 +345,83 @@ def test_a_pinned_version_that_fails_is_not_replaced(
     assert r.load_newest() is None and backend.version == 3 and 1 in r.failed
     act(r.log, "unpin", None, require_promoted=False)
     assert r.load_newest() is None and backend.version == 3, "unpinned: v3 serves already"
+
+
+# ---- the commands ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_log(monkeypatch: pytest.MonkeyPatch) -> tuple[VersionLog, list[events.WeightsPublished]]:
+    """``liverl versions`` over a hand-built log: reads return it, sends land in it."""
+    from pipeline.versions import commands, reading
+
+    gate = {"gate_won": 4, "gate_lost": 1, "gate_tied": 0, "gate_probe_correct": 6,
+            "gate_probe_n": 8, "gate_live_probe_correct": 5, "gate_fluency": 0.91,
+            "gate_live_fluency": 0.9}
+    log = fold(POLICY, [weights(1, metrics={"samples": 4, "method": "opd"}),
+                        weights(1, "promoted", metrics=gate), *promoted(2)])
+    sent: list[events.WeightsPublished] = []
+
+    def produce(_settings: object, ev: events.WeightsPublished) -> None:
+        sent.append(ev)
+        log.add(ev)
+
+    monkeypatch.setattr(reading, "weights_log", lambda _s, policy: log)
+    monkeypatch.setattr(reading, "serving_statuses", lambda _s: [status("r0", 1, 1_000),
+                                                                 status("r0", 2, 2_000)])
+    monkeypatch.setattr(reading, "sample_outcomes", lambda _s, policy: [
+        (POLICY, 1, "s1", 1.0), (POLICY, 1, "s2", -1.0)])
+    monkeypatch.setattr(commands, "_produce", produce)
+    return log, sent
+
+
+def run_cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    return CliRunner().invoke(cli, ["versions", *args, "--policy", POLICY])
+
+
+def test_list_prints_every_version_as_a_table_and_as_json(cli_log: Any) -> None:
+    out = run_cli("list")
+    assert out.exit_code == 0, out.output
+    assert "promoted 4-1-0" in out.output and "6/8 (live 5)" in out.output
+    assert "1/2 50% [9%, 91%]" in out.output and "unknown" in out.output  # v2: no outcome
+    doc = json.loads(run_cli("list", "--format", "json").output)
+    assert [r["version"] for r in doc] == [1, 2] and doc[1]["live"]
+    assert doc[0]["served_until_ms"] == 2_000 and doc[0]["outcomes"]["total"] == 2
+
+
+def test_show_gives_lineage_and_unknown_sessions_without_the_folder(cli_log: Any) -> None:
+    out = run_cli("show", "2")
+    assert out.exit_code == 0, out.output
+    assert "v2 (2 samples" not in out.output and "v2 (? samples, 10 steps) <- v1" in out.output
+    assert "sessions    unknown" in out.output
+    doc = json.loads(run_cli("show", "1", "--format", "json").output)
+    assert doc["lineage"] == [{"version": 1, "samples": 4, "steps": 10, "step": 10}]
+    assert doc["method"] == "opd"
+
+
+def test_unknown_version_exits_2_with_a_message(cli_log: Any) -> None:
+    for args in (("show", "9"), ("pin", "9")):
+        out = run_cli(*args)
+        assert out.exit_code == 2 and "has no version 9" in out.output
+        assert "Traceback" not in out.output
+    assert run_cli("unpin").exit_code == 2, "not pinned"
+
+
+def test_actions_are_sent_once_with_who_and_why(cli_log: Any) -> None:
+    log, sent = cli_log
+    out = run_cli("pin", "1", "--by", "ops", "--reason", "hold")
+    assert out.exit_code == 0 and "v1 should serve now" in out.output, out.output
+    again = run_cli("pin", "1", "--by", "ops", "--reason", "hold")
+    assert again.exit_code == 0 and "already in the log" in again.output
+    assert len(sent) == 1 and sent[0].action == {"kind": "pin", "by": "ops", "reason": "hold"}
+    assert run_cli("rollback").exit_code == 2, "refused while pinned"
+    assert run_cli("unpin", "--by", "ops").exit_code == 0
+    out = run_cli("rollback", "--reason", "bad")
+    assert out.exit_code == 0 and "v1 should serve now" in out.output, out.output
+    assert [e.action["kind"] for e in sent if e.action] == ["pin", "unpin", "rollback"]
+    assert sent[1].action is not None and sent[1].action["by"] == "ops"
+    assert log.withdrawn == {2}

@@ -40,7 +40,8 @@ def action_id(log: VersionLog, kind: str, asked: int | None, by: str,
                            asked, by, reason), parents
 
 
-def _known(log: VersionLog, version: int) -> None:
+def known(log: VersionLog, version: int) -> None:
+    """Raise VersionError (exit 2) naming the published range unless ``version`` exists."""
     if version not in log.manifests:
         known = sorted(log.manifests)
         listed = f"v{known[0]}..v{known[-1]}" if known else "none yet"
@@ -69,7 +70,7 @@ def target(log: VersionLog, kind: str, asked: int | None, *, require_promoted: b
                 raise VersionError(f"policy {log.policy_id}: no servable version older than "
                                    f"the live one ({now})")
             return previous
-        _known(log, asked)
+        known(log, asked)
         if live is not None and asked >= live:
             raise VersionError(f"v{asked} is not older than the live v{live}: a rollback goes "
                                "back (pin N serves any version)")
@@ -79,7 +80,7 @@ def target(log: VersionLog, kind: str, asked: int | None, *, require_promoted: b
                                f"serve it; promote it first (liverl versions promote {asked})")
         return asked
     assert asked is not None
-    _known(log, asked)
+    known(log, asked)
     if kind == "pin" and log.status.get(asked) == "rejected":
         raise VersionError(f"v{asked} was rejected by the promotion gate: promote it first "
                            f"(liverl versions promote {asked}) if it should serve anyway")

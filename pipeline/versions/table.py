@@ -235,7 +235,8 @@ def rows(
     out = []
     for v in sorted(log.manifests):
         m = log.manifests[v]
-        parent_step = log.manifests[m.parent].step if m.parent in log.manifests else None
+        parent_step = (0 if m.parent is None  # trained from the base
+                       else log.manifests[m.parent].step if m.parent in log.manifests else None)
         verdict = log.verdicts.get(v)
         gate = {k: verdict.metrics[k] for k in GATE_FIGURES
                 if verdict is not None and k in verdict.metrics}
