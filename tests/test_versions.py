@@ -425,3 +425,18 @@ def test_actions_are_sent_once_with_who_and_why(cli_log: Any) -> None:
     assert [e.action["kind"] for e in sent if e.action] == ["pin", "unpin", "rollback"]
     assert sent[1].action is not None and sent[1].action["by"] == "ops"
     assert log.withdrawn == {2}
+
+
+@pytest.mark.parametrize("action", [
+    {"kind": "delete", "by": "a"},  # not an action
+    {"kind": "pin"},  # who is required
+    {"kind": "pin", "by": ""},
+    {"kind": "pin", "by": "a", "when": 1},  # no other fields
+])
+def test_the_schema_refuses_a_malformed_action(action: dict[str, Any]) -> None:
+    import orjson
+
+    doc = events.to_dict(weights(1))
+    doc["action"] = action
+    with pytest.raises(events.EventValidationError):
+        events.decode(orjson.dumps(doc), expected_type="weights")

@@ -235,23 +235,6 @@ def examples() -> dict[str, Event]:
             consumed_offsets=offsets,
             metrics={"reward_mean": -0.12},
         ),
-        WeightsPublished(  # an operator's pin (liverl versions pin 12)
-            event_id=derive_event_id("weights_action", [], "versions-1", "qwen3-4b-agent", 12),
-            ts_ms=_TS + 62_000,
-            producer=Producer(component="versions", version="0.1.0"),
-            policy_id="qwen3-4b-agent",
-            version=12,
-            parent=11,
-            uri="file:///var/lib/liverl/weights/qwen3-4b-agent/v12/",
-            files=[
-                {"path": "model.safetensors", "sha256": "b" * 64, "bytes": 8_044_936_192},
-                {"path": "config.json", "sha256": "0123456789abcdef" * 4, "bytes": 1_387},
-            ],
-            step=470,
-            status="promoted",
-            consumed_offsets=offsets,
-            action={"kind": "pin", "by": "alice", "reason": "v13 answers worse in French"},
-        ),
         ServingStatus(
             event_id=derive_event_id("serving_status", [], "serving-1", "replica-0", 13),
             ts_ms=_TS + 63_000,
