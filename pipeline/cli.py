@@ -554,6 +554,7 @@ def _register_components() -> None:
     from pipeline.report import report
     from pipeline.serving.commands import serve
     from pipeline.trainer.commands import train
+    from pipeline.versions.commands import versions
 
     cli.add_command(models)
     cli.add_command(demo)
@@ -564,6 +565,7 @@ def _register_components() -> None:
     cli.add_command(judges)
     cli.add_command(tasks)
     cli.add_command(train)
+    cli.add_command(versions)
     cli.add_command(report)
     cli.add_command(tap)
     cli.add_command(sql)

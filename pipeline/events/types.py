@@ -241,6 +241,10 @@ class WeightsPublished(Event):
     status: WeightsStatus
     consumed_offsets: dict[str, int]
     metrics: dict[str, Any] = field(default_factory=dict)
+    # An operator's command (liverl versions: kind promote|pin|unpin|rollback, by, reason);
+    # None on the trainer's own events. Riding on this topic keeps the audit trail in the log
+    # the gateways already follow (pipeline/versions).
+    action: dict[str, Any] | None = None
 
 
 @dataclass(slots=True, kw_only=True)

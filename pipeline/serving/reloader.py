@@ -1,11 +1,15 @@
 """Follows ``liverl.weights.v1`` and moves the backend to newer weight versions.
 
 It reads the topic from the beginning on every start (one partition, a handful of small
-manifests) so a restarted gateway comes back on the newest version, not on the base model.
-Only this policy's versions newer than the live one are considered (only ``promoted`` ones when
-gating is on); the newest is loaded, and if it fails (files missing or not matching the
-manifest's sha256 and size, checked before the backend sees them) the next newest is tried, so
-a corrupt newest version at start-up leaves the gateway on the newest valid one, not on v0.
+manifests) so a restarted gateway comes back on the version that should serve, not on the base
+model. Which one that is, the log decides through the same fold ``liverl versions`` shows
+(``pipeline/versions/table.py``): the newest servable version (only ``promoted`` ones when
+gating is on), unless an operator pinned one or rolled back, and only once the reloader has
+caught up with the log (a pin further on must not be preceded by a load of what it overrides).
+If a load fails (files missing or not matching the manifest's sha256 and size, checked before
+the backend sees them) the next one in the fold's order is tried, so a corrupt newest version
+at start-up leaves the gateway on the newest valid one, not on v0; a pinned version that fails
+is not replaced by another (the replica stays where it is and reports the failure).
 Every attempt emits a ``ServingStatus``. A poll or load error is logged and the loop goes on:
 the reloader stops only when closed.
 """
@@ -26,12 +30,14 @@ from pipeline import __version__, events
 from pipeline.kafka import EventConsumer, EventProducer, names
 from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.serving.errors import ManifestError
+from pipeline.versions.table import VersionLog
 
 from .backends.base import Backend
 from .kafka_log import GATEWAY_KAFKA_LOG
 
 log = logging.getLogger(__name__)
 PRODUCER = events.Producer(component="reloader", version=__version__)
+BATCH = 100  # records per poll; a shorter batch means the reloader has caught up
 
 
 def local_dir(uri: str) -> Path:
@@ -82,7 +88,8 @@ class Reloader:
         self.emit = emit  # callable(topic, event) or None
         self.on_result = on_result  # callable(ok: bool) or None
         self.failed: set[int] = set()
-        self.candidates: dict[int, events.WeightsPublished] = {}  # seen, not yet loaded
+        self.candidates: dict[int, events.WeightsPublished] = {}  # seen, not yet folded
+        self.log = VersionLog(backend.policy_id)  # this policy's weights log, folded
         self.error: str | None = None  # last poll error, for health
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="weights-reloader", daemon=True)
@@ -101,6 +108,8 @@ class Reloader:
         self._thread.join(timeout=timeout)
 
     def wanted(self, ev: events.Event) -> TypeGuard[events.WeightsPublished]:
+        """Whether a trainer's event alone would move this replica forward (no operator
+        action considered: ``load_newest`` asks the folded log)."""
         return (
             isinstance(ev, events.WeightsPublished)
             and ev.policy_id == self.backend.policy_id
@@ -134,7 +143,7 @@ class Reloader:
     def _step(self, consumer: EventConsumer) -> None:
         """One poll; never raises (a bad record or a broker error must not stop reloading)."""
         try:
-            batch = consumer.poll_batch(max_records=100, timeout=0.5)
+            batch = consumer.poll_batch(max_records=BATCH, timeout=0.5)
             self.error = None
         except Exception as exc:  # noqa: BLE001
             self.error = f"{type(exc).__name__}: {exc}"
@@ -142,35 +151,35 @@ class Reloader:
             self._stop.wait(1.0)
             return
         for rec in batch.records:
-            ev = rec.event
-            if self.wanted(ev):
-                self.candidates[ev.version] = ev
-        self.load_newest()
+            if isinstance(rec.event, events.WeightsPublished):
+                self.log.add(rec.event)
+        if len(batch.records) < BATCH:  # caught up: act on the whole log, not a prefix
+            self.load_newest()
 
     def load_newest(self) -> int | None:
-        """Load the newest candidate that verifies, older ones if newer fail; the version
-        loaded (None if none could be)."""
-        for version in sorted(self.candidates, reverse=True):
-            ev = self.candidates.pop(version)
-            if not self.wanted(ev):
-                continue
-            if self.apply(ev):
-                self._drop_older()
+        """Move to the version the folded log says should serve, trying the next in its order
+        when one fails to verify or load; the version loaded (None if it already serves or
+        none could be loaded)."""
+        for ev in self.candidates.values():
+            self.log.add(ev)
+        self.candidates = {}
+        order = self.log.preference(self.require_promoted, self.failed)
+        for i, version in enumerate(order):
+            if version == self.backend.version:
+                return None
+            if self.apply(self.log.manifests[version], cause=self.log.last_action_id):
                 return version
-            if self.candidates:
-                log.warning(
-                    "%s v%d is not usable; falling back to the next newest version",
-                    ev.policy_id, version,
-                )
+            if i + 1 < len(order):
+                log.warning("%s v%d is not usable; falling back to v%d",
+                            self.log.policy_id, version, order[i + 1])
         return None
 
-    def _drop_older(self) -> None:
-        live = self.backend.version
-        self.candidates = {v: e for v, e in self.candidates.items() if v > live}
-
-    def apply(self, ev: events.WeightsPublished) -> bool:
-        """Verify and load one version; never raises."""
+    def apply(self, ev: events.WeightsPublished, cause: str | None = None) -> bool:
+        """Verify and load one version; never raises. ``cause``: the operator action that made
+        it the choice, if any, so a version served again after a rollback reports a new
+        ``serving_status`` rather than the id of its first load."""
         started = time.perf_counter()
+        parents = [ev.event_id] if cause is None else [ev.event_id, cause]
         error: str | None = None
         try:
             path = verify(ev)
@@ -183,10 +192,10 @@ class Reloader:
         ms = (time.perf_counter() - started) * 1000
         status = events.ServingStatus(
             event_id=events.derive_event_id(
-                "serving_status", [ev.event_id], "serving-1", self.replica_id, ev.version
+                "serving_status", parents, "serving-1", self.replica_id, ev.version
             ),
             producer=PRODUCER,
-            parents=[ev.event_id],
+            parents=parents,
             replica_id=self.replica_id,
             policy_id=ev.policy_id,
             version=ev.version if error is None else self.backend.version,

@@ -1,0 +1,84 @@
+"""Reads what ``liverl versions`` folds: the weights log, the replicas' reload reports, the
+samples' outcomes and a version folder's trajectories. One-shot reads (assign, no group, no
+commit), so looking at versions moves nobody's offsets."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline import events
+from pipeline.kafka import names
+from pipeline.kafka.connection import Connectable
+from pipeline.kafka.reader import read_to_end
+
+from .table import VersionLog
+
+# pipeline/trainer/publish.py writes it (TRAJ_FILE under checkpoint.TRAINER_DIR); named here
+# so that reading a version does not import the trainer (and torch).
+TRAJECTORIES = Path("trainer") / "trajectories.parquet"
+
+
+def _decoded(topic: str, expected: str, connection: Connectable) -> list[Any]:
+    out: list[Any] = []
+
+    def handle(msg: Any) -> None:
+        # a record that does not decode is the consumers' to dead-letter; a view skips it
+        with contextlib.suppress(events.EventValidationError):
+            out.append(events.decode(msg.value(), expected_type=expected))
+
+    read_to_end(connection, [topic], handle, group_prefix="liverl-versions-")
+    return out
+
+
+def weights_log(connection: Connectable, policy_id: str) -> VersionLog:
+    log = VersionLog(policy_id)
+    for ev in _decoded(names.WEIGHTS, "weights", connection):
+        log.add(ev)
+    return log
+
+
+def serving_statuses(connection: Connectable) -> list[events.ServingStatus]:
+    return _decoded(names.SERVING_STATUS, "serving_status", connection)
+
+
+def sample_outcomes(connection: Connectable,
+                    policy_id: str) -> list[tuple[str, int, str, float | None]]:
+    """``(policy_id, behavior_weight_version, session_id, outcome)`` of every sample of the
+    policy. Only those four fields are read (no validation, no token arrays decoded): the
+    samples topic is by far the largest, and a view must not cost what training does."""
+    out: list[tuple[str, int, str, float | None]] = []
+
+    def handle(msg: Any) -> None:
+        try:
+            doc = orjson.loads(msg.value())
+            if doc.get("type") == "sample" and doc.get("policy_id") == policy_id:
+                outcome = doc.get("outcome")
+                out.append((policy_id, int(doc["behavior_weight_version"]),
+                            str(doc["session_id"]),
+                            float(outcome) if isinstance(outcome, int | float) else None))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            pass
+
+    read_to_end(connection, [names.SAMPLES], handle, group_prefix="liverl-versions-")
+    return out
+
+
+def trained_sessions(folder: Path) -> dict[str, int] | None:
+    """session id -> turns the version trained on (rows with status ``trained``), from the
+    version folder's own trajectories; None when the folder is not readable here."""
+    path = folder / TRAJECTORIES
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["session_id", "status"])
+    out: dict[str, int] = {}
+    for sid, status in zip(table.column("session_id").to_pylist(),
+                           table.column("status").to_pylist(), strict=True):
+        if status == "trained":
+            out[sid] = out.get(sid, 0) + 1
+    return out
