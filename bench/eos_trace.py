@@ -203,3 +203,20 @@ async def commit(self, offsets):
 
 _txn.Transaction.commit = commit
 _log("start")
+
+from pipeline.processors import ledger_consumer as _lc  # noqa: E402
+
+_seek_now = _lc.LedgerConsumer._seek_now
+
+
+def seek_now(self, tp, offset):
+    try:
+        import inspect
+        _log("seek", tp=f"{_short(tp.topic)}:{tp.partition}", offset=offset,
+             by=inspect.stack()[1].function)
+    except Exception as exc:
+        _log("trace_error", error=repr(exc))
+    return _seek_now(self, tp, offset)
+
+
+_lc.LedgerConsumer._seek_now = seek_now
