@@ -67,12 +67,9 @@ def _to_message(tp: TP, record: SimpleNamespace) -> Message:
     return Message(TOPIC, 0, record.offset, 0.0, 0, None, b"k", b"v", None)
 
 
-async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], ScriptedThread]:
-    """Run Faust's drain loop; records handed before the seek are never processed (their
-    queue is cleared), those after it are processed and acked, and every ack is followed by
-    a commit of the consumer's new offset. Returns the last commit and the processed set.
-    ``committed=False``: the group never committed the partition (reading began at 280)."""
-    app = faust.App(f"ledger-{scheme}-{committed}", broker=f"{scheme}://127.0.0.1:1")
+def _consumer(name: str, scheme: str, committed: bool = True) -> tuple[Any, ScriptedThread]:
+    """Faust's consumer of ``scheme`` over a :class:`ScriptedThread`, at the commit point."""
+    app = faust.App(name, broker=f"{scheme}://127.0.0.1:1")
     consumer: Any = app.consumer
     thread = ScriptedThread(committed)
     consumer._thread = thread
@@ -82,8 +79,48 @@ async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], Scr
         consumer._read_offset[PART] = COMMITTED
     app.topics.acks_enabled_for = lambda topic: topic == TOPIC  # type: ignore[method-assign]
     consumer._to_message = _to_message
-    processed: set[int] = set()
-    committed = [COMMITTED]
+    return consumer, thread
+
+
+class Units:
+    """What the units did: the offsets processed, and the commits, each one after an ack
+    at the consumer's new offset."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.processed: set[int] = set()
+        self.committed = [COMMITTED]
+
+    def process(self, message: Message) -> None:
+        self.processed.add(message.offset)
+        self.consumer.ack(message)
+        new = self.consumer._new_offset(message.tp)
+        if new is not None and new > self.committed[-1]:
+            self.committed.append(new)
+            self.consumer._committed_offset[message.tp] = new
+
+    async def drain(self, done: Any) -> None:
+        """Faust's drain loop until ``done()`` (or 4 s)."""
+
+        class Fetcher:
+            _stopped = asyncio.Event()
+
+        task = asyncio.ensure_future(self.consumer._drain_messages(Fetcher))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if done():
+                break
+        Fetcher._stopped.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], ScriptedThread]:
+    """Run Faust's drain loop; records handed before the seek are never processed (their
+    queue is cleared), those after it are processed and acked, and every ack is followed by
+    a commit of the consumer's new offset. Returns the last commit and the processed set.
+    ``committed=False``: the group never committed the partition (reading began at 280)."""
+    consumer, thread = _consumer(f"ledger-{scheme}-{committed}", scheme, committed)
+    units = Units(consumer)
     seeked = asyncio.Event()
 
     async def seek_while_fetching() -> None:
@@ -97,26 +134,11 @@ async def drain(scheme: str, committed: bool = True) -> tuple[int, set[int], Scr
                 seeked.set()
                 asyncio.ensure_future(seek_while_fetching())
             return
-        processed.add(message.offset)
-        consumer.ack(message)
-        new = consumer._new_offset(message.tp)
-        if new is not None and new > committed[-1]:
-            committed.append(new)
-            consumer._committed_offset[message.tp] = new
+        units.process(message)
 
     consumer.callback = callback
-
-    class Fetcher:
-        _stopped = asyncio.Event()
-
-    task = asyncio.ensure_future(consumer._drain_messages(Fetcher))
-    for _ in range(200):
-        await asyncio.sleep(0.02)
-        if committed[-1] >= END:
-            break
-    Fetcher._stopped.set()
-    await asyncio.wait_for(task, 5)
-    return committed[-1], processed, thread
+    await units.drain(lambda: units.committed[-1] >= END)
+    return units.committed[-1], units.processed, thread
 
 
 def test_faust_own_consumer_commits_records_no_unit_processed() -> None:
@@ -204,19 +226,8 @@ async def drain_through_a_flow_stop(scheme: str) -> tuple[int, set[int], Scripte
     re-seek, as when Faust resumes the flow before its re-seek (no table to recover) and then
     skips the re-seek because another rebalance has begun. Faust's ``getmany`` drops the rest
     of the batch it was handing (286..297); the fetch position is already past them."""
-    app = faust.App(f"flow-{scheme}", broker=f"{scheme}://127.0.0.1:1")
-    consumer: Any = app.consumer
-    thread = ScriptedThread()
-    consumer._thread = thread
-    consumer._active_partitions = {PART}
-    consumer._committed_offset[PART] = COMMITTED
-    consumer._read_offset[PART] = COMMITTED
-    if isinstance(consumer, ledger_consumer.LedgerConsumer):
-        consumer.ledger.seek(PART, COMMITTED)
-    app.topics.acks_enabled_for = lambda topic: topic == TOPIC  # type: ignore[method-assign]
-    consumer._to_message = _to_message
-    processed: set[int] = set()
-    committed = [COMMITTED]
+    consumer, thread = _consumer(f"flow-{scheme}", scheme)
+    units = Units(consumer)
 
     async def resume_later() -> None:
         await asyncio.sleep(0.05)
@@ -224,29 +235,15 @@ async def drain_through_a_flow_stop(scheme: str) -> tuple[int, set[int], Scripte
 
     async def callback(message: Message) -> None:
         consumer.track_message(message)
-        processed.add(message.offset)
-        consumer.ack(message)
-        new = consumer._new_offset(message.tp)
-        if new is not None and new > committed[-1]:
-            committed.append(new)
-            consumer._committed_offset[message.tp] = new
+        units.process(message)
         if message.offset == 285 and consumer.flow_active:
             consumer.stop_flow()
             asyncio.ensure_future(resume_later())
 
     consumer.callback = callback
-
-    class Fetcher:
-        _stopped = asyncio.Event()
-
-    task = asyncio.ensure_future(consumer._drain_messages(Fetcher))
-    for _ in range(200):
-        await asyncio.sleep(0.02)
-        if committed[-1] >= END and processed >= set(range(COMMITTED, END)):
-            break
-    Fetcher._stopped.set()
-    await asyncio.wait_for(task, 5)
-    return committed[-1], processed, thread
+    await units.drain(lambda: units.committed[-1] >= END
+                      and units.processed >= set(range(COMMITTED, END)))  # fmt: skip
+    return units.committed[-1], units.processed, thread
 
 
 def test_faust_drops_the_rest_of_a_batch_when_the_flow_stops_and_commits_past_it() -> None:
