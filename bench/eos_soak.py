@@ -104,6 +104,9 @@ class SoakResult:
     dead_letters: list[str] = field(default_factory=list)
     # topic -> turns without a reward whose records there were written and never committed
     uncommitted: dict[str, int] = field(default_factory=dict)
+    # where the interactions of turns without a reward lie against the group's committed
+    # offsets: "below commit" (committed past: skipped) or "not committed" (never passed)
+    inputs_of_missing: dict[str, int] = field(default_factory=dict)
     workers_alive: bool = True
     seconds: float = 0.0
     log_tail: str = ""
@@ -124,7 +127,8 @@ class SoakResult:
             f" a second sample id {len(self.second_sample_id)}; dead letters "
             f"{len(self.dead_letters)}; workers that stopped on their own {self.crashes}"
             + (f"; of the turns without a reward, records written and never committed, by "
-               f"topic: {self.uncommitted}" if self.missing_reward else "")
+               f"topic: {self.uncommitted}; their interactions {self.inputs_of_missing}"
+               if self.missing_reward else "")
         )
 
 
@@ -253,6 +257,9 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
             th.join()
         restart_stopped()
         _count(settings, start_out, app_id, sessions, plan.settle_s, restart_stopped, result)
+        if result.missing_reward:
+            result.inputs_of_missing = _inputs_of(settings, admin, app_id, tps,
+                                                  set(result.missing_reward))  # fmt: skip
         result.workers_alive = all(p.poll() is None for p in procs)
     finally:
         for proc in procs:
@@ -269,9 +276,9 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
                 f.result()
     result.seconds = time.monotonic() - began
     if plan.trace_dir:
-        with open(os.path.join(plan.trace_dir, "lost.json"), "w") as fh:
+        with open(os.path.join(plan.trace_dir, "lost.json"), "w") as out:
             json.dump({"missing_reward": result.missing_reward,
-                       "missing_sample": result.missing_sample}, fh)
+                       "missing_sample": result.missing_sample}, out)
     with open(logpath, "rb") as fh:
         result.log_tail = fh.read().decode(errors="replace")[-3000:]
     return result
@@ -318,6 +325,39 @@ def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
         result.uncommitted = _uncommitted(settings, start, prefix, set(result.missing_reward))
 
 
+def _inputs_of(settings: Settings, admin: AdminClient, group: str, tps: list[TopicPartition],
+               missing: set[tuple[str, int]]) -> dict[str, int]:  # fmt: skip
+    """Where the interactions of ``missing`` turns lie against ``group``'s committed offsets,
+    with the partitions and offsets of the first few: a skipped record is below the commit."""
+    (fut,) = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(t.topic, t.partition)
+                                              for t in tps])]).values()  # fmt: skip
+    committed = {(t.topic, t.partition): t.offset for t in fut.result(30).topic_partitions}
+    c = Consumer(settings.kafka_client_config(**{
+        "group.id": f"soak-inputs-{group}", "enable.partition.eof": True}))
+    c.assign([TopicPartition(t.topic, t.partition, t.offset) for t in tps
+              if t.topic == names.INTERACTIONS])  # fmt: skip
+    left = {(t.topic, t.partition) for t in tps if t.topic == names.INTERACTIONS}
+    out: Counter[str] = Counter()
+    deadline = time.monotonic() + 60
+    try:
+        while left and time.monotonic() < deadline:
+            for msg in c.consume(1000, timeout=0.5):
+                if msg.error() is not None:
+                    left.discard((msg.topic(), msg.partition()))
+                    continue
+                ev = events.decode(msg.value())
+                at = (getattr(ev, "session_id", ""), getattr(ev, "turn", -1))
+                if at not in missing:
+                    continue
+                below = msg.offset() < committed.get((msg.topic(), msg.partition()), -1)
+                out["below commit" if below else "not committed"] += 1
+                out[f"partition {msg.partition()}"] += 1
+    finally:
+        c.close()
+    return dict(out)
+
+
 def _uncommitted(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
                  missing: set[tuple[str, int]]) -> dict[str, int]:  # fmt: skip
     """Of the turns without a reward, how many have records on each derived topic that only a
@@ -344,7 +384,7 @@ def _uncommitted(settings: Settings, start: dict[tuple[str, int], int], prefix: 
                     ev = events.decode(msg.value())
                     at = (getattr(ev, "session_id", ""), getattr(ev, "turn", -1))
                     if at in missing:
-                        into[msg.topic()].add(at)
+                        into[msg.topic() or ""].add(at)
         finally:
             c.close()
     return {t: len(seen[t] - committed[t]) for t in DERIVED if seen[t] - committed[t]}
