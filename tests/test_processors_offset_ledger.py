@@ -57,11 +57,11 @@ def test_a_record_skipped_while_later_ones_are_acknowledged_is_reported_as_stall
     msgs = [object() for _ in range(3)]
     for offset, msg in enumerate(msgs):
         ledger.hand(TP, offset, msg)
-    now[0] = 100.0
+    now[0] = 50.0
     assert ledger.stalled(30) == []  # nothing later acknowledged: it may just be queued
     ledger.ack(TP, 2, msgs[2])
     (stalled,) = ledger.stalled(30)
-    assert (stalled.tp, stalled.offset, stalled.waited_s) == (TP, 0, 100.0)
+    assert (stalled.tp, stalled.offset, stalled.waited_s) == (TP, 0, 50.0)
     assert ledger.stalled(200) == []
     ledger.ack(TP, 0, msgs[0])
     assert [s.offset for s in ledger.stalled(30)] == [1]  # 2 was acknowledged past it too
@@ -69,6 +69,23 @@ def test_a_record_skipped_while_later_ones_are_acknowledged_is_reported_as_stall
     assert ledger.stalled(30) == [] and ledger.committable(TP) == 3
     ledger.forget(TP)
     assert ledger.committable(TP) is None and list(ledger.partitions()) == []
+
+
+def test_a_partitions_last_records_pending_twice_the_wait_are_stalled_though_none_follows(
+) -> None:
+    """Traffic stopped after them: no later record will be acknowledged past them, and a
+    dropped one would wait for the next restart."""
+    now = [0.0]
+    ledger: OffsetLedger[str] = OffsetLedger(clock=lambda: now[0])
+    ledger.seek(TP, 10)
+    ledger.hand(TP, 10, object())
+    ledger.hand(TP, 11, object())
+    now[0] = 60.0
+    assert ledger.stalled(30) == []  # 60 s is not over twice 30 s
+    now[0] = 60.5
+    (stalled,) = ledger.stalled(30)
+    assert (stalled.offset, stalled.waited_s) == (10, 60.5)
+    assert ledger.committable(TP) == 10  # never committed past, meanwhile
 
 
 def test_a_commit_moves_the_start_forward_only() -> None:

@@ -15,7 +15,9 @@ rule that replaces it: ``offset_ledger.py``). Here:
 - an ack counts in the ledger only for the message object handed in the current epoch;
 - the offsets Faust commits are the ledger's (``_new_offset``), for every partition it tracks;
 - a record handed and never acknowledged while later ones were (a queue cleared under it, say)
-  is handed again after ``redeliver_after_s``, with a warning and a metric: never silence;
+  is handed again after ``redeliver_after_s``, and one never acknowledged after twice that
+  whatever followed (a partition's last records, then quiet), with a warning and a metric:
+  never silence, never a wait for the next restart;
 - a record fetched and never handed is fetched again: Faust's ``getmany`` stops handing a batch
   when the flow stops or the generation changes (a rebalance starting) and drops the rest,
   while the fetch position has already moved past it. A re-seek usually follows, but not
@@ -215,8 +217,9 @@ class LedgerConsumer(faust_aiokafka.Consumer):
             await self.sleep(min(5.0, after_s / 2))
             for stalled in self.ledger.stalled(after_s):
                 log.warning(
-                    "%s offset %d was handed %.0f s ago and no unit acknowledged it while "
-                    "later records were: handing it again (liverl_workers_records_redelivered)",
+                    "%s offset %d was handed %.0f s ago and no unit acknowledged it (while "
+                    "later records were, or for twice processors.redeliver_after_s): handing "
+                    "it again (liverl_workers_records_redelivered)",
                     stalled.tp, stalled.offset, stalled.waited_s,
                 )
                 self.ledger.redelivered += 1

@@ -133,13 +133,18 @@ class OffsetLedger(Generic[K]):
 
     def stalled(self, after_s: float) -> list[Stalled[K]]:
         """Partitions whose first pending record has waited over ``after_s`` while a later
-        record was acknowledged: a unit skipped it (Faust dropped it from a queue, say), and
-        waiting longer will not help. The caller hands it again (a seek to it)."""
+        record was acknowledged (a unit skipped it: Faust dropped it from a queue, say, and
+        waiting longer will not help), or over twice ``after_s`` whatever else happened (the
+        last records of a partition that then went quiet have no later record to be passed
+        by: dropped, they would wait for the next restart). The caller hands it again (a seek
+        to it); a record a slow unit still holds is then read twice, and the second reading
+        finds the turn applied already."""
         now, out = self._clock(), []
         for tp, part in self._parts.items():
             if not part.pending:
                 continue
             offset, (_, at) = next(iter(part.pending.items()))
-            if offset < part.last_acked and now - at > after_s:
-                out.append(Stalled(tp, offset, now - at))
+            waited = now - at
+            if (offset < part.last_acked and waited > after_s) or waited > 2 * after_s:
+                out.append(Stalled(tp, offset, waited))
         return out
