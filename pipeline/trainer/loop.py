@@ -431,7 +431,8 @@ class TrainerLoop:
             trajectories=traj_rows,
             steps=step_rows,
             created_ms=events.now_ms(),
-            metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows)},
+            metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows),
+                     "method": self.cfg.method},  # `liverl versions list` shows it
         )
         self._newest = manifest.version
         self.parents[manifest.version] = manifest.parent
