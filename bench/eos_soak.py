@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,20 +325,16 @@ def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
         result.uncommitted = _uncommitted(settings, start, prefix, set(result.missing_reward))
 
 
-def _inputs_of(settings: Settings, admin: AdminClient, group: str, tps: list[TopicPartition],
-               missing: set[tuple[str, int]]) -> dict[str, int]:  # fmt: skip
-    """Where the interactions of ``missing`` turns lie against ``group``'s committed offsets,
-    with the partitions and offsets of the first few: a skipped record is below the commit."""
-    (fut,) = admin.list_consumer_group_offsets(
-        [ConsumerGroupTopicPartitions(group, [TopicPartition(t.topic, t.partition)
-                                              for t in tps])]).values()  # fmt: skip
-    committed = {(t.topic, t.partition): t.offset for t in fut.result(30).topic_partitions}
+def _turns_to_end(settings: Settings, group: str, tps: list[TopicPartition],
+                  missing: set[tuple[str, int]], isolation: str = "read_committed",
+                  key_prefix: bytes = b"") -> Iterator[tuple[Any, tuple[str, int]]]:  # fmt: skip
+    """Each record of ``tps`` (from their offsets to their ends, at most 60 s) keyed with
+    ``key_prefix`` whose event is one of the ``missing`` turns, with that turn (other runs'
+    records on shared topics are not read)."""
     c = Consumer(settings.kafka_client_config(**{
-        "group.id": f"soak-inputs-{group}", "enable.partition.eof": True}))
-    c.assign([TopicPartition(t.topic, t.partition, t.offset) for t in tps
-              if t.topic == names.INTERACTIONS])  # fmt: skip
-    left = {(t.topic, t.partition) for t in tps if t.topic == names.INTERACTIONS}
-    out: Counter[str] = Counter()
+        "group.id": group, "isolation.level": isolation, "enable.partition.eof": True}))
+    c.assign(tps)
+    left = {(tp.topic, tp.partition) for tp in tps}
     deadline = time.monotonic() + 60
     try:
         while left and time.monotonic() < deadline:
@@ -346,15 +342,32 @@ def _inputs_of(settings: Settings, admin: AdminClient, group: str, tps: list[Top
                 if msg.error() is not None:
                     left.discard((msg.topic(), msg.partition()))
                     continue
+                if not (msg.key() or b"").startswith(key_prefix):
+                    continue
                 ev = events.decode(msg.value())
                 at = (getattr(ev, "session_id", ""), getattr(ev, "turn", -1))
-                if at not in missing:
-                    continue
-                below = msg.offset() < committed.get((msg.topic(), msg.partition()), -1)
-                out["below commit" if below else "not committed"] += 1
-                out[f"partition {msg.partition()}"] += 1
+                if at in missing:
+                    yield msg, at
     finally:
         c.close()
+
+
+def _inputs_of(settings: Settings, admin: AdminClient, group: str, tps: list[TopicPartition],
+               missing: set[tuple[str, int]]) -> dict[str, int]:  # fmt: skip
+    """Where the interactions of ``missing`` turns lie against ``group``'s committed offsets,
+    by partition: a skipped record is below the commit, a stuck one is not."""
+    (fut,) = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(t.topic, t.partition)
+                                              for t in tps])]).values()  # fmt: skip
+    committed = {(t.topic, t.partition): t.offset for t in fut.result(30).topic_partitions}
+    inputs = [TopicPartition(t.topic, t.partition, t.offset) for t in tps
+              if t.topic == names.INTERACTIONS]  # fmt: skip
+    out: Counter[str] = Counter()
+    for msg, _ in _turns_to_end(settings, f"soak-inputs-{group}", inputs, missing,
+                                key_prefix=group.encode()):
+        below = msg.offset() < committed.get((msg.topic(), msg.partition()), -1)
+        out["below commit" if below else "not committed"] += 1
+        out[f"partition {msg.partition()}"] += 1
     return dict(out)
 
 
@@ -366,27 +379,10 @@ def _uncommitted(settings: Settings, start: dict[tuple[str, int], int], prefix: 
     seen: dict[str, set[tuple[str, int]]] = defaultdict(set)
     committed: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for isolation, into in (("read_uncommitted", seen), ("read_committed", committed)):
-        c = Consumer(settings.kafka_client_config(**{
-            "group.id": f"soak-audit-{prefix}", "isolation.level": isolation,
-            "enable.partition.eof": True}))
         tps = [TopicPartition(t, p, o) for (t, p), o in start.items()]
-        c.assign(tps)
-        left = {(tp.topic, tp.partition) for tp in tps}
-        deadline = time.monotonic() + 60
-        try:
-            while left and time.monotonic() < deadline:
-                for msg in c.consume(1000, timeout=0.5):
-                    if msg.error() is not None:
-                        left.discard((msg.topic(), msg.partition()))
-                        continue
-                    if not (msg.key() or b"").startswith(prefix.encode()):
-                        continue
-                    ev = events.decode(msg.value())
-                    at = (getattr(ev, "session_id", ""), getattr(ev, "turn", -1))
-                    if at in missing:
-                        into[msg.topic() or ""].add(at)
-        finally:
-            c.close()
+        for msg, at in _turns_to_end(settings, f"soak-audit-{prefix}", tps, missing, isolation,
+                                     prefix.encode()):
+            into[msg.topic() or ""].add(at)
     return {t: len(seen[t] - committed[t]) for t in DERIVED if seen[t] - committed[t]}
 
 
