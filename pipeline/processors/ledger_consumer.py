@@ -120,14 +120,14 @@ class LedgerConsumer(faust_aiokafka.Consumer):
             done = reached.get(tp, -1)
             if done >= last or tp not in assigned or self.ledger.seeked_since(tp, fetched_at):
                 continue  # all handed on, no longer ours, or seeked (fetched again) already
-            first = next(_offset(r) for r in records if _offset(r) > done)
-            position = self.ledger.committable(tp)
-            self.ledger.dropped_refetched += sum(1 for r in records if _offset(r) > done)
+            dropped = [_offset(r) for r in records if _offset(r) > done]
+            committable = self.ledger.committable(tp)
+            position = dropped[0] if committable is None else min(committable, dropped[0])
+            self.ledger.dropped_refetched += len(dropped)
             log.info("%s: %d fetched records from offset %d were not handed on (the flow "
-                     "stopped or a rebalance began): fetching again from %s", tp,
-                     sum(1 for r in records if _offset(r) > done), first,
-                     first if position is None else position)  # fmt: skip
-            self._seek_now(tp, first if position is None else min(position, first))
+                     "stopped or a rebalance began): fetching again from %d", tp,
+                     len(dropped), dropped[0], position)  # fmt: skip
+            self._seek_now(tp, position)
 
     def _reposition(self, tp: TP) -> None:
         """Fetch ``tp`` again from the ledger's committable offset (stale records dropped)."""

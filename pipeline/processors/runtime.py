@@ -195,18 +195,18 @@ class Runtime:
             partitions=self.partitions,
             use_partitioner=use_partitioner,
         )
-        partitions = self.partitions
-        keep_owned_only(tbl, lambda key: key_partition(session_of(key), partitions))
+        keep_owned_only(tbl, self.session_partition)
         return tbl
+
+    def session_partition(self, key: bytes) -> int:
+        """The partition of the session a table key names (``session`` or ``session\0…``)."""
+        return key_partition(session_of(key), self.partitions)
 
     def session_table(self, name: str) -> TableT:
         """A table whose keys ``session\\0…`` go to the session's partition, not the key's own.
         Faust has no per-table partitioner hook, so the instance's method is replaced."""
         tbl = self.table(name)
-        partitions = self.partitions
-        tbl.partition_for_key = (  # type: ignore[method-assign]
-            lambda key: key_partition(session_of(key), partitions)
-        )
+        tbl.partition_for_key = self.session_partition  # type: ignore[method-assign]
         return tbl
 
     def tables_ready(self) -> bool:
