@@ -325,6 +325,11 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _say(x: float | None) -> str:
+    """A figure in a reason: 4 significant digits, or what it is when it is not one."""
+    return str(x) if x is None or not math.isfinite(x) else _fmt(x)
+
+
 def budget(candidate: Figures, reference: Figures,
            cfg: TrainerSettings) -> tuple[list[str], dict[str, Any]]:
     """(reasons, figures): the candidate's loss against the fixed reference per metric, each
@@ -346,7 +351,8 @@ def budget(candidate: Figures, reference: Figures,
         out[f"gate_budget_{name}"] = limit
         if not finite(ref) or not finite(cand):
             out[f"gate_budget_{name}_left"] = None
-            unknown.append(f"{name}: reference {ref}, candidate {cand}: not checked")
+            unknown.append(f"{name}: reference {_say(ref)}, candidate {_say(cand)}: "
+                           "not checked")
             continue
         loss = ref - cand
         left = limit - loss
