@@ -96,6 +96,23 @@ class AnswerJudge:
         return _verdict(reasons, "well-formed answer")
 
 
+def off_topic_reasons(request: str, answer: str) -> list[str] | None:
+    """Why ``answer`` is off ``request``'s topic ([]: on topic; None: the request has no
+    content words to check against). The ``on_topic`` judge's rule, and the promotion gate's
+    relevance judge's (``pipeline/trainer/gate.py``), so both hold answers to one bar."""
+    words = content_words(request)
+    if not words:
+        return None
+    reasons = []
+    if not mentions(answer, words):
+        reasons.append(f"mentions none of {', '.join(words[:8])}")
+    if _degenerate(answer):
+        reasons.append("no substance (degenerate)")
+    elif not set(content_words(answer)) - set(words) and normalise(answer):
+        reasons.append("adds nothing to the request")
+    return reasons
+
+
 class OnTopicJudge:
     """Does the answer speak to the request, and say something of its own?"""
 
@@ -103,15 +120,8 @@ class OnTopicJudge:
     version = "on-topic-judge-1"
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
-        words = content_words(ctx.request)
-        if not words:
+        reasons = off_topic_reasons(ctx.request, ctx.answer)
+        if reasons is None:
             return Verdict(1, [1], "no content words in the request to check against")
-        answer = ctx.answer
-        reasons = []
-        if not mentions(answer, words):
-            reasons.append(f"mentions none of {', '.join(words[:8])}")
-        if _degenerate(answer):
-            reasons.append("no substance (degenerate)")
-        elif not set(content_words(answer)) - set(words) and normalise(answer):
-            reasons.append("adds nothing to the request")
+        words = content_words(ctx.request)
         return _verdict(reasons, f"on topic ({', '.join(words[:4])})")

@@ -241,6 +241,27 @@ class TrainerSettings(BaseModel):
         "promoted. The verdict is a majority vote over prompts; when most judges abstained "
         "it would be a majority of nothing.",
     )
+    # Cumulative budgets: the tolerances above compare a candidate with the live version only,
+    # so a small loss at every step passes each time and adds up; these hold every candidate
+    # against a fixed reference, the base model, on the same prompts (gate.py: budget).
+    gate_budget_probe: int = Field(
+        default=1, ge=0,
+        description="Most probe questions a candidate may answer right fewer than the base "
+        "model does on the same questions, however many steps the loss took (the learning "
+        "target: the probe within one question of the base).",
+    )
+    gate_budget_fluency: float = Field(
+        default=0.4, ge=0.0,
+        description="Most mean fluency (nats per token) a candidate may lose against the base "
+        "model's on the same prompts. Measured runs that learned moved by at most 0.14; the "
+        "drift issue 38 saw read 0.5-0.65 below the base, with answers off topic.",
+    )
+    gate_budget_relevance: float = Field(
+        default=0.25, ge=0.0, le=1.0,
+        description="Most share of held-out prompts whose sampled answer is on topic (the "
+        "on_topic reader) a candidate may lose against the base model's: with the default 4 "
+        "held-out prompts, one more answer off topic than the base's.",
+    )
     gate_max_new_tokens: int = Field(
         default=16, ge=1, le=512,
         description="Longest fresh answer (tokens): each one costs a forward pass of every "

@@ -29,6 +29,9 @@ Judges; each votes +1 (candidate better), −1 (live better) or 0 (tie, or does 
   concise answer averages over its less predictable first tokens and reads lower, so the
   margin (0.5) and the tolerance (1.0 nat/token) sit between a style change (−0.5) and
   gibberish (−1.6 to −7.7 against the base);
+- ``relevance`` (held-out prompts whose request, the last user message, has content words):
+  one sampled answer is on the request's topic by the ``on_topic`` reader
+  (:func:`pipeline.processors.answer_judges.off_topic_reasons`), the other not;
 - ``hint`` (held-out prompts whose turn got a hint, the pipeline judge's correction):
   h = mean_t [log p_base(a_t | prompt + hint) − log p_base(a_t | prompt)] of the greedy
   answer: how much better the user's hint explains it than the plain prompt (OPD's teacher
@@ -44,7 +47,21 @@ The candidate is promoted iff a majority of the prompts does not prefer the live
 count as no preference: a small step changes few answers, and the vetoes below guard what
 matters), its probe score is at most ``gate_probe_tolerance`` questions below the live one's,
 and its mean fluency at most ``gate_fluency_tolerance`` nats per token below (a fluency that
-is missing or not finite fails). A vote cast without two comparable scores is an abstention;
+is missing or not finite fails).
+
+Those checks compare the candidate with the live version only, so a loss within tolerance at
+every step would add up without bound. The budget holds every candidate against a fixed
+reference too, the base model on the same prompts (its figures computed once per prompt and
+kept in ``<weights_root>/<policy>/gate_reference.json``): it is rejected when it answers more
+than ``gate_budget_probe`` probe questions fewer right than the base, its mean fluency is more
+than ``gate_budget_fluency`` nats per token below the base's, or its share of held-out
+prompts answered on topic is more than ``gate_budget_relevance`` below the base's, whatever
+its comparison with the live version says. A loss equal to its budget passes; a figure that
+is missing or not finite on either side leaves that metric unchecked, said in the verdict
+(``gate_budget_unknown``), which records the reference's figures (``gate_reference_*``) and
+what is left of each budget (``gate_budget_*_left``, negative once overspent).
+
+A vote cast without two comparable scores is an abstention;
 with fewer than ``gate_min_decided`` of the prompts decided by some judge the verdict is no
 decision (``NO_DECISION``): the version stays a candidate, never promoted. Every vote is kept
 in the verdict (``votes``), and from there becomes a ``GateVote`` event and a ``gate_votes``
@@ -74,11 +91,12 @@ from deltalake import DeltaTable
 
 from pipeline.durable import atomic_write
 from pipeline.lake.reading import dataset
+from pipeline.processors.answer_judges import OnTopicJudge, off_topic_reasons
 from pipeline.sim import probe as P
 from pipeline.trainer import checkpoint as ck
 from pipeline.trainer import rollout as R
 from pipeline.trainer.config import TrainerSettings
-from pipeline.trainer.prompts import teacher_prompt
+from pipeline.trainer.prompts import ChatMarkers, last_user_ids, teacher_prompt
 from pipeline.trainer.scoring import HELD_OUT
 
 if TYPE_CHECKING:
@@ -96,7 +114,7 @@ _COLUMNS = [
     "event_id", "session_id", "prompt_token_ids", "response_token_ids", "loss_mask", "reward",
     "hints", "weight_version", "step", "source_partition", "source_offset",
 ]
-JUDGES = ("validity", "capability", "fluency", "hint", "reward", "llm")
+JUDGES = ("validity", "capability", "fluency", "relevance", "hint", "reward", "llm")
 VALIDITY = "validity"  # an empty, degenerate or unscored answer loses its prompt, unweighted
 NO_DECISION = "candidate"  # the status of a verdict with too few decided prompts: not promoted
 # An answer's smallest acceptable content: one word character. The probe's right answers can be
@@ -107,6 +125,11 @@ REPEAT_MIN = 4  # units (tokens, words, characters): this many or more, all one 
 LOOP_MIN = 8  # units: this many or more with at most a quarter of them distinct is a loop
 _WORD_CHAR = re.compile(r"\w")
 ANSWER_CHARS = 400  # of each answer kept in a vote (the Delta row, the event's detail)
+REFERENCE_FILE = "gate_reference.json"  # the base model's figures, in the policy's folder
+REFERENCE_ROWS = 512  # prompts kept in it: the evaluation set moves on, old prompts drop out
+BUDGETS = ("probe", "fluency", "relevance")
+# A loss equal to its budget passes: float sums (0.92 - 0.2) must not make it fail.
+_BUDGET_EPS = 1e-9
 
 
 def _order(row: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -142,6 +165,7 @@ class EvalPrompt:
     reward: float = 0.0
     hint: str | None = None
     session_id: str | None = None  # the recorded session of a held-out prompt
+    request: str = ""  # a held-out prompt's last user message (the relevance judge's); probe: ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -280,16 +304,84 @@ def fluency_defect(value: float | None) -> str | None:
     return None
 
 
+def relevant(request: str, answer: str) -> float | None:
+    """1.0 when ``answer`` is on ``request``'s topic (the ``on_topic`` reader's rule), 0.0
+    when it is not, None when there is nothing to check (no request, or no content words)."""
+    if not request:
+        return None
+    reasons = off_topic_reasons(request, answer)
+    return None if reasons is None else float(not reasons)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One model's figures on a verdict's prompts, what the budget holds against the
+    reference: probe questions answered right (None: no probe), mean fluency, and the share
+    of held-out prompts whose sampled answer is on topic (None: none to judge)."""
+
+    probe: int | None
+    fluency: float | None
+    relevance: float | None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _say(x: float | None) -> str:
+    """A figure in a reason: 4 significant digits, or what it is when it is not one."""
+    return str(x) if x is None or not math.isfinite(x) else _fmt(x)
+
+
+def budget(candidate: Figures, reference: Figures,
+           cfg: TrainerSettings) -> tuple[list[str], dict[str, Any]]:
+    """(reasons, figures): the candidate's loss against the fixed reference per metric, each
+    within its ``gate_budget_*`` or a reason to reject. The live comparison alone lets a
+    small loss pass at every step and add up; this one is cumulative. A figure that is
+    missing or not finite on either side is unknown: no check on that metric, said in
+    ``gate_budget_unknown`` (a candidate's unmeasured fluency fails in :func:`decide`)."""
+    limits: dict[str, float] = {"probe": cfg.gate_budget_probe,
+                                "fluency": cfg.gate_budget_fluency,
+                                "relevance": cfg.gate_budget_relevance}
+    units = {"probe": "questions right", "fluency": "nats/token",
+             "relevance": "share of held-out answers on topic"}
+    reasons: list[str] = []
+    unknown: list[str] = []
+    out: dict[str, Any] = {"gate_reference": "base"}
+    for name in BUDGETS:
+        ref, cand, limit = getattr(reference, name), getattr(candidate, name), limits[name]
+        out[f"gate_reference_{name}"] = ref if finite(ref) else None
+        out[f"gate_budget_{name}"] = limit
+        if not finite(ref) or not finite(cand):
+            out[f"gate_budget_{name}_left"] = None
+            unknown.append(f"{name}: reference {_say(ref)}, candidate {_say(cand)}: "
+                           "not checked")
+            continue
+        loss = ref - cand
+        left = limit - loss
+        out[f"gate_budget_{name}_left"] = round(left, 6)
+        if left < -_BUDGET_EPS:
+            reasons.append(f"{name} {_fmt(cand)} vs reference (base) {_fmt(ref)} {units[name]}: "
+                           f"lost {_fmt(loss)}, over the budget of {_fmt(limit)} "
+                           f"(gate_budget_{name})")
+    out["gate_budget_unknown"] = unknown
+    return reasons, out
+
+
 def decide(
     votes: Sequence[dict[str, Any]],
     probe_correct: tuple[int, int],
     fluency: tuple[float | None, float | None],
     cfg: TrainerSettings,
     live: LiveRows | None = None,
+    *,
+    candidate: Figures | None = None,
+    reference: Figures | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(status, figures) from the votes and the capability checks (see the module docstring):
-    ``rejected`` on any reason, else ``NO_DECISION`` when fewer than ``gate_min_decided`` of
-    the prompts were decided, else ``promoted``."""
+    """(status, figures) from the votes, the capability checks against the live version and,
+    given the ``candidate``'s and the ``reference``'s figures, the budget against the
+    reference (see the module docstring): ``rejected`` on any reason, else ``NO_DECISION``
+    when fewer than ``gate_min_decided`` of the prompts were decided, else ``promoted``."""
     weights = judge_weights(cfg, live)
     by_prompt: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for v in votes:
@@ -323,11 +415,15 @@ def decide(
     elif f_c is not None and f_l is not None and f_c < f_l - cfg.gate_fluency_tolerance:
         reasons.append(f"fluency {f_c:.3f} vs live {f_l:.3f} nats/token "
                        f"(tolerance {cfg.gate_fluency_tolerance})")
+    spent: dict[str, Any] = {}
+    if candidate is not None and reference is not None:
+        over, spent = budget(candidate, reference, cfg)
+        reasons += over
     need = max(1, math.ceil(cfg.gate_min_decided * len(by_prompt)))
     figures: dict[str, Any] = {
         "gate_prompts": len(by_prompt), "gate_won": won, "gate_lost": lost,
         "gate_tied": len(sides) - won - lost, "gate_decided": decided,
-        "gate_min_decided": need, "gate_reasons": reasons,
+        "gate_min_decided": need, "gate_reasons": reasons, **spent,
     }
     if weights:
         figures["gate_judge_weights"] = weights
@@ -352,6 +448,38 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+def figures_of(prompts: Sequence[EvalPrompt], correct: Sequence[bool | None],
+            fluency: Sequence[float | None], on_topic: Sequence[float | None]) -> Figures:
+    """A model's :class:`Figures` from its per-prompt scores on ``prompts``."""
+    probe = [bool(c) for p, c in zip(prompts, correct, strict=True) if p.item is not None]
+    judged = [t for t in on_topic if t is not None]
+    return Figures(probe=sum(probe) if probe else None, fluency=_mean(fluency),
+                   relevance=sum(judged) / len(judged) if judged else None)
+
+
+def scored_figures(prompts: Sequence[EvalPrompt], s: Scored) -> Figures:
+    """:func:`figures_of` for fresh answers: relevance read from the sampled answers."""
+    texts = [s.sampled_text[i] if i < len(s.sampled_text) else "" for i in range(len(prompts))]
+    return figures_of(prompts, s.correct, s.fluency,
+                   [relevant(p.request, t) for p, t in zip(prompts, texts, strict=True)])
+
+
+def _reference_key(p: EvalPrompt) -> str:
+    """What a cached reference row is valid for: the prompt and, for a probe question, what
+    counts as its right answer."""
+    item = "" if p.item is None else hashlib.sha256(repr(p.item).encode()).hexdigest()[:12]
+    return f"{p.source}:{p.prompt_id}:{item}"
+
+
+def _request(core: Any, ids: Sequence[int]) -> str:
+    """A held-out prompt's request: its last user message (the whole prompt without a ChatML
+    user turn), as the ``on_topic`` reader reads a turn's request."""
+    markers = getattr(core, "markers", None) or ChatMarkers.from_tokenizer(core.tokenizer)
+    user = last_user_ids(ids, markers)
+    text = core.tokenizer.decode(list(ids) if user is None else user, skip_special_tokens=True)
+    return str(text).strip()
+
+
 @dataclass(eq=False)
 class Gate:
     """Held-out rows, the live (baseline) model, its cached answers, and the evaluation."""
@@ -367,6 +495,8 @@ class Gate:
     llm: Any | None = field(default=None, init=False, repr=False)  # gate_llm.LlmJudge
     _last: tuple[int, list[EvalPrompt], Scored] | None = field(default=None, init=False,
                                                               repr=False)
+    # The base model's per-prompt figures (REFERENCE_FILE), read on first use.
+    _reference: dict[str, dict[str, Any]] | None = field(default=None, init=False, repr=False)
 
     probe_items: tuple[P.ProbeItem, ...] = field(default=(), init=False, repr=False)
     # The consistency topic read live (gate_consistency_live; the trainer starts the reader).
@@ -461,7 +591,7 @@ class Gate:
                 text=core.tokenizer.decode(ids, skip_special_tokens=True)[-300:],
                 response=[int(i) for i in row["response_token_ids"]],
                 reward=float(row["reward"] or 0.0), hint=hints[0] if hints else None,
-                session_id=row.get("session_id"),
+                session_id=row.get("session_id"), request=_request(core, ids),
             ))
         if self.cfg.gate_probe:
             count = self.cfg.gate_probe_questions or len(self.probe_items)
@@ -545,6 +675,68 @@ class Gate:
         ]
         return Scored(*cols)
 
+    # ---- the fixed reference: the base model -------------------------------------------
+
+    def reference_path(self) -> Path:
+        return ck.policy_dir(self.cfg.weights_root, self.cfg.policy) / REFERENCE_FILE
+
+    def reference_base(self) -> dict[str, Any]:
+        """What the cached reference is valid for: the base model and every setting its fresh
+        answers and their reading depend on (another one discards the cache)."""
+        cfg = self.cfg
+        return {"model": str(cfg.model), "seed": cfg.seed, "temperature": cfg.gate_temperature,
+                "max_new_tokens": cfg.gate_max_new_tokens, "on_topic": OnTopicJudge.version}
+
+    def _reference_rows(self) -> dict[str, dict[str, Any]]:
+        if self._reference is None:
+            self._reference = {}
+            path = self.reference_path()
+            try:
+                stored = orjson.loads(path.read_bytes()) if path.exists() else {}
+            except (OSError, orjson.JSONDecodeError):
+                stored = {}  # a damaged cache is recomputed, never a failed verdict
+            if isinstance(stored, dict) and stored.get("base") == self.reference_base():
+                self._reference = dict(stored.get("rows") or {})
+        return self._reference
+
+    def _save_reference(self, keep: set[str]) -> None:
+        rows = self._reference_rows()
+        over = len(rows) - REFERENCE_ROWS
+        for key in [k for k in rows if k not in keep][: max(over, 0)]:
+            del rows[key]  # the oldest prompts first: the evaluation set has moved on
+        path = self.reference_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, orjson.dumps({"base": self.reference_base(), "rows": rows},
+                                        option=orjson.OPT_INDENT_2))
+
+    def reference(self, core: Any, prompts: Sequence[EvalPrompt], live: Scored) -> Figures:
+        """The base model's figures on ``prompts``, the fixed reference of the budget: each
+        prompt's are computed once (while the base is live, its answers are the live ones)
+        and kept in ``REFERENCE_FILE``, so later versions and a restarted trainer reuse them."""
+        rows = self._reference_rows()
+        keys = [_reference_key(p) for p in prompts]
+        missing = [i for i, k in enumerate(keys) if k not in rows]
+        if missing:
+            if self.baseline_version == 0:
+                got, at = live, missing
+            else:
+                model, ctx = self._base_model(core)
+                with ctx:
+                    got = self._score(core, model, [prompts[i] for i in missing])
+                at = list(range(len(missing)))
+            for i, j in zip(missing, at, strict=True):
+                p = prompts[i]
+                text = got.sampled_text[j] if j < len(got.sampled_text) else ""
+                rows[keys[i]] = {
+                    "correct": None if p.item is None else bool(got.correct[j]),
+                    "fluency": got.fluency[j] if finite(got.fluency[j]) else None,
+                    "on_topic": relevant(p.request, text),
+                }
+            self._save_reference(set(keys))
+        got_rows = [rows[k] for k in keys]
+        return figures_of(prompts, [r.get("correct") for r in got_rows],
+                       [r.get("fluency") for r in got_rows], [r.get("on_topic") for r in got_rows])
+
     # ---- evaluation --------------------------------------------------------------------
 
     def votes(self, prompts: Sequence[EvalPrompt], cand: Scored,
@@ -581,6 +773,15 @@ class Gate:
             add(i, "fluency", vote(cand.fluency[i], live.fluency[i], cfg.gate_fluency_margin),
                 cand.fluency[i], live.fluency[i],
                 abstained=not judged(cand.fluency[i], live.fluency[i]))
+            # Relevance (held-out prompts with content words): the sampled answer on the
+            # request's topic or not, by the on_topic reader.
+            mine_on = relevant(p.request, cand.sampled_text[i] if i < len(cand.sampled_text)
+                               else "")
+            theirs_on = relevant(p.request, live.sampled_text[i] if i < len(live.sampled_text)
+                                 else "")
+            if mine_on is not None or theirs_on is not None:
+                add(i, "relevance", vote(mine_on, theirs_on, 0.0), mine_on, theirs_on,
+                    abstained=not judged(mine_on, theirs_on))
             if p.hint:
                 add(i, "hint", vote(cand.hint[i], live.hint[i], cfg.gate_tolerance),
                     cand.hint[i], live.hint[i], abstained=not judged(cand.hint[i], live.hint[i]))
@@ -632,7 +833,10 @@ class Gate:
         probe = (sum(bool(cand.correct[i]) for i in probe_at),
                  sum(bool(live.correct[i]) for i in probe_at))
         fluency = (_mean(cand.fluency), _mean(live.fluency))
-        status, figures = decide(votes, probe, fluency, self.cfg, self.consistency)
+        reference = self.reference(core, prompts, live)
+        mine, theirs = scored_figures(prompts, cand), scored_figures(prompts, live)
+        status, figures = decide(votes, probe, fluency, self.cfg, self.consistency,
+                                 candidate=mine, reference=reference)
         return {
             "status": status,
             "votes": votes,
@@ -645,6 +849,8 @@ class Gate:
                 "gate_live_probe_correct": probe[1],
                 "gate_fluency": fluency[0],
                 "gate_live_fluency": fluency[1],
+                "gate_relevance": mine.relevance,
+                "gate_live_relevance": theirs.relevance,
                 "gate_tolerance": self.cfg.gate_tolerance,
                 "gate_eval_s": round(time.perf_counter() - started, 3),
                 "gate_metric": "fresh rollouts, judges' votes per prompt",

@@ -51,6 +51,22 @@ def hint_insert_position(prompt: Sequence[int], markers: ChatMarkers) -> int:
     return len(prompt)
 
 
+def last_user_ids(prompt: Sequence[int], markers: ChatMarkers) -> list[int] | None:
+    """The tokens of the last user message (the request a fresh answer should speak to), or
+    None when the prompt has no ChatML user turn to find."""
+    start, end, user = markers.im_start, markers.im_end, markers.user
+    if start is None or end is None:
+        return None
+    at = hint_insert_position(prompt, markers)
+    for i in range(min(at, len(prompt)) - 1, -1, -1):
+        if prompt[i] == start:
+            if tuple(prompt[i + 1 : i + 1 + len(user)]) == user and at < len(prompt) \
+                    and prompt[at] == end:
+                return list(prompt[i + 1 + len(user) : at])
+            return None
+    return None
+
+
 def teacher_prompt(
     prompt: Sequence[int], hint: str, tokenizer: Any, markers: ChatMarkers
 ) -> list[int]:
