@@ -29,6 +29,8 @@ from typing import Any, cast
 import fastjsonschema
 import orjson
 
+from pipeline.contracts import contracts_dir
+
 from . import binary
 from .errors import EventValidationError
 
@@ -39,12 +41,13 @@ _FILE_RE = re.compile(r"^(?P<type>[a-z_]+)\.v(?P<version>[0-9]+)\.json$")
 _lock = threading.Lock()
 
 
-_DEFAULT_DIR = Path(__file__).resolve().parents[2] / "schemas"  # resolved once: hot path
+_DEFAULT_DIR = contracts_dir("schemas")  # resolved once: hot path
 
 
 @cache
 def schemas_dir() -> Path:
-    """Folder holding `<type>.v<N>.json`; `LIVERL_SCHEMAS_DIR` overrides the repo's `schemas/`.
+    """Folder holding `<type>.v<N>.json`; `LIVERL_SCHEMAS_DIR` overrides the shipped ones
+    (pipeline/contracts.py).
 
     Read once per process: every encode and decode asks, and looking up a variable that is not
     set costs a KeyError inside ``os.environ`` (~4 µs, four times per event sent and read)."""

@@ -14,10 +14,11 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipeline.contracts import contracts_dir
 from pipeline.events.codec import DEFAULT_CODEC_VERSION
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SPECS_DIR = PROJECT_ROOT / "topics"
+DEFAULT_SPECS_DIR = contracts_dir("topics")
 
 
 class KafkaSettings(BaseModel):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.contracts import contracts_dir
+
 INTERACTIONS = "liverl.interactions.v1"
 NEXT_STATES = "liverl.next_states.v1"
 PRM_SCORES = "liverl.prm_scores.v1"
@@ -22,7 +24,7 @@ DLQ = "liverl.dlq.v1"
 # Every topic the project declares: derived from topics/*.yaml (their ``name:``), so a new topic
 # is its YAML, its schema and its dataclass; a constant above is only for code that names it
 # (tests/test_topics.py checks each constant against the files).
-SPECS_DIR = Path(__file__).resolve().parents[2] / "topics"
+SPECS_DIR = contracts_dir("topics")
 
 
 def _declared(specs_dir: Path = SPECS_DIR) -> tuple[str, ...]:
