@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +133,19 @@ class SoakResult:
         )
 
 
+
+def _last_error(logpath: str) -> str:
+    """The newest line of the workers' shared log that names an error (a fenced transaction
+    is the expected one), so a worker's own exit is explained in the soak's output."""
+    try:
+        with open(logpath, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(logpath) - 20_000))
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "(log unreadable)"
+    hits = [ln for ln in lines if re.search(r"error|exception|fenced|fatal", ln, re.I)]
+    return hits[-1].strip()[:300] if hits else "(none in the log's tail)"
+
 def ends(settings: Settings, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
     c = Consumer(settings.kafka_client_config(**{"group.id": "soak-probe"}))
     try:
@@ -232,7 +246,8 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
                 result.crashes += 1
                 if say:
                     say(f"  worker {i} stopped on its own (exit {proc.returncode}) at "
-                        f"{time.monotonic() - began:.0f} s: restarted")
+                        f"{time.monotonic() - began:.0f} s: restarted; last error logged: "
+                        f"{_last_error(logpath)}")
                 procs[i] = worker(i)
 
     def more() -> bool:
