@@ -137,6 +137,12 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     ids = {ev.event_id for ev in replayed}
     assert {*(i["event_id"] for t in (a, d, e) for i in t.provenance["interactions"]),
             *(t.provenance["outcome_id"] for t in (a, d, e))} <= ids
+    # a later failed outcome withdraws a's task; the watcher says so, and counts it
+    send(outcome_event(p + "a", False))
+    res = invoke(["tasks", "watch", "--once", "--session-prefix", p], env)
+    assert res.exit_code == 0 and f"{a.task_id} withdrawn" in res.output, res.output
+    assert "1 accepted" not in res.output and "1 revised by later outcomes (1 withdrawn)" \
+        in res.output, res.output
     # forgetting a session removes its task from the pool (a tombstone on the compacted topic)
     res = invoke(["forget", "--session", p + "a"], env)
     assert res.exit_code == 0 and f"{names.TASKS}: " in res.output, res.output

@@ -149,7 +149,8 @@ def watch_command(ctx: click.Context, namespace: str | None, judges: tuple[str, 
         raise click.UsageError(str(exc)) from exc
     s = pool.stats
     click.echo(f"published {s.sent} task(s) on {pool.output}: {s.accepted} accepted, "
-               f"{s.rejected} rejected")
+               f"{s.rejected} rejected, {s.revised} revised by later outcomes "
+               f"({s.withdrawn} withdrawn)")
 
 
 @tasks.command("list")
