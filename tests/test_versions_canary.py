@@ -315,12 +315,12 @@ OPS = st.one_of(
 
 
 class Step:
-    """One op's effect: the action it sent (kind, version) if any, the versions it newly
-    withdrew, then the stable version and the canary."""
+    """One op's effect: the action it sent (kind, version) if any, the versions known
+    then, the stable version and the canary after it."""
 
-    def __init__(self, sent: tuple[str, int] | None, newly: set[int], stable: int | None,
+    def __init__(self, sent: tuple[str, int] | None, known: set[int], stable: int | None,
                  canary: tuple[int, float] | None) -> None:
-        self.sent, self.newly, self.stable, self.canary = sent, newly, stable, canary
+        self.sent, self.known, self.stable, self.canary = sent, known, stable, canary
 
 
 def replay(ops: list[Op], *, shares: bool) -> tuple[VersionLog, list[Step]]:
@@ -329,7 +329,6 @@ def replay(ops: list[Op], *, shares: bool) -> tuple[VersionLog, list[Step]]:
     steps = []
     version = 0
     for op in ops:
-        before = set(log.withdrawn)
         sent = None
         if op[0] == "publish":
             version += 1
@@ -347,7 +346,7 @@ def replay(ops: list[Op], *, shares: bool) -> tuple[VersionLog, list[Step]]:
             if ev is not None:
                 log.add(ev)
                 sent = (op[1], ev.version)
-        steps.append(Step(sent, log.withdrawn - before, log.live(True), log.canary(True)))
+        steps.append(Step(sent, set(log.manifests), log.live(True), log.canary(True)))
     return log, steps
 
 
@@ -376,8 +375,8 @@ def test_the_canary_is_newer_than_stable_and_a_withdrawn_one_stays_out(ops: list
     for s in steps:
         if s.sent is not None and s.sent[0] in ("promote", "rollback", "pin"):
             out.discard(s.sent[1])
-        if s.sent is not None and s.sent[0] == "withdraw":
-            out |= s.newly
+        if s.sent is not None and s.sent[0] == "withdraw":  # N and every newer one known
+            out |= {u for u in s.known if u >= s.sent[1]}
         if s.canary is not None:
             version, share = s.canary
             assert 0 < share <= 1
