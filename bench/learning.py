@@ -62,6 +62,10 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
                      frontier=args.frontier, adapt=args.adapt, feedback=args.feedback)
     if args.gate is not None:  # None: the product default (trainer.gate)
         extra["LIVERL_TRAINER_GATE"] = "true" if args.gate else "false"
+    # No canary: this measures learning, so every user meets each promoted version at once
+    # (pipeline/demo/loop.py sets the same; --env LIVERL_TRAINER_CANARY_SHARE=0.1 measures
+    # learning with canary rollout).
+    extra["LIVERL_TRAINER_CANARY_SHARE"] = "0"
     extra.update(dict(kv.split("=", 1) for kv in args.env))
     loop = LoopConfig(policy=policy, method=method, state_dir=state,
                       batch_samples=2 * args.users, lr=args.lr, extra_env=extra)

@@ -52,6 +52,8 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         "LIVERL_BROKER_PORT": str(free_port()),
         "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()),
         "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),  # other workers may hold 6066
+        # a promoted version serves everyone at once (what this test checks), no canary
+        "LIVERL_TRAINER_CANARY_SHARE": "0",
     }
     log = tmp_path / "up.log"
     with open(log, "wb") as out:

@@ -281,6 +281,8 @@ def test_improving_candidate_promoted_probe_breaking_one_rejected(
     v1, v2 = (producer.weights(v) for v in (1, 2))
     assert [e.status for e in v1] == ["candidate", "promoted"]
     assert [e.status for e in v2] == ["candidate", "rejected"]
+    # the promoted verdict makes v1 servable: it alone carries the canary share (default 0.1)
+    assert [e.canary_share for e in (*v1, *v2)] == [None, 0.1, None, None]
     for cand, verdict in (v1, v2):
         assert verdict.event_id != cand.event_id and verdict.parents == [cand.event_id]
         assert verdict.uri == cand.uri and verdict.files == cand.files

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import subprocess
 import sys
@@ -103,7 +104,9 @@ def test_rejected_candidate_is_never_served(
     log = (tmp_path / "trainer.log").open("wb")  # noqa: SIM115 - the child writes it throughout
     try:
         send(good)
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        # no canary: a promoted version serves everyone at once, which is what this checks
+        env = {**os.environ, "LIVERL_TRAINER_CANARY_SHARE": "0"}
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 240
         while backend.version < 1 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)

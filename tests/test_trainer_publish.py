@@ -174,3 +174,32 @@ def test_drift_and_opd_mask_columns(tiny: Path, tmp_path: Path) -> None:
     assert steps[1]["logprob_drift_mean"] is None and steps[1]["logprob_drift_max"] is None
     # samples written without opd_mask: the OPD mask recorded is their loss mask
     assert {tuple(r["opd_mask"]) for r in rows(cfg, "trajectories")} == {(1, 1, 0)}
+
+
+class Sent:
+    """Stands in for the Kafka producer."""
+
+    def __init__(self) -> None:
+        self.events: list = []  # type: ignore[type-arg]
+
+    def send(self, topic: str, event: object, key: object = None) -> None:
+        self.events.append(event)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("share", "stamped"), [(0.25, 0.25), (0.0, None)])
+def test_without_the_gate_the_candidate_carries_the_canary_share(
+    tiny: Path, tmp_path: Path, share: float, stamped: float | None
+) -> None:
+    """Gate off, the candidate event makes a version servable: it carries the share
+    (0: none, the version serves everyone at once)."""
+    from pipeline.events import WeightsPublished
+
+    cfg, core = setup(tiny, tmp_path)
+    cfg = cfg.model_copy(update={"gate": False, "canary_share": share})
+    sent = Sent()
+    publish_one(cfg, core, Publisher(cfg, sent), 1, records(2))  # type: ignore[arg-type]
+    weights = [e for e in sent.events if isinstance(e, WeightsPublished)]
+    assert [(e.status, e.canary_share) for e in weights] == [("candidate", stamped)]

@@ -57,6 +57,10 @@ def _env(cfg: LoopConfig, state_dir: Path) -> dict[str, str]:
         # One step per round: the users wait for it (--pace), so no early partial batches.
         "LIVERL_TRAINER_BATCH_IDLE_S": "0",
         "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "1.0",  # a version after every step
+        # The demo (and bench/learning.py, which runs this loop) measures learning, not
+        # rollout: every user must meet each promoted version at once, not 10 % of them
+        # while a canary waits for outcomes (cfg.extra_env may still set a share).
+        "LIVERL_TRAINER_CANARY_SHARE": "0",
     })
     if cfg.lr is not None:
         env["LIVERL_TRAINER_LR"] = str(cfg.lr)

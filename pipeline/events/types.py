@@ -241,10 +241,13 @@ class WeightsPublished(Event):
     status: WeightsStatus
     consumed_offsets: dict[str, int]
     metrics: dict[str, Any] = field(default_factory=dict)
-    # An operator's command (liverl versions: kind promote|pin|unpin|rollback, by, reason);
-    # None on the trainer's own events. Riding on this topic keeps the audit trail in the log
-    # the gateways already follow (pipeline/versions).
+    # An operator's command or an automatic decision (kind promote|pin|unpin|rollback|
+    # rollout|withdraw, by, reason, figures); None on the trainer's own events. Riding on this
+    # topic keeps the audit trail in the log the gateways already follow (pipeline/versions).
     action: dict[str, Any] | None = None
+    # The trainer's, on the event that makes the version servable: the share of users it
+    # serves first, as a canary (None or 0: everyone at once; pipeline/versions/table.py).
+    canary_share: float | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -258,6 +261,8 @@ class ServingStatus(Event):
     reload_ms: float
     ok: bool
     error: str | None = None
+    # stable: everyone outside the canary; canary: the users routed to the canary version
+    arm: Literal["stable", "canary"] = "stable"
 
 
 @dataclass(slots=True, kw_only=True)

@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline import __version__, events
 from pipeline.events.types import FinishReason
+from pipeline.versions.table import arm_fraction
 
 from .auth import Authenticator, Caller, RateLimiter
 from .backends.base import Backend, Done, Piece, SamplingParams, StopReason
@@ -76,6 +77,7 @@ class Turn:
     logprobs: list[float] = field(default_factory=list)
     finish: StopReason = "stop"
     version: int = 0
+    canary: bool = False  # answered on the canary arm (see Gateway.prepare)
     turn: int | None = None
     ts_ms: int | None = None
     messages: list[dict[str, Any]] = field(default_factory=list)  # as recorded
@@ -214,8 +216,17 @@ class Gateway:
         )
         self.sessions.claim(info.session_id, info.user_id)
         return Turn(
-            req, info, prompt_ids, params, time.perf_counter(), messages=messages, durable=durable
+            req, info, prompt_ids, params, time.perf_counter(), messages=messages, durable=durable,
+            canary=self.on_canary(info),
         )
+
+    def on_canary(self, info: TurnInfo) -> bool:
+        """Whether the request goes to the canary arm: one is loaded and its user's (else its
+        session's) ``arm_fraction`` is below the canary's share, the same on every replica.
+        The backend answers it on the stable arm if the canary is gone by then, and the
+        version that answered is what the turn records either way."""
+        canary = getattr(self.backend, "canary", None)  # None: no canary, or no arms at all
+        return canary is not None and arm_fraction(info.arm_key) < canary[1]
 
     @property
     def prompts(self) -> PromptCache:
@@ -272,8 +283,10 @@ class Gateway:
             rec.record(self.cfg.interactions_topic, event)
 
     async def run(self, turn: Turn) -> AsyncIterator[list[int]]:
-        """Drive the backend; yields each batch of new token ids."""
-        async for item in self.backend.generate(turn.prompt_ids, turn.params):
+        """Drive the backend on the turn's arm; yields each batch of new token ids."""
+        generation = (self.backend.generate(turn.prompt_ids, turn.params, canary=True)
+                      if turn.canary else self.backend.generate(turn.prompt_ids, turn.params))
+        async for item in generation:
             if isinstance(item, Piece):
                 turn.ids += item.token_ids
                 turn.logprobs += item.logprobs
@@ -725,6 +738,7 @@ def create_app(
             if getattr(r, "died", False):
                 reasons.append("the weights reloader has stopped")
         lost = getattr(rec, "lost", 0)
+        canary = getattr(gateway.backend, "canary", None)
         return JSONResponse(
             {
                 "status": "degraded" if reasons else "ok",
@@ -732,6 +746,9 @@ def create_app(
                 "warnings": warnings,
                 "policy_id": gateway.backend.policy_id,
                 "weight_version": gateway.backend.version,
+                # the canary arm beside it: {version, share of users}, null without one
+                "canary": None if canary is None else {"version": canary[0],
+                                                       "share": canary[1]},
                 "replica_id": gateway.cfg.replica_id,
                 "record_backlog": rec.backlog if rec else 0,
                 # answered as recorded, taken by neither the spool nor Kafka yet (in memory)

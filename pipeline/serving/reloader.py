@@ -10,8 +10,18 @@ If a load fails (files missing or not matching the manifest's sha256 and size, c
 the backend sees them) the next one in the fold's order is tried, so a corrupt newest version
 at start-up leaves the gateway on the newest valid one, not on v0; a pinned version that fails
 is not replaced by another (the replica stays where it is and reports the failure).
-Every attempt emits a ``ServingStatus``. A poll or load error is logged and the loop goes on:
-the reloader stops only when closed.
+
+Two arms (issue 39, a canary): the stable arm follows :meth:`VersionLog.live` as above; the
+canary arm holds the version :meth:`VersionLog.canary` names, with its share, while there is
+one (the gateway routes each request by ``arm_fraction`` of its user or session id). Each
+arm changes by one swap in the backend that no running request sees (they snapshot their
+arm's weights when they start): the stable arm first, then the canary, so a rollout moves the
+canary's loaded weights to everyone before the canary arm is dropped. A version the canary
+arm could not load is not tried there again (its users stay on the stable version); the
+stable arm may still load it once it is rolled out. When every version the replica could
+serve is withdrawn, the stable arm goes back to the weights it started with (the base).
+Every attempt, and every canary dropped, emits a ``ServingStatus`` naming its arm. A poll or
+load error is logged and the loop goes on: the reloader stops only when closed.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard
 from urllib.parse import unquote, urlparse
 
 from pipeline import __version__, events
@@ -88,6 +98,8 @@ class Reloader:
         self.emit = emit  # callable(topic, event) or None
         self.on_result = on_result  # callable(ok: bool) or None
         self.failed: set[int] = set()
+        self.canary_failed: set[int] = set()  # versions the canary arm could not load
+        self.base_version = backend.version  # what the stable arm serves with no version
         self.candidates: dict[int, events.WeightsPublished] = {}  # seen, not yet folded
         self.log = VersionLog(backend.policy_id)  # this policy's weights log, folded
         self.error: str | None = None  # last poll error, for health
@@ -157,12 +169,18 @@ class Reloader:
             self.load_newest()
 
     def load_newest(self) -> int | None:
-        """Move to the version the folded log says should serve, trying the next in its order
-        when one fails to verify or load; the version loaded (None if it already serves or
+        """Move the stable arm to the version the folded log says should serve, trying the
+        next in its order when one fails to verify or load, then the canary arm to the
+        canary it names (or none); the stable version loaded (None if it already serves or
         none could be loaded)."""
         for ev in self.candidates.values():
             self.log.add(ev)
         self.candidates = {}
+        loaded = self._load_stable()
+        self._follow_canary()
+        return loaded
+
+    def _load_stable(self) -> int | None:
         order = self.log.preference(self.require_promoted, self.failed)
         for i, version in enumerate(order):
             if version == self.backend.version:
@@ -172,39 +190,112 @@ class Reloader:
             if i + 1 < len(order):
                 log.warning("%s v%d is not usable; falling back to v%d",
                             self.log.policy_id, version, order[i + 1])
+        if (not order and self.log.pinned is None and self.log.live(self.require_promoted) is None
+                and self.backend.version != self.base_version
+                and self.backend.version in self.log.manifests):
+            self._serve_base()  # what this replica serves was withdrawn, and all before it
         return None
 
-    def apply(self, ev: events.WeightsPublished, cause: str | None = None) -> bool:
-        """Verify and load one version; never raises. ``cause``: the operator action that made
-        it the choice, if any, so a version served again after a rollback reports a new
-        ``serving_status`` rather than the id of its first load."""
+    def _follow_canary(self) -> None:
+        want = self.log.canary(self.require_promoted)
+        if want is not None and (want[0] in self.failed or want[0] in self.canary_failed):
+            want = None  # its users stay on the stable version
+        have = getattr(self.backend, "canary", None)
+        if want == have:
+            return
+        if want is None:
+            self._drop_canary()
+        else:  # a backend given the version it holds only takes the new share
+            self.apply(self.log.manifests[want[0]], cause=self.log.last_action_id,
+                       arm="canary", share=want[1])
+
+    def _call(self, coro: Any) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _drop_canary(self) -> None:
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            self._call(self.backend.drop_canary())
+        except Exception as exc:  # noqa: BLE001 - reported, the loop goes on
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("dropping the canary of %s failed: %s", self.log.policy_id, error)
+        self._report(self.backend.version, "canary", "drop", started, error)
+
+    def _serve_base(self) -> None:
+        started = time.perf_counter()
+        error: str | None = None
+        try:
+            self._call(self.backend.serve_base())
+        except Exception as exc:  # noqa: BLE001 - reported, the loop goes on
+            error = f"{type(exc).__name__}: {exc}"
+            log.error("going back to the base of %s failed: %s", self.log.policy_id, error)
+        self._report(self.backend.version, "stable", "base", started, error)
+
+    def _report(self, version: int, arm: Literal["stable", "canary"], what: str,
+                started: float, error: str | None) -> None:
+        """The ``serving_status`` of a change that loads no manifest (a canary dropped, the
+        base served again), caused by the newest operator action."""
+        cause = self.log.last_action_id
+        parents = [cause] if cause is not None else []
+        self._emit(events.ServingStatus(
+            event_id=events.derive_event_id("serving_status", parents, "serving-1",
+                                            self.replica_id, version, arm, what),
+            producer=PRODUCER,
+            parents=parents,
+            replica_id=self.replica_id,
+            policy_id=self.log.policy_id,
+            version=version,
+            reload_ms=(time.perf_counter() - started) * 1000,
+            ok=error is None,
+            error=error,
+            arm=arm,
+        ))
+
+    def _emit(self, status: events.ServingStatus) -> None:
+        if callable(self.emit):
+            self.emit(names.SERVING_STATUS, status)
+        if callable(self.on_result):
+            self.on_result(status.ok)
+
+    def apply(self, ev: events.WeightsPublished, cause: str | None = None, *,
+              arm: Literal["stable", "canary"] = "stable", share: float = 0.0) -> bool:
+        """Verify and load one version on an arm (the canary's with ``share``); never raises.
+        ``cause``: the operator action that made it the choice, if any, so a version served
+        again after a rollback reports a new ``serving_status`` rather than the id of its
+        first load."""
         started = time.perf_counter()
         parents = [ev.event_id] if cause is None else [ev.event_id, cause]
         error: str | None = None
         try:
             path = verify(ev)
-            fut = asyncio.run_coroutine_threadsafe(self.backend.reload(path, ev.version), self.loop)
-            fut.result()
+            if arm == "canary":
+                self._call(self.backend.load_canary(path, ev.version, share))
+            else:
+                self._call(self.backend.reload(path, ev.version))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            self.failed.add(ev.version)
-            log.error("reload of %s v%d failed: %s", ev.policy_id, ev.version, error)
+            (self.canary_failed if arm == "canary" else self.failed).add(ev.version)
+            log.error("reload of %s v%d (%s) failed: %s", ev.policy_id, ev.version, arm, error)
         ms = (time.perf_counter() - started) * 1000
-        status = events.ServingStatus(
+        now = self.backend.version
+        if arm == "canary":
+            have = getattr(self.backend, "canary", None)
+            now = have[0] if have is not None else now
+        # the stable arm's ids are what they were before arms existed
+        id_parts: tuple[Any, ...] = (ev.version,) if arm == "stable" else (ev.version, arm)
+        self._emit(events.ServingStatus(
             event_id=events.derive_event_id(
-                "serving_status", parents, "serving-1", self.replica_id, ev.version
+                "serving_status", parents, "serving-1", self.replica_id, *id_parts
             ),
             producer=PRODUCER,
             parents=parents,
             replica_id=self.replica_id,
             policy_id=ev.policy_id,
-            version=ev.version if error is None else self.backend.version,
+            version=ev.version if error is None else now,
             reload_ms=ms,
             ok=error is None,
             error=error,
-        )
-        if callable(self.emit):
-            self.emit(names.SERVING_STATUS, status)
-        if callable(self.on_result):
-            self.on_result(error is None)
+            arm=arm,
+        ))
         return error is None

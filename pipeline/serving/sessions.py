@@ -57,6 +57,15 @@ class TurnInfo:
     group_id: str | None = None
     # Whose turn it is (X-Liverl-User, else the key id): what `liverl forget --user` looks for.
     user_id: str | None = None
+    # A user named by the request (X-Liverl-User, or an API key's user), not a key id
+    # standing in for one: without keys every caller of a gateway shares that key id.
+    named_user: str | None = None
+
+    @property
+    def arm_key(self) -> str:
+        """What picks the request's arm during a canary (``versions.table.arm_fraction``):
+        its user, so a user stays on one version across sessions, else its session."""
+        return self.named_user or self.session_id
 
     @property
     def recorded(self) -> bool:
@@ -146,7 +155,8 @@ class Sessions:
             raise forbidden("X-Liverl-User names another user than this API key's; only an "
                             "operator key may speak for other users", "X-Liverl-User",
                             "user_mismatch")
-        return TurnInfo(str(session), turn_type, done, train, group, user or caller.user)
+        named = user if user is not None else (caller.user if caller.keyed else None)
+        return TurnInfo(str(session), turn_type, done, train, group, user or caller.user, named)
 
     def owner(self, session_id: str) -> str | None:
         """The user who owns the session on this replica (None: unknown here)."""

@@ -186,6 +186,14 @@ class TrainerSettings(BaseModel):
         description="Promote a version only by fresh rollouts and votes; gateways serve "
         "promoted versions (serve.require_promoted follows this by default).",
     )
+    canary_share: float = Field(
+        default=0.1, ge=0.0, le=1.0,
+        description="Share of users (a stable hash of user id, else session id) a new servable "
+        "version serves first, as a canary beside the previous version, until it is rolled "
+        "out (liverl versions rollout, or the canary decider) or withdrawn; stamped on the "
+        "gate's promoted verdict (on the candidate when the gate is off). 0: every new "
+        "version serves everyone at once.",
+    )
     gate_holdout: float = Field(
         default=0.1, ge=0.0, lt=1.0, description="Fraction of samples held out from training."
     )

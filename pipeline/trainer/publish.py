@@ -391,7 +391,9 @@ class Publisher:
         ts_ms: int | None = None,
     ) -> WeightsPublished:
         """The candidate announcement, or (``status`` promoted/rejected) the gate's verdict on
-        the same version, whose id derives from the candidate's."""
+        the same version, whose id derives from the candidate's. The event that makes the
+        version servable (the promoted verdict, or the candidate when the gate is off) carries
+        ``canary_share``: the gateways serve it to that share of users first."""
         if status == "candidate":
             event_id = derive_event_id(
                 "weights", [], self.cfg.config_version, m.policy_id, m.version
@@ -416,4 +418,10 @@ class Publisher:
             status=status,
             consumed_offsets=m.consumed_offsets,
             metrics=m.metrics if metrics is None else metrics,
+            canary_share=self._canary_share(status),
         )
+
+    def _canary_share(self, status: WeightsStatus) -> float | None:
+        servable = "promoted" if self.gate is not None else "candidate"
+        share = self.cfg.canary_share
+        return share if status == servable and share > 0 else None

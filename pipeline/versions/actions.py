@@ -1,4 +1,5 @@
-"""An operator's ``promote`` / ``pin`` / ``unpin`` / ``rollback`` as a ``weights`` event.
+"""An operator's ``promote`` / ``pin`` / ``unpin`` / ``rollback``, or a ``rollout`` /
+``withdraw`` (an operator's or the canary decider's), as a ``weights`` event.
 
 The event id is derived, so that a retried command is not a second action: from the
 command (kind, the version asked for, who, why) and its basis, the newest operator action in
@@ -7,10 +8,13 @@ newest action, skips it, gets the same basis and so the same id, which is in the
 already: nothing is sent. A retry after an ambiguous failure (a timeout whose record landed
 after all) sends the same id again, and every reader counts an id once (``VersionLog.add``).
 The trainer's events never change the basis, so a version published in between does not
-turn a retry into a second action.
+turn a retry into a second action. An automatic decision's ``figures`` are not part of the id:
+a restarted decider that recomputes them on more outcomes still finds its decision sent.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pipeline import __version__
 from pipeline.events import Producer, WeightsPublished, derive_event_id, now_ms
@@ -81,6 +85,20 @@ def target(log: VersionLog, kind: str, asked: int | None, *, require_promoted: b
         return asked
     assert asked is not None
     known(log, asked)
+    if kind == "rollout":
+        if asked in log.withdrawn:
+            raise VersionError(f"v{asked} is withdrawn: promote it (liverl versions promote "
+                               f"{asked}) to serve it again")
+        if not (log.servable(asked, require_promoted) and log.pending(asked, require_promoted)):
+            canary = log.canary(require_promoted)
+            now = f"the canary is v{canary[0]}" if canary is not None else "there is no canary"
+            raise VersionError(f"v{asked} is not a canary ({now}): nothing to roll out")
+        return asked
+    if kind == "withdraw":
+        if asked in log.withdrawn and all(u in log.withdrawn for u in log.manifests
+                                          if u > asked):
+            raise VersionError(f"v{asked} and every newer version are withdrawn already")
+        return asked
     if kind == "pin" and log.status.get(asked) == "rejected":
         raise VersionError(f"v{asked} was rejected by the promotion gate: promote it first "
                            f"(liverl versions promote {asked}) if it should serve anyway")
@@ -89,8 +107,10 @@ def target(log: VersionLog, kind: str, asked: int | None, *, require_promoted: b
 
 def action_event(log: VersionLog, kind: str, asked: int | None, *, by: str,
                  reason: str | None, require_promoted: bool,
-                 ts_ms: int | None = None) -> WeightsPublished | None:
+                 ts_ms: int | None = None,
+                 figures: dict[str, Any] | None = None) -> WeightsPublished | None:
     """The event to send for the command, or None when the log holds it already (a retry).
+    ``figures``: an automatic decision's numbers, kept on the event (not in its id).
     Raises VersionError when the command cannot apply."""
     event_id, parents = action_id(log, kind, asked, by, reason)
     if event_id in {ev.event_id for ev in log.events}:
@@ -111,5 +131,6 @@ def action_event(log: VersionLog, kind: str, asked: int | None, *, by: str,
         step=base.step,
         status=status,  # type: ignore[arg-type]
         consumed_offsets=dict(base.consumed_offsets),
-        action={"kind": kind, "by": by, "reason": reason},
+        action={"kind": kind, "by": by, "reason": reason,
+                **({"figures": figures} if figures is not None else {})},
     )

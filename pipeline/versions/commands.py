@@ -1,5 +1,6 @@
-"""``liverl versions``: list and show a policy's weight versions; promote, pin, unpin and
-roll back, each one ``weights`` event that every gateway follows (pipeline/versions/table.py
+"""``liverl versions``: list and show a policy's weight versions (the canary marked with its
+share); promote, pin, unpin, roll back, and roll out or withdraw a canary, each one
+``weights`` event that every gateway follows (pipeline/versions/table.py
 says how) and that stays in the log as the audit trail. The logic lives in ``table`` and
 ``actions``; these commands read, print and send."""
 
@@ -76,7 +77,22 @@ def _gate(r: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _flags(r: dict[str, Any]) -> str:
-    return ",".join(f for f in ("live", "pinned", "withdrawn") if r[f]) or "-"
+    flags = [f for f in ("live", "pinned", "withdrawn") if r[f]]
+    if r.get("canary") is not None:
+        flags.append(f"canary {r['canary']:.0%}")
+    elif r.get("pending") and not r["withdrawn"]:
+        flags.append("waiting (canary)")
+    return ",".join(flags) or "-"
+
+
+def _now(log: VersionLog, require_promoted: bool) -> str:
+    """What serves: ``v3`` / ``the base``, and the canary if any (``, canary v4 at 10%``)."""
+    live = log.live(require_promoted)
+    now = f"v{live}" if live is not None else "the base"
+    canary = log.canary(require_promoted)
+    if canary is not None:
+        now += f", canary v{canary[0]} at {canary[1]:.0%}"
+    return now
 
 
 def _table(ctx: click.Context, policy: str, outcomes: bool) -> tuple[VersionLog,
@@ -107,10 +123,12 @@ format_option = click.option("--format", "fmt", type=click.Choice(["table", "jso
 def versions() -> None:
     """A policy's weight versions, which one serves, and the operator's levers.
 
-    promote, pin, unpin and rollback are each one event on liverl.weights.v1 (who, when,
-    why), the topic every gateway follows: each replica moves to the version it names within
-    its next poll (about half a second), between requests. A retried command is found in the
-    log and not sent again.
+    promote, pin, unpin, rollback, rollout and withdraw are each one event on
+    liverl.weights.v1 (who, when, why), the topic every gateway follows: each replica moves
+    to the version it names within its next poll (about half a second), between requests. A
+    retried command is found in the log and not sent again. A new version with a canary
+    share (trainer.canary_share) first serves that share of users, by a hash of their user
+    or session id, until rollout (or promote) serves it to everyone or withdraw drops it.
     """
 
 
@@ -133,9 +151,8 @@ def list_command(ctx: click.Context, policy: str | None, fmt: str, outcomes: boo
         _echo_json(table_rows)
         return
     console = Console(width=None if sys.stdout.isatty() else 200)
-    live = log.live(_require_promoted(_settings(ctx)))
     pinned = f", pinned at v{log.pinned}" if log.pinned is not None else ""
-    now = f"v{live}" if live is not None else "the base"
+    now = _now(log, _require_promoted(_settings(ctx)))
     table = Table(title=f"{policy}: {len(table_rows)} versions, {now} should serve{pinned}")
     for col in ("v", "parent", "steps", "samples", "method", "gate votes", "probe", "fluency",
                 "served since", "until", "outcome rate (95% CI)", "size", ""):
@@ -179,11 +196,14 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
         sessions = None
     doc = {**row, "lineage": chain, "sessions": sessions,
            "actions": [{"kind": a.kind, "by": a.by, "reason": a.reason, "ts_ms": a.ts_ms,
-                        "event_id": a.event_id} for a in log.actions if a.version == version]}
+                        "event_id": a.event_id, "figures": a.figures}
+                       for a in log.actions if a.version == version]}
     if fmt == "json":
         _echo_json(doc)
         return
     votes, probe, fluency = _gate(row)
+    as_canary = ("; as canary on: " + ", ".join(row["canary_replicas"])
+                 if row["canary_replicas"] else "")
     lines = [
         f"{policy} v{version} ({row['status']}; {_flags(row)})",
         f"  parent      {'base' if row['parent'] is None else 'v' + str(row['parent'])}",
@@ -195,7 +215,7 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
         f"  published   {_when(row['published_ms'])}, verdict {_when(row['gate_ts_ms'])}",
         f"  served      {_when(row['served_since_ms'])} .. "
         f"{_when(row['served_until_ms']) if row['served_since_ms'] else '-'}"
-        f" (now on: {', '.join(row['replicas']) or 'no replica'})",
+        f" (now on: {', '.join(row['replicas']) or 'no replica'}{as_canary})",
         f"  outcomes    {_rate(row['outcomes']) if outcomes else '(not read)'}",
         f"  size        {_size(row['size_bytes'])} at {row['uri']}",
         "  lineage     " + " <- ".join(
@@ -210,6 +230,8 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
     for a in doc["actions"]:
         lines.append(f"  {a['kind']:<11} {_when(a['ts_ms'])} by {a['by']}: "
                      f"{a['reason'] or '(no reason given)'} [{a['event_id']}]")
+        if a["figures"]:
+            lines.append("              " + ", ".join(f"{k}={v}" for k, v in a["figures"].items()))
     click.echo("\n".join(lines))
 
 
@@ -232,8 +254,7 @@ def _act(ctx: click.Context, kind: str, version: int | None, policy: str | None,
             f"{kind} v{event.version} not confirmed: {exc}. Run the same command again: it "
             "is sent once whatever the number of tries") from exc
     log.add(event)
-    live = log.live(_require_promoted(settings))
-    now = f"v{live}" if live is not None else "the base"
+    now = _now(log, _require_promoted(settings))
     click.echo(f"{kind} v{event.version} of {policy} by {who} (event {event.event_id}); "
                f"{now} should serve now")
 
@@ -292,3 +313,29 @@ def rollback_command(ctx: click.Context, to: int | None, policy: str | None, by:
     """Serve an older version: every version newer than it is withdrawn (never served again
     unless promoted), and versions published afterwards serve as usual."""
     _act(ctx, "rollback", to, policy, by, reason)
+
+
+@versions.command("rollout")
+@click.argument("version", type=int)
+@policy_option
+@by_option
+@reason_option
+@click.pass_context
+def rollout_command(ctx: click.Context, version: int, policy: str | None, by: str | None,
+                    reason: str | None) -> None:
+    """Serve the canary VERSION to everyone now (it becomes the stable version), whatever
+    its outcomes so far; the next waiting version, if any, becomes the canary."""
+    _act(ctx, "rollout", version, policy, by, reason)
+
+
+@versions.command("withdraw")
+@click.argument("version", type=int)
+@policy_option
+@by_option
+@reason_option
+@click.pass_context
+def withdraw_command(ctx: click.Context, version: int, policy: str | None, by: str | None,
+                     reason: str | None) -> None:
+    """Never serve VERSION, nor any newer version published so far, again (unless promoted):
+    its users, canary or not, go back to the newest servable version below it, or the base."""
+    _act(ctx, "withdraw", version, policy, by, reason)

@@ -13,10 +13,21 @@ once):
 - ``pin N`` serves N until ``unpin``, however new the versions published meanwhile;
 - ``rollback`` to N withdraws every version newer than N known at that point, so N (or the
   newest servable one below it) serves until a version published later, or promoted again.
+
+Canary (issue 39): a version whose servable event (the gate's ``promoted`` verdict when the
+gateways load promoted versions only, else its ``candidate`` event) carries a
+``canary_share`` > 0 is *pending* until a ``rollout``, an operator's ``promote`` or a
+``rollback`` to it. The stable version (:meth:`VersionLog.live`) is the newest servable
+version that is not pending; the canary (:meth:`VersionLog.canary`) is the oldest servable
+pending version newer than it, served to the users whose :func:`arm_fraction` is below its
+share (later pending versions wait their turn). ``withdraw`` N withdraws N and every newer
+version known, whichever arm serves them; a pin serves the pin alone, no canary. A log
+without any ``canary_share`` folds exactly as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -24,8 +35,17 @@ from typing import Any
 
 from pipeline.events import ServingStatus, WeightsPublished
 
-ACTION_KINDS = ("promote", "pin", "unpin", "rollback")
+ACTION_KINDS = ("promote", "pin", "unpin", "rollback", "rollout", "withdraw")
 Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+
+
+def arm_fraction(key: str) -> float:
+    """Where ``key`` (a user id, else a session id) falls in [0, 1): the first 8 bytes of
+    its sha256 as a big-endian integer over 2**64. A request goes to the canary iff this is
+    below the canary's share, so a user (or a conversation) stays on one arm for the whole
+    canary, every replica agrees without talking, and a larger share only adds users."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def wilson(passed: int, total: int, z: float = Z95) -> tuple[float, float] | None:
@@ -52,6 +72,7 @@ class Action:
     reason: str | None
     ts_ms: int
     event_id: str
+    figures: dict[str, Any] | None = None  # an automatic decision's numbers
 
 
 @dataclass
@@ -64,6 +85,10 @@ class VersionLog:
     verdicts: dict[int, WeightsPublished] = field(default_factory=dict)  # the gate's event
     overridden: set[int] = field(default_factory=set)  # promoted by an operator
     withdrawn: set[int] = field(default_factory=set)
+    # canary_share of the trainer's candidate event / promoted verdict, per version
+    candidate_share: dict[int, float] = field(default_factory=dict)
+    promoted_share: dict[int, float] = field(default_factory=dict)
+    released: set[int] = field(default_factory=set)  # rolled out, promoted or rolled back to
     pinned: int | None = None
     actions: list[Action] = field(default_factory=list)
     events: list[WeightsPublished] = field(default_factory=list)  # this policy's, deduplicated
@@ -78,21 +103,29 @@ class VersionLog:
         v = ev.version
         self.manifests.setdefault(v, ev)
         if ev.action is None:
+            share = ev.canary_share or 0.0
             if ev.status in ("promoted", "rejected"):
                 self.verdicts[v] = ev
                 if v not in self.overridden:
                     self.status[v] = ev.status
+                if ev.status == "promoted" and share > 0:
+                    self.promoted_share.setdefault(v, share)
             else:
                 self.status.setdefault(v, "candidate")
+                if share > 0:
+                    self.candidate_share.setdefault(v, share)
             return True
         kind = str(ev.action.get("kind"))
+        figures = ev.action.get("figures")
         self.actions.append(Action(kind, v, str(ev.action.get("by")), ev.action.get("reason"),
-                                   ev.ts_ms, ev.event_id))
+                                   ev.ts_ms, ev.event_id,
+                                   figures if isinstance(figures, dict) else None))
         self.status.setdefault(v, ev.status)
         if kind == "promote":
             self.status[v] = "promoted"
             self.overridden.add(v)
             self.withdrawn.discard(v)
+            self.released.add(v)
         elif kind == "pin":
             self.pinned = v
         elif kind == "unpin":
@@ -100,6 +133,11 @@ class VersionLog:
         elif kind == "rollback":
             self.withdrawn |= {u for u in self.manifests if u > v}
             self.withdrawn.discard(v)
+            self.released.add(v)
+        elif kind == "rollout":  # a withdrawn version stays withdrawn: only promote restores
+            self.released.add(v)
+        elif kind == "withdraw":
+            self.withdrawn |= {u for u in self.manifests if u >= v}
         return True
 
     @property
@@ -117,20 +155,45 @@ class VersionLog:
             and (status == "promoted" or not require_promoted)
         )
 
+    def share(self, version: int, require_promoted: bool) -> float:
+        """The canary share its servable event carried (0: none): the gate's promoted
+        verdict's when only promoted versions serve, else the candidate event's."""
+        shares = self.promoted_share if require_promoted else self.candidate_share
+        return shares.get(version, 0.0)
+
+    def pending(self, version: int, require_promoted: bool) -> bool:
+        """Whether ``version`` is a canary (or waits to be one): its servable event had a
+        share, and no rollout, promote or rollback to it has happened."""
+        return version not in self.released and self.share(version, require_promoted) > 0
+
     def preference(self, require_promoted: bool, failed: Iterable[int] = ()) -> list[int]:
-        """The versions to try, best first: the pin alone while pinned (a pin never falls
-        back to another version), else every servable version, newest first. ``failed``
-        (versions a replica could not load) are left out."""
+        """The versions to try for the stable arm, best first: the pin alone while pinned (a
+        pin never falls back to another version), else every servable version that is not
+        pending, newest first. ``failed`` (versions a replica could not load) are left out."""
         bad = set(failed)
         if self.pinned is not None:
             return [self.pinned] if self.pinned in self.manifests and self.pinned not in bad else []
         return [v for v in sorted(self.manifests, reverse=True)
-                if v not in bad and self.servable(v, require_promoted)]
+                if v not in bad and self.servable(v, require_promoted)
+                and not self.pending(v, require_promoted)]
 
     def live(self, require_promoted: bool) -> int | None:
-        """The version that should serve now (None: the base model, nothing servable)."""
+        """The stable version: what serves everyone outside the canary (None: the base
+        model, nothing servable)."""
         order = self.preference(require_promoted)
         return order[0] if order else None
+
+    def canary(self, require_promoted: bool) -> tuple[int, float] | None:
+        """(version, share): the oldest servable pending version newer than the stable one
+        (later ones wait their turn), None when there is none or while pinned."""
+        if self.pinned is not None:
+            return None
+        stable = self.live(require_promoted)
+        for v in sorted(self.manifests):
+            if (stable is None or v > stable) and self.servable(v, require_promoted) \
+                    and self.pending(v, require_promoted):
+                return v, self.share(v, require_promoted)
+        return None
 
     def previous(self, require_promoted: bool) -> int | None:
         """What ``rollback`` with no ``--to`` goes back to: the newest servable version older
@@ -155,28 +218,36 @@ class Served:
 
     since_ms: int | None = None
     until_ms: int | None = None  # None while some replica still serves it
-    replicas: tuple[str, ...] = ()  # replicas whose latest report is this version
+    replicas: tuple[str, ...] = ()  # replicas whose latest report (on an arm) is this version
+    canary_on: tuple[str, ...] = ()  # of those, the ones serving it as their canary arm
 
 
 def served(policy_id: str, statuses: Iterable[ServingStatus]) -> dict[int, Served]:
-    """version -> when it served: since its first successful load on any replica, until
-    the first successful load of another version after its last one (None while a replica's
-    newest report is still this version). Failed reloads change nothing."""
+    """version -> when it served: since its first successful load on any replica (either
+    arm), until the first successful load of another version on an arm it served, after its
+    last load (None while a replica's newest report on some arm is still this version).
+    Failed reloads change nothing."""
     ok = sorted((s for s in statuses if s.policy_id == policy_id and s.ok),
                 key=lambda s: (s.ts_ms, s.replica_id))
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    current: dict[str, int] = {}
+    arms: dict[int, set[str]] = {}
+    current: dict[tuple[str, str], int] = {}
     for s in ok:
         first.setdefault(s.version, s.ts_ms)
         last[s.version] = s.ts_ms
-        current[s.replica_id] = s.version
+        arms.setdefault(s.version, set()).add(s.arm)
+        current[(s.replica_id, s.arm)] = s.version
     out: dict[int, Served] = {}
     for v, since in first.items():
-        on = tuple(sorted(r for r, cv in current.items() if cv == v))
-        later = [s.ts_ms for s in ok if s.version != v and s.ts_ms >= last[v]]
+        on = tuple(sorted({r for (r, _arm), cv in current.items() if cv == v}))
+        # a dropped canary arm reports the stable version: that is no canary
+        canary_on = tuple(sorted(r for (r, arm), cv in current.items() if cv == v
+                                 and arm == "canary" and current.get((r, "stable")) != v))
+        later = [s.ts_ms for s in ok
+                 if s.version != v and s.arm in arms[v] and s.ts_ms >= last[v]]
         until = None if on or not later else min(later)
-        out[v] = Served(since, until, on)
+        out[v] = Served(since, until, on, canary_on)
     return out
 
 
@@ -232,6 +303,7 @@ def rows(
     serving = serving or {}
     outcomes = outcomes or {}
     live = log.live(require_promoted)
+    canary = log.canary(require_promoted)
     out = []
     for v in sorted(log.manifests):
         m = log.manifests[v]
@@ -257,12 +329,18 @@ def rows(
             "served_since_ms": s.since_ms,
             "served_until_ms": s.until_ms,
             "replicas": list(s.replicas),
+            "canary_replicas": list(s.canary_on),
             "outcomes": None if o is None else {
                 "passed": o.passed, "total": o.total, "rate": o.rate,
                 "ci95": list(interval) if interval is not None else None},
             "size_bytes": sum(int(f["bytes"]) for f in m.files),
             "uri": m.uri,
             "live": v == live,
+            # the share of users it serves as the canary now (None: not the canary)
+            "canary": canary[1] if canary is not None and canary[0] == v else None,
+            # a canary, or waiting its turn as one (a pin or an older canary first)
+            "pending": (v not in log.withdrawn and log.servable(v, require_promoted)
+                        and log.pending(v, require_promoted)),
             "pinned": v == log.pinned,
             "withdrawn": v in log.withdrawn,
         })

@@ -46,21 +46,46 @@ class Done:
 
 
 class Backend(Protocol):
+    """An engine serving up to two weight versions at once: the stable arm (everyone) and,
+    during a canary, the canary arm (the users the gateway routes there). Each request
+    snapshots its arm's weights when it starts, so an arm can change under it safely."""
+
     policy_id: str
     tokenizer: Any
     context_length: int
 
     @property
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """The stable arm's version."""
+        ...
+
+    @property
+    def canary(self) -> tuple[int, float] | None:
+        """(version, share of users) of the canary arm; None when there is none."""
+        ...
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, canary: bool = False
     ) -> AsyncIterator[Piece | Done]:
-        """Yield pieces as they are produced, then exactly one Done."""
+        """Yield pieces as they are produced, then exactly one Done (with the version that
+        produced them). ``canary``: on the canary arm, or the stable one if there is none."""
         ...
 
     async def reload(self, path: Path, version: int) -> None:
-        """Load weights from a verified local dir; must not fail or block serving requests."""
+        """Serve weights from a verified local dir on the stable arm (a newer or an older
+        version: the reloader decides); must not fail or block serving requests."""
+        ...
+
+    async def load_canary(self, path: Path, version: int, share: float) -> None:
+        """Serve weights from a verified local dir on the canary arm."""
+        ...
+
+    async def drop_canary(self) -> None:
+        """No canary arm any more (running requests finish on it)."""
+        ...
+
+    async def serve_base(self) -> None:
+        """The stable arm back to the weights the backend started with."""
         ...
 
     async def close(self) -> None: ...

@@ -1,11 +1,18 @@
 """In-process transformers backend: samples token by token so ids and log-probs are exact.
 
-Each request snapshots the live (model, version, adapter) triple when it starts. A full-weights
-version is loaded into a shadow copy of the model; a LoRA version (a folder with
+Each request snapshots the (model, version, adapter) triple of its arm when it starts: the
+stable arm's, or the canary's when the gateway routes it there and a canary is loaded. A
+full-weights version is loaded into a shadow copy of the model; a LoRA version (a folder with
 ``adapter_config.json``) is a small set of tensors applied to the base model, which is loaded
-once (:mod:`.lora`). Either way the triple is swapped between requests: in-flight requests
+once (:mod:`.lora`). Either way a triple is swapped between requests: in-flight requests
 finish on the weights they started with, so every interaction records the version that really
 produced it and nothing waits for a reload.
+
+Two versions at once (a canary beside the stable version): two adapters cost two adapters'
+tensors over one base model, and each request selects its own per thread (``lora.active``);
+two full-weight versions are two models in memory (three while the base's is kept for
+adapters and for going back to it). A rollout moves the canary's loaded triple to the stable
+arm, nothing is read again.
 """
 
 from __future__ import annotations
@@ -60,13 +67,23 @@ class HFBackend:
         self._base = model  # adapters always apply to the weights loaded at start
         self.base_fingerprint = _fingerprint(self.model_path)
         self._live: tuple[Any, int, lora.Adapter | None] = (model, version, None)
+        self._initial = self._live  # what serve_base goes back to
+        # the canary arm: its triple and the share of users routed to it (None: no canary)
+        self._canary: tuple[tuple[Any, int, lora.Adapter | None], float] | None = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hf-gen")
         self._reload_lock = threading.Lock()
         self.eos_ids = self._eos_ids(model)
 
     @property
     def version(self) -> int:
+        """The stable arm's version."""
         return self._live[1]
+
+    @property
+    def canary(self) -> tuple[int, float] | None:
+        """(version, share) of the loaded canary, None without one."""
+        c = self._canary
+        return None if c is None else (c[0][1], c[1])
 
     def _eos_ids(self, model: Any) -> set[int]:
         ids: set[int] = set()
@@ -78,12 +95,13 @@ class HFBackend:
         return ids
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, canary: bool = False
     ) -> AsyncIterator[Piece | Done]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Piece | Done | BaseException] = asyncio.Queue()
         cancel = threading.Event()
-        model, version, adapter = self._live  # the snapshot this whole request uses
+        arm = self._canary if canary else None  # no canary (dropped meanwhile): stable
+        model, version, adapter = arm[0] if arm is not None else self._live  # the snapshot
 
         def emit(item: Piece | Done | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -153,19 +171,54 @@ class HFBackend:
         return any(s in text for s in stop)
 
     async def reload(self, path: Path, version: int) -> None:
+        """Serve ``version`` on the stable arm (newer or older: the reloader decides)."""
         await asyncio.to_thread(self._reload, Path(path), version)
 
     def _reload(self, path: Path, version: int) -> None:
         with self._reload_lock:
-            if version <= self._live[1]:
+            if version == self._live[1]:
                 return
-            if lora.is_adapter_dir(path):
-                self._reload_adapter(path, version)
+            c = self._canary
+            if c is not None and c[0][1] == version:  # a rollout: its weights are loaded
+                self._live = c[0]
             else:
-                self._reload_full(path, version)
+                self._live = self._load(path, version)  # atomic swap between requests
             log.info("policy %s now serving version %d", self.policy_id, version)
 
-    def _reload_adapter(self, path: Path, version: int) -> None:
+    async def load_canary(self, path: Path, version: int, share: float) -> None:
+        """Serve ``version`` to the canary arm (``share``: the users routed to it)."""
+        await asyncio.to_thread(self._load_canary, Path(path), version, share)
+
+    def _load_canary(self, path: Path, version: int, share: float) -> None:
+        with self._reload_lock:
+            c = self._canary
+            if c is not None and c[0][1] == version:
+                self._canary = (c[0], share)
+                return
+            triple = self._live if version == self._live[1] else self._load(path, version)
+            self._canary = (triple, share)
+            log.info("policy %s: canary v%d for %.0f%% of users", self.policy_id, version,
+                     share * 100)
+
+    async def drop_canary(self) -> None:
+        """No canary: its users are answered by the stable arm from their next request
+        (requests running on it finish on it)."""
+        self._canary = None
+
+    async def serve_base(self) -> None:
+        """The stable arm back to the weights this backend started with (every version
+        withdrawn)."""
+        with self._reload_lock:
+            self._live = self._initial
+        log.info("policy %s now serving its base weights (v%d)", self.policy_id,
+                 self._initial[1])
+
+    def _load(self, path: Path, version: int) -> tuple[Any, int, lora.Adapter | None]:
+        if lora.is_adapter_dir(path):
+            return self._reload_adapter(path, version)
+        return self._reload_full(path, version)
+
+    def _reload_adapter(self, path: Path, version: int) -> tuple[Any, int, lora.Adapter]:
         expected = _manifest_base(path)
         if expected is not None and expected != self.base_fingerprint:
             raise ValueError(
@@ -176,9 +229,9 @@ class HFBackend:
                                     dtype=next(self._base.parameters()).dtype)
         lora.check_fits(self._base, adapter)
         lora.wrap_targets(self._base, adapter)  # a no-op after the first adapter
-        self._live = (self._base, version, adapter)  # atomic swap between requests
+        return self._base, version, adapter
 
-    def _reload_full(self, path: Path, version: int) -> None:
+    def _reload_full(self, path: Path, version: int) -> tuple[Any, int, None]:
         from safetensors.torch import load_file
 
         current = self._live[0]
@@ -198,7 +251,7 @@ class HFBackend:
                 f"unexpected {unexpected[:5]}"
             )
         shadow.eval()
-        self._live = (shadow, version, None)  # atomic swap; running requests keep their snapshot
+        return shadow, version, None  # swapped in by the caller; running requests keep theirs
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

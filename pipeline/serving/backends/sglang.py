@@ -30,6 +30,13 @@ registers it under the name ``<policy>-v<N>``, each request names the adapter th
 when it started (``lora_path`` on ``/generate``), and an adapter no request uses any more is
 unloaded (``/unload_lora_adapter``). Start SGLang with ``--enable-lora --max-lora-rank R
 --lora-target-modules all`` so adapters can be loaded that were not there at launch.
+
+A canary (two versions at once): both arms are adapters on the one server, the stable one
+and the canary's, and each request names its arm's (``--max-loras-per-batch``, default 8,
+must be at least 2 so both batch together). A rollout moves the canary's adapter to the
+stable arm without loading it again. One SGLang server holds one set of full weights, so a
+full-weights version cannot be a canary: loading it as one fails (reported, its users stay
+on the stable version) and it serves when it is rolled out.
 """
 
 from __future__ import annotations
@@ -137,6 +144,11 @@ class SGLangBackend:
         self.context_length = context_length
         self._version = version
         self._adapter: str | None = None  # live LoRA name on the server, None: base weights
+        self._initial_version = version  # what serve_base goes back to
+        self._base_path = Path(tokenizer_path)  # the base weights (serve_base after full ones)
+        self._full = False  # the stable arm serves full weights loaded since the start
+        # the canary arm: (version, adapter name, share of users), None without one
+        self._canary: tuple[int, str, float] | None = None
         self._in_use: Counter[str] = Counter()  # adapter name -> requests running on it
         self._loaded: set[str] = set()  # adapters this gateway loaded and not yet unloaded
         self.timeout_s = timeout_s
@@ -150,10 +162,17 @@ class SGLangBackend:
 
     @property
     def version(self) -> int:
+        """The stable arm's version."""
         return self._version
 
+    @property
+    def canary(self) -> tuple[int, float] | None:
+        """(version, share) of the loaded canary, None without one."""
+        c = self._canary
+        return None if c is None else (c[0], c[2])
+
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, *, canary: bool = False
     ) -> AsyncIterator[Piece | Done]:
         sampling: dict[str, Any] = {
             "temperature": params.temperature,
@@ -170,7 +189,9 @@ class SGLangBackend:
             "return_logprob": True,
             "stream": self.stream != "off" and params.incremental,
         }
-        version, adapter = self._version, self._adapter  # this request's snapshot
+        arm = self._canary if canary else None  # no canary (dropped meanwhile): stable
+        # this request's snapshot
+        version, adapter = (arm[0], arm[1]) if arm is not None else (self._version, self._adapter)
         if adapter is not None:
             body["lora_path"] = adapter
             self._in_use[adapter] += 1
@@ -272,27 +293,63 @@ class SGLangBackend:
         return self._mode
 
     async def reload(self, path: Path, version: int) -> None:
-        if lora.is_adapter_dir(path):
-            await self._load_adapter(path, version)
-            return
-        body = {
-            "model_path": str(path),
-            "weight_version": str(version),
-            "abort_all_requests": False,
-        }
-        await self._admin("/update_weights_from_disk", body)
-        self._version = max(self._version, version)
-        self._adapter = None
+        """Serve ``version`` on the stable arm (newer or older: the reloader decides)."""
+        c = self._canary
+        if c is not None and c[0] == version:  # a rollout: the canary's adapter is loaded
+            self._version, self._adapter = version, c[1]
+        elif lora.is_adapter_dir(path):
+            self._version, self._adapter = version, await self._load_adapter(path, version)
+        else:
+            await self._load_full(path, str(version))
+            self._version, self._adapter, self._full = version, None, True
         await self._unload_unused()
 
-    async def _load_adapter(self, path: Path, version: int) -> None:
-        name = f"{self.policy_id}-v{version}"
-        body = {"lora_name": name, "lora_path": str(path), "pinned": False}
-        await self._admin("/load_lora_adapter", body)
-        if version > self._version:
-            self._version, self._adapter = version, name
-            self._loaded.add(name)
+    async def load_canary(self, path: Path, version: int, share: float) -> None:
+        """Serve ``version`` to the canary arm (``share``: the users routed to it); an
+        adapter only (see the module's docstring)."""
+        c = self._canary
+        if c is not None and c[0] == version:
+            self._canary = (version, c[1], share)
+            return
+        if version == self._version and self._adapter is not None:
+            self._canary = (version, self._adapter, share)
+        elif lora.is_adapter_dir(path):
+            self._canary = (version, await self._load_adapter(path, version), share)
+        else:
+            raise SGLangError(
+                f"v{version} is full weights: one SGLang server serves one set of full weights, "
+                "so it cannot be a canary beside the stable version (train LoRA versions, or "
+                "set trainer.canary_share = 0)"
+            )
         await self._unload_unused()
+
+    async def drop_canary(self) -> None:
+        """No canary: its users are answered by the stable arm from their next request."""
+        self._canary = None
+        await self._unload_unused()
+
+    async def serve_base(self) -> None:
+        """The stable arm back to the weights the server started with (every version
+        withdrawn): no adapter, and the base's files again after full weights."""
+        if self._full:
+            await self._load_full(self._base_path, str(self._initial_version))
+            self._full = False
+        self._version, self._adapter = self._initial_version, None
+        await self._unload_unused()
+
+    async def _load_full(self, path: Path, weight_version: str) -> None:
+        body = {"model_path": str(path), "weight_version": weight_version,
+                "abort_all_requests": False}
+        await self._admin("/update_weights_from_disk", body)
+
+    async def _load_adapter(self, path: Path, version: int) -> str:
+        """Register the version's adapter on the server (once); its name."""
+        name = f"{self.policy_id}-v{version}"
+        if name not in self._loaded:
+            body = {"lora_name": name, "lora_path": str(path), "pinned": False}
+            await self._admin("/load_lora_adapter", body)
+            self._loaded.add(name)
+        return name
 
     async def _admin(self, path: str, body: dict[str, Any]) -> None:
         """POST a weights/adapter call; SGLang answers ``{"success": bool, ...}``."""
@@ -333,8 +390,9 @@ class SGLangBackend:
             raise SGLangError(f"SGLang at {self.url} unreachable: {exc!r}") from exc
 
     async def _unload_unused(self) -> None:
-        """Unload adapters that are neither live nor used by a running request."""
-        for name in [n for n in self._loaded if n != self._adapter and self._in_use[n] <= 0]:
+        """Unload adapters that are neither live on an arm nor used by a running request."""
+        keep = {self._adapter, self._canary[1] if self._canary is not None else None}
+        for name in [n for n in self._loaded if n not in keep and self._in_use[n] <= 0]:
             self._loaded.discard(name)
             try:
                 status, _raw = await self._post("/unload_lora_adapter", {"lora_name": name})
