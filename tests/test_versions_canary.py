@@ -253,3 +253,18 @@ def test_canary_settings_come_from_the_environment_and_are_checked(
     with pytest.raises(ValueError):
         cfg(withdraw_probability=0.4)  # at or below 0.5 both thresholds could hold
     assert all(f.description for f in CanarySettings.model_fields.values())
+
+
+def test_the_benchmark_withdraws_a_harmful_candidate_and_rolls_out_a_better_one() -> None:
+    """bench/canary.py's runs, short: the decision each scenario should reach, and at least
+    min_sessions canary sessions before it."""
+    from .bench_module import load
+
+    bench = load("canary")
+    c = cfg()
+    bad = bench.canary_run(0.6, 0.1, c, 0.1, seed=0, max_traffic=5_000)
+    assert bad.decision == "withdraw" and c.min_sessions <= bad.canary_sessions < bad.sessions
+    good = bench.canary_run(0.3, 0.9, c, 0.1, seed=0, max_traffic=5_000)
+    assert good.decision == "rollout" and good.canary_sessions >= c.min_sessions
+    found = bench.watch_run(0.6, 0.6, 0.1, c, seed=0, drop_at=200, horizon=300, every=5)
+    assert found is not None and 0 <= found <= c.watch_window
