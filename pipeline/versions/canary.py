@@ -22,7 +22,7 @@ Beta CDF; see there). The decision, checked in this order:
 
 Both thresholds are above 0.5, so 2 and 3 never both hold. Replacing one of the canary's
 passed sessions by a failed one (same counts) never moves the decision towards rollout: it
-raises ``p_worse`` and lowers the canary's mean (tests/test_versions_canary.py checks it with
+raises ``p_worse`` and lowers the canary's mean (tests/test_versions_decision.py checks it with
 hypothesis).
 """
 

@@ -13,7 +13,7 @@ and the outer integral is composite Simpson over the outer density's bulk (mean 
 deviations, cut to the domain) with 512 intervals. The outer variable is the arm with the
 narrower posterior, so the density integrated is resolved however many sessions either arm
 has, and the CDF under it is the smoother of the two. Error: below 1e-6 against a brute-force
-grid over the tests' cases (tests/test_versions_canary.py).
+grid over the tests' cases (tests/test_versions_decision.py).
 """
 
 from __future__ import annotations
