@@ -353,9 +353,11 @@ def topics_list(ctx: click.Context) -> None:
     "--without",
     "without",
     multiple=True,
-    type=click.Choice(["gateway", "workers", "judges", "trainer", "archive"]),
+    type=click.Choice(["gateway", "workers", "judges", "trainer", "archive", "canary"]),
     help="Leave a component out (repeatable). judges: `liverl judges watch`, which keeps each "
-    "judge's consistency with outcomes (a live panel and the gate read it).",
+    "judge's consistency with outcomes (a live panel and the gate read it). canary: `liverl "
+    "versions canary`, which rolls out or withdraws canary versions by their live outcomes "
+    "and watches the serving version for a drop.",
 )
 @click.option(
     "--gateways",
@@ -389,8 +391,9 @@ def up(
 
     Starts the local broker (unless LIVERL_KAFKA_BOOTSTRAP names a cluster), applies
     topics/, then runs the Faust workers, the judges' consistency watcher, the trainer, the
-    gateway and the archive (every topic into <state_dir>/lake/events) as child processes
-    (logs in <state_dir>/logs/). Point any OpenAI client at the printed base URL.
+    canary decider, the gateway and the archive (every topic into <state_dir>/lake/events) as
+    child processes (logs in <state_dir>/logs/). Point any OpenAI client at the printed base
+    URL.
 
     A component that exits is started again (after 1 s, doubling up to 60 s); everything
     stops when one exits in its first 15 s, or a 6th time within 10 minutes.
@@ -451,6 +454,8 @@ def up(
                 ],
             )
         )
+    if "canary" not in without:
+        components.append(stack.canary_component(policy))
     if "gateway" not in without:
         components += stack.gateway_components(gateways, host, port, policy, model_args)
     running = stack.start(settings.state_dir, components)

@@ -35,6 +35,7 @@ from pipeline.kafka.connection import (
 from pipeline.processors.config import ProcessorSettings, TaskSettings
 from pipeline.serving.settings import ServeSettings
 from pipeline.trainer.config import TrainerSettings
+from pipeline.versions.config import CanarySettings
 
 __all__ = [
     "PROJECT_ROOT",
@@ -64,12 +65,13 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
     topics: TopicSettings = Field(default_factory=TopicSettings)
-    # Component sections ([serve], [processors], [trainer]); command-line
+    # Component sections ([serve], [processors], [trainer], [tasks], [canary]); command-line
     # options given explicitly override them.
     serve: ServeSettings = Field(default_factory=ServeSettings)
     processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     tasks: TaskSettings = Field(default_factory=TaskSettings)
+    canary: CanarySettings = Field(default_factory=CanarySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -41,6 +41,14 @@ def archive_component() -> Component:
     return Component("archive", ["archive", "--follow"])
 
 
+def canary_component(policy: str) -> Component:
+    """``liverl versions canary``: rolls out or withdraws canary versions by their live
+    outcomes and watches the serving version for a drop (settings: ``[canary]``). It keeps
+    no state: a restart folds the weights and samples topics again and sends no decision
+    twice."""
+    return Component("canary", ["versions", "canary", "--policy", policy])
+
+
 def gateway_components(
     count: int, host: str, port: int, policy: str, model_args: list[str]
 ) -> list[Component]:

@@ -60,7 +60,7 @@ def test_the_kafka_layer_does_not_load_the_composed_settings() -> None:
         "pipeline.kafka.connection", "pipeline.kafka.producer", "pipeline.kafka.consumer",
         "pipeline.kafka.broker", "pipeline.kafka.topics", "pipeline.kafka.inspect",
         "pipeline.kafka.tap", "pipeline.processors.config", "pipeline.serving.settings",
-        "pipeline.trainer.config",
+        "pipeline.trainer.config", "pipeline.versions.config",
     ]
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"

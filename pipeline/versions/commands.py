@@ -14,8 +14,10 @@ from typing import Any
 import click
 
 from pipeline import events
+from pipeline.options import field_option, merged
 
 from . import actions, reading
+from .config import CanarySettings
 from .errors import VersionError
 from .table import VersionLog, lineage, outcome_rates, rows, served
 
@@ -339,3 +341,89 @@ def withdraw_command(ctx: click.Context, version: int, policy: str | None, by: s
     """Never serve VERSION, nor any newer version published so far, again (unless promoted):
     its users, canary or not, go back to the newest servable version below it, or the base."""
     _act(ctx, "withdraw", version, policy, by, reason)
+
+
+@versions.command("canary")
+@policy_option
+@click.option("--namespace", default=None,
+              help="Decide on replay namespace NAME's weights and samples topics, not the live "
+                   "ones [default: kafka.namespace].")
+@field_option(CanarySettings, "watch_action", "--watch-action",
+              help="On a drop the watch finds: withdraw (an event) or alert (a warning and a "
+                   "metric only).")
+@field_option(CanarySettings, "metrics_port", "--metrics-port", type=click.IntRange(0, 65535),
+              help="Serve liverl_canary_* and liverl_watch_* here (no authentication).")
+@field_option(CanarySettings, "metrics_host", "--metrics-host",
+              help="Interface the metrics server binds to.")
+@click.option("--once", is_flag=True,
+              help="Catch up, evaluate once (sending a decision if one is due), and exit.")
+@click.pass_context
+def canary_command(ctx: click.Context, policy: str | None, namespace: str | None,
+                   once: bool, **options: Any) -> None:
+    """Judge canaries by their live outcomes, and watch the serving version for a drop.
+
+    Follows liverl.weights.v1 and liverl.samples.v1 (at start: from their beginning). While a
+    canary serves its share of the traffic, its sessions with a verified outcome (a gate, a
+    test run, feedback) are compared with the stable version's over the same period:
+    with Beta(1,1) priors, p_worse = P(canary rate < stable rate - margin). With at least
+    min_sessions sessions per arm it withdraws the canary when p_worse >=
+    withdraw_probability, rolls it out when 1 - p_worse >= rollout_probability, and after
+    max_sessions canary sessions decides by the posterior means. Each decision is one
+    rollout or withdraw event on the weights topic, by "canary", with its figures; every
+    gateway follows it. A restart never sends a decision twice (one event id per version).
+
+    With no canary, the regression watch compares the serving version's last watch_window
+    sessions with its parent's; a drop (P(serving < parent - margin) >= watch_probability)
+    withdraws it (by "watch"), or only alerts with --watch-action alert. Once per version.
+
+    Settings: the [canary] section (LIVERL_CANARY_*). `liverl up` starts this command
+    unless --without canary.
+    """
+    import logging
+    import signal
+    import threading
+
+    from pydantic import ValidationError
+
+    from .runner import CanaryRunner
+
+    settings = _settings(ctx)
+    try:
+        cfg = merged(settings.canary, ctx, options)
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
+    namespace = namespace or settings.kafka.namespace
+    if namespace:
+        from pipeline.replay import namespace as nsmod
+
+        nsmod.check_name(namespace)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    server = None
+    if cfg.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        try:
+            server, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_host)
+        except OSError as exc:
+            raise click.ClickException(
+                f"metrics server: cannot listen on {cfg.metrics_host}:{cfg.metrics_port} "
+                f"({exc.strerror or exc}); pass another --metrics-port") from exc
+    stop = threading.Event()
+    if not once:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    policy = _policy(ctx, policy)
+    runner = CanaryRunner(settings, cfg, policy_id=policy,
+                          require_promoted=_require_promoted(settings), namespace=namespace)
+    try:
+        runner.run(stop, once=once)
+    except LookupError as exc:
+        raise click.UsageError(str(exc)) from exc
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+    click.echo(f"{policy}: {len(runner.sent)} decision(s) sent"
+               + "".join(f"; {e.action['by']} {e.action['kind']} v{e.version}"
+                         for e in runner.sent if e.action is not None))

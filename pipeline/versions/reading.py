@@ -45,23 +45,34 @@ def serving_statuses(connection: Connectable) -> list[events.ServingStatus]:
     return _decoded(names.SERVING_STATUS, "serving_status", connection)
 
 
+def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float | None,
+                                                                int] | None:
+    """``(behavior_weight_version, session_id, outcome, ts_ms)`` of one sample record of the
+    policy, None for anything else. Only those fields are read (no validation, no token
+    arrays decoded): the samples topic is by far the largest, and a view or the canary
+    decider must not cost what training does."""
+    try:
+        doc = orjson.loads(raw or b"")
+        if doc.get("type") != "sample" or doc.get("policy_id") != policy_id:
+            return None
+        outcome = doc.get("outcome")
+        return (int(doc["behavior_weight_version"]), str(doc["session_id"]),
+                float(outcome) if isinstance(outcome, int | float) else None,
+                int(doc.get("ts_ms") or 0))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def sample_outcomes(connection: Connectable,
                     policy_id: str) -> list[tuple[str, int, str, float | None]]:
     """``(policy_id, behavior_weight_version, session_id, outcome)`` of every sample of the
-    policy. Only those four fields are read (no validation, no token arrays decoded): the
-    samples topic is by far the largest, and a view must not cost what training does."""
+    policy (:func:`sample_outcome` reads each)."""
     out: list[tuple[str, int, str, float | None]] = []
 
     def handle(msg: Any) -> None:
-        try:
-            doc = orjson.loads(msg.value())
-            if doc.get("type") == "sample" and doc.get("policy_id") == policy_id:
-                outcome = doc.get("outcome")
-                out.append((policy_id, int(doc["behavior_weight_version"]),
-                            str(doc["session_id"]),
-                            float(outcome) if isinstance(outcome, int | float) else None))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            pass
+        got = sample_outcome(msg.value(), policy_id)
+        if got is not None:
+            out.append((policy_id, *got[:3]))
 
     read_to_end(connection, [names.SAMPLES], handle, group_prefix="liverl-versions-")
     return out
