@@ -96,7 +96,8 @@ def test_only_the_command_layer_imports_the_composed_settings() -> None:
 
 def test_the_kafka_layer_is_a_leaf_below_the_components() -> None:
     """The Kafka layer (clients, broker, topics, tap's reader) imports only events, the
-    shared errors, the file helpers and where the contracts are; its one command module is the CLI's."""
+    shared errors, the file helpers and where the contracts are; its one command module is
+    the CLI's."""
     g = graph()
     # pipeline.contracts: where the topic specs and schemas are (a leaf: no pipeline import)
     allowed = ("pipeline.kafka", "pipeline.events", "pipeline.errors", "pipeline.durable",
