@@ -219,10 +219,14 @@ SAMPLE: events.Sample = examples()["sample"]  # type: ignore[assignment]
 
 
 def sample(version: int, session: str, outcome: float | None, ts: int,
-           policy: str = POLICY) -> events.Sample:
+           policy: str = POLICY, reward: float = 0.0, penalty: float = 0.0,
+           normalized: bool = False) -> events.Sample:
+    """A sample whose judged score (reward - penalty) is 0 unless given: only its verified
+    outcome counts then."""
     return dataclasses.replace(SAMPLE, event_id=f"{session}-{version}-{ts}", policy_id=policy,
                                session_id=session, behavior_weight_version=version,
-                               outcome=outcome, ts_ms=ts)
+                               outcome=outcome, ts_ms=ts, reward=reward, penalty=penalty,
+                               normalized=normalized)
 
 
 def runner(cfg: CanarySettings = CFG) -> tuple[CanaryRunner, FakeProducer, CollectorRegistry]:
@@ -246,6 +250,7 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
     assert feed(r, *servable(1, None), *servable(2, 0.25)) == 4
     stable = [sample(1, f"a{i}", 1.0 if i % 2 else -1.0, 10_000 + i) for i in range(20)]
     other = sample(2, "x", 1.0, 10_000, policy="q")  # another policy's: not counted
+    # c0: no verified outcome and a neutral judged score: nothing to count
     assert feed(r, *stable, other, sample(2, "c0", None, 10_000)) == 20
     with caplog.at_level(logging.INFO, logger="pipeline.versions.runner"):
         steps = r.evaluate()
@@ -326,3 +331,27 @@ def test_up_starts_the_canary_command_unless_left_out() -> None:
     assert ctx.params["policy"] == "pol"
     without = next(p for p in up.params if p.name == "without")
     assert "canary" in without.type.choices  # type: ignore[attr-defined]
+
+
+def test_a_session_without_a_verified_outcome_counts_by_its_judged_turns() -> None:
+    """Chat-only traffic still compares arms: a session's outcome is its verified one, else
+    the mean of its turns' judged scores (reward - penalty, unnormalised rewards only)."""
+    r, _fake, _reg = runner()
+    feed(r, *servable(1, None))
+    evs = [
+        # verified wins over the judged turns: +1 although the turns read 0.9 - 1.0 = -0.1
+        sample(1, "v", None, 1, reward=0.9, penalty=1.0), sample(1, "v", 1.0, 2),
+        # judged only: (0.5 + (-0.2)) / 2 = 0.15 > 0, passed
+        sample(1, "j", None, 3, reward=0.5), sample(1, "j", None, 4, reward=-0.2),
+        # judged only: 0.3 - 0.7 = -0.4, failed
+        sample(1, "f", None, 5, reward=0.3, penalty=0.7),
+        # a neutral session (mean 0) and a normalised advantage: no outcome
+        sample(1, "n", None, 6, reward=0.0), sample(1, "z", None, 7, reward=2.0, normalized=True),
+    ]
+    feed(r, *evs)
+    book = r.decider.book
+    # (first counted sample's time, outcome)
+    assert {sid: (t, round(o, 9)) for sid, (t, o) in book.by_version[1].items()} == {
+        "v": (1, 1.0), "j": (3, 0.15), "f": (5, -0.4)}
+    rate = book.rate(1)
+    assert (rate.passed, rate.total) == (2, 3)  # v and j passed, f failed

@@ -363,8 +363,9 @@ def canary_command(ctx: click.Context, policy: str | None, namespace: str | None
     """Judge canaries by their live outcomes, and watch the serving version for a drop.
 
     Follows liverl.weights.v1 and liverl.samples.v1 (at start: from their beginning). While a
-    canary serves its share of the traffic, its sessions with a verified outcome (a gate, a
-    test run, feedback) are compared with the stable version's over the same period:
+    canary serves its share of the traffic, its sessions' outcomes (verified by a gate, a
+    test run or feedback; else the mean judged score of their turns, such as the user's
+    replies) are compared with the stable version's over the same period:
     with Beta(1,1) priors, p_worse = P(canary rate < stable rate - margin). With at least
     min_sessions sessions per arm it withdraws the canary when p_worse >=
     withdraw_probability, rolls it out when 1 - p_worse >= rollout_probability, and after

@@ -18,7 +18,8 @@ class CanarySettings(BaseSettings):
 
     min_sessions: int = Field(
         default=20, ge=1,
-        description="Sessions with a verified outcome each arm needs before any decision: "
+        description="Sessions with an outcome (verified, else their turns' judged mean) "
+        "each arm needs before any decision: "
         "below it the posterior is mostly prior, and one unlucky session would decide.")
     max_sessions: int = Field(
         default=300, ge=1,

@@ -119,9 +119,9 @@ class Decider:
         return True
 
     def add_sample(self, version: int, session: str, outcome: float | None,
-                   ts_ms: int) -> bool:
+                   ts_ms: int, judged: float | None = None) -> bool:
         """Fold one sample of this policy (``reading.sample_outcome``'s fields)."""
-        return self.book.add(self.policy_id, version, session, outcome, ts_ms)
+        return self.book.add(self.policy_id, version, session, outcome, ts_ms, judged)
 
     def _unsent(self, ev: WeightsPublished) -> WeightsPublished | None:
         return None if ev.event_id in self._ids else ev

@@ -1,12 +1,15 @@
-"""Sessions with a verified outcome per version, folded from the samples topic as they
-arrive, for the canary decider and the regression watch.
+"""Sessions with an outcome per version, folded from the samples topic as they arrive, for
+the canary decider and the regression watch.
 
-Rates are ``table.outcome_rates`` over the book's rows (a session once per version, its last
-outcome seen wins, > 0 passed). What the book adds is *when*: a session's time is its first
-sample's ``ts_ms`` (the sample of its first outcome-carrying turn), which is what "since the
-canary began" and "the last N sessions" select by. Sample times, not arrival order: a
-restarted decider, which reads the partitions in another interleaving, selects the same
-sessions.
+A session's outcome is its verified one (a gate, a test run, explicit feedback) when it has
+one; else the mean of its turns' judged scores (``reading.sample_outcome``'s ``judged``: the
+reward of the user's reply or another next state, without the path part), so a deployment
+whose sessions are only chats still compares its arms. A mean of exactly 0 (every turn
+neutral) is no outcome. Rates are ``table.outcome_rates`` over the book's rows (a session
+once per version, > 0 passed). What the book adds is *when*: a session's time is its first
+counted sample's ``ts_ms``, which is what "since the canary began" and "the last N sessions"
+select by. Sample times, not arrival order: a restarted decider, which reads the partitions in
+another interleaving, selects the same sessions.
 """
 
 from __future__ import annotations
@@ -18,23 +21,59 @@ from .table import OutcomeRate, outcome_rates
 
 
 @dataclass
+class _Signals:
+    """What one session of one version has shown so far."""
+
+    first_ms: int
+    verified: float | None = None  # the newest verified outcome
+    judged_sum: float = 0.0
+    judged_n: int = 0
+
+    def outcome(self) -> float | None:
+        if self.verified is not None:
+            return self.verified
+        if self.judged_n == 0:
+            return None
+        mean = self.judged_sum / self.judged_n
+        return mean if mean != 0 else None
+
+
+@dataclass
 class SessionBook:
     """One policy's sessions with outcomes: version -> session -> (first ts_ms, outcome)."""
 
     policy_id: str
     by_version: dict[int, dict[str, tuple[int, float]]] = field(default_factory=dict)
+    _signals: dict[tuple[int, str], _Signals] = field(default_factory=dict, repr=False)
 
     def add(self, policy_id: str, version: int, session: str, outcome: float | None,
-            ts_ms: int) -> bool:
-        """Fold one sample's outcome; False when it changes nothing (another policy's, no
-        outcome, or the outcome already known)."""
-        if policy_id != self.policy_id or outcome is None or math.isnan(outcome):
+            ts_ms: int, judged: float | None = None) -> bool:
+        """Fold one sample's verified outcome and judged score; False when the session's
+        outcome is unchanged (another policy's sample, nothing to count, or the same)."""
+        if policy_id != self.policy_id:
+            return False
+        verified = None if outcome is None or math.isnan(outcome) else outcome
+        score = None if judged is None or not math.isfinite(judged) else judged
+        if verified is None and score is None:
+            return False
+        key = (version, session)
+        signals = self._signals.get(key)
+        if signals is None:
+            signals = self._signals[key] = _Signals(first_ms=ts_ms)
+        before = signals.outcome()
+        if verified is not None:
+            signals.verified = verified
+        if score is not None:
+            signals.judged_sum += score
+            signals.judged_n += 1
+        after = signals.outcome()
+        if after == before:
             return False
         sessions = self.by_version.setdefault(version, {})
-        known = sessions.get(session)
-        if known is not None and known[1] == outcome:
-            return False
-        sessions[session] = (ts_ms if known is None else known[0], outcome)
+        if after is None:
+            sessions.pop(session, None)
+        else:
+            sessions[session] = (sessions[session][0] if session in sessions else ts_ms, after)
         return True
 
     def _rate(self, version: int, chosen: list[tuple[str, float]]) -> OutcomeRate:
