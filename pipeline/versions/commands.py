@@ -14,7 +14,7 @@ import click
 
 from pipeline import events
 
-from . import actions, reading
+from . import actions, reading, rule
 from .errors import VersionError
 from .table import VersionLog, lineage, outcome_rates, rows, served
 
@@ -29,10 +29,8 @@ def _policy(ctx: click.Context, policy: str | None) -> str:
 
 
 def _require_promoted(settings: Any) -> bool:
-    """What the gateways load: promoted versions only unless ``serve.require_promoted`` says
-    otherwise, following the gate (as ``liverl serve`` decides)."""
-    chosen = settings.serve.require_promoted
-    return bool(settings.trainer.gate) if chosen is None else chosen is not False
+    """What the gateways load (:func:`pipeline.versions.rule.require_promoted`)."""
+    return rule.require_promoted(settings)
 
 
 def _produce(settings: Any, event: events.WeightsPublished) -> None:
