@@ -100,7 +100,7 @@ def test_rollback_pin_unpin_on_a_live_trainer(
 
         act(settings, "rollback", "--to", "1", "--policy", policy, "--reason", "regressed")
         said = wait_line(lines, "serves after rollback")
-        assert said == (f"v1 serves after rollback by tester (regressed): training goes on "
+        assert said == ("v1 serves after rollback by tester (regressed): training goes on "
                         "from v1")
         produce(settings, topic, samples[9:12])
         while loop.stats.samples < 12 and time.monotonic() < deadline + 60:

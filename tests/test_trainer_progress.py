@@ -40,7 +40,8 @@ def test_eta_by_hand() -> None:
     assert eta_s(30.0, 20, 20) == 0.0
 
 
-@given(elapsed=st.one_of(st.just(0.0), st.floats(1e-3, 1e5)), done=st.integers(1, 500), extra=st.integers(0, 500))
+@given(elapsed=st.one_of(st.just(0.0), st.floats(1e-3, 1e5)), done=st.integers(1, 500),
+       extra=st.integers(0, 500))
 def test_eta_is_never_negative_and_zero_when_done(elapsed: float, done: int, extra: int) -> None:
     eta = eta_s(elapsed, done, done + extra)
     assert eta is not None and eta >= 0.0
