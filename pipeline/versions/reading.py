@@ -41,6 +41,19 @@ def weights_log(connection: Connectable, policy_id: str) -> VersionLog:
     return log
 
 
+def weights_logs(connection: Connectable) -> dict[str, VersionLog]:
+    """Every policy's weights log, folded (``liverl status``)."""
+    logs: dict[str, VersionLog] = {}
+    for ev in _decoded(names.WEIGHTS, "weights", connection):
+        logs.setdefault(ev.policy_id, VersionLog(ev.policy_id)).add(ev)
+    return logs
+
+
+def trainer_statuses(connection: Connectable) -> list[events.TrainerStatus]:
+    """The trainers' status events in log order (compacted: about one per policy)."""
+    return _decoded(names.TRAINER_STATUS, "trainer_status", connection)
+
+
 def serving_statuses(connection: Connectable) -> list[events.ServingStatus]:
     return _decoded(names.SERVING_STATUS, "serving_status", connection)
 
