@@ -16,7 +16,8 @@ from pipeline import events
 
 from . import actions, reading, rule
 from .errors import VersionError
-from .table import VersionLog, lineage, outcome_rates, rows, served
+from .outcomes import rate_text
+from .table import VersionLog, lineage
 
 
 def _settings(ctx: click.Context) -> Any:
@@ -54,13 +55,6 @@ def _size(n: int) -> str:
     return str(n)
 
 
-def _rate(o: dict[str, Any] | None) -> str:
-    if o is None:
-        return "unknown"
-    lo, hi = o["ci95"]
-    return f"{o['passed']}/{o['total']} {o['rate']:.0%} [{lo:.0%}, {hi:.0%}]"
-
-
 def _gate(r: dict[str, Any]) -> tuple[str, str, str]:
     g = r["gate"]
     votes = (f"{r['status']} {g.get('gate_won', 0)}-{g.get('gate_lost', 0)}-"
@@ -80,13 +74,12 @@ def _flags(r: dict[str, Any]) -> str:
 def _table(ctx: click.Context, policy: str, outcomes: bool) -> tuple[VersionLog,
                                                                       list[dict[str, Any]]]:
     settings = _settings(ctx)
-    log = reading.weights_log(settings, policy)
+    log, table_rows = reading.version_rows(settings, policy, outcomes=outcomes,
+                                           require_promoted=_require_promoted(settings))
     if not log.manifests:
         raise VersionError(f"policy {policy} has no published version on the weights topic "
                            "(liverl train publishes them)")
-    serving = served(policy, reading.serving_statuses(settings))
-    rates = outcome_rates(policy, reading.sample_outcomes(settings, policy)) if outcomes else {}
-    return log, rows(log, serving, rates, require_promoted=_require_promoted(settings))
+    return log, table_rows
 
 
 def _echo_json(doc: Any) -> None:
@@ -146,7 +139,7 @@ def list_command(ctx: click.Context, policy: str | None, fmt: str, outcomes: boo
             "-" if r["samples"] is None else str(r["samples"]), r["method"] or "-", votes,
             probe, fluency, _when(r["served_since_ms"]),
             _when(r["served_until_ms"]) if r["served_since_ms"] is not None else "-",
-            _rate(r["outcomes"]) if outcomes else "-", _size(r["size_bytes"]), _flags(r))
+            rate_text(r["outcomes"]) if outcomes else "-", _size(r["size_bytes"]), _flags(r))
     console.print(table)
 
 
@@ -194,7 +187,7 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
         f"  served      {_when(row['served_since_ms'])} .. "
         f"{_when(row['served_until_ms']) if row['served_since_ms'] else '-'}"
         f" (now on: {', '.join(row['replicas']) or 'no replica'})",
-        f"  outcomes    {_rate(row['outcomes']) if outcomes else '(not read)'}",
+        f"  outcomes    {rate_text(row['outcomes']) if outcomes else '(not read)'}",
         f"  size        {_size(row['size_bytes'])} at {row['uri']}",
         "  lineage     " + " <- ".join(
             f"v{c['version']} ({c['samples'] if c['samples'] is not None else '?'} samples, "
