@@ -123,14 +123,17 @@ class TrainerLoop:
             live = LiveConsistency(self.settings).start(wait_s=30.0)
         return Gate(cfg, consistency=live, on_progress=self.progress.answered)
 
-    def _visible(self, producer: EventProducer) -> Any:
+    def _visible(self) -> tuple[EventProducer, Any]:
         """Progress sent as trainer_status events, and Prometheus metrics when
-        ``metrics_port`` is set; returns the metrics server (None: off)."""
+        ``metrics_port`` is set; returns the status producer and the metrics server (None:
+        off). The status events have their own producer: the publish protocol flushes its
+        producer and fails on any lost record, and a status event that cannot be delivered
+        (a broker without the topic yet) must not fail a publish."""
         cfg = self.cfg
-        self.progress.emit = lambda ev: producer.send(names.TRAINER_STATUS, ev,
-                                                      key=cfg.policy)
+        status = EventProducer(self.settings, client_id=f"liverl-trainer-status-{cfg.policy}")
+        self.progress.emit = lambda ev: status.send(names.TRAINER_STATUS, ev, key=cfg.policy)
         if cfg.metrics_port is None:
-            return None
+            return status, None
         from pipeline.trainer.metrics import TrainerMetrics
 
         metrics = TrainerMetrics(cfg.policy)
@@ -142,7 +145,7 @@ class TrainerLoop:
                              "trainer.metrics_port") from exc
         self.progress.metrics = metrics
         self.echo(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
-        return server
+        return status, server
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -234,7 +237,7 @@ class TrainerLoop:
             except Exception as exc:  # noqa: BLE001 - informational only
                 log.warning("offset commit failed (restart uses the manifest): %s", exc)
 
-        server = self._visible(producer)
+        status, server = self._visible()
         gate = self._gate(cfg)
         publisher = Publisher(cfg, producer, commit, self.on_stage, gate=gate,
                               progress=self.progress)
@@ -253,6 +256,10 @@ class TrainerLoop:
             producer.flush()
             if server is not None:
                 server.shutdown()
+            try:
+                status.flush(timeout=5.0)
+            except Exception as exc:  # noqa: BLE001 - status only: say it, exit as usual
+                log.warning("trainer_status events not delivered: %s", exc)
         return self.stats
 
     def _run_offline(self) -> LoopStats:
