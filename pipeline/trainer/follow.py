@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pipeline import events
 from pipeline.kafka import names
-from pipeline.kafka.connection import Connectable
+from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.versions.table import Action, VersionLog
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ class WeightsFollower:
         from pipeline.kafka.reader import one_shot_reader
 
         self.log = VersionLog(policy)
-        self.topic = topic
+        # a trainer in a replay namespace publishes to, and follows, the namespace's copy
+        self.topic = names.resolve(topic, connection_of(connection).namespace)
         self._actions = 0
         no_eof: dict[str, Any] = {"enable.partition.eof": False}
         self._consumer: Any = one_shot_reader(connection, "liverl-trainer-follow-", **no_eof)
