@@ -513,8 +513,11 @@ def _pull_model(model: str | None) -> None:
 @cli.command("status")
 @click.pass_context
 def status(ctx: click.Context) -> None:
-    """Show the broker, consumer lag per group and the live weight version per policy."""
-    from pipeline.kafka.inspect import consumer_lag, latest_weights
+    """Show the broker, consumer lag per group and each policy's state: the version that
+    serves (pinned? withdrawn versions?) and what its trainer is doing."""
+    from pipeline.kafka.inspect import consumer_lag
+    from pipeline.versions.rule import require_promoted
+    from pipeline.versions.status import policy_states
 
     settings = _settings(ctx)
     if settings.uses_local_broker:
@@ -534,15 +537,10 @@ def status(ctx: click.Context) -> None:
         detail = ", ".join(f"{t}={n}" for t, n in sorted(group.by_topic.items()))
         table.add_row(group.group, group.state, str(group.lag), detail or "-")
     console.print(table)
-    weights = latest_weights(settings)
-    if not weights:
-        console.print("weights: no version published yet")
-    for policy, event in sorted(weights.items()):
-        console.print(
-            f"policy {policy}: v{event['version']} ({event['status']}, step {event['step']}, "
-            f"{event['uri']})",
-            highlight=False,
-        )
+    lines = policy_states(settings, require_promoted=require_promoted(settings),
+                          canary_cfg=settings.canary)
+    for line in lines or ["weights: no version published yet"]:
+        console.print(line, highlight=False, markup=False)
 
 
 def _register_components() -> None:

@@ -684,3 +684,82 @@ def test_too_few_decided_prompts_is_no_decision(tiny: Path, tmp_path: Path) -> N
     # ... and no votes at all are never a decision, whatever the setting
     none = settings(tiny, tmp_path, gate_min_decided=0.0)
     assert G.decide([], (0, 0), (-1.0, -1.0), none)[0] == "candidate"
+
+
+# ---- progress and following the serving version (issue 39) ---------------------------------
+
+
+def test_generate_tells_each_answer_end_once(tiny: Path, tmp_path: Path) -> None:
+    from pipeline.trainer import rollout as R
+
+    core = TrainerCore.load(settings(tiny, tmp_path))
+    prompts = [prompt_ids(core.tokenizer), [1, 50, 60, 2], [1, 70, 2], [1, 80, 2], [1, 90, 2]]
+    told: list[int] = []
+    kw: dict[str, Any] = dict(pad_id=core.pad_id, eos_ids=[core.tokenizer.eos_token_id],
+                              device=core.device, max_new_tokens=5)
+    # batches of 2: three chunks; every prompt's end is told once, in chunk order
+    got = R.generate(core.model, prompts, batch=2, on_finished=told.extend, **kw)
+    assert sorted(told) == [0, 1, 2, 3, 4] and told[:2] in ([0, 1], [1, 0])
+    assert got == R.generate(core.model, prompts, batch=2, **kw)  # the hook changes nothing
+
+
+def test_evaluation_progress_counts_every_prompt_it_answers(tiny: Path, tmp_path: Path) -> None:
+    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
+                   gate_probe_tolerance=0)
+    core = TrainerCore.load(cfg)
+    calls: list[tuple[int, int, str]] = []
+    gate = G.Gate(cfg, on_progress=lambda d, t, w: calls.append((d, t, w)))
+    pub = Publisher(cfg, Recorder(), gate=gate)  # type: ignore[arg-type]
+    publish(cfg, core, pub, 1, toy_batches(core, 6, 0, random.Random(1)))
+    assert pub.verdicts == {1: "promoted"}
+    n = len(gate._last[1]) if gate._last is not None else 0
+    # v1 against the base: the base's n answers (live, computed here) then the candidate's n;
+    # the base is the reference too, nothing more to answer
+    assert n > 0 and calls == [(i, 2 * n, "live") for i in range(1, n + 1)] + [
+        (i, 2 * n, "candidate") for i in range(n + 1, 2 * n + 1)]
+
+
+def test_following_the_serving_version_loads_its_weights_and_optimizer(
+        tiny: Path, tmp_path: Path) -> None:
+    from pipeline.settings import Settings
+    from pipeline.trainer.follow import Decision
+    from pipeline.trainer.loop import TrainerLoop
+    from pipeline.versions.table import Action
+
+    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
+                   gate_probe_tolerance=0)
+    core = TrainerCore.load(cfg)
+    gate = G.Gate(cfg)
+    pub = Publisher(cfg, Recorder(), gate=gate)  # type: ignore[arg-type]
+    rng = random.Random(1)
+    publish(cfg, core, pub, 1, toy_batches(core, 6, 0, rng))
+    publish(cfg, core, pub, 2, toy_batches(core, 2, 1000, rng))
+    lines: list[str] = []
+    loop = TrainerLoop(Settings(), cfg, echo=lines.append)
+    step = core.step
+    rollback = Decision("switch", 1, Action("rollback", 1, "alice", "v2 talks French", 5, "e1"))
+    back, version = loop._follow(rollback, core, 2, pub)
+    assert version == 1 and back is not core and back.step == step  # step numbers go on
+    v1 = TrainerCore.load(cfg, ck.version_dir(cfg.weights_root, "p", 1), step=step)
+    for a, b in zip(back.model.state_dict().values(), v1.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+    saved = back.optimizer.state_dict()["state"]
+    assert saved and all(torch.equal(x["exp_avg"], y["exp_avg"]) for x, y in zip(
+        saved.values(), v1.optimizer.state_dict()["state"].values(), strict=True))
+    assert gate.baseline_version == 1 and gate.live_dir() == ck.version_dir(
+        cfg.weights_root, "p", 1)
+    assert lines[-1] == ("v1 serves after rollback by alice (v2 talks French): training goes "
+                         "on from v1")
+    assert (loop.progress.version, loop.progress.detail) == (1, lines[-1])
+    # pinned with while_pinned = "pause": the weights stay, the loop pauses; then resumes
+    pin = Decision("pause", 1, Action("pin", 1, "bob", None, 6, "e2"))
+    assert loop._follow(pin, back, 1, pub) == (back, 1) and loop.paused
+    assert loop.progress.state == "paused" and loop.progress.pinned == 1
+    unpin = Decision("keep", 1, Action("unpin", 1, "bob", None, 7, "e3"))
+    assert loop._follow(unpin, back, 1, pub) == (back, 1) and not loop.paused
+    assert lines[-1] == "p unpinned: v1 serves; training resumes"
+    # a version whose folder is not here is not followed
+    gone = Decision("switch", 9, Action("promote", 9, "bob", None, 8, "e4"))
+    assert loop._follow(gone, back, 1, pub) == (back, 1)
+    assert lines[-1].startswith("v9 serves but its folder")

@@ -347,6 +347,45 @@ def test_a_pinned_version_that_fails_is_not_replaced(
     assert r.load_newest() is None and backend.version == 3, "unpinned: v3 serves already"
 
 
+def test_the_gateway_counts_each_operator_action_it_folds_once(
+    tmp_path: Path, running_loop: asyncio.AbstractEventLoop
+) -> None:
+    from prometheus_client import generate_latest
+
+    from pipeline.kafka import Record
+    from pipeline.serving.metrics import Metrics
+    from pipeline.serving.reloader import Reloader
+    from pipeline.settings import Settings
+
+    metrics = Metrics()
+    backend = FakeBackend()
+    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0",
+                 on_action=lambda kind: metrics.actions.labels(kind).inc())
+    log = VersionLog(POLICY)
+    evs = [on_disk(tmp_path, ev) for ev in promoted(1, 2, 3)]
+    for ev in evs:
+        log.add(ev)
+    evs += [act(log, "rollback", 1), act(log, "pin", 2), act(log, "unpin", None),
+            act(log, "pin", 3)]
+
+    class Batch:
+        def __init__(self, records: list[Record[events.Event]]) -> None:
+            self.records = records
+
+    class Consumer:  # two polls, the second a redelivery of the first (counted once)
+        def poll_batch(self, **_kw: object) -> Batch:
+            return Batch([Record(POLICY, 0, i, None, 0, ev) for i, ev in enumerate(evs)])
+
+    r._step(cast("Any", Consumer()))
+    r._step(cast("Any", Consumer()))
+    text = generate_latest(metrics.registry).decode()
+    # 1 rollback, 2 pins, 1 unpin; the trainer's 6 events are not actions
+    assert 'liverl_gateway_operator_actions_total{kind="rollback"} 1.0' in text
+    assert 'liverl_gateway_operator_actions_total{kind="pin"} 2.0' in text
+    assert 'liverl_gateway_operator_actions_total{kind="unpin"} 1.0' in text
+    assert backend.version == 3  # pinned at v3
+
+
 # ---- the commands ---------------------------------------------------------------------------
 
 
@@ -366,10 +405,11 @@ def cli_log(monkeypatch: pytest.MonkeyPatch) -> tuple[VersionLog, list[events.We
         sent.append(ev)
         log.add(ev)
 
-    monkeypatch.setattr(reading, "weights_log", lambda _s, policy: log)
-    monkeypatch.setattr(reading, "serving_statuses", lambda _s: [status("r0", 1, 1_000),
-                                                                 status("r0", 2, 2_000)])
-    monkeypatch.setattr(reading, "sample_outcomes", lambda _s, policy: [
+    # the readers' last argument (a timeout) is optional
+    monkeypatch.setattr(reading, "weights_log", lambda _s, policy, *_t: log)
+    monkeypatch.setattr(reading, "serving_statuses", lambda _s, *_t: [
+        status("r0", 1, 1_000), status("r0", 2, 2_000)])
+    monkeypatch.setattr(reading, "sample_outcomes", lambda _s, policy, *_t: [
         (POLICY, 1, "s1", 1.0), (POLICY, 1, "s2", -1.0)])
     monkeypatch.setattr(commands, "_produce", produce)
     return log, sent

@@ -23,6 +23,7 @@ from pipeline.events.types import (
     Reward,
     Sample,
     ServingStatus,
+    TrainerStatus,
     VerifiedTask,
     WeightsPublished,
 )
@@ -244,6 +245,24 @@ def examples() -> dict[str, Event]:
             version=13,
             reload_ms=1_840.5,
             ok=True,
+        ),
+        TrainerStatus(
+            event_id="5d1e0c7a9b2f4e6d8c0a1b3d5f7e9c2a",
+            ts_ms=_TS + 62_500,
+            producer=Producer(component="trainer", version="0.1.0"),
+            policy_id="qwen3-4b-agent",
+            state="judging",
+            version=12,
+            step=481,
+            samples=3_120,
+            last_step_ms=_TS + 61_000,
+            loss=0.0734,
+            judging_version=13,
+            judging_since_ms=_TS + 61_200,
+            prompts_done=14,
+            prompts_total=36,
+            eta_s=41.5,
+            detail="gate v13: prompt 14 of 36 (candidate)",
         ),
         GateVote(
             event_id=derive_event_id(

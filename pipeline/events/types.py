@@ -27,6 +27,7 @@ WeightsStatus = Literal["candidate", "promoted", "rejected"]
 Vote = Literal[-1, 0, 1]  # a PRM score: bad, neutral, good
 GateVoteSource = Literal["held_out", "probe"]
 TaskStatus = Literal["accepted", "rejected", "withdrawn"]
+TrainerState = Literal["training", "judging", "paused", "stopped"]
 
 
 class WeightFile(TypedDict):
@@ -263,6 +264,28 @@ class ServingStatus(Event):
     error: str | None = None
     # stable: everyone outside the canary; canary: the users routed to the canary version
     arm: Literal["stable", "canary"] = "stable"
+
+
+@dataclass(slots=True, kw_only=True)
+class TrainerStatus(Event):
+    """What one policy's trainer is doing now; the newest per policy is its state (the
+    topic is compacted by policy). ``liverl status`` shows it."""
+
+    type: str = field(default="trainer_status", init=False)
+    policy_id: str
+    state: TrainerState
+    version: int  # the weights it holds and trains on from (0: the base)
+    step: int
+    samples: int  # trained by this process since it started
+    last_step_ms: int | None = None
+    loss: float | None = None
+    judging_version: int | None = None
+    judging_since_ms: int | None = None
+    prompts_done: int | None = None
+    prompts_total: int | None = None
+    eta_s: float | None = None
+    pinned_version: int | None = None
+    detail: str | None = None
 
 
 @dataclass(slots=True, kw_only=True)

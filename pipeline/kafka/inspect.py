@@ -1,4 +1,4 @@
-"""Read-only views of a running pipeline: consumer lag per group, live weight versions."""
+"""Read-only views of a running pipeline: consumer lag per group, partition watermarks."""
 
 from __future__ import annotations
 
@@ -79,54 +79,3 @@ def consumer_lag(
     finally:
         probe.close()
     return out
-
-
-def latest_weights(
-    connection: Connectable, tail: int = 200, timeout: float = 10.0
-) -> dict[str, dict]:
-    """policy_id -> the newest ``weights`` event (as a dict) among the topic's last records."""
-    from pipeline import events
-    from pipeline.kafka import names
-    from pipeline.kafka.consumer import coordinates
-
-    consumer = Consumer(
-        connection_of(connection).client_config(
-            **{"group.id": "liverl-status", "enable.auto.commit": False}
-        )
-    )
-    newest: dict[str, dict] = {}
-    try:
-        md = consumer.list_topics(names.WEIGHTS, timeout=timeout)
-        topic = md.topics.get(names.WEIGHTS)
-        if topic is None or topic.error is not None:
-            return newest
-        assignments, ends = [], {}
-        for p in topic.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(names.WEIGHTS, p), timeout)
-            if high > low:
-                assignments.append(TopicPartition(names.WEIGHTS, p, max(low, high - tail)))
-                ends[p] = high
-        if not assignments:
-            return newest
-        consumer.assign(assignments)
-        done: set[int] = set()
-        while len(done) < len(ends):
-            msgs = consumer.consume(500, timeout=2.0)
-            if not msgs:
-                break
-            for msg in msgs:
-                if msg.error() is not None:
-                    continue
-                _topic, partition, offset = coordinates(msg)
-                if offset + 1 >= ends[partition]:
-                    done.add(partition)
-                try:
-                    event = events.to_dict(events.decode(msg.value(), expected_type="weights"))
-                except events.EventValidationError:
-                    continue
-                current = newest.get(event["policy_id"])
-                if current is None or event["version"] >= current["version"]:
-                    newest[event["policy_id"]] = event
-    finally:
-        consumer.close()
-    return newest

@@ -3,7 +3,9 @@ lake, and an HTML page beside it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,6 +28,31 @@ def build_report(
     summary.size = render(data, summary, out)
     summary.out = out
     return summary, summary_lines(summary, data.missing, data.absent_tables)
+
+
+@dataclass
+class LiveOutcomes:
+    """Per version, the live outcome rate since it served, read from the broker as
+    ``liverl versions list`` reads it (pipeline/versions/reading.py, same rows)."""
+
+    policy: str
+    rows: list[dict[str, Any]]
+    lines: list[str]
+    note: str | None = None  # why there are none (the broker did not answer)
+
+
+def live_outcomes(settings: Any, policy: str, timeout_s: float = 5.0) -> LiveOutcomes:
+    """Never raises: a broker that does not answer within ``timeout_s`` is a note."""
+    from pipeline.versions.outcomes import outcome_lines
+    from pipeline.versions.reading import version_rows
+    from pipeline.versions.rule import require_promoted
+
+    try:
+        _log, rows = version_rows(settings, policy, require_promoted=require_promoted(settings),
+                                  timeout_s=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the report is the lake's; the broker is extra
+        return LiveOutcomes(policy, [], [], f"live outcomes unavailable (broker: {exc})")
+    return LiveOutcomes(policy, rows, outcome_lines(rows))
 
 
 # ---- command --------------------------------------------------------------------------------
@@ -65,6 +92,13 @@ def build_report(
     help="Ask the broker for consumer lag for the HTML page (3 s timeout).",
 )
 @click.option(
+    "--outcomes/--no-outcomes",
+    default=True,
+    show_default=True,
+    help="Read the broker for each version's live outcome rate since it served (the "
+    "samples' verified outcomes, Wilson 95 % interval; as liverl versions list).",
+)
+@click.option(
     "--since-version",
     type=click.IntRange(min=0),
     default=None,
@@ -79,6 +113,7 @@ def report(
     html_out: Path | None,
     no_html: bool,
     lag: bool,
+    outcomes: bool,
     since_version: int | None,
 ) -> None:
     """Plot training from the Delta lake into one PNG and an HTML page; print a summary.
@@ -106,14 +141,24 @@ def report(
     )
     for line in lines:
         click.echo(line)
-    if no_html:
-        return
     settings = (ctx.find_root().obj or {}).get("settings")
-    if lag and settings is None:
+    if (lag or outcomes) and settings is None:
         from pipeline.settings import Settings
 
         settings = Settings()
+    live = live_outcomes(settings, summary.policy or default_policy) if outcomes else None
+    if live is not None:
+        click.echo(f"live outcome per version ({live.policy}; sessions it answered with a "
+                   "verified outcome, Wilson 95 % interval):")
+        for line in live.lines or [live.note or "no version published yet"]:
+            click.echo(f"  {line}")
+    if no_html:
+        return
     page = build_page(lake, summary.policy, lag=lag_reader(settings) if lag else None)
+    if live is not None:
+        page.live_outcomes = live.rows
+        if live.note:
+            page.notes.append(live.note)
     for j in page.judges:
         click.echo(f"judge {j['judge_id']} ({j['judge_version']}): consistency "
                    f"{j['consistency']:.3f} ({j['agree']} agree, {j['disagree']} disagree, "

@@ -79,6 +79,8 @@ class Page:
     lag: list[dict[str, Any]] | None
     notes: list[str] = field(default_factory=list)
     judges: list[dict[str, Any]] = field(default_factory=list)  # judge_consistency(...)
+    # pipeline.versions rows (liverl versions list's): the live outcome rate per version
+    live_outcomes: list[dict[str, Any]] | None = None
 
 
 # ---- reading --------------------------------------------------------------------------------
@@ -377,6 +379,22 @@ svg { max-width: 100%; height: auto; }
  }}</td><td>{{ utc(v.live_ms) }}</td><td>{{ "%.2f s" % v.live_after_s
  if v.live_after_s is not none else "–" }}</td></tr>
 {% endfor %}</table>{% else %}<p class="muted">no weight versions yet</p>{% endif %}
+
+<h2>Live outcome per version</h2>
+{% if page.live_outcomes is none %}<p class="muted">not read (--no-outcomes)</p>
+{% elif not page.live_outcomes %}<p class="muted">no version on the weights topic</p>
+{% else %}<p class="muted">sessions each version answered that have a verified outcome
+(a gate, a test run, feedback), each once, with the Wilson 95 % interval</p>
+<table><tr><th>version</th><th>status</th><th>served since (UTC)</th><th>until</th>
+<th>passed / sessions</th><th>rate</th><th>95 % interval</th></tr>
+{% for r in page.live_outcomes %}{% set o = r.outcomes %}<tr><td>v{{ r.version }}{{
+ " (live)" if r.live else "" }}{{ " (pinned)" if r.pinned else "" }}{{ " (withdrawn)"
+ if r.withdrawn else "" }}</td><td class="{{ r.status }}">{{ r.status }}</td><td>{{
+ utc(r.served_since_ms) }}</td><td>{{ utc(r.served_until_ms) if r.served_since_ms is not none
+ else "–" }}</td>{% if o %}<td>{{ o.passed }} / {{ o.total }}</td><td>{{ "%.0f %%" % (100 *
+ o.rate) }}</td><td>{{ "%.0f–%.0f %%" % (100 * o.ci95[0], 100 * o.ci95[1]) }}</td>{% else
+ %}<td>–</td><td>unknown</td><td>–</td>{% endif %}</tr>
+{% endfor %}</table>{% endif %}
 
 <h2>Throughput</h2>
 {% if page.per_minute %}<p>{{ page.per_minute | sum(attribute=1) }} trained samples{% if

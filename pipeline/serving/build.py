@@ -103,6 +103,7 @@ def build_app(cfg: ServeSettings, kafka: Connectable, backend: Backend | None = 
                 require_promoted=cfg.require_promoted is not False,
                 emit=recorder.record if recorder is not None else None,
                 on_result=lambda ok: gateway.metrics.reloads.labels(str(ok).lower()).inc(),
+                on_action=lambda kind: gateway.metrics.actions.labels(kind).inc(),
             )
             r.start()
             reloader.append(r)

@@ -55,10 +55,17 @@ class Metrics:
             ["reason"], registry=r,
         )
         self.weight_version = Gauge(
-            "liverl_gateway_weight_version", "Weight version now serving", registry=r
+            "liverl_gateway_weight_version", "Weight version now serving (0: the base)",
+            registry=r
         )
         self.reloads = Counter(
             "liverl_gateway_reloads", "Weight reloads by outcome", ["ok"], registry=r
+        )
+        self.actions = Counter(
+            "liverl_gateway_operator_actions",
+            "Operator actions (liverl versions promote, pin, unpin, rollback) this replica "
+            "folded from the weights log, by kind; the whole log is folded again at start",
+            ["kind"], registry=r,
         )
         self.backlog = Gauge(
             "liverl_gateway_record_backlog", "Events not yet confirmed by Kafka", registry=r

@@ -88,6 +88,7 @@ class Reloader:
         emit: object = None,
         topic: str = names.WEIGHTS,
         on_result: object = None,
+        on_action: object = None,
     ) -> None:
         self.kafka = connection_of(kafka)
         self.backend = backend
@@ -97,6 +98,7 @@ class Reloader:
         self.topic = topic
         self.emit = emit  # callable(topic, event) or None
         self.on_result = on_result  # callable(ok: bool) or None
+        self.on_action = on_action  # callable(kind: str) per operator action folded, or None
         self.failed: set[int] = set()
         self.canary_failed: set[int] = set()  # versions the canary arm could not load
         self.base_version = backend.version  # what the stable arm serves with no version
@@ -163,8 +165,11 @@ class Reloader:
             self._stop.wait(1.0)
             return
         for rec in batch.records:
-            if isinstance(rec.event, events.WeightsPublished):
-                self.log.add(rec.event)
+            ev = rec.event
+            if not isinstance(ev, events.WeightsPublished) or not self.log.add(ev):
+                continue
+            if ev.action is not None and callable(self.on_action):
+                self.on_action(str(ev.action.get("kind")))  # the operator-actions counter
         if len(batch.records) < BATCH:  # caught up: act on the whole log, not a prefix
             self.load_newest()
 

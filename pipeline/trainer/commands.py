@@ -173,6 +173,15 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
          "r on cuda:r, or all on the CPU); rank 0 alone reads Kafka and publishes.")
 @_option("dist_backend", "--dist-backend",
          help="With --nproc > 1: auto is nccl on CUDA, gloo on the CPU.")
+@_option("follow_serving", "--follow-serving/--no-follow-serving",
+         help="After an operator's rollback, pin or promote, train on from the version that "
+         "serves (its weights and optimizer state).")
+@_option("while_pinned", "--while-pinned",
+         help="While a version is pinned: pause (samples wait for unpin) or train (from the "
+         "pinned version; its candidates do not serve while the pin holds).")
+@_option("metrics_port", "--metrics-port", type=int,
+         help="Serve Prometheus metrics (liverl_trainer_*) on this port.")
+@_option("metrics_host", "--metrics-host", help="Interface the metrics server binds to.")
 @_option(
     "exit_when_idle_s",
     "--exit-when-idle",
@@ -225,11 +234,14 @@ def train(ctx: click.Context, **options: Any) -> None:
         raise click.UsageError(f"--allocate {cfg.allocate} needs --budget N")
     if cfg.where and not cfg.from_delta:
         raise click.UsageError("--where filters --from-delta rows; give --from-delta too")
+    from pipeline.versions.rule import require_promoted
+
     loop = TrainerLoop(
         settings,
         cfg,
         on_stage=_crash_hook(),
         echo=lambda line: click.echo(line, err=False),
+        require_promoted=require_promoted(settings),
     )
     try:
         install_signal_handlers(loop)

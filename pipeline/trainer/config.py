@@ -338,6 +338,33 @@ class TrainerSettings(BaseModel):
         "rank) before the step fails.",
     )
 
+    # following the operator (pipeline/trainer/follow.py): the weights log folded as the
+    # gateways fold it, so the trainer trains on from the version that serves
+    follow_serving: bool = Field(
+        default=True,
+        description="After an operator's rollback, pin or promote (liverl versions) makes "
+        "another version serve, train on from it: its weights and saved optimizer state, "
+        "the gate's live baseline too. Off: train on from the trainer's own newest version.",
+    )
+    while_pinned: Literal["pause", "train"] = Field(
+        default="pause",
+        description="While a version is pinned: pause (consume no sample, publish nothing; "
+        "they are trained after unpin) or train (from the pinned version, publishing "
+        "candidates that do not serve while the pin holds).",
+    )
+    progress_every_s: float = Field(
+        default=10.0, gt=0.0,
+        description="Seconds between progress lines (a step summary, the gate's 'prompt i "
+        "of n, ETA') in the log and trainer_status events.",
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Serve Prometheus metrics (liverl_trainer_*) on this port (None: off).",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Interface the metrics server binds to."
+    )
+
     # process
     exit_when_idle_s: float | None = Field(
         default=None, description="Exit after this long with no input and nothing pending."

@@ -80,7 +80,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -107,6 +107,13 @@ class LiveRows(Protocol):
     """Judges' consistency now (``pipeline.processors.consistency_live.LiveConsistency``)."""
 
     def rows(self) -> list[JudgeRow]: ...
+
+
+class Progress(Protocol):
+    """Told how far an evaluation is: prompts answered of all it answers, and by whom
+    (``live``, ``candidate`` or ``base``)."""
+
+    def __call__(self, done: int, total: int, whose: str) -> None: ...
 
 VERDICT_FILE = "verdict.json"
 VERDICT_DONE = "verdict.done"
@@ -501,6 +508,12 @@ class Gate:
     probe_items: tuple[P.ProbeItem, ...] = field(default=(), init=False, repr=False)
     # The consistency topic read live (gate_consistency_live; the trainer starts the reader).
     consistency: LiveRows | None = field(default=None, repr=False)
+    # Told (prompts answered, prompts to answer, whose answers) as each prompt's fresh
+    # answers end: the trainer's progress line and status (pipeline/trainer/progress.py).
+    on_progress: Progress | None = field(default=None, repr=False)
+    skipped: str | None = field(default=None, init=False)  # why the last evaluation was None
+    _answered: int = field(default=0, init=False, repr=False)
+    _to_answer: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.probe_items = (P.load_probe(self.cfg.gate_probe_file)
@@ -556,6 +569,15 @@ class Gate:
 
     def _load(self, core: Any, directory: Path | None) -> Any:
         return core.load_snapshot(directory)
+
+    def follow(self, core: Any, version: int) -> None:
+        """``version`` (0: the base) serves now by an operator's action: it becomes the live
+        baseline whatever the verdicts said (the trainer trains on from it)."""
+        directory = (None if version == 0
+                     else ck.version_dir(self.cfg.weights_root, self.cfg.policy, version))
+        self.baseline = self._load(core, directory)
+        self.baseline_version = version
+        self._live.clear()
 
     def promote(self, core: Any, version: int) -> None:
         """The candidate (``core.model`` as published) becomes the live version."""
@@ -615,7 +637,27 @@ class Gate:
             self._base = core.load_snapshot(None)
         return self._base, contextlib.nullcontext()
 
-    def _score(self, core: Any, model: Any, prompts: Sequence[EvalPrompt]) -> Scored:
+    def _answering(self, wants: Sequence[int], n: int,
+                   whose: str) -> Callable[[list[int]], None]:
+        """The hook :func:`R.generate` calls as answers end: a prompt is answered once its
+        greedy (where wanted) and sampled answers both ended."""
+        rows_left = [1] * n
+        for i in wants:
+            rows_left[i] += 1
+
+        def ended(rows: list[int]) -> None:
+            for r in rows:
+                i = wants[r] if r < len(wants) else r - len(wants)
+                rows_left[i] -= 1
+                if rows_left[i] == 0:
+                    self._answered += 1
+                    if self.on_progress is not None:
+                        self.on_progress(self._answered, max(self._to_answer, self._answered),
+                                         whose)
+        return ended
+
+    def _score(self, core: Any, model: Any, prompts: Sequence[EvalPrompt],
+               whose: str = "candidate") -> Scored:
         cfg = self.cfg
         ids = [p.ids for p in prompts]
         kw: dict[str, Any] = {"pad_id": core.pad_id, "device": core.device}
@@ -628,7 +670,8 @@ class Gate:
         both = R.generate(model, [*[ids[i] for i in wants], *ids], eos_ids=eos,
                           seeds=[0] * len(wants) + [cfg.seed * 7919 + p.seed for p in prompts],
                           max_new_tokens=cfg.gate_max_new_tokens,
-                          temperature=[0.0] * len(wants) + [cfg.gate_temperature] * n, **kw)
+                          temperature=[0.0] * len(wants) + [cfg.gate_temperature] * n,
+                          on_finished=self._answering(wants, n, whose), **kw)
         greedy: list[list[int]] = [[] for _ in prompts]
         for i, answer in zip(wants, both[: len(wants)], strict=True):
             greedy[i] = answer
@@ -666,7 +709,7 @@ class Gate:
         """The live version's scores, computed once per (live version, prompt)."""
         missing = [p for p in prompts if (self.baseline_version, p.key) not in self._live]
         if missing:
-            got = self._score(core, self.baseline, missing)
+            got = self._score(core, self.baseline, missing, "live")
             for i, p in enumerate(missing):
                 self._live[(self.baseline_version, p.key)] = got.row(i)
         rows = [self._live[(self.baseline_version, p.key)] for p in prompts]
@@ -722,7 +765,7 @@ class Gate:
             else:
                 model, ctx = self._base_model(core)
                 with ctx:
-                    got = self._score(core, model, [prompts[i] for i in missing])
+                    got = self._score(core, model, [prompts[i] for i in missing], "base")
                 at = list(range(len(missing)))
             for i, j in zip(missing, at, strict=True):
                 p = prompts[i]
@@ -816,15 +859,30 @@ class Gate:
                 return bad
         return None
 
+    def to_answer(self, prompts: Sequence[EvalPrompt]) -> int:
+        """Prompts an evaluation of ``prompts`` answers freshly: the live version's not
+        cached yet, every one by the candidate, and the base's not in the reference yet
+        (while the base is live its answers are the live ones)."""
+        live = sum((self.baseline_version, p.key) not in self._live for p in prompts)
+        base = 0
+        if self.baseline_version != 0:
+            rows = self._reference_rows()
+            base = sum(_reference_key(p) not in rows for p in prompts)
+        return live + len(prompts) + base
+
     def evaluate(self, core: Any, version: int) -> dict[str, Any] | None:
         """Verdict for ``core.model`` as version ``version`` (None: too few held-out prompts
         and no probe to judge on)."""
         started = time.perf_counter()
         prompts = self.prompts(core)
         held = sum(p.source == "held_out" for p in prompts)
+        self.skipped = None
         if held < self.cfg.gate_min_samples or not prompts:
+            self.skipped = (f"{held} held-out prompt(s), fewer than gate_min_samples "
+                            f"({self.cfg.gate_min_samples}): stays a candidate")
             return None
         assert self.baseline is not None
+        self._answered, self._to_answer = 0, self.to_answer(prompts)
         live = self._live_scores(core, prompts)
         cand = self._score(core, core.model, prompts)
         self._last = (version, prompts, cand)
@@ -856,6 +914,27 @@ class Gate:
                 "gate_metric": "fresh rollouts, judges' votes per prompt",
             },
         }
+
+
+def verdict_line(version: int, verdict: dict[str, Any]) -> str:
+    """A verdict for the log: its status, votes, probe and fluency against the live version,
+    the time it took, and the reasons of a rejection or of no decision."""
+    m = verdict.get("metrics", {})
+
+    def num(key: str) -> str:
+        x = m.get(key)
+        return f"{x:.2f}" if isinstance(x, int | float) and math.isfinite(x) else "?"
+
+    line = (f"gate v{version}: {verdict['status']} against live v{m.get('gate_live_version', 0)}"
+            f" ({m.get('gate_won', 0)} won, {m.get('gate_lost', 0)} lost, "
+            f"{m.get('gate_tied', 0)} tied of {m.get('gate_prompts', 0)} prompts; probe "
+            f"{m.get('gate_probe_correct', '?')}/{m.get('gate_probe_n', '?')} vs "
+            f"{m.get('gate_live_probe_correct', '?')}; fluency {num('gate_fluency')} vs "
+            f"{num('gate_live_fluency')}) in {num('gate_eval_s')} s")
+    reasons = list(m.get("gate_reasons") or [])
+    if m.get("gate_no_decision"):
+        reasons.append(str(m["gate_no_decision"]))
+    return line + (": " + "; ".join(reasons) if reasons else "")
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> list[int]:

@@ -50,8 +50,10 @@ from pipeline.trainer.batching import Batcher, check_sample
 from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import StepResult, TrainerCore
 from pipeline.trainer.dedup import SeenIds
+from pipeline.trainer.follow import Decision, WeightsFollower, decide
 from pipeline.trainer.gate import Gate
 from pipeline.trainer.offline import DeltaSource
+from pipeline.trainer.progress import Progress
 from pipeline.trainer.publish import Publisher, Stage, step_row, trajectory_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,10 +90,16 @@ class TrainerLoop:
         on_stage: Stage | None = None,
         echo: Callable[[str], None] = print,
         dist: RankGroup | None = None,
+        require_promoted: bool | None = None,
     ) -> None:
         self.settings = connection_of(kafka)  # where the samples and events are
         self.cfg = cfg
         self.echo = echo
+        # Which versions the gateways serve (pipeline/versions/rule.py; None: promoted ones
+        # while the gate is on, their default): the trainer folds the log the same way.
+        self.require_promoted = cfg.gate if require_promoted is None else require_promoted
+        self.progress = Progress(cfg.policy, echo=echo, every_s=cfg.progress_every_s)
+        self.paused = False  # pinned with while_pinned = "pause"
         self.on_stage = on_stage
         self.stats = LoopStats()
         self._stop = False
@@ -104,7 +112,8 @@ class TrainerLoop:
         self._stop = True
 
     def _gate(self, cfg: TrainerSettings) -> Gate | None:
-        """The promotion gate (None when off), reading judges' consistency live if asked."""
+        """The promotion gate (None when off), reading judges' consistency live if asked,
+        telling the progress how far each evaluation is."""
         if not cfg.gate:
             return None
         live = None
@@ -112,7 +121,31 @@ class TrainerLoop:
             from pipeline.processors.consistency_live import LiveConsistency
 
             live = LiveConsistency(self.settings).start(wait_s=30.0)
-        return Gate(cfg, consistency=live)
+        return Gate(cfg, consistency=live, on_progress=self.progress.answered)
+
+    def _visible(self) -> tuple[EventProducer, Any]:
+        """Progress sent as trainer_status events, and Prometheus metrics when
+        ``metrics_port`` is set; returns the status producer and the metrics server (None:
+        off). The status events have their own producer: the publish protocol flushes its
+        producer and fails on any lost record, and a status event that cannot be delivered
+        (a broker without the topic yet) must not fail a publish."""
+        cfg = self.cfg
+        status = EventProducer(self.settings, client_id=f"liverl-trainer-status-{cfg.policy}")
+        self.progress.emit = lambda ev: status.send(names.TRAINER_STATUS, ev, key=cfg.policy)
+        if cfg.metrics_port is None:
+            return status, None
+        from pipeline.trainer.metrics import TrainerMetrics
+
+        metrics = TrainerMetrics(cfg.policy)
+        try:
+            server = metrics.serve(cfg.metrics_host, cfg.metrics_port)
+        except OSError as exc:
+            raise SystemExit(f"trainer metrics: cannot listen on {cfg.metrics_host}:"
+                             f"{cfg.metrics_port} ({exc.strerror or exc}); set another "
+                             "trainer.metrics_port") from exc
+        self.progress.metrics = metrics
+        self.echo(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
+        return status, server
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -204,15 +237,29 @@ class TrainerLoop:
             except Exception as exc:  # noqa: BLE001 - informational only
                 log.warning("offset commit failed (restart uses the manifest): %s", exc)
 
+        status, server = self._visible()
         gate = self._gate(cfg)
-        publisher = Publisher(cfg, producer, commit, self.on_stage, gate=gate)
+        publisher = Publisher(cfg, producer, commit, self.on_stage, gate=gate,
+                              progress=self.progress)
+        follower = None
         try:
             core, version, offsets = self._recover(publisher)
             polled = self._assign(consumer, offsets)
-            self._loop(core, version, polled, consumer, producer, publisher)
+            if cfg.follow_serving:
+                follower = WeightsFollower(self.settings, cfg.policy)
+            self._loop(core, version, polled, consumer, producer, publisher, follower)
         finally:
+            self.progress.stopped()
+            if follower is not None:
+                follower.close()
             consumer.close()
             producer.flush()
+            if server is not None:
+                server.shutdown()
+            try:
+                status.flush(timeout=5.0)
+            except Exception as exc:  # noqa: BLE001 - status only: say it, exit as usual
+                log.warning("trainer_status events not delivered: %s", exc)
         return self.stats
 
     def _run_offline(self) -> LoopStats:
@@ -243,7 +290,8 @@ class TrainerLoop:
         producer = EventProducer(self.settings, client_id=f"liverl-trainer-{cfg.policy}")
         source = offline.DeltaSource(selection, cfg.policy)
         gate = self._gate(cfg)
-        publisher = Publisher(cfg, producer, lambda _offsets: None, self.on_stage, gate=gate)
+        publisher = Publisher(cfg, producer, lambda _offsets: None, self.on_stage, gate=gate,
+                              progress=self.progress)
         try:
             core, version, offsets = self._recover(publisher)
             source.seek(offsets.get(0, 0))
@@ -260,6 +308,7 @@ class TrainerLoop:
         consumer: EventConsumer | DeltaSource,
         producer: EventProducer,
         publisher: Publisher,
+        follower: WeightsFollower | None = None,
     ) -> None:
         cfg = self.cfg
         batcher = Batcher(cfg.batch_max_samples, cfg.batch_max_tokens, cfg.batch_max_wait_s,
@@ -271,7 +320,28 @@ class TrainerLoop:
         last_publish = last_input = next_allowed = time.monotonic()
         f = cfg.publish_max_overhead
         self.echo(f"trainer ready: policy {cfg.policy}, v{version}, step {core.step}")
+        self.progress.held(version, core.step, announce=True)
+        acted = follower is not None  # decide once on the whole log, then at each new action
         while not self._stop:
+            if follower is not None and (self._polled_actions(follower) or acted):
+                acted = False
+                decision = decide(follower.log, version, self.parents,
+                                  require_promoted=self.require_promoted,
+                                  while_pinned=cfg.while_pinned)
+                if decision.kind != "keep" and step_rows:
+                    # Steps trained before the action are published first: their samples
+                    # are consumed once, under the lineage they were trained on.
+                    version = self._publish(core, version, polled, batcher, producer,
+                                            publisher, traj_rows, step_rows)
+                    core, version = self._after_verdict(core, version, publisher)
+                    traj_rows, step_rows = [], []
+                    last_publish = next_allowed = time.monotonic()
+                core, version = self._follow(decision, core, version, publisher)
+            if self.paused:
+                # Pinned: no sample is read, nothing published; not idle either.
+                last_input = time.monotonic()
+                time.sleep(0.2)
+                continue
             # Never wait on the broker while a batch is ready to train.
             t_poll = time.perf_counter()
             # The idle trigger waits while unpublished steps or the publish budget hold the
@@ -300,10 +370,14 @@ class TrainerLoop:
                 stale = ([0] * len(records) if isinstance(consumer, DeltaSource) else
                          [self._staleness(r.event.behavior_weight_version, version)
                           for r in records])
+                t_step = time.perf_counter()
                 if self.dist is not None:
                     self.dist.send_step([r.event for r in records], version, stale)
                 result = core.train_step([r.event for r in records], version, stale)
                 self._account(result)
+                self.progress.stepped(step=result.step, samples=result.samples,
+                                      loss=float(result.losses["total"]),
+                                      seconds=time.perf_counter() - t_step, version=version)
                 now_ms = events.now_ms()
                 traj_rows += trajectory_rows(records, result, core.tokenizer)
                 step_rows.append(step_row(cfg, result, batcher.next_offsets(polled), now_ms))
@@ -323,6 +397,7 @@ class TrainerLoop:
                 core, version = self._after_verdict(core, version, publisher)
                 traj_rows, step_rows = [], []
                 last_publish = time.monotonic()
+                self.progress.held(version, core.step)
                 next_allowed = next_publish_at(last_publish, last_publish - started,
                                                publisher.last_gate_s, f)
             if drained and not batcher:
@@ -336,6 +411,51 @@ class TrainerLoop:
             version = self._publish(core, version, polled, batcher, producer, publisher,
                                     traj_rows, step_rows)
         self.echo(f"stopped at v{version}, step {core.step}")
+
+    def _polled_actions(self, follower: WeightsFollower) -> bool:
+        """New operator actions on the weights log since the last poll; a read error is
+        logged, never raised (following is not worth a stopped trainer)."""
+        try:
+            return follower.poll()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("reading the weights log failed (retrying): %s", exc)
+            return False
+
+    def _follow(
+        self, decision: Decision, core: TrainerCore, version: int, publisher: Publisher
+    ) -> tuple[TrainerCore, int]:
+        """Carry out what :func:`pipeline.trainer.follow.decide` said: pause while pinned,
+        resume after, or train on from the version that serves: its weights and the
+        optimizer state saved with it (step numbers go on, so step ids never repeat), and it
+        becomes the gate's live baseline. A version whose folder is not here is not
+        followed (said, and the trainer keeps its weights)."""
+        cfg = self.cfg
+        if decision.kind == "pause":
+            if not self.paused:
+                self.paused = True
+                assert decision.version is not None
+                self.progress.paused(decision.version, decision.line(cfg.policy))
+            return core, version
+        if self.paused:
+            self.paused = False
+            self.progress.resumed(
+                f"{cfg.policy} unpinned" + (f": v{decision.version} serves"
+                                            if decision.version is not None else "")
+                + "; training resumes")
+        if decision.kind != "switch" or decision.version is None:
+            return core, version
+        target = decision.version
+        directory = ck.version_dir(cfg.weights_root, cfg.policy, target)
+        if not (directory / ck.MANIFEST).is_file():
+            self.echo(f"v{target} serves but its folder {directory} is not here: training "
+                      f"goes on from v{version}")
+            log.error("cannot follow %s v%d: no folder at %s", cfg.policy, target, directory)
+            return core, version
+        core = self._load_core(directory, core.step)
+        if publisher.gate is not None:
+            publisher.gate.follow(core, target)
+        self.progress.switched(target, core.step, decision.line(cfg.policy))
+        return core, target
 
     def _staleness(self, behavior: int, current: int) -> int:
         """Versions of ``current``'s lineage after ``behavior``: walk the parents (a rejected
@@ -369,6 +489,7 @@ class TrainerLoop:
         step = core.step
         core = self._load_core(gate.live_dir(), step)
         self.echo(f"v{version} rejected: training goes on from live v{live}")
+        self.progress.held(live, step)
         return core, live
 
     def _admit(

@@ -32,7 +32,7 @@ import datetime as dt
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import pyarrow as pa
@@ -59,6 +59,15 @@ from pipeline.trainer.config import TrainerSettings
 from pipeline.trainer.core import OPTIMIZER_FILE, StepResult, TrainerCore
 
 Stage = Callable[[str], None]
+
+
+class Judging(Protocol):
+    """Told when the gate starts judging a version and what it said (None: no verdict, and
+    why): the trainer's log line, status event and metrics (:mod:`pipeline.trainer.progress`)."""
+
+    def judging(self, version: int) -> None: ...
+
+    def judged(self, version: int, verdict: dict[str, Any] | None, why: str | None) -> None: ...
 TRAJ_FILE = "trajectories.parquet"
 STEPS_FILE = "gradient_steps.parquet"
 
@@ -149,8 +158,10 @@ class Publisher:
         commit_offsets: Callable[[dict[int, int]], None] | None = None,
         on_stage: Stage | None = None,
         gate: G.Gate | None = None,
+        progress: Judging | None = None,
     ) -> None:
         self.cfg = cfg
+        self.progress = progress
         self.lake = T.LakeTables(cfg.lake_root)
         self.tables = {
             name: Appender(self.lake.uri(name), T.PARTITION_BY[name])
@@ -268,13 +279,19 @@ class Publisher:
             gate.seeded_upto = manifest.version
         verdict = G.read_verdict(directory)
         if verdict is None:
+            if self.progress is not None:
+                self.progress.judging(manifest.version)
             t0 = time.perf_counter()
             result = gate.evaluate(core, manifest.version)
             self.last_gate_s = time.perf_counter() - t0
             if result is None:  # too few held-out turns: the version stays a candidate
+                if self.progress is not None:
+                    self.progress.judged(manifest.version, None, gate.skipped)
                 return
             verdict = {**result, "version": manifest.version, "ts_ms": now_ms()}
             G.write_verdict(directory, verdict)
+            if self.progress is not None:
+                self.progress.judged(manifest.version, verdict, None)
         self.on_stage("after_verdict_file")
         candidate = self._weights_event(manifest, directory, []).event_id
         votes = [(self._vote_event(manifest, candidate, v, verdict), v)

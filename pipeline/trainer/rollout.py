@@ -8,7 +8,7 @@ generation prompt), so a held-out turn is answered exactly as the gateway would 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ def generate(
     seed: int = 0,
     seeds: Sequence[int] | None = None,
     batch: int = 64,
+    on_finished: Callable[[list[int]], None] | None = None,
 ) -> list[list[int]]:
     """Answer token ids per prompt (EOS excluded): greedy at ``temperature`` 0, else sampled
     with a generator seeded from ``seed`` and the prompt's index, so the same call gives the
@@ -49,7 +50,8 @@ def generate(
     prompt, so
     greedy and sampled answers share one pass: decoding on a CPU is bound by reading the
     weights once per step, so one batch of 2n rows costs far less than two of n. Left-padded
-    batches of ``batch``."""
+    batches of ``batch``. ``on_finished`` is told the indices of the prompts whose answers
+    ended at each decoding step (the gate's progress), cheaply: one call per step."""
     temps = ([float(temperature)] * len(prompts) if isinstance(temperature, (int, float))
              else [float(t) for t in temperature])
     out: list[list[int]] = []
@@ -71,6 +73,16 @@ def generate(
             gens = [_generator(seed, start + b) if seeds is None
                     else _generator(seeds[start + b], 0) for b in range(len(chunk))]
             step_ids, step_pos, mask = ids, pos, attn
+            told = [False] * len(chunk)
+
+            def tell(told: list[bool] = told, done: list[bool] = done, start: int = start,
+                     everything: bool = False) -> None:
+                ended = [b for b in range(len(told)) if not told[b] and (everything or done[b])]
+                for b in ended:
+                    told[b] = True
+                if ended and on_finished is not None:
+                    on_finished([start + b for b in ended])
+
             for _ in range(max_new_tokens):
                 res = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                             past_key_values=past, use_cache=True)
@@ -90,11 +102,13 @@ def generate(
                         else:
                             answers[b].append(tok)
                     nxt.append(tok if not done[b] else pad_id)
+                tell()
                 if all(done):
                     break
                 step_ids = torch.tensor(nxt, dtype=torch.long, device=device)[:, None]
                 step_pos = step_pos[:, -1:] + 1
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            tell(everything=True)  # the answers cut at max_new_tokens end here
             out.extend(answers)
     return out
 

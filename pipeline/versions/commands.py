@@ -16,10 +16,11 @@ import click
 from pipeline import events
 from pipeline.options import field_option, merged
 
-from . import actions, reading
+from . import actions, reading, rule
 from .config import CanarySettings
 from .errors import VersionError
-from .table import VersionLog, lineage, outcome_rates, rows, served
+from .outcomes import rate_text
+from .table import VersionLog, lineage
 
 
 def _settings(ctx: click.Context) -> Any:
@@ -32,10 +33,8 @@ def _policy(ctx: click.Context, policy: str | None) -> str:
 
 
 def _require_promoted(settings: Any) -> bool:
-    """What the gateways load: promoted versions only unless ``serve.require_promoted`` says
-    otherwise, following the gate (as ``liverl serve`` decides)."""
-    chosen = settings.serve.require_promoted
-    return bool(settings.trainer.gate) if chosen is None else chosen is not False
+    """What the gateways load (:func:`pipeline.versions.rule.require_promoted`)."""
+    return rule.require_promoted(settings)
 
 
 def _produce(settings: Any, event: events.WeightsPublished) -> None:
@@ -57,13 +56,6 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return str(n)
-
-
-def _rate(o: dict[str, Any] | None) -> str:
-    if o is None:
-        return "unknown"
-    lo, hi = o["ci95"]
-    return f"{o['passed']}/{o['total']} {o['rate']:.0%} [{lo:.0%}, {hi:.0%}]"
 
 
 def _gate(r: dict[str, Any]) -> tuple[str, str, str]:
@@ -100,13 +92,12 @@ def _now(log: VersionLog, require_promoted: bool) -> str:
 def _table(ctx: click.Context, policy: str, outcomes: bool) -> tuple[VersionLog,
                                                                       list[dict[str, Any]]]:
     settings = _settings(ctx)
-    log = reading.weights_log(settings, policy)
+    log, table_rows = reading.version_rows(settings, policy, outcomes=outcomes,
+                                           require_promoted=_require_promoted(settings))
     if not log.manifests:
         raise VersionError(f"policy {policy} has no published version on the weights topic "
                            "(liverl train publishes them)")
-    serving = served(policy, reading.serving_statuses(settings))
-    rates = outcome_rates(policy, reading.sample_outcomes(settings, policy)) if outcomes else {}
-    return log, rows(log, serving, rates, require_promoted=_require_promoted(settings))
+    return log, table_rows
 
 
 def _echo_json(doc: Any) -> None:
@@ -167,7 +158,7 @@ def list_command(ctx: click.Context, policy: str | None, fmt: str, outcomes: boo
             "-" if r["samples"] is None else str(r["samples"]), r["method"] or "-", votes,
             probe, fluency, _when(r["served_since_ms"]),
             _when(r["served_until_ms"]) if r["served_since_ms"] is not None else "-",
-            _rate(r["outcomes"]) if outcomes else "-", _size(r["size_bytes"]), _flags(r))
+            rate_text(r["outcomes"]) if outcomes else "-", _size(r["size_bytes"]), _flags(r))
     console.print(table)
 
 
@@ -218,7 +209,7 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
         f"  served      {_when(row['served_since_ms'])} .. "
         f"{_when(row['served_until_ms']) if row['served_since_ms'] else '-'}"
         f" (now on: {', '.join(row['replicas']) or 'no replica'}{as_canary})",
-        f"  outcomes    {_rate(row['outcomes']) if outcomes else '(not read)'}",
+        f"  outcomes    {rate_text(row['outcomes']) if outcomes else '(not read)'}",
         f"  size        {_size(row['size_bytes'])} at {row['uri']}",
         "  lineage     " + " <- ".join(
             f"v{c['version']} ({c['samples'] if c['samples'] is not None else '?'} samples, "

@@ -15,14 +15,18 @@ from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable
 from pipeline.kafka.reader import read_to_end
 
-from .table import VersionLog
+from .table import VersionLog, outcome_rates, rows, served
 
 # pipeline/trainer/publish.py writes it (TRAJ_FILE under checkpoint.TRAINER_DIR); named here
 # so that reading a version does not import the trainer (and torch).
 TRAJECTORIES = Path("trainer") / "trajectories.parquet"
 
 
-def _decoded(topic: str, expected: str, connection: Connectable) -> list[Any]:
+TIMEOUT_S = 30.0  # a partition that yields nothing this long fails the read (ReadError)
+
+
+def _decoded(topic: str, expected: str, connection: Connectable,
+             timeout_s: float = TIMEOUT_S) -> list[Any]:
     out: list[Any] = []
 
     def handle(msg: Any) -> None:
@@ -30,19 +34,50 @@ def _decoded(topic: str, expected: str, connection: Connectable) -> list[Any]:
         with contextlib.suppress(events.EventValidationError):
             out.append(events.decode(msg.value(), expected_type=expected))
 
-    read_to_end(connection, [topic], handle, group_prefix="liverl-versions-")
+    read_to_end(connection, [topic], handle, group_prefix="liverl-versions-",
+                idle_timeout_s=timeout_s)
     return out
 
 
-def weights_log(connection: Connectable, policy_id: str) -> VersionLog:
+def weights_log(connection: Connectable, policy_id: str,
+                timeout_s: float = TIMEOUT_S) -> VersionLog:
     log = VersionLog(policy_id)
-    for ev in _decoded(names.WEIGHTS, "weights", connection):
+    for ev in _decoded(names.WEIGHTS, "weights", connection, timeout_s):
         log.add(ev)
     return log
 
 
-def serving_statuses(connection: Connectable) -> list[events.ServingStatus]:
-    return _decoded(names.SERVING_STATUS, "serving_status", connection)
+def version_rows(connection: Connectable, policy_id: str, *, require_promoted: bool,
+                 outcomes: bool = True,
+                 timeout_s: float = TIMEOUT_S) -> tuple[VersionLog, list[dict[str, Any]]]:
+    """The folded log and one row per version (``table.rows``): serving times from the
+    replicas' reports and, with ``outcomes``, each version's live outcome rate from the
+    samples. What ``liverl versions list`` and ``liverl report`` both show."""
+    log = weights_log(connection, policy_id, timeout_s)
+    if not log.manifests:  # nothing to rate: the samples topic, the largest, is not read
+        return log, []
+    serving = served(policy_id, serving_statuses(connection, timeout_s))
+    rates = (outcome_rates(policy_id, sample_outcomes(connection, policy_id, timeout_s))
+             if outcomes else {})
+    return log, rows(log, serving, rates, require_promoted=require_promoted)
+
+
+def weights_logs(connection: Connectable) -> dict[str, VersionLog]:
+    """Every policy's weights log, folded (``liverl status``)."""
+    logs: dict[str, VersionLog] = {}
+    for ev in _decoded(names.WEIGHTS, "weights", connection):
+        logs.setdefault(ev.policy_id, VersionLog(ev.policy_id)).add(ev)
+    return logs
+
+
+def trainer_statuses(connection: Connectable) -> list[events.TrainerStatus]:
+    """The trainers' status events in log order (compacted: about one per policy)."""
+    return _decoded(names.TRAINER_STATUS, "trainer_status", connection)
+
+
+def serving_statuses(connection: Connectable,
+                     timeout_s: float = TIMEOUT_S) -> list[events.ServingStatus]:
+    return _decoded(names.SERVING_STATUS, "serving_status", connection, timeout_s)
 
 
 def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float | None, int,
@@ -69,8 +104,8 @@ def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float |
         return None
 
 
-def sample_outcomes(connection: Connectable,
-                    policy_id: str) -> list[tuple[str, int, str, float | None]]:
+def sample_outcomes(connection: Connectable, policy_id: str,
+                    timeout_s: float = TIMEOUT_S) -> list[tuple[str, int, str, float | None]]:
     """``(policy_id, behavior_weight_version, session_id, outcome)`` of every sample of the
     policy (:func:`sample_outcome` reads each)."""
     out: list[tuple[str, int, str, float | None]] = []
@@ -80,7 +115,8 @@ def sample_outcomes(connection: Connectable,
         if got is not None:
             out.append((policy_id, *got[:3]))
 
-    read_to_end(connection, [names.SAMPLES], handle, group_prefix="liverl-versions-")
+    read_to_end(connection, [names.SAMPLES], handle, group_prefix="liverl-versions-",
+                idle_timeout_s=timeout_s)
     return out
 
 
