@@ -180,3 +180,58 @@ def test_a_rollout_of_a_version_off_the_trainers_lineage_switches_to_it() -> Non
     act(log, "rollout", 2)
     d = decide(log, 3, {1: None, 2: 1, 3: 1}, require_promoted=True, while_pinned="pause")
     assert (d.kind, d.version) == ("switch", 2)
+
+
+def test_steps_published_after_a_withdraw_are_withdrawn_with_their_lineage() -> None:
+    # stable v4, canary v5, trainer on v6 (v5's child): withdraw 5 drops v5 and v6; the
+    # trainer then publishes its pending steps as v7 (parent v6) before it reads the action
+    log = log_of(*promoted(1, 2, 3, 4), *canary(5, 6))
+    act(log, "withdraw", 5, by="canary")
+    log.add(weights(7, parent=6))
+    log.add(dataclasses.replace(weights(7, "promoted", parent=6), canary_share=0.1))
+    assert 7 in log.withdrawn and log.canary(True) is None and log.live(True) == 4
+    # the same after a rollback: v5 (parent v4, withdrawn by rollback to 2) never serves
+    log = log_of(*promoted(1, 2, 3, 4))
+    act(log, "rollback", 2)
+    log.add(weights(5, parent=4))
+    log.add(weights(5, "promoted", parent=4))
+    assert log.live(True) == 2 and 5 in log.withdrawn
+    act(log, "promote", 5)  # an operator may still bring it back
+    assert log.live(True) == 5
+
+
+def test_when_every_version_is_withdrawn_the_trainer_goes_back_to_the_base() -> None:
+    log = log_of(*canary(1), weights(2))  # v1 the first canary, the base stable
+    act(log, "withdraw", 1, by="canary")
+    d = decide(log, 2, chain(2), require_promoted=True, while_pinned="pause")
+    assert (d.kind, d.version) == ("switch", 0)
+    assert d.line(POLICY) == ("the base model serves after withdraw by canary: training goes "
+                              "on from the base")
+    assert decide(log, 0, chain(2), require_promoted=True, while_pinned="pause").kind == "keep"
+
+
+def test_an_old_rollback_does_not_pull_a_restarted_trainer_back_past_what_serves() -> None:
+    # rollback to v2 long ago; v5 (parent v2) .. v8 published and promoted since, v8 serves;
+    # the trainer holds v9 (v8's child, a candidate): it keeps v9
+    log = log_of(*promoted(1, 2, 3, 4))
+    act(log, "rollback", 2)
+    for v, parent in ((5, 2), (6, 5), (7, 6), (8, 7)):
+        log.add(weights(v, parent=parent))
+        log.add(weights(v, "promoted", parent=parent))
+    log.add(weights(9, parent=8))
+    assert log.live(True) == 8
+    parents = {**chain(4), 5: 2, 6: 5, 7: 6, 8: 7, 9: 8}
+    assert decide(log, 9, parents, require_promoted=True, while_pinned="pause").kind == "keep"
+
+
+def test_promote_keeps_a_trainer_whose_lineage_holds_what_serves() -> None:
+    # A: promote the canary v5 (like a rollout): the trainer on v7 (v7 <- v6 <- v5) keeps it
+    log = log_of(*promoted(1, 2, 3, 4), *canary(5, 6), weights(7))
+    act(log, "promote", 5)
+    assert log.live(True) == 5
+    assert decide(log, 7, chain(7), require_promoted=True, while_pinned="pause").kind == "keep"
+    # B: promote an old rejected version: v3 still serves, the trainer on v4 (v3's child)
+    log = log_of(*promoted(1), weights(2), weights(2, "rejected"), *promoted(3), weights(4))
+    act(log, "promote", 2)
+    assert log.live(True) == 3
+    assert decide(log, 4, chain(4), require_promoted=True, while_pinned="pause").kind == "keep"

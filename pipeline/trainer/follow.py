@@ -13,10 +13,12 @@ undo every step not yet promoted. The rule (:func:`decide`), after the newest ac
   ancestor of V between V and S was announced after A (the trainer already trained on from
   S since the action); else it switches to S. A version announced before A that merely
   descends from S (rolled back past it, or trained while a pin held) is not acceptable;
-- a ``rollout`` (a canary served to everyone: the log moving forward, toward what the
-  trainer holds) keeps V when S is V or one of its ancestors and nothing between them is
-  withdrawn: the versions queued behind the canary descend from it, and going back to it
-  would undo them. A ``withdraw`` is a backward action like a rollback.
+- a ``rollout`` or ``promote`` (the log moving forward, toward what the trainer holds, or
+  not moving what serves) keeps V when S is V or one of its ancestors and nothing between
+  them is withdrawn: the versions queued behind a canary descend from it, and going back to
+  it would undo them. A ``withdraw`` is a backward action like a rollback;
+- nothing servable left (every version withdrawn: the base serves): V goes back to the base
+  (``switch`` to 0) unless it is the base already.
 
 The trainer publishes its pending steps before it switches or pauses (their samples are
 consumed, as after a rejection, and are never trained twice).
@@ -57,6 +59,8 @@ class Decision:
         if self.kind == "pause":
             return (f"{policy} pinned at v{self.version}{why}: training paused (samples wait "
                     "for unpin; trainer.while_pinned = \"pause\")")
+        if self.version == 0:
+            return f"the base model serves{why}: training goes on from the base"
         return f"v{self.version} serves{why}: training goes on from v{self.version}"
 
 
@@ -85,9 +89,11 @@ def decide(
     if log.pinned is not None and while_pinned == "pause":
         return Decision("pause", log.pinned, action)
     serving = log.live(require_promoted)
-    if serving is None or current == serving:
+    if serving is None:  # every version withdrawn: the base serves
+        return Decision("keep" if current == 0 else "switch", 0, action)
+    if current == serving:
         return Decision("keep", serving, action)
-    if action.kind == "rollout":
+    if action.kind in ("rollout", "promote"):
         at: int | None = current
         seen: set[int] = set()
         while at is not None and at != serving and at not in seen and at not in log.withdrawn:
@@ -98,7 +104,8 @@ def decide(
     acted_at = next(i for i, ev in enumerate(log.events) if ev.event_id == action.event_id)
     at = current
     seen = set()
-    while at is not None and at not in seen and announced.get(at, len(log.events)) > acted_at:
+    while (at is not None and at != serving and at not in seen
+           and announced.get(at, len(log.events)) > acted_at):
         seen.add(at)  # trained since the action: walk back to what it trained on from
         at = parents.get(at, log.manifests[at].parent if at in log.manifests else None)
     if at == serving:

@@ -445,6 +445,12 @@ class TrainerLoop:
         if decision.kind != "switch" or decision.version is None:
             return core, version
         target = decision.version
+        if target == 0:  # every version withdrawn: the base serves, training goes on from it
+            core = self._load_core(None, core.step)
+            if publisher.gate is not None:
+                publisher.gate.follow(core, 0)
+            self.progress.switched(0, core.step, decision.line(cfg.policy))
+            return core, 0
         directory = ck.version_dir(cfg.weights_root, cfg.policy, target)
         if not (directory / ck.MANIFEST).is_file():
             self.echo(f"v{target} serves but its folder {directory} is not here: training "

@@ -12,7 +12,9 @@ once):
   when the gateways load promoted versions only;
 - ``pin N`` serves N until ``unpin``, however new the versions published meanwhile;
 - ``rollback`` to N withdraws every version newer than N known at that point, so N (or the
-  newest servable one below it) serves until a version published later, or promoted again.
+  newest servable one below it) serves until a version published later, or promoted again;
+  a version published later whose parent is withdrawn (a trainer's steps on the dropped
+  lineage, sent before it read the action) is withdrawn too.
 
 Canary (issue 39): a version whose servable event (the gate's ``promoted`` verdict when the
 gateways load promoted versions only, else its ``candidate`` event) carries a
@@ -93,6 +95,7 @@ class VersionLog:
     actions: list[Action] = field(default_factory=list)
     events: list[WeightsPublished] = field(default_factory=list)  # this policy's, deduplicated
     _seen: set[str] = field(default_factory=set)
+    _announced: set[int] = field(default_factory=set)  # versions with a trainer event
 
     def add(self, ev: WeightsPublished) -> bool:
         """Fold one event; False when it is another policy's or a repeat of one seen."""
@@ -103,6 +106,13 @@ class VersionLog:
         v = ev.version
         self.manifests.setdefault(v, ev)
         if ev.action is None:
+            if v not in self._announced:
+                self._announced.add(v)
+                # A version trained on from a withdrawn one (steps a trainer published after
+                # a withdraw or rollback it had not read yet) is withdrawn with it: else the
+                # lineage the action dropped would serve again as the next version.
+                if ev.parent is not None and ev.parent in self.withdrawn:
+                    self.withdrawn.add(v)
             share = ev.canary_share or 0.0
             if ev.status in ("promoted", "rejected"):
                 self.verdicts[v] = ev
