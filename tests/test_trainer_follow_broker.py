@@ -78,6 +78,7 @@ def test_rollback_pin_unpin_on_a_live_trainer(
         device="cpu", gate=False, batch_max_samples=3, batch_max_wait_s=0.05,
         publish_every_steps=1, publish_max_overhead=1.0, lr=1e-3, max_staleness=1000,
         progress_every_s=0.5,
+        canary_share=0.0,  # every version serves everyone once servable: following is tested
     )
     lines: queue.Queue[str] = queue.Queue()
     loop = TrainerLoop(settings, cfg, echo=lines.put, require_promoted=False)

@@ -71,9 +71,10 @@ def test_a_bad_canary_is_withdrawn_a_good_one_rolled_out_and_a_restart_decides_n
     thread.start()
     try:
         wait_for(runner, thread, 1)
-        # while it follows: v3 becomes the canary (published after the withdrawal) and its 12
-        # users all pass, against v1's 7 of 14 since v3's first session
-        send(w, *servable(3, 0.2))
+        # while it follows: v3, trained on from v1 after the withdrawal (a version whose
+        # parent is withdrawn would be withdrawn too), becomes the canary and its 12 users all
+        # pass, against v1's 7 of 14 since v3 became servable
+        send(w, *servable(3, 0.2, parent=1, ts=30_000))
         send(s, *[sample(3, f"c{i}", 1.0, 40_000 + i) for i in range(12)],
              *[sample(1, f"d{i}", 1.0 if i % 2 else -1.0, 40_000 + i) for i in range(14)])
         wait_for(runner, thread, 2)

@@ -30,13 +30,13 @@ CFG = CanarySettings(min_sessions=10, max_sessions=100, watch_min_sessions=10,
 
 
 def servable(version: int, share: float | None = 0.1, *, policy: str = POLICY,
-             ts: int | None = None) -> list[events.WeightsPublished]:
+             ts: int | None = None, parent: int | None = None) -> list[events.WeightsPublished]:
     """A version's candidate, then the gate's promotion carrying ``canary_share`` (the
     interface: the event that makes it servable)."""
-    promoted = weights(version, "promoted", policy=policy, ts=ts)
+    promoted = weights(version, "promoted", policy=policy, ts=ts, parent=parent)
     if share is not None:
         promoted = dataclasses.replace(promoted, canary_share=share)  # type: ignore[call-arg]
-    return [weights(version, policy=policy, ts=ts), promoted]
+    return [weights(version, policy=policy, ts=ts, parent=parent), promoted]
 
 
 def decider(*evs: events.WeightsPublished, cfg: CanarySettings = CFG) -> Decider:
@@ -61,9 +61,10 @@ def test_a_canary_that_fails_its_users_is_withdrawn_with_its_figures() -> None:
     step = d.evaluate()
     assert (step.mode, step.version, step.reference, step.share) == ("canary", 2, 1, 0.1)
     assert step.verdict is not None and step.verdict.kind == "wait"  # 9 < 10 canary sessions
-    # the stable arm counts its sessions since the canary's first (ts 10,000): 18/20, not 18/70
+    # the stable arm counts its sessions since the canary became servable (v2's promoted
+    # verdict at ts 2,000): 18/20, not 18/70
     assert (step.verdict.figures["stable_sessions"], step.verdict.figures["since_ms"]) == (
-        20, 10_000)
+        20, 2_000)
     d.add_sample(2, "v2-s9", -1.0, 10_009)  # 4/10 against 18/20
     step = d.evaluate(ts_ms=5)
     assert step.verdict is not None and step.verdict.kind == "withdraw"
@@ -220,13 +221,13 @@ SAMPLE: events.Sample = examples()["sample"]  # type: ignore[assignment]
 
 def sample(version: int, session: str, outcome: float | None, ts: int,
            policy: str = POLICY, reward: float = 0.0, penalty: float = 0.0,
-           normalized: bool = False) -> events.Sample:
+           normalized: bool = False, turn: int = 0) -> events.Sample:
     """A sample whose judged score (reward - penalty) is 0 unless given: only its verified
     outcome counts then."""
     return dataclasses.replace(SAMPLE, event_id=f"{session}-{version}-{ts}", policy_id=policy,
                                session_id=session, behavior_weight_version=version,
                                outcome=outcome, ts_ms=ts, reward=reward, penalty=penalty,
-                               normalized=normalized)
+                               normalized=normalized, turn=turn)
 
 
 def runner(cfg: CanarySettings = CFG) -> tuple[CanaryRunner, FakeProducer, CollectorRegistry]:
@@ -258,9 +259,11 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
     assert "canary v2 of p: wait" in caplog.text
     assert reg.get_sample_value("liverl_canary_share", {"policy": POLICY}) == 0.25
     assert reg.get_sample_value("liverl_canary_version", {"policy": POLICY}) == 2
-    assert reg.get_sample_value("liverl_canary_sessions", {"policy": POLICY, "arm": "stable"}) == 0
-    # the canary's 12 sessions, all failed: its first began at 10,010, so the stable arm
-    # counts the 10 stable sessions from 10,010 on (5 passed)
+    # the stable arm counts from v2's promoted verdict (ts 2,000): all 20, before any canary
+    # session
+    assert reg.get_sample_value("liverl_canary_sessions", {"policy": POLICY, "arm": "stable"}) \
+        == 20
+    # the canary's 12 sessions, all failed, against the stable arm's 20 (10 passed)
     feed(r, *[sample(2, f"c{i}", -1.0, 10_010 + i) for i in range(12)])
     steps = r.evaluate()
     assert [s.mode for s in steps] == ["canary", "watch"]  # decided, then the watch on v1
@@ -268,7 +271,7 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
     assert (topic, key, ev.version) == (names.WEIGHTS, POLICY, 2)
     assert ev.action is not None and ev.action["kind"] == "withdraw"
     assert (ev.action["figures"]["stable_sessions"], ev.action["figures"]["stable_passed"]) == (
-        10, 5)
+        20, 10)
     assert r.sent == [ev]
     assert reg.get_sample_value("liverl_canary_decisions_total",
                                 {"policy": POLICY, "kind": "withdraw"}) == 1
@@ -342,7 +345,7 @@ def test_a_session_without_a_verified_outcome_counts_by_its_judged_turns() -> No
         # verified wins over the judged turns: +1 although the turns read 0.9 - 1.0 = -0.1
         sample(1, "v", None, 1, reward=0.9, penalty=1.0), sample(1, "v", 1.0, 2),
         # judged only: (0.5 + (-0.2)) / 2 = 0.15 > 0, passed
-        sample(1, "j", None, 3, reward=0.5), sample(1, "j", None, 4, reward=-0.2),
+        sample(1, "j", None, 3, reward=0.5), sample(1, "j", None, 4, reward=-0.2, turn=1),
         # judged only: 0.3 - 0.7 = -0.4, failed
         sample(1, "f", None, 5, reward=0.3, penalty=0.7),
         # a neutral session (mean 0) and a normalised advantage: no outcome
@@ -355,3 +358,7 @@ def test_a_session_without_a_verified_outcome_counts_by_its_judged_turns() -> No
         "v": (1, 1.0), "j": (3, 0.15), "f": (5, -0.4)}
     rate = book.rate(1)
     assert (rate.passed, rate.total) == (2, 3)  # v and j passed, f failed
+    # a sample read twice (the catch-up overlapping the follow) counts its turn once: j's
+    # turn 1 again leaves the mean at 0.15, where counting it twice gave (0.5 - 0.4) / 3
+    feed(r, sample(1, "j", None, 4, reward=-0.2, turn=1))
+    assert round(book.by_version[1]["j"][1], 9) == 0.15

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.settings import Settings
+from pipeline.versions import canary as C
 from pipeline.versions import posterior, watch
 from pipeline.versions.canary import decide, worse
 from pipeline.versions.config import CanarySettings
@@ -268,3 +269,19 @@ def test_the_benchmark_withdraws_a_harmful_candidate_and_rolls_out_a_better_one(
     assert good.decision == "rollout" and good.canary_sessions >= c.min_sessions
     found = bench.watch_run(0.6, 0.6, 0.1, c, seed=0, drop_at=200, horizon=300, every=5)
     assert found is not None and 0 <= found <= c.watch_window
+
+
+def test_a_canary_no_replica_serves_is_withdrawn_once_the_stable_arm_shows_it() -> None:
+    """Rule 0: a canary whose share of the traffic would have brought it max_sessions by now
+    but has fewer than min_sessions is served by no replica; waiting would stall every version
+    queued behind it. min 20, max 100, share 0.1: ceil(100 * 0.9 / 0.1) = 900 stable sessions."""
+    cfg = CanarySettings(min_sessions=20, max_sessions=100)
+    assert C.starved_after(0.1, cfg) == 900 and C.starved_after(0.25, cfg) == 300
+    assert C.starved_after(1.0, cfg) is None  # the stable arm gets no traffic either
+    none, stable = OutcomeRate(0, 0), OutcomeRate(540, 900)
+    v = C.decide(none, stable, cfg, share=0.1)
+    assert (v.kind, v.figures["rule"]) == ("withdraw", "no_canary_traffic")
+    assert C.decide(none, OutcomeRate(539, 899), cfg, share=0.1).kind == "wait"
+    assert C.decide(none, stable, cfg).kind == "wait"  # no share given: the old rules
+    assert C.decide(OutcomeRate(12, 20), stable, cfg, share=0.1).figures["rule"] != \
+        "no_canary_traffic"  # 20 canary sessions: it is served, the usual rules decide

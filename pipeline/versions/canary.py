@@ -3,8 +3,8 @@
 A canary version serves a share of the traffic beside the stable version (the fold in
 ``table.py`` says which is which). Each arm's sessions with a verified outcome are counted
 as ``table.outcome_rates`` counts them (a session once per version, outcome > 0 passed); the
-stable arm counts only its sessions since the canary's first one, so both arms see the same
-period's users. With a uniform prior, an arm with ``s`` passed of ``n`` has the posterior
+stable arm counts only its sessions since the canary became servable, so both arms see the
+same period's users. With a uniform prior, an arm with ``s`` passed of ``n`` has the posterior
 ``Beta(1 + s, 1 + n - s)``, and the test is
 
     p_worse = P(p_canary < p_stable - margin)
@@ -12,6 +12,12 @@ period's users. With a uniform prior, an arm with ``s`` passed of ``n`` has the 
 computed by ``posterior.prob_worse`` (a one-dimensional integral of a Beta density times a
 Beta CDF; see there). The decision, checked in this order:
 
+0. given the canary's ``share`` (< 1), the canary has fewer than ``min_sessions`` sessions
+   while the stable arm has ``ceil(max_sessions * (1 - share) / share)`` or more (what its
+   share of the traffic would have brought the canary ``max_sessions`` by): **withdraw**,
+   rule ``no_canary_traffic``: no replica serves it (a load that failed everywhere, an
+   SGLang server asked for a full-weight canary), and waiting would stall every version
+   queued behind it;
 1. either arm has fewer than ``min_sessions`` sessions: **wait**;
 2. ``p_worse >= withdraw_probability``: **withdraw**;
 3. ``1 - p_worse >= rollout_probability``: **rollout** (the canary is not worse than the
@@ -28,6 +34,7 @@ hypothesis).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -65,9 +72,19 @@ def arm_figures(prefix: str, o: OutcomeRate) -> dict[str, Figure]:
             f"{prefix}_mean": round(posterior.mean(a, b), 6)}
 
 
-def decide(canary: OutcomeRate, stable: OutcomeRate, cfg: CanarySettings) -> Verdict:
+def starved_after(share: float, cfg: CanarySettings) -> int | None:
+    """Stable-arm sessions after which a canary still under ``min_sessions`` gets no traffic
+    (rule 0); None for a share of 1 or more, where the stable arm gets none either."""
+    if not 0 < share < 1:
+        return None
+    return math.ceil(cfg.max_sessions * (1 - share) / share)
+
+
+def decide(canary: OutcomeRate, stable: OutcomeRate, cfg: CanarySettings,
+           share: float | None = None) -> Verdict:
     """Rollout, wait or withdraw for a canary against the stable arm (rules in the module
-    docstring), with every number that decided it."""
+    docstring), with every number that decided it. ``share``: the canary's share of the
+    traffic (rule 0 needs it)."""
     p = worse(canary, stable, cfg.margin)
     mean_c, mean_s = posterior.mean(*beta(canary)), posterior.mean(*beta(stable))
     figures: dict[str, Figure] = {
@@ -83,6 +100,12 @@ def decide(canary: OutcomeRate, stable: OutcomeRate, cfg: CanarySettings) -> Ver
     def verdict(kind: Decision, rule: str, why: str) -> Verdict:
         return Verdict(kind, f"{said}: {why}", {**figures, "rule": rule})
 
+    starved = starved_after(share, cfg) if share is not None else None
+    if starved is not None and canary.total < cfg.min_sessions and stable.total >= starved:
+        return verdict("withdraw", "no_canary_traffic",
+                       f"the stable arm had {stable.total} >= {starved} sessions while the "
+                       f"canary had {canary.total} < {cfg.min_sessions} at a {share:g} share: "
+                       "no replica serves it")
     fewest = min(canary.total, stable.total)
     if fewest < cfg.min_sessions:
         return verdict("wait", "min_sessions",

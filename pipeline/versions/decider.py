@@ -5,7 +5,7 @@ State is the policy's weights log (``VersionLog``) and its sessions with outcome
 
 - pinned: nothing (a pin is the operator's; the fold has no canary while pinned);
 - a canary runs: ``canary.decide`` on the canary's sessions against the stable version's
-  sessions since the canary's first; rollout or withdraw becomes an event by ``canary``;
+  sessions since the canary became servable; rollout or withdraw becomes an event by ``canary``;
 - else, a stable version serves: ``watch.check`` on its last window of sessions against its
   parent's; a drop becomes a withdraw event by ``watch`` (or an alert, no event, with
   ``watch_action = "alert"``).
@@ -30,7 +30,7 @@ from . import watch as watch_rule
 from .canary import Verdict
 from .config import CanarySettings
 from .sessions import SessionBook
-from .table import OutcomeRate, VersionLog
+from .table import VersionLog
 
 PRODUCER = Producer(component="canary", version=__version__)
 ID_VERSION = "decision-1"  # bump if the id's inputs change
@@ -44,6 +44,15 @@ def arms(log: VersionLog, require_promoted: bool) -> tuple[int | None, tuple[int
     """(stable version or None for the base, canary (version, share) or None), as the fold
     says: the one place the decider reads the canary interface."""
     return log.live(require_promoted), log.canary(require_promoted)
+
+
+def servable_ms(log: VersionLog, version: int, require_promoted: bool) -> int:
+    """When ``version`` became servable: its promoted verdict's time when the gateways load
+    promoted versions only (and it has one), else its first event's."""
+    verdict = log.verdicts.get(version)
+    if require_promoted and verdict is not None:
+        return verdict.ts_ms
+    return log.manifests[version].ts_ms
 
 
 def arm_version(version: int | None) -> int:
@@ -119,9 +128,9 @@ class Decider:
         return True
 
     def add_sample(self, version: int, session: str, outcome: float | None,
-                   ts_ms: int, judged: float | None = None) -> bool:
+                   ts_ms: int, judged: float | None = None, turn: int = 0) -> bool:
         """Fold one sample of this policy (``reading.sample_outcome``'s fields)."""
-        return self.book.add(self.policy_id, version, session, outcome, ts_ms, judged)
+        return self.book.add(self.policy_id, version, session, outcome, ts_ms, judged, turn)
 
     def _unsent(self, ev: WeightsPublished) -> WeightsPublished | None:
         return None if ev.event_id in self._ids else ev
@@ -139,9 +148,11 @@ class Decider:
     def _canary(self, stable: int | None, version: int, share: float, *,
                 ts_ms: int | None) -> Step:
         ref = arm_version(stable)
-        since = self.book.first_ms(version)
-        stable_arm = self.book.rate(ref, since_ms=since) if since is not None else None
-        verdict = canary_rule.decide(self.book.rate(version), stable_arm or _NONE, self.cfg)
+        # both arms over the same period: since the canary became servable (its servable
+        # event's time), whether or not any replica managed to serve it
+        since = servable_ms(self.log, version, self.require_promoted)
+        stable_arm = self.book.rate(ref, since_ms=since)
+        verdict = canary_rule.decide(self.book.rate(version), stable_arm, self.cfg, share)
         figures = {**verdict.figures, "canary_version": version, "stable_version": ref,
                    "canary_share": share, "since_ms": since}
         verdict = Verdict(verdict.kind, verdict.reason, figures)
@@ -170,6 +181,3 @@ class Decider:
                                             reason=verdict.reason, figures=verdict.figures,
                                             ts_ms=ts_ms))
         return Step("watch", stable, parent, verdict=verdict, event=event)
-
-
-_NONE = OutcomeRate(0, 0)

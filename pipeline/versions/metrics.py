@@ -20,8 +20,9 @@ class DecisionMetrics:
             "liverl_canary_share", "Share of sessions routed to the canary (0: no canary)",
             ["policy"], registry=r)
         self.sessions = Gauge(
-            "liverl_canary_sessions", "Sessions with a verified outcome per arm of the "
-            "running canary (stable: since the canary's first)", ["policy", "arm"], registry=r)
+            "liverl_canary_sessions", "Sessions with an outcome per arm of the running "
+            "canary (stable: since the canary became servable)", ["policy", "arm"],
+            registry=r)
         self.outcome_rate = Gauge(
             "liverl_canary_outcome_rate", "Passed share of those sessions per arm",
             ["policy", "arm"], registry=r)

@@ -81,11 +81,12 @@ def serving_statuses(connection: Connectable,
 
 
 def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float | None, int,
-                                                                float | None] | None:
-    """``(behavior_weight_version, session_id, outcome, ts_ms, judged)`` of one sample record
-    of the policy, None for anything else. ``judged`` is the turn's judged score, reward minus
-    the path part (``penalty``), when the reward is not a group-normalised advantage (None
-    then): the live signal of a session without a verified outcome, such as the user's reply.
+                                                                float | None, int] | None:
+    """``(behavior_weight_version, session_id, outcome, ts_ms, judged, turn)`` of one sample
+    record of the policy, None for anything else. ``judged`` is the turn's judged score,
+    reward minus the path part (``penalty``), when the reward is not a group-normalised
+    advantage (None then): the live signal of a session without a verified outcome, such as
+    the user's reply.
     Only those fields are read (no validation, no token arrays decoded): the samples topic is
     by far the largest, and a view or the canary decider must not cost what training does."""
     try:
@@ -99,7 +100,7 @@ def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float |
                   and not doc.get("normalized") else None)
         return (int(doc["behavior_weight_version"]), str(doc["session_id"]),
                 float(outcome) if isinstance(outcome, int | float) else None,
-                int(doc.get("ts_ms") or 0), judged)
+                int(doc.get("ts_ms") or 0), judged, int(doc.get("turn") or 0))
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
 

@@ -26,15 +26,16 @@ class _Signals:
 
     first_ms: int
     verified: float | None = None  # the newest verified outcome
-    judged_sum: float = 0.0
-    judged_n: int = 0
+    # turn -> judged score: a sample read twice (a catch-up overlapping the follow, a
+    # redelivery) replaces its turn's score instead of counting again
+    judged: dict[int, float] = field(default_factory=dict)
 
     def outcome(self) -> float | None:
         if self.verified is not None:
             return self.verified
-        if self.judged_n == 0:
+        if not self.judged:
             return None
-        mean = self.judged_sum / self.judged_n
+        mean = sum(self.judged.values()) / len(self.judged)
         return mean if mean != 0 else None
 
 
@@ -47,7 +48,7 @@ class SessionBook:
     _signals: dict[tuple[int, str], _Signals] = field(default_factory=dict, repr=False)
 
     def add(self, policy_id: str, version: int, session: str, outcome: float | None,
-            ts_ms: int, judged: float | None = None) -> bool:
+            ts_ms: int, judged: float | None = None, turn: int = 0) -> bool:
         """Fold one sample's verified outcome and judged score; False when the session's
         outcome is unchanged (another policy's sample, nothing to count, or the same)."""
         if policy_id != self.policy_id:
@@ -64,8 +65,7 @@ class SessionBook:
         if verified is not None:
             signals.verified = verified
         if score is not None:
-            signals.judged_sum += score
-            signals.judged_n += 1
+            signals.judged[turn] = score
         after = signals.outcome()
         if after == before:
             return False
