@@ -266,8 +266,11 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
     # the canary's 12 sessions, all failed, against the stable arm's 20 (10 passed)
     feed(r, *[sample(2, f"c{i}", -1.0, 10_010 + i) for i in range(12)])
     steps = r.evaluate()
-    assert [s.mode for s in steps] == ["canary", "watch"]  # decided, then the watch on v1
+    assert [s.mode for s in steps] == ["canary"]  # decided and sent, not folded yet
     ((topic, ev, key),) = fake.sent
+    assert [s.event for s in r.evaluate()] == [None]  # not sent twice before it is read back
+    feed(r, ev)  # read back from the topic: folded in log order, then the watch on v1
+    assert [s.mode for s in r.evaluate()] == ["watch"]
     assert (topic, key, ev.version) == (names.WEIGHTS, POLICY, 2)
     assert ev.action is not None and ev.action["kind"] == "withdraw"
     assert (ev.action["figures"]["stable_sessions"], ev.action["figures"]["stable_passed"]) == (
@@ -295,6 +298,8 @@ def test_the_runner_counts_watch_withdrawals_and_alerts(caplog: pytest.LogCaptur
              *[sample(2, f"b{i}", -1.0, 2_000 + i) for i in range(10)])
         with caplog.at_level(logging.WARNING, logger="pipeline.versions.runner"):
             r.evaluate()
+            for _topic, ev, _key in fake.sent:  # the decision, read back from the topic
+                feed(r, ev)
             r.evaluate()
         labels = {"policy": POLICY}
         assert reg.get_sample_value("liverl_watch_withdrawals_total", labels) == (

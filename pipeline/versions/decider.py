@@ -132,6 +132,11 @@ class Decider:
         """Fold one sample of this policy (``reading.sample_outcome``'s fields)."""
         return self.book.add(self.policy_id, version, session, outcome, ts_ms, judged, turn)
 
+    def mark_sent(self, ev: WeightsPublished) -> None:
+        """A decision this process sent: not decided again while it travels to the topic and
+        back (it is folded when read, in log order)."""
+        self._ids.add(ev.event_id)
+
     def _unsent(self, ev: WeightsPublished) -> WeightsPublished | None:
         return None if ev.event_id in self._ids else ev
 

@@ -31,7 +31,6 @@ from .metrics import default as default_metrics
 from .reading import sample_outcome
 
 log = logging.getLogger(__name__)
-MAX_DECISIONS_PER_EVALUATION = 16
 NAN = float("nan")  # a log with more pending versions decides on the next poll
 
 
@@ -112,16 +111,14 @@ class CanaryRunner:
     # -- deciding --------------------------------------------------------------------------
 
     def evaluate(self) -> list[Step]:
-        """Evaluate until nothing more is decided; send each decision. The steps taken."""
-        steps = []
-        for _ in range(MAX_DECISIONS_PER_EVALUATION):
-            step = self.decider.evaluate()
-            steps.append(step)
-            self._observe(step)
-            if step.event is None:
-                break
+        """Evaluate; send a decision if one is due. The steps taken. A decision sent is folded
+        when it is read back from the topic, in log order: folded here at once, it could
+        come before an operator's action that the topic holds first."""
+        step = self.decider.evaluate()
+        self._observe(step)
+        if step.event is not None:
             self._send(step)
-        return steps
+        return [step]
 
     def _send(self, step: Step) -> None:
         ev = step.event
@@ -132,7 +129,7 @@ class CanaryRunner:
             self._producer = EventProducer(self.settings, client_id="liverl-canary")
         self._producer.send(self.weights_topic, ev, key=ev.policy_id)
         self._producer.flush()  # confirmed before anything else is decided on it
-        self.decider.add_weights(ev)
+        self.decider.mark_sent(ev)  # not sent again before it is read back
         self.sent.append(ev)
         kind, by = ev.action["kind"], ev.action["by"]
         log.warning("%s %s v%d of %s (event %s): %s", by, kind, ev.version, ev.policy_id,
