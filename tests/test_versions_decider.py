@@ -367,3 +367,28 @@ def test_a_session_without_a_verified_outcome_counts_by_its_judged_turns() -> No
     # turn 1 again leaves the mean at 0.15, where counting it twice gave (0.5 - 0.4) / 3
     feed(r, sample(1, "j", None, 4, reward=-0.2, turn=1))
     assert round(book.by_version[1]["j"][1], 9) == 0.15
+
+
+def test_sessions_served_while_the_canary_was_pinned_belong_to_no_arm() -> None:
+    from pipeline.versions import actions as A
+    from pipeline.versions.decider import pinned_periods
+
+    d = decider(*servable(1, None), *servable(2))
+    sessions(d, 2, 3, 0, ts=10_000)  # the canary's own 3 sessions
+    sessions(d, 1, 20, 7, ts=10_000, tag="s")  # the stable arm's 27
+    for kind, asked, ts in (("pin", 2, 20_000), ("unpin", None, 30_000)):
+        ev = A.action_event(d.log, kind, asked, by="op", reason=None, require_promoted=True,
+                            ts_ms=ts)
+        assert ev is not None
+        d.add_weights(ev)
+    assert pinned_periods(d.log) == [(20_000, 30_000)]
+    # while pinned every user met v2: 400 sessions tagged v2 between 20,000 and 29,999
+    for i in range(400):
+        d.add_sample(2, f"pinned-{i}", 1.0, 20_000 + i * 20)
+    step = d.evaluate()
+    assert step.verdict is not None
+    f = step.verdict.figures
+    # 3 canary sessions, not 403 (which reached max_sessions 100 and rolled it out at once)
+    assert (f["canary_sessions"], f["stable_sessions"], step.verdict.kind) == (3, 27, "wait")
+    d.add_sample(2, "after", 1.0, 30_000)  # after the unpin: the canary's again
+    assert d.evaluate().verdict.figures["canary_sessions"] == 4  # type: ignore[union-attr]

@@ -349,8 +349,10 @@ class TrainerSettings(BaseModel):
     while_pinned: Literal["pause", "train"] = Field(
         default="pause",
         description="While a version is pinned: pause (consume no sample, publish nothing; "
-        "they are trained after unpin) or train (from the pinned version, publishing "
-        "candidates that do not serve while the pin holds).",
+        "they are read after unpin, and those answered by a version more than "
+        "max_staleness behind the trainer's are dropped as stale, counted like any stale "
+        "sample) or train (from the pinned version, publishing candidates that do not serve "
+        "while the pin holds).",
     )
     progress_every_s: float = Field(
         default=10.0, gt=0.0,

@@ -55,6 +55,22 @@ def servable_ms(log: VersionLog, version: int, require_promoted: bool) -> int:
     return log.manifests[version].ts_ms
 
 
+def pinned_periods(log: VersionLog) -> list[tuple[int, int | None]]:
+    """``[pin, unpin)`` times of the log's pins (end None while pinned): every user met the
+    pinned version then, so those sessions belong to no canary arm."""
+    periods: list[tuple[int, int | None]] = []
+    start: int | None = None
+    for a in log.actions:
+        if a.kind == "pin" and start is None:
+            start = a.ts_ms
+        elif a.kind == "unpin" and start is not None:
+            periods.append((start, a.ts_ms))
+            start = None
+    if start is not None:
+        periods.append((start, None))
+    return periods
+
+
 def arm_version(version: int | None) -> int:
     """The ``behavior_weight_version`` of the samples a version (None: the base) answered."""
     return BASE if version is None else version
@@ -156,8 +172,10 @@ class Decider:
         # both arms over the same period: since the canary became servable (its servable
         # event's time), whether or not any replica managed to serve it
         since = servable_ms(self.log, version, self.require_promoted)
-        stable_arm = self.book.rate(ref, since_ms=since)
-        verdict = canary_rule.decide(self.book.rate(version), stable_arm, self.cfg, share)
+        pinned = pinned_periods(self.log)  # no arms then: everyone met the pin
+        stable_arm = self.book.rate(ref, since_ms=since, excluding=pinned)
+        verdict = canary_rule.decide(self.book.rate(version, excluding=pinned), stable_arm,
+                                     self.cfg, share)
         figures = {**verdict.figures, "canary_version": version, "stable_version": ref,
                    "canary_share": share, "since_ms": since}
         verdict = Verdict(verdict.kind, verdict.reason, figures)

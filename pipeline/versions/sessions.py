@@ -15,6 +15,7 @@ another interleaving, selects the same sessions.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .table import OutcomeRate, outcome_rates
@@ -80,11 +81,17 @@ class SessionBook:
         rows = [(self.policy_id, version, sid, outcome) for sid, outcome in chosen]
         return outcome_rates(self.policy_id, rows).get(version, OutcomeRate(0, 0))
 
-    def rate(self, version: int, since_ms: int | None = None) -> OutcomeRate:
-        """The version's sessions, those that began at ``since_ms`` or later if given."""
+    def rate(self, version: int, since_ms: int | None = None,
+             excluding: Sequence[tuple[int, int | None]] = ()) -> OutcomeRate:
+        """The version's sessions, those that began at ``since_ms`` or later if given, and
+        outside every ``[start, end)`` period of ``excluding`` (end None: still open)."""
         sessions = self.by_version.get(version, {})
+
+        def outside(ts: int) -> bool:
+            return not any(start <= ts and (end is None or ts < end) for start, end in excluding)
+
         return self._rate(version, [(sid, o) for sid, (ts, o) in sessions.items()
-                                    if since_ms is None or ts >= since_ms])
+                                    if (since_ms is None or ts >= since_ms) and outside(ts)])
 
     def window(self, version: int, last: int) -> OutcomeRate:
         """The version's ``last`` most recent sessions (by first sample time, then id)."""
