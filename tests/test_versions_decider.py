@@ -392,3 +392,16 @@ def test_sessions_served_while_the_canary_was_pinned_belong_to_no_arm() -> None:
     assert (f["canary_sessions"], f["stable_sessions"], step.verdict.kind) == (3, 27, "wait")
     d.add_sample(2, "after", 1.0, 30_000)  # after the unpin: the canary's again
     assert d.evaluate().verdict.figures["canary_sessions"] == 4  # type: ignore[union-attr]
+
+
+def test_the_book_forgets_versions_no_evaluation_looks_at_again() -> None:
+    d = decider(*servable(1, None), *servable(2, None), *servable(3, None), *servable(4),
+                *servable(5))
+    for v in (1, 2, 3, 4, 5, 9):  # 9: its samples came before its weights event
+        sessions(d, v, 2, 1, ts=10_000 * v)
+    assert arms(d.log, True) == (3, (4, 0.1))
+    # kept: the base (0), stable v3, its parent v2, the canary v4, v5 waiting, unannounced v9;
+    # forgotten: v1's 3 sessions
+    assert d.prune() == 3
+    assert sorted(d.book.by_version) == [2, 3, 4, 5, 9]
+    assert d.evaluate().mode == "canary" and d.prune() == 0

@@ -148,6 +148,20 @@ class Decider:
         """Fold one sample of this policy (``reading.sample_outcome``'s fields)."""
         return self.book.add(self.policy_id, version, session, outcome, ts_ms, judged, turn)
 
+    def prune(self) -> int:
+        """Forget the sessions of versions no evaluation can look at again: what is kept is
+        every version not withdrawn from the stable one on (the stable and its parent, the
+        canary and the versions waiting behind it) and the base's (version 0). A later
+        rollback to an older version starts its watch window afresh. Sessions forgotten."""
+        stable, _canary = arms(self.log, self.require_promoted)
+        floor = stable if stable is not None else 0
+        parent = (self.log.manifests[stable].parent if stable in self.log.manifests else None)
+        keep = {0, floor, arm_version(parent)} | {
+            v for v in self.log.manifests if v > floor and v not in self.log.withdrawn}
+        # sessions of versions not announced yet (samples can arrive before the event)
+        keep |= {v for v in self.book.by_version if v not in self.log.manifests}
+        return self.book.keep_only(keep)
+
     def mark_sent(self, ev: WeightsPublished) -> None:
         """A decision this process sent: not decided again while it travels to the topic and
         back (it is folded when read, in log order)."""

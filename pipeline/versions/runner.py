@@ -118,6 +118,7 @@ class CanaryRunner:
         self._observe(step)
         if step.event is not None:
             self._send(step)
+        self.decider.prune()
         return [step]
 
     def _send(self, step: Step) -> None:

@@ -15,7 +15,7 @@ another interleaving, selects the same sessions.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .table import OutcomeRate, outcome_rates
@@ -106,3 +106,14 @@ class SessionBook:
 
     def count(self) -> int:
         return sum(len(s) for s in self.by_version.values())
+
+    def keep_only(self, versions: Iterable[int]) -> int:
+        """Forget every other version's sessions (the decider compares a few versions at a
+        time: without this the book grew with every session ever served); how many
+        sessions were forgotten."""
+        keep = set(versions)
+        gone = [v for v in self.by_version if v not in keep]
+        dropped = sum(len(self.by_version.pop(v)) for v in gone)
+        for key in [k for k in self._signals if k[0] not in keep]:
+            del self._signals[key]
+        return dropped
