@@ -373,3 +373,36 @@ def test_the_gateway_streams_sglang_tokens_to_the_client_as_they_come(sglang) ->
                     state["hold"].set()
     assert state["held"] is True
     assert len(text) >= 2 and "".join(text) == "Paris is the capital."
+
+
+def test_an_adapter_unloaded_while_a_rollback_loads_it_again_is_loaded_after(
+    tmp_path: Path,
+) -> None:
+    """The unload of an unused adapter and a load of the same name (a rollback to it) run
+    one after the other: before the lock the load was sent while the unload was in flight
+    ("already loaded" on the server, or the arm naming an adapter the server then dropped)."""
+    from pipeline.models.tiny import ensure_tiny_model
+
+    backend = SGLangBackend("http://127.0.0.1:9", ensure_tiny_model(), policy_id="pol")
+    calls: list[str] = []
+
+    async def post(path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        calls.append(f"{path} {body['lora_name']} start")
+        await asyncio.sleep(0.05)  # one HTTP round trip
+        calls.append(f"{path} {body['lora_name']} end")
+        return 200, b'{"success": true}'
+
+    backend._post = post  # type: ignore[method-assign]
+    backend._loaded = {"pol-v4"}  # loaded, no longer live on an arm, no request on it
+
+    async def race() -> str:
+        unload = asyncio.create_task(backend._unload_unused())
+        await asyncio.sleep(0.01)  # the unload's request is in flight
+        name = await backend._load_adapter(tmp_path, 4)
+        await unload
+        return name
+
+    assert asyncio.run(race()) == "pol-v4"
+    assert calls == ["/unload_lora_adapter pol-v4 start", "/unload_lora_adapter pol-v4 end",
+                     "/load_lora_adapter pol-v4 start", "/load_lora_adapter pol-v4 end"]
+    assert backend._loaded == {"pol-v4"}

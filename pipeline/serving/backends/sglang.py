@@ -151,6 +151,8 @@ class SGLangBackend:
         self._canary: tuple[int, str, float] | None = None
         self._in_use: Counter[str] = Counter()  # adapter name -> requests running on it
         self._loaded: set[str] = set()  # adapters this gateway loaded and not yet unloaded
+        self._lock: asyncio.Lock | None = None  # adapter loads/unloads, one at a time
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
         self.timeout_s = timeout_s
         self._http: aiohttp.ClientSession | None = None  # made in (and bound to) a running loop
         self._http_loop: asyncio.AbstractEventLoop | None = None
@@ -342,13 +344,23 @@ class SGLangBackend:
                 "abort_all_requests": False}
         await self._admin("/update_weights_from_disk", body)
 
+    def _adapters_lock(self) -> asyncio.Lock:
+        """One adapter load or unload at a time (per running loop, as the HTTP client): an
+        unload of a name still in flight while a rollback loads it again made the load fail
+        ("already loaded") or left the arm naming an adapter the server had dropped."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
     async def _load_adapter(self, path: Path, version: int) -> str:
         """Register the version's adapter on the server (once); its name."""
         name = f"{self.policy_id}-v{version}"
-        if name not in self._loaded:
-            body = {"lora_name": name, "lora_path": str(path), "pinned": False}
-            await self._admin("/load_lora_adapter", body)
-            self._loaded.add(name)
+        async with self._adapters_lock():
+            if name not in self._loaded:
+                body = {"lora_name": name, "lora_path": str(path), "pinned": False}
+                await self._admin("/load_lora_adapter", body)
+                self._loaded.add(name)
         return name
 
     async def _admin(self, path: str, body: dict[str, Any]) -> None:
@@ -391,15 +403,17 @@ class SGLangBackend:
 
     async def _unload_unused(self) -> None:
         """Unload adapters that are neither live on an arm nor used by a running request."""
-        keep = {self._adapter, self._canary[1] if self._canary is not None else None}
-        for name in [n for n in self._loaded if n not in keep and self._in_use[n] <= 0]:
-            self._loaded.discard(name)
-            try:
-                status, _raw = await self._post("/unload_lora_adapter", {"lora_name": name})
-                if status != 200:
-                    log.warning("unload of adapter %s answered %s", name, status)
-            except SGLangError as exc:  # the server keeps an extra adapter; harmless
-                log.warning("unload of adapter %s failed: %s", name, exc)
+        async with self._adapters_lock():
+            keep = {self._adapter, self._canary[1] if self._canary is not None else None}
+            for name in [n for n in self._loaded if n not in keep and self._in_use[n] <= 0]:
+                self._loaded.discard(name)
+                try:
+                    status, _raw = await self._post("/unload_lora_adapter",
+                                                    {"lora_name": name})
+                    if status != 200:
+                        log.warning("unload of adapter %s answered %s", name, status)
+                except SGLangError as exc:  # the server keeps an extra adapter; harmless
+                    log.warning("unload of adapter %s failed: %s", name, exc)
 
     async def close(self) -> None:
         if self._http is not None and self._http_loop is asyncio.get_running_loop():
