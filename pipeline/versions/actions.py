@@ -116,12 +116,24 @@ def action_event(log: VersionLog, kind: str, asked: int | None, *, by: str,
     if event_id in {ev.event_id for ev in log.events}:
         return None
     version = target(log, kind, asked, require_promoted=require_promoted)
+    status = "promoted" if kind == "promote" else None
+    return manifest_action(log, version, event_id=event_id, parents=parents, producer=PRODUCER,
+                           ts_ms=ts_ms, status=status,
+                           action={"kind": kind, "by": by, "reason": reason,
+                                   **({"figures": figures} if figures is not None else {})})
+
+
+def manifest_action(log: VersionLog, version: int, *, event_id: str, parents: list[str],
+                    producer: Producer, action: dict[str, Any], ts_ms: int | None = None,
+                    status: str | None = None) -> WeightsPublished:
+    """An action on ``version`` as a ``weights`` event: the version's manifest (its first
+    event) with ``action`` set, so a reader of the log alone can load what it names. Shared
+    by operator commands and the canary decider. ``status``: the folded one unless given."""
     base = log.manifests[version]
-    status = "promoted" if kind == "promote" else log.status.get(version, base.status)
     return WeightsPublished(
         event_id=event_id,
         ts_ms=now_ms() if ts_ms is None else ts_ms,
-        producer=PRODUCER,
+        producer=producer,
         parents=parents,
         policy_id=log.policy_id,
         version=version,
@@ -129,8 +141,7 @@ def action_event(log: VersionLog, kind: str, asked: int | None, *, by: str,
         uri=base.uri,
         files=[dict(f) for f in base.files],  # type: ignore[misc]
         step=base.step,
-        status=status,  # type: ignore[arg-type]
+        status=status or log.status.get(version, base.status),  # type: ignore[arg-type]
         consumed_offsets=dict(base.consumed_offsets),
-        action={"kind": kind, "by": by, "reason": reason,
-                **({"figures": figures} if figures is not None else {})},
+        action=action,
     )

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline import __version__
-from pipeline.events import Producer, WeightsPublished, derive_event_id, now_ms
+from pipeline.events import Producer, WeightsPublished, derive_event_id
 
 from . import canary as canary_rule
 from . import watch as watch_rule
+from .actions import manifest_action
 from .canary import Verdict
 from .config import CanarySettings
 from .sessions import SessionBook
@@ -86,23 +87,11 @@ def decision_event(log: VersionLog, kind: Literal["rollout", "withdraw"], versio
     """The ``weights`` event of a decision: the version's manifest with ``action = {kind,
     by, reason, figures}``, as an operator's action copies it (``actions.action_event``). Its
     parent is the version's first event (the candidate's), which every reader has."""
-    base = log.manifests[version]
-    parents = [base.event_id]
-    return WeightsPublished(
-        event_id=decision_id(log.policy_id, version, by, parents),
-        ts_ms=now_ms() if ts_ms is None else ts_ms,
-        producer=PRODUCER,
-        parents=parents,
-        policy_id=log.policy_id,
-        version=version,
-        parent=base.parent,
-        uri=base.uri,
-        files=[dict(f) for f in base.files],  # type: ignore[misc]
-        step=base.step,
-        status=log.status.get(version, base.status),  # type: ignore[arg-type]
-        consumed_offsets=dict(base.consumed_offsets),
-        action={"kind": kind, "by": by, "reason": reason, "figures": figures},
-    )
+    parents = [log.manifests[version].event_id]
+    return manifest_action(log, version, event_id=decision_id(log.policy_id, version, by, parents),
+                           parents=parents, producer=PRODUCER, ts_ms=ts_ms,
+                           action={"kind": kind, "by": by, "reason": reason,
+                                   "figures": figures})
 
 
 @dataclass(frozen=True)
