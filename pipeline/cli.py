@@ -418,6 +418,11 @@ def up(
         raise click.UsageError(str(exc)) from None
     if (problem := writable_problem(Path(settings.state_dir) / "logs")) is not None:
         _fail(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
+    # Everything that can be checked is checked before anything starts: a typo in --model or
+    # a taken port used to fail only after Kafka had started, and left it running.
+    if "gateway" not in without and (problem := stack.port_problem(host, port)) is not None:
+        _fail(f"{problem}; pass another --port (or stop what listens there)")
+    _pull_model(model)
     started_broker = False
     if settings.uses_local_broker:
         local = LocalBroker(settings)
@@ -428,9 +433,13 @@ def up(
             _fail(str(exc))
     else:
         console.print(f"using external Kafka at {settings.bootstrap}")
-    ctx.invoke(topics_apply, dry_run=False)
+    try:
+        ctx.invoke(topics_apply, dry_run=False)
+    except BaseException:
+        if started_broker:  # what this command started stops with it
+            LocalBroker(settings).down()
+        raise
 
-    _pull_model(model)
     components: list[stack.Component] = []
     model_args = ["--model", model] if model else []
     if "archive" not in without:

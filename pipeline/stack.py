@@ -211,6 +211,23 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def port_problem(host: str, port: int) -> str | None:
+    """Why the gateway could not listen on ``host:port`` (None: it can), asked by binding it
+    once before anything starts."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"cannot resolve --host {host}: {exc.strerror or exc}"
+    family, _type, _proto, _name, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is
+        try:  # no obstacle, a listener is
+            sock.bind(addr)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now, for a local component started next (the
     demo's gateway and processors web server, tests)."""
