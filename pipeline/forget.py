@@ -49,8 +49,6 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 import pyarrow as pa
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline import __version__
 from pipeline.errors import ForgetError
@@ -87,17 +85,6 @@ MAX_ID_CHARS = 256
 # it can outlive retention.ms by up to this when the spec does not set segment.ms.
 DEFAULT_SEGMENT_MS = 7 * 24 * 3_600_000
 GROUP_PREFIX = "liverl-forget-"  # the one-shot reader's throwaway group id
-
-
-class ForgetSettings(BaseSettings):
-    """``LIVERL_FORGET_*``: the lake's retention policy for deleted files."""
-
-    model_config = SettingsConfigDict(env_prefix="LIVERL_FORGET_", extra="ignore")
-
-    # Files a forget removed from a Delta table are physically deleted by the first vacuum
-    # at least this long afterwards (every `liverl forget`, or `liverl forget --vacuum-only`
-    # from cron); older table versions stay readable for this long.
-    vacuum_retention_hours: int = Field(default=24, ge=0)
 
 
 # ---- what was found --------------------------------------------------------------------------
@@ -443,8 +430,7 @@ def forget(
 
     settings: Settings = (ctx.find_root().obj or {}).get("settings") or Settings()
     lake = lake or default_lake(ctx)
-    policy = ForgetSettings()
-    retention = 0 if vacuum_now else policy.vacuum_retention_hours
+    retention = 0 if vacuum_now else settings.forget.vacuum_retention_hours
     if vacuum_only:
         if session_id is not None or user_id is not None or dry_run:
             raise click.UsageError("--vacuum-only takes no --session, --user or --dry-run")

@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -41,6 +41,7 @@ __all__ = [
     "PROJECT_ROOT",
     "BrokerSettings",
     "ConnectionSettings",
+    "ForgetSettings",
     "KafkaSettings",
     "Settings",
     "TopicSettings",
@@ -49,6 +50,19 @@ __all__ = [
 
 # Set by load_settings(config=...) for the duration of one construction; no global side effect.
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("liverl_config_file", default=None)
+
+
+class ForgetSettings(BaseModel):
+    """The ``[forget]`` section (``LIVERL_FORGET_*``): the lake's retention policy for the
+    files a ``liverl forget`` removed. It was read on its own, so a ``[forget]`` table in
+    liverl.toml was ignored."""
+
+    vacuum_retention_hours: int = Field(
+        default=24, ge=0,
+        description="Files a forget removed from a Delta table are physically deleted by the "
+        "first vacuum at least this long afterwards (every `liverl forget`, or `liverl forget "
+        "--vacuum-only` from cron); older table versions stay readable for this long.",
+    )
 
 
 class Settings(BaseSettings):
@@ -71,6 +85,7 @@ class Settings(BaseSettings):
     processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     tasks: TaskSettings = Field(default_factory=TaskSettings)
+    forget: ForgetSettings = Field(default_factory=ForgetSettings)
     canary: CanarySettings = Field(default_factory=CanarySettings)
 
     @classmethod

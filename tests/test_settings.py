@@ -107,3 +107,19 @@ def test_connection_resolves_the_bootstrap_and_carries_the_kafka_section(
         conf.pop("error_cb")
     assert confs[0] == confs[1]
     assert confs[0]["message.max.bytes"] == 2 * 2**20
+
+
+def test_the_forget_section_is_read_from_the_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[forget]`` sat outside Settings: a table in liverl.toml was silently ignored."""
+    for k in [k for k in os.environ if k.startswith("LIVERL_")]:
+        monkeypatch.delenv(k)
+    toml = tmp_path / "liverl.toml"
+    toml.write_text("[forget]\nvacuum_retention_hours = 6\n")
+    assert load_settings(toml).forget.vacuum_retention_hours == 6
+    monkeypatch.setenv("LIVERL_FORGET_VACUUM_RETENTION_HOURS", "0")
+    assert load_settings(toml).forget.vacuum_retention_hours == 0  # the environment wins
+    assert Settings().forget.vacuum_retention_hours == 0
+    monkeypatch.delenv("LIVERL_FORGET_VACUUM_RETENTION_HOURS")
+    assert Settings().forget.vacuum_retention_hours == 24
