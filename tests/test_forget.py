@@ -188,8 +188,8 @@ def test_vacuum_only_follows_the_retention_policy(
     out = _ok(_forget(settings, "--vacuum-only"))
     assert "0 file(s) removed at least 24 h ago deleted" in out
     assert DeltaTable(str(path), version=old).to_pyarrow_table().num_rows == 4
-    monkeypatch.setenv("LIVERL_FORGET_VACUUM_RETENTION_HOURS", "0")
-    out = _ok(_forget(settings, "--vacuum-only"))
+    monkeypatch.setenv("LIVERL_FORGET_VACUUM_RETENTION_HOURS", "0")  # read by the settings
+    out = _ok(_forget(Settings(state_dir=tmp_path), "--vacuum-only"))
     assert "removed at least 0 h ago deleted" in out and " 0 file(s)" not in out
     with pytest.raises(Exception, match="(?i)not found|no such file"):
         DeltaTable(str(path), version=old).to_pyarrow_table()
