@@ -182,7 +182,8 @@ class Harness:
     def new_gate(self) -> G.Gate:
         gate = G.Gate(self.cfg)
 
-        def score(_core: Any, model: Fake, ps: list[G.EvalPrompt]) -> G.Scored:
+        def score(_core: Any, model: Fake, ps: list[G.EvalPrompt],
+                  _whose: str = "candidate") -> G.Scored:
             self.scored.append((model.name, len(ps)))
             f, right, off = self.figures[model.name]
             return answers(ps, fluency=f, right=right, off_topic=off)
