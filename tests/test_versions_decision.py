@@ -235,7 +235,7 @@ def test_the_book_counts_a_session_once_with_its_last_outcome_and_first_time() -
     assert book.rate(2, since_ms=150) == OutcomeRate(2, 2)  # s1 began at 100
     assert book.window(2, 2) == OutcomeRate(2, 2)  # the newest two: s3 (250), s2 (200)
     assert book.window(2, 1) == OutcomeRate(1, 1)
-    assert book.first_ms(2) == 100 and book.first_ms(5) is None
+    assert book.by_version[2]["s1"][0] == 100 and 5 not in book.by_version  # when s1 began
     assert book.rate(5) == OutcomeRate(0, 0) and book.count() == 4
 
 

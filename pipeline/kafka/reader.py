@@ -68,15 +68,15 @@ def one_shot_reader(
 def read_to_end(
     connection: Connectable,
     topics: Iterable[str],
-    handle: Callable[[Any], None],
+    handle: Callable[[Any], object],
     *,
     group_prefix: str,
     idle_timeout_s: float = 30.0,
 ) -> None:
-    """Call ``handle`` on every record of ``topics`` from the low to the high watermark
-    captured at start (topics the broker lacks are skipped). Raises :class:`ReadError` when a
-    partition yields nothing for ``idle_timeout_s`` or a fetch fails: a partial read must not
-    pass for a whole one."""
+    """Call ``handle`` on every record of ``topics`` (what it returns is ignored) from the
+    low to the high watermark captured at start (topics the broker lacks are skipped). Raises
+    :class:`ReadError` when a partition yields nothing for ``idle_timeout_s`` or a fetch
+    fails: a partial read must not pass for a whole one."""
     from confluent_kafka import KafkaError, TopicPartition
 
     consumer = one_shot_reader(connection, group_prefix)

@@ -47,15 +47,6 @@ def arms(log: VersionLog, require_promoted: bool) -> tuple[int | None, tuple[int
     return log.live(require_promoted), log.canary(require_promoted)
 
 
-def servable_ms(log: VersionLog, version: int, require_promoted: bool) -> int:
-    """When ``version`` became servable: its promoted verdict's time when the gateways load
-    promoted versions only (and it has one), else its first event's."""
-    verdict = log.verdicts.get(version)
-    if require_promoted and verdict is not None:
-        return verdict.ts_ms
-    return log.manifests[version].ts_ms
-
-
 def pinned_periods(log: VersionLog) -> list[tuple[int, int | None]]:
     """``[pin, unpin)`` times of the log's pins (end None while pinned): every user met the
     pinned version then, so those sessions belong to no canary arm."""
@@ -174,7 +165,7 @@ class Decider:
         ref = arm_version(stable)
         # both arms over the same period: since the canary became servable (its servable
         # event's time), whether or not any replica managed to serve it
-        since = servable_ms(self.log, version, self.require_promoted)
+        since = self.log.servable_since(version, self.require_promoted)
         pinned = pinned_periods(self.log)  # no arms then: everyone met the pin
         stable_arm = self.book.rate(ref, since_ms=since, excluding=pinned)
         verdict = canary_rule.decide(self.book.rate(version, excluding=pinned), stable_arm,

@@ -81,11 +81,7 @@ class CanaryRunner:
         hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace
                                         else "")
         ends = end_offsets(self.settings, topics, group_prefix="liverl-canary-ends", hint=hint)
-
-        def fold(msg: Any) -> None:
-            self.handle(msg)
-
-        read_to_end(self.settings, topics, fold, group_prefix="liverl-canary-")
+        read_to_end(self.settings, topics, self.handle, group_prefix="liverl-canary-")
         return ends
 
     def run(self, stop: threading.Event | None = None, *, once: bool = False) -> None:

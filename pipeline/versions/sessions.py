@@ -25,7 +25,6 @@ from .table import OutcomeRate, outcome_rates
 class _Signals:
     """What one session of one version has shown so far."""
 
-    first_ms: int
     verified: float | None = None  # the newest verified outcome
     # turn -> judged score: a sample read twice (a catch-up overlapping the follow, a
     # redelivery) replaces its turn's score instead of counting again
@@ -61,7 +60,7 @@ class SessionBook:
         key = (version, session)
         signals = self._signals.get(key)
         if signals is None:
-            signals = self._signals[key] = _Signals(first_ms=ts_ms)
+            signals = self._signals[key] = _Signals()
         before = signals.outcome()
         if verified is not None:
             signals.verified = verified
@@ -98,11 +97,6 @@ class SessionBook:
         sessions = self.by_version.get(version, {})
         newest = sorted(sessions.items(), key=lambda kv: (kv[1][0], kv[0]), reverse=True)
         return self._rate(version, [(sid, o) for sid, (_ts, o) in newest[:last]])
-
-    def first_ms(self, version: int) -> int | None:
-        """When the version's first session with an outcome began (None: none yet)."""
-        sessions = self.by_version.get(version)
-        return min(ts for ts, _o in sessions.values()) if sessions else None
 
     def count(self) -> int:
         return sum(len(s) for s in self.by_version.values())

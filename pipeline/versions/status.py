@@ -63,8 +63,7 @@ def canary_line(log: VersionLog, require_promoted: bool, now_ms: int,
     if arm is None:
         return None
     version, share = arm
-    servable = log.verdicts.get(version) if require_promoted else None
-    since = (servable or log.manifests[version]).ts_ms
+    since = log.servable_since(version, require_promoted)
     waiting = [v for v in sorted(log.manifests) if v > version
                and log.servable(v, require_promoted) and log.pending(v, require_promoted)]
     line = (f"  canary: v{version} at {share:.0%} of users since {_clock(since)} "
@@ -89,23 +88,17 @@ def canary_figures(connection: Any, log: VersionLog, cfg: Any,
     topic: only called when there is a canary). None without a canary."""
     if log.canary(require_promoted) is None:
         return None
-    from pipeline.kafka import names
     from pipeline.kafka.reader import read_to_end
 
-    from .decider import Decider
-    from .reading import sample_outcome
+    from .runner import CanaryRunner
 
-    decider = Decider(log.policy_id, cfg, require_promoted)
-    for ev in log.events:
-        decider.add_weights(ev)
-
-    def handle(msg: Any) -> None:
-        got = sample_outcome(msg.value(), log.policy_id)
-        if got is not None:
-            decider.add_sample(*got)
-
-    read_to_end(connection, [names.SAMPLES], handle, group_prefix="liverl-status-")
-    step = decider.evaluate()
+    runner = CanaryRunner(connection, cfg, policy_id=log.policy_id,
+                          require_promoted=require_promoted)
+    for ev in log.events:  # the log shown, already read
+        runner.decider.add_weights(ev)
+    # the samples, folded by the decider's own reader
+    read_to_end(connection, [runner.samples_topic], runner.handle, group_prefix="liverl-status-")
+    step = runner.decider.evaluate()
     return dict(step.verdict.figures) if step.verdict is not None else None
 
 

@@ -155,6 +155,15 @@ class VersionLog:
         """The newest operator action's event id (None before any)."""
         return self.actions[-1].event_id if self.actions else None
 
+    def servable_since(self, version: int, require_promoted: bool) -> int:
+        """When ``version`` became servable (a canary's start): its promoted verdict's time
+        when the gateways load promoted versions only (and it has one), else its first
+        event's."""
+        verdict = self.verdicts.get(version)
+        if require_promoted and verdict is not None:
+            return verdict.ts_ms
+        return self.manifests[version].ts_ms
+
     def servable(self, version: int, require_promoted: bool) -> bool:
         """Whether the no-pin rule may serve ``version``."""
         status = self.status.get(version)
