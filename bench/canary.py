@@ -57,8 +57,9 @@ def canary_run(p_stable: float, p_canary: float, cfg: CanarySettings, share: flo
         if arm != CANARY:
             continue
         n_canary += 1
-        since = book.first_ms(CANARY)
-        verdict = decide(book.rate(CANARY), book.rate(STABLE, since_ms=since), cfg)
+        # as the decider: the stable arm counts from when the canary became servable, the
+        # start of this run's traffic (ts 0)
+        verdict = decide(book.rate(CANARY), book.rate(STABLE, since_ms=0), cfg, share)
         if verdict.kind != "wait":
             return Run(verdict.kind, n_canary, i + 1)
     return Run("undecided", n_canary, max_traffic)
