@@ -113,3 +113,20 @@ def test_key_phrase_must_be_in_hint() -> None:
     with pytest.raises(ValueError):
         Preference("x", hint="Be brief.", complaint="Long.", key_phrase="numbered")
     assert Preference("x", hint="Be brief.", complaint="Long.").key_phrase == "be brief"
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("Go to bed at the same time every night.", True),
+        ("I had a café before bed.", True),  # one French marker: an English answer
+        ("Couchez-vous chaque soir à la même heure.", False),  # accents and function words
+        ("Gardez une bouteille d'eau sur votre bureau.", False),  # une, sur, votre
+        ("Commencez par courir dix minutes, trois fois par semaine.", False),  # par, fois
+        ("I had a café au lait.", False),  # café and au: two markers
+        ("", False),
+        ("123 456", False),  # no word
+    ],
+)
+def test_english(answer: str, expected: bool) -> None:
+    assert PREFERENCES["english"].met(answer) is expected

@@ -38,6 +38,8 @@ class LoopConfig:
     lr: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     start_timeout_s: float = 600.0
+    without: tuple[str, ...] = ()  # components left out (``up --without``)
+    gateways: int = 1  # gateway replicas on one port (``up --gateways``)
 
 
 @dataclass
@@ -75,18 +77,20 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], trainer_log: Path, offset: int,
-                policy: str, timeout_s: float, up_log: Path) -> None:
-    """Gateway answers /healthz and the trainer printed ``trainer ready`` for our policy."""
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], trainer_log: Path | None,
+                offset: int, policy: str, timeout_s: float, up_log: Path) -> None:
+    """Gateway answers /healthz and (unless ``trainer_log`` is None: no trainer) the trainer
+    printed ``trainer ready`` for our policy."""
     deadline = time.monotonic() + timeout_s
-    healthy = trained = False
+    healthy = False
+    trained = trainer_log is None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LoopError(f"`liverl up` exited with {proc.returncode}:\n{_tail(up_log)}")
         if not healthy:
             with contextlib.suppress(httpx.HTTPError):
                 healthy = httpx.get(url.removesuffix("/v1") + "/healthz", timeout=2).is_success
-        if not trained and trainer_log.exists():
+        if not trained and trainer_log is not None and trainer_log.exists():
             with open(trainer_log, "rb") as fh:
                 fh.seek(offset)
                 trained = f"trainer ready: policy {policy}".encode() in fh.read()
@@ -113,6 +117,10 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
             "--policy", cfg.policy, "--method", cfg.method]
     if cfg.model:
         args += ["--model", cfg.model]
+    for name in cfg.without:
+        args += ["--without", name]
+    if cfg.gateways != 1:
+        args += ["--gateways", str(cfg.gateways)]
     up_log = logs / f"demo-up-{cfg.policy}.log"
     with open(up_log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
@@ -125,7 +133,8 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        _wait_ready(url, proc, trainer_log, offset, cfg.policy, cfg.start_timeout_s, up_log)
+        _wait_ready(url, proc, None if "trainer" in cfg.without else trainer_log, offset,
+                    cfg.policy, cfg.start_timeout_s, up_log)
         yield Loop(url=url, policy=cfg.policy, logs=logs, proc=proc)
     finally:
         if previous is not None:

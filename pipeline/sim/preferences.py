@@ -22,6 +22,11 @@ Definitions (all on the answer text as returned by the model, surrounding whites
     at least two lines that start with "- ", "* " or "• ".
 ``no_list``
     no numbered or bulleted lines at all (plain prose).
+``english``
+    has a word, and fewer than two French markers: words from :data:`FRENCH_WORDS` (French
+    function words that are not English words) and words with a French accent
+    (:data:`FRENCH_LETTERS`), so an English answer with one French word ("café") passes. The canary drill's
+    users (pipeline/demo/canary_drill.py) hold it against a version that replies in French.
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ _JARGON_WORDS = """
     nutrients optimum efficacy efficacious proficiency proficient
 """
 JARGON: frozenset[str] = frozenset(_JARGON_WORDS.split())
+# French function words that are not English words (whole lowercase words): two in one answer
+# make it French for the ``english`` preference.
+FRENCH_WORDS: frozenset[str] = frozenset("""
+    le la les un une des du au aux et est sont vous nous je tu il elle ils elles pour avec
+    dans sur votre vos notre nos mon ma mes ton ta tes son sa ses ce cette ces qui que quoi
+    pas ne bien chaque fois heure soir jour tous toutes tout très aussi mais donc par
+""".split())
+FRENCH_LETTERS = frozenset("àâæçéèêëîïôœùûüÿ")
 LONG_WORD = 11  # letters; "comfortable" (11) counts as long, "vegetables" (10) does not
 LONG_SHARE = 0.10
 
@@ -91,6 +104,12 @@ def is_lowercase(answer: str) -> bool:
 
 def is_bulleted(answer: str) -> bool:
     return len(_BULLET_LINE.findall(answer)) >= 2
+
+
+def is_english(answer: str) -> bool:
+    found = [w.lower() for w in re.findall(r"[^\W\d_]+", answer)]
+    markers = sum(w in FRENCH_WORDS or not FRENCH_LETTERS.isdisjoint(w) for w in found)
+    return bool(found) and markers < 2
 
 
 def has_no_list(answer: str) -> bool:
@@ -200,6 +219,15 @@ PREFERENCES: dict[str, Preference] = {
             complaints=("Too choppy.", "That reads like a form."),
             praise=("Thanks, that reads nicely.",),
             check=has_no_list,
+        ),
+        Preference(
+            name="english",
+            hint="Reply in English.",
+            key_phrase="in english",
+            complaint="That's not English, I can't read it.",
+            complaints=("No, I don't speak French.", "That's not a language I read."),
+            praise=("Thanks, clear English.",),
+            check=is_english,
         ),
     )
 }

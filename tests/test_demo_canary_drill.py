@@ -1,0 +1,100 @@
+"""The canary drill end to end: ``liverl up`` with two gateway replicas and its canary decider,
+simulated users who want English. A good version reaches everyone through its canary; a
+harmful one (it answers in French), let through by the most permissive gate (off), is
+withdrawn by the decider before more than its canary share of sessions met it; each decision
+is one event on the weights topic, and no request fails (a failed one raises in the drill).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.demo.canary_drill import ENGLISH, FRENCH, fit, run_drill
+from pipeline.demo.loop import LoopConfig, running_loop
+from pipeline.settings import Settings
+from pipeline.sim import PREFERENCES
+from pipeline.stack import free_port
+
+SHARE = 0.2
+MIN_SESSIONS = 8
+
+
+def test_fit_makes_greedy_answers_the_targets() -> None:
+    """The versions the drill publishes answer as it says (English v1, French v2 from v1)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.models.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model()
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+
+    def answers() -> dict[str, str]:
+        out = {}
+        for q in ENGLISH:
+            prompt = tok.apply_chat_template([{"role": "user", "content": q}],
+                                             add_generation_prompt=True, return_tensors="pt",
+                                             return_dict=False)
+            ids = model.generate(prompt, max_new_tokens=48, do_sample=False)
+            out[q] = tok.decode(ids[0][prompt.shape[1]:], skip_special_tokens=True).strip()
+        return out
+
+    english = PREFERENCES["english"]
+    assert not any(english.met(a) and a in ENGLISH.values() for a in answers().values())
+    assert fit(model, tok, ENGLISH, seed=1) < 0.05
+    assert answers() == ENGLISH and all(english.met(a) for a in ENGLISH.values())
+    assert fit(model, tok, FRENCH, seed=2) < 0.05
+    assert answers() == FRENCH and not any(english.met(a) for a in FRENCH.values())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unique: str
+) -> None:
+    env = {
+        "LIVERL_STATE_DIR": str(tmp_path / "state"),
+        "LIVERL_BROKER_PORT": str(free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()),
+        "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),
+        "LIVERL_TRAINER_GATE": "false",  # every candidate serves: the most permissive gate
+        "LIVERL_CANARY_MIN_SESSIONS": str(MIN_SESSIONS),
+    }
+    for key in [k for k in os.environ if k.startswith("LIVERL_")]:
+        monkeypatch.delenv(key)  # the session broker's bootstrap must not leak in
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    from pipeline.models.tiny import ensure_tiny_model
+
+    policy = f"drill-{unique}"
+    cfg = LoopConfig(policy=policy, state_dir=tmp_path / "state", model="tiny",
+                     without=("trainer", "judges", "archive"), gateways=2,
+                     start_timeout_s=300)
+    with running_loop(cfg) as loop:
+        result = run_drill(Settings(), loop.url, policy, ensure_tiny_model(), share=SHARE,
+                           rate=4.0, max_sessions=400)
+        canary_log = (loop.logs / "canary.log").read_text(errors="replace")
+
+    good, harmful = result.good, result.harmful
+    # The base model's answers are noise and v1's plain English: its users are satisfied.
+    assert good.satisfied.get(1, [0, 0])[0] == good.satisfied.get(1, [0, 0])[1] > 0, good
+    assert good.satisfied.get(0, [0, 1])[0] == 0, good
+    assert (good.decision, good.decided_by) == ("rollout", "canary"), (good, canary_log)
+    assert good.after == {1: sum(good.after.values())}, good  # everyone on v1 afterwards
+    # v2 answers in French: every user it met complained; it never reached everyone.
+    assert harmful.satisfied.get(2, [1, 1])[0] == 0 and harmful.on_candidate > 0, harmful
+    assert (harmful.decision, harmful.decided_by) == ("withdraw", "canary"), (
+        harmful, canary_log)
+    assert harmful.after == {1: sum(harmful.after.values())}, harmful  # back on v1
+    # Exposure: its share of sessions (routing by hash: about SHARE, 3 sd of slack), and no
+    # more canary sessions than the decision needed plus those its outcomes were in flight.
+    sd = (SHARE * (1 - SHARE) / max(1, harmful.sessions)) ** 0.5
+    assert harmful.exposure <= SHARE + 3 * sd, harmful
+    assert harmful.figures is not None and harmful.figures.get("canary_sessions", 0) >= \
+        MIN_SESSIONS, harmful.figures
+    # Each decision once on the topic.
+    assert result.actions[("rollout", 1)] == 1 and result.actions[("withdraw", 2)] == 1, (
+        result.actions)
