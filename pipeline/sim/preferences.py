@@ -25,8 +25,9 @@ Definitions (all on the answer text as returned by the model, surrounding whites
 ``english``
     has a word, and fewer than two French markers: words from :data:`FRENCH_WORDS` (French
     function words that are not English words) and words with a French accent
-    (:data:`FRENCH_LETTERS`), so an English answer with one French word ("café") passes. The canary drill's
-    users (pipeline/demo/canary_drill.py) hold it against a version that replies in French.
+    (:data:`FRENCH_LETTERS`), so an English answer with one French word ("café") passes.
+    The canary drill's users (pipeline/demo/canary_drill.py) hold it against a version that
+    replies in French.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ _JARGON_WORDS = """
 JARGON: frozenset[str] = frozenset(_JARGON_WORDS.split())
 # French function words that are not English words (whole lowercase words): two in one answer
 # make it French for the ``english`` preference.
-FRENCH_WORDS: frozenset[str] = frozenset("""
+_FRENCH_WORDS = """
     le la les un une des du au aux et est sont vous nous je tu il elle ils elles pour avec
     dans sur votre vos notre nos mon ma mes ton ta tes son sa ses ce cette ces qui que quoi
     pas ne bien chaque fois heure soir jour tous toutes tout très aussi mais donc par
-""".split())
+"""
+FRENCH_WORDS: frozenset[str] = frozenset(_FRENCH_WORDS.split())
 FRENCH_LETTERS = frozenset("àâæçéèêëîïôœùûüÿ")
 LONG_WORD = 11  # letters; "comfortable" (11) counts as long, "vegetables" (10) does not
 LONG_SHARE = 0.10
