@@ -375,6 +375,14 @@ def topics_list(ctx: click.Context) -> None:
     help="Reward worker processes (liverl workers --processes N): one consumer group, Kafka "
     "spreads the partitions over them; one core each.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65533),
+    default=None,
+    help="Serve Prometheus metrics: the trainer's on this port, the canary decider's on the "
+    "next, the judges' watcher's on the one after (each on its metrics_host, 127.0.0.1 by "
+    "default). The gateway's are always on its own port, at /metrics.",
+)
 @click.pass_context
 def up(
     ctx: click.Context,
@@ -386,6 +394,7 @@ def up(
     without: tuple[str, ...],
     gateways: int,
     worker_processes: int,
+    metrics_port: int | None,
 ) -> None:
     """Run the whole loop on this machine until Ctrl-C.
 
@@ -422,6 +431,15 @@ def up(
     # a taken port used to fail only after Kafka had started, and left it running.
     if "gateway" not in without and (problem := stack.port_problem(host, port)) is not None:
         _fail(f"{problem}; pass another --port (or stop what listens there)")
+    metrics_hosts = {"trainer": trainer_cfg.metrics_host, "canary": settings.canary.metrics_host,
+                     "judges": settings.processors.web_host}
+    if metrics_port is not None:
+        for name, offset in stack.METRICS_LAYOUT.items():
+            if name in without:
+                continue
+            at = (metrics_hosts[name], metrics_port + offset)
+            if (problem := stack.port_problem(*at)) is not None:
+                _fail(f"{problem} ({name} metrics); pass another --metrics-port")
     _pull_model(model)
     started_broker = False
     if settings.uses_local_broker:
@@ -467,6 +485,7 @@ def up(
         components.append(stack.canary_component(policy))
     if "gateway" not in without:
         components += stack.gateway_components(gateways, host, port, policy, model_args)
+    scraped = stack.with_metrics(components, metrics_port)
     running = stack.start(settings.state_dir, components)
     logs = Path(settings.state_dir).resolve() / "logs"
     console.print(f"started {', '.join(c.name for c in components)}; logs in {logs}")
@@ -476,6 +495,10 @@ def up(
             f"[bold]OpenAI base URL: http://{host}:{port}/v1[/]  (model {policy!r}; "
             f"headers X-Session-Id, X-Turn-Type, X-Session-Done{replicas})"
         )
+    if scraped:
+        where = ", ".join(f"{name} http://{metrics_hosts[name]}:{p}/metrics"
+                          for name, p in scraped.items())
+        console.print(f"Prometheus metrics: {where}", highlight=False)
     console.print("Ctrl-C stops everything")
     restart = stack.RestartPolicy()
     window = f"{restart.window_s / 60:g} min"

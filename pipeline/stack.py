@@ -49,6 +49,24 @@ def canary_component(policy: str) -> Component:
     return Component("canary", ["versions", "canary", "--policy", policy])
 
 
+# ``up --metrics-port P``: who serves Prometheus metrics on which port above P. A fixed layout
+# (not the next free port), so a scrape config stays right across restarts and --without.
+METRICS_LAYOUT = {"trainer": 0, "canary": 1, "judges": 2}
+
+
+def with_metrics(components: list[Component], base: int | None) -> dict[str, int]:
+    """Give each component of :data:`METRICS_LAYOUT` in ``components`` its ``--metrics-port``
+    (in place); returns name -> port ({} when ``base`` is None)."""
+    if base is None:
+        return {}
+    ports: dict[str, int] = {}
+    for i, c in enumerate(components):
+        if c.name in METRICS_LAYOUT:
+            ports[c.name] = base + METRICS_LAYOUT[c.name]
+            components[i] = Component(c.name, [*c.args, "--metrics-port", str(ports[c.name])])
+    return ports
+
+
 def gateway_components(
     count: int, host: str, port: int, policy: str, model_args: list[str]
 ) -> list[Component]:

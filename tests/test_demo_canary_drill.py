@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pipeline.demo.canary_drill import ENGLISH, FRENCH, fit, run_drill
@@ -70,13 +71,15 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
     from pipeline.models.tiny import ensure_tiny_model
 
     policy = f"drill-{unique}"
+    metrics = free_port()  # the trainer's (left out); the canary decider's is the next
     cfg = LoopConfig(policy=policy, state_dir=tmp_path / "state", model="tiny",
                      without=("trainer", "judges", "archive"), gateways=2,
-                     start_timeout_s=300)
+                     start_timeout_s=300, extra_args=("--metrics-port", str(metrics)))
     with running_loop(cfg) as loop:
         result = run_drill(Settings(), loop.url, policy, ensure_tiny_model(), share=SHARE,
                            rate=4.0, max_sessions=400)
         canary_log = (loop.logs / "canary.log").read_text(errors="replace")
+        scraped = httpx.get(f"http://127.0.0.1:{metrics + 1}/metrics", timeout=10).text
 
     good, harmful = result.good, result.harmful
     # The base model's answers are noise and v1's plain English: its users are satisfied.
@@ -98,3 +101,7 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
     # Each decision once on the topic.
     assert result.actions[("rollout", 1)] == 1 and result.actions[("withdraw", 2)] == 1, (
         result.actions)
+    # `up --metrics-port` put the decider's Prometheus metrics on the next port.
+    for kind in ("rollout", "withdraw"):
+        line = f'liverl_canary_decisions_total{{policy="{policy}",kind="{kind}"}} 1.0'
+        assert line in scraped, scraped

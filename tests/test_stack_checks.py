@@ -66,3 +66,33 @@ def test_up_refuses_an_unknown_model_before_it_starts_kafka(tmp_path: Path) -> N
     assert "no-such-model" in result.output and "Traceback" not in result.output
     assert "Kafka" not in result.output  # nothing about the broker: it was never started
     assert no_broker_started(env)
+
+
+def test_metrics_port_gives_trainer_canary_and_judges_fixed_ports() -> None:
+    comps = [stack.Component("workers", ["workers"]),
+             stack.Component("judges", ["judges", "watch"]),
+             stack.Component("trainer", ["train"]), stack.canary_component("p")]
+    assert stack.with_metrics(list(comps), None) == {}
+    given = list(comps)
+    assert stack.with_metrics(given, 9100) == {"judges": 9102, "trainer": 9100, "canary": 9101}
+    assert [c.args for c in given] == [
+        ["workers"], ["judges", "watch", "--metrics-port", "9102"],
+        ["train", "--metrics-port", "9100"],
+        ["versions", "canary", "--policy", "p", "--metrics-port", "9101"]]
+    # --without trainer: the others keep their ports (a scrape config stays right)
+    assert stack.with_metrics([comps[3]], 9100) == {"canary": 9101}
+
+
+def test_up_refuses_a_taken_metrics_port_before_it_starts_kafka(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]  # the canary decider's: --metrics-port port - 1
+        result = CliRunner().invoke(
+            cli, ["up", "--port", str(stack.free_port()), "--metrics-port", str(port - 1),
+                  "--without", "trainer"], env=env)
+    assert result.exit_code == 1, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "(canary metrics); pass another --metrics-port" in result.output
+    assert no_broker_started(env)

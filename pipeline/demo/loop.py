@@ -40,6 +40,7 @@ class LoopConfig:
     start_timeout_s: float = 600.0
     without: tuple[str, ...] = ()  # components left out (``up --without``)
     gateways: int = 1  # gateway replicas on one port (``up --gateways``)
+    extra_args: tuple[str, ...] = ()  # more ``liverl up`` options (e.g. --metrics-port)
 
 
 @dataclass
@@ -121,6 +122,7 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
         args += ["--without", name]
     if cfg.gateways != 1:
         args += ["--gateways", str(cfg.gateways)]
+    args += cfg.extra_args
     up_log = logs / f"demo-up-{cfg.policy}.log"
     with open(up_log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
