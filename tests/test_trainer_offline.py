@@ -211,3 +211,44 @@ def test_frontier_allocation_spends_the_budget_near_half_success_and_records_eac
     rerun = run(cmd, kafka_settings)  # resumes the same allocation: nothing new
     assert rerun.returncode == 0 and "done: 0 steps" in rerun.stdout, rerun.stderr[-3000:]
     assert DeltaTable(str(lake / "allocations")).to_pyarrow_table().num_rows == 6
+
+
+def test_offline_run_pauses_while_its_policy_is_pinned_and_finishes_after_unpin(
+    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    """An offline policy's versions serve like any other's, so its trainer follows the
+    operator too (issue 39 item 1): pinned, the run consumes no row and publishes nothing."""
+    import time
+
+    from pipeline.versions.commands import versions
+
+    from .test_trainer_exactly_once import start, wait_for
+
+    topic, live, again = f"test.trainer.offpin.{unique}", f"live-{unique}", f"op-{unique}"
+    tiny = live_history(kafka_settings, admin, tmp_path, topic, live, seed=13)
+    cmd = offline_cmd(tiny, again, tmp_path, f"policy_id = '{live}'")
+    crashed = run(cmd, kafka_settings, LIVERL_TRAINER_CRASH_AT="after_events")
+    assert crashed.returncode == 137, crashed.stderr[-3000:]  # v1 published, then killed
+    obj = {"settings": kafka_settings}
+    pin = CliRunner().invoke(versions, ["pin", "1", "--policy", again], obj=obj)
+    assert pin.exit_code == 0, pin.output
+
+    proc, lines = start(cmd, kafka_settings, tmp_path / "offline.log")
+    try:
+        assert wait_for(lines, "training paused", proc, 120), (
+            tmp_path / "offline.log").read_text()[-3000:]
+        time.sleep(3.0)  # room for a run that did not pause to train on
+        assert proc.poll() is None, "a paused run is not idle: it waits"
+        assert ck.latest_manifest(tmp_path / "weights", again).version == 1  # type: ignore[union-attr]
+        assert len(rows_of(tmp_path / "lake", again)) == 3  # v1's one batch, no more
+
+        unpin = CliRunner().invoke(versions, ["unpin", "--policy", again], obj=obj)
+        assert unpin.exit_code == 0, unpin.output
+        assert wait_for(lines, "training resumes", proc, 60)
+        assert proc.wait(timeout=180) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    trained = rows_of(tmp_path / "lake", again)
+    assert sorted(trained) == sorted(set(rows_of(tmp_path / "lake", live)))  # each row once

@@ -292,11 +292,17 @@ class TrainerLoop:
         gate = self._gate(cfg)
         publisher = Publisher(cfg, producer, lambda _offsets: None, self.on_stage, gate=gate,
                               progress=self.progress)
+        # An offline policy's versions serve like any other's: a pin pauses the run, a
+        # rollback makes it train on from what serves (trainer.follow_serving).
+        follower = WeightsFollower(self.settings, cfg.policy) if cfg.follow_serving else None
         try:
             core, version, offsets = self._recover(publisher)
             source.seek(offsets.get(0, 0))
-            self._loop(core, version, {0: source.position}, source, producer, publisher)
+            self._loop(core, version, {0: source.position}, source, producer, publisher,
+                       follower)
         finally:
+            if follower is not None:
+                follower.close()
             producer.flush()
         return self.stats
 
