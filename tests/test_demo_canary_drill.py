@@ -2,7 +2,9 @@
 simulated users who want English. A good version reaches everyone through its canary; a
 harmful one (it answers in French), let through by the most permissive gate (off), is
 withdrawn by the decider before more than its canary share of sessions met it; each decision
-is one event on the weights topic, and no request fails (a failed one raises in the drill).
+is one event on the weights topic. Then an operator promotes, rolls back, pins and unpins on
+the same loop, and the sessions follow each command. No request fails throughout (a failed
+one raises in the drill).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
-from pipeline.demo.canary_drill import ENGLISH, FRENCH, fit, run_drill
+from pipeline.demo.canary_drill import ENGLISH, FRENCH, DrillUsers, fit, run_drill
 from pipeline.demo.loop import LoopConfig, running_loop
 from pipeline.settings import Settings
 from pipeline.sim import PREFERENCES
@@ -78,6 +81,7 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
     with running_loop(cfg) as loop:
         result = run_drill(Settings(), loop.url, policy, ensure_tiny_model(), share=SHARE,
                            rate=4.0, max_sessions=400)
+        operated = operate(Settings(), DrillUsers(loop.url, policy, rate=8.0, seed=1), policy)
         canary_log = (loop.logs / "canary.log").read_text(errors="replace")
         scraped = httpx.get(f"http://127.0.0.1:{metrics + 1}/metrics", timeout=10).text
 
@@ -101,7 +105,33 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
     # Each decision once on the topic.
     assert result.actions[("rollout", 1)] == 1 and result.actions[("withdraw", 2)] == 1, (
         result.actions)
+    # The operator on the same live loop: each command moves every session to its version
+    # (sessions by hash reach both replicas), none failed (a failed request raises).
+    assert operated == {"promote 2": 2, "rollback --to 1": 1, "pin 2": 2, "unpin": 1}
     # `up --metrics-port` put the decider's Prometheus metrics on the next port.
     for kind in ("rollout", "withdraw"):
-        line = f'liverl_canary_decisions_total{{policy="{policy}",kind="{kind}"}} 1.0'
+        line = f'liverl_canary_decisions_total{{kind="{kind}",policy="{policy}"}} 1.0'
         assert line in scraped, scraped
+
+
+def operate(settings: Settings, users: DrillUsers, policy: str) -> dict[str, int | None]:
+    """promote the withdrawn v2, roll back to v1, pin v2, unpin. After each, sessions until 5
+    in a row were answered by the version it should serve (at most 60): per command, the
+    version of those last 5 sessions (None: they were not all one version)."""
+    from pipeline.versions.commands import versions
+
+    steps = ((["promote", "2"], 2), (["rollback", "--to", "1"], 1), (["pin", "2"], 2),
+             (["unpin"], 1))
+    seen: dict[str, int | None] = {}
+    for command, expected in steps:
+        out = CliRunner().invoke(versions, [*command, "--policy", policy, "--by", "test"],
+                                 obj={"settings": settings})
+        assert out.exit_code == 0, out.output
+        answered: list[int | None] = []
+        for _, version, _ in users.paced():
+            answered.append(version)
+            if answered[-5:] == [expected] * 5 or len(answered) >= 60:
+                break
+        last = set(answered[-5:])
+        seen[" ".join(command)] = last.pop() if len(last) == 1 else None
+    return seen
