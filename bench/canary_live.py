@@ -47,7 +47,9 @@ def one(i: int, args: argparse.Namespace, state: Path) -> dict:
                      without=("trainer", "judges", "archive"), gateways=args.gateways)
     t0 = time.monotonic()
     with running_loop(cfg) as loop:
-        result = run_drill(Settings(), loop.url, policy, ensure_tiny_model(),
+        settings = Settings()
+        trainer = settings.trainer.under_state_dir(Path(settings.state_dir))
+        result = run_drill(settings, trainer, loop.url, policy, ensure_tiny_model(),
                            share=args.share, rate=args.rate, seed=i,
                            max_sessions=args.max_sessions)
     return {"repeat": i, "policy": policy, "share": args.share, "rate": args.rate,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,8 +34,8 @@ def test_fit_makes_greedy_answers_the_targets() -> None:
     from pipeline.models.tiny import ensure_tiny_model
 
     path = ensure_tiny_model()
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    tok: Any = AutoTokenizer.from_pretrained(path)
+    model: Any = AutoModelForCausalLM.from_pretrained(path)
 
     def answers() -> dict[str, str]:
         out = {}
@@ -79,9 +80,11 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
                      without=("trainer", "judges", "archive"), gateways=2,
                      start_timeout_s=300, extra_args=("--metrics-port", str(metrics)))
     with running_loop(cfg) as loop:
-        result = run_drill(Settings(), loop.url, policy, ensure_tiny_model(), share=SHARE,
-                           rate=4.0, max_sessions=400)
-        operated = operate(Settings(), DrillUsers(loop.url, policy, rate=8.0, seed=1), policy)
+        settings = Settings()
+        trainer = settings.trainer.under_state_dir(Path(settings.state_dir))
+        result = run_drill(settings, trainer, loop.url, policy, ensure_tiny_model(),
+                           share=SHARE, rate=4.0, max_sessions=400)
+        operated = operate(settings, DrillUsers(loop.url, policy, rate=8.0, seed=1), policy)
         canary_log = (loop.logs / "canary.log").read_text(errors="replace")
         scraped = httpx.get(f"http://127.0.0.1:{metrics + 1}/metrics", timeout=10).text
 

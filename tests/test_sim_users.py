@@ -67,6 +67,7 @@ REJECTED = {
     "lowercase": GOOD_SHORT,
     "bulleted": GOOD_LONG,
     "no_list": "1. Go to bed early.\n2. Sleep in a dark room.",
+    "english": "Allez au bed chaque soir à la même heure.",
 }
 
 

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.settings import Settings
+from pipeline.kafka.connection import Connectable
 from pipeline.sim import PREFERENCES, QUESTIONS, Question, SimUser, run_session
+from pipeline.trainer.config import TrainerSettings
 from pipeline.versions.reading import weights_log
 
 DRILL_QUESTIONS: tuple[Question, ...] = tuple(QUESTIONS[:3])
@@ -85,20 +86,23 @@ def fit(model: Any, tokenizer: Any, answers: Mapping[str, str], *, steps: int = 
 
 
 class DrillVersions:
-    """The trainer's side: fits versions and publishes them as the trainer does."""
+    """The trainer's side: fits versions and publishes them as the trainer does. ``trainer``:
+    the loop's trainer settings (its weights and lake roots); the policy, the model, full
+    weights, the gate off and ``share`` are set here."""
 
-    def __init__(self, settings: Settings, policy: str, model_dir: Path, share: float) -> None:
+    def __init__(self, connection: Connectable, trainer: TrainerSettings, policy: str,
+                 model_dir: Path, share: float) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from pipeline.kafka import EventProducer
         from pipeline.trainer.publish import Publisher
 
-        self.cfg = settings.trainer.under_state_dir(Path(settings.state_dir)).model_copy(
+        self.cfg = trainer.model_copy(
             update={"policy": policy, "model": str(model_dir), "adapter": "full",
                     "gate": False, "canary_share": share})
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.models: dict[int, Any] = {0: AutoModelForCausalLM.from_pretrained(model_dir)}
-        self.producer = EventProducer(settings, client_id=f"canary-drill-{policy}")
+        self.producer = EventProducer(connection, client_id=f"canary-drill-{policy}")
         self.publisher = Publisher(self.cfg, self.producer)
 
     def publish(self, version: int, parent: int, answers: Mapping[str, str]) -> float:
@@ -142,8 +146,8 @@ class Phase:
 class DecisionWatch:
     """Follows the weights log in a thread: the first rollout/withdraw of each version."""
 
-    def __init__(self, settings: Settings, policy: str, every_s: float = 1.0) -> None:
-        self.settings, self.policy, self.every_s = settings, policy, every_s
+    def __init__(self, connection: Connectable, policy: str, every_s: float = 1.0) -> None:
+        self.connection, self.policy, self.every_s = connection, policy, every_s
         self.found: dict[int, Any] = {}  # version -> Action
         self.counts: Counter[tuple[str, int]] = Counter()  # (kind, version) -> events
         self._stop = threading.Event()
@@ -156,7 +160,7 @@ class DecisionWatch:
                 self.refresh()
 
     def refresh(self) -> None:
-        log = weights_log(self.settings, self.policy, timeout_s=10)
+        log = weights_log(self.connection, self.policy, timeout_s=10)
         counts = Counter((a.kind, a.version) for a in log.actions)
         for action in log.actions:
             if action.kind in DECISIONS:
@@ -245,12 +249,14 @@ class DrillResult:
     actions: Counter[tuple[str, int]]  # (kind, version) -> events on the weights topic
 
 
-def run_drill(settings: Settings, url: str, policy: str, model_dir: Path, *, share: float,
-              rate: float = 4.0, seed: int = 0, max_sessions: int = 600) -> DrillResult:
-    """Both phases against the loop serving ``policy`` at ``url`` (its OpenAI base URL)."""
-    versions = DrillVersions(settings, policy, model_dir, share)
+def run_drill(connection: Connectable, trainer: TrainerSettings, url: str, policy: str,
+              model_dir: Path, *, share: float, rate: float = 4.0, seed: int = 0,
+              max_sessions: int = 600) -> DrillResult:
+    """Both phases against the loop serving ``policy`` at ``url`` (its OpenAI base URL);
+    ``trainer``: the loop's trainer settings, resolved under its state dir."""
+    versions = DrillVersions(connection, trainer, policy, model_dir, share)
     users = DrillUsers(url, policy, rate=rate, seed=seed)
-    watch = DecisionWatch(settings, policy)
+    watch = DecisionWatch(connection, policy)
     try:
         good = run_phase(users, watch, 1, versions.publish(1, 0, ENGLISH),
                          max_sessions=max_sessions)
