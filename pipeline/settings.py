@@ -12,7 +12,9 @@ components that run under it, never by the Kafka layer or a component's settings
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -98,11 +100,10 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_file = _CONFIG_FILE.get() or os.environ.get("LIVERL_CONFIG", "liverl.toml")
-        return (
-            init_settings,
-            env_settings,
-            TomlConfigSettingsSource(settings_cls, toml_file=toml_file),
-        )
+        toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+        if (unknown := unknown_keys(toml.toml_data, settings_cls)):
+            raise ValueError(f"{toml_file}: " + "; ".join(unknown))
+        return (init_settings, env_settings, toml)
 
     @model_validator(mode="after")
     def _cluster_replication(self) -> Settings:
@@ -140,6 +141,29 @@ class Settings(BaseSettings):
     def kafka_client_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka config for any client: bootstrap + pass-through settings + ``extra``."""
         return self.connection.client_config(**extra)
+
+
+def unknown_keys(data: Mapping[str, Any], model: type[BaseModel], section: str = "") -> list[str]:
+    """Keys of a settings file that no field of ``model`` (or of its sections) takes, each as
+    one line naming the key and its section: a typo in liverl.toml is refused, not dropped.
+    Only the file is checked: ``LIVERL_*`` variables also name things that are not settings
+    (``LIVERL_CONFIG``, a test's fault injection), and a dict field takes any key."""
+    fields = {alias: f for name, f in model.model_fields.items()
+              for alias in (name, f.alias) if alias}
+    where = f"[{section}]" if section else "the top level"
+    found: list[str] = []
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None:
+            close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+            hint = (f"did you mean {close[0]!r}?" if close else
+                    "known: " + ", ".join(sorted(model.model_fields)))
+            found.append(f"unknown key {key!r} in {where}; {hint}")
+            continue
+        sub = field.annotation
+        if isinstance(value, Mapping) and isinstance(sub, type) and issubclass(sub, BaseModel):
+            found += unknown_keys(value, sub, f"{section}.{key}" if section else key)
+    return found
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

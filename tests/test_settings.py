@@ -123,3 +123,39 @@ def test_the_forget_section_is_read_from_the_file_and_the_environment(
     assert Settings().forget.vacuum_retention_hours == 0
     monkeypatch.delenv("LIVERL_FORGET_VACUUM_RETENTION_HOURS")
     assert Settings().forget.vacuum_retention_hours == 24
+
+
+def test_unknown_keys_in_the_file_are_refused_with_the_key_and_its_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in liverl.toml used to be dropped silently (every section ignored extra keys)."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    _clean_env(monkeypatch)
+    toml = tmp_path / "liverl.toml"
+    toml.write_text('statedir = "/srv"\n[trainer]\nlr = 1e-4\ngate_budget_fluencyy = 0.5\n'
+                    "[broker]\nport = 19092\n[bogus]\nx = 1\n")
+    with pytest.raises(ValueError) as err:
+        load_settings(toml)
+    said = str(err.value)
+    assert said.startswith(f"{toml}: unknown key 'statedir' in the top level; did you mean "
+                           "'state_dir'?")
+    assert ("unknown key 'gate_budget_fluencyy' in [trainer]; did you mean "
+            "'gate_budget_fluency'?") in said
+    assert "unknown key 'bogus' in the top level" in said and "lr" not in said.split(";")[0]
+    assert "\n" not in said
+    out = CliRunner().invoke(cli, ["--config", str(toml), "status"])
+    assert out.exit_code == 1 and "unknown key 'statedir'" in out.output
+    assert "Traceback" not in out.output
+
+    # What every section takes still loads: nested sections, dict fields with any key, and
+    # LIVERL_* variables that are no setting (only the file is checked).
+    toml.write_text('state_dir = "/srv"\n[trainer]\nlr = 1e-4\n[trainer.gate_judge_weights]\n'
+                    'anything = 2.0\n[kafka.client]\n"sasl.mechanism" = "PLAIN"\n'
+                    "[canary]\nmin_sessions = 5\n")
+    monkeypatch.setenv("LIVERL_TRAINER_CRASH_AT", "after_events")
+    settings = load_settings(toml)
+    assert settings.trainer.lr == 1e-4 and settings.canary.min_sessions == 5
+    assert settings.trainer.gate_judge_weights == {"anything": 2.0}
