@@ -10,6 +10,7 @@ trap stop_broker EXIT
 .venv/bin/liverl broker up
 .venv/bin/liverl topics apply
 .venv/bin/ruff check pipeline tests bench
+.venv/bin/ruff format --check pipeline tests bench
 .venv/bin/mypy pipeline
 # Every runtime import is a runtime dependency (tests/test_runtime_only.py proves it running).
 .venv/bin/deptry .

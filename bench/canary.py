@@ -44,8 +44,9 @@ class Run:
     sessions: int  # all sessions, both arms, until the decision
 
 
-def canary_run(p_stable: float, p_canary: float, cfg: CanarySettings, share: float,
-               seed: int, max_traffic: int) -> Run:
+def canary_run(
+    p_stable: float, p_canary: float, cfg: CanarySettings, share: float, seed: int, max_traffic: int
+) -> Run:
     """One canary from its first session to its decision (or ``max_traffic`` sessions)."""
     rng = random.Random(seed)
     book = SessionBook("bench")
@@ -65,8 +66,16 @@ def canary_run(p_stable: float, p_canary: float, cfg: CanarySettings, share: flo
     return Run("undecided", n_canary, max_traffic)
 
 
-def watch_run(p_parent: float, p_before: float, p_after: float, cfg: CanarySettings,
-              seed: int, drop_at: int, horizon: int, every: int) -> int | None:
+def watch_run(
+    p_parent: float,
+    p_before: float,
+    p_after: float,
+    cfg: CanarySettings,
+    seed: int,
+    drop_at: int,
+    horizon: int,
+    every: int,
+) -> int | None:
     """Sessions after the drop (at session ``drop_at`` of the serving version) until the
     watch finds it; a negative number is a false alarm before the drop; None: not found
     within ``horizon`` sessions after it. The parent served ``watch_window`` sessions before."""
@@ -76,12 +85,14 @@ def watch_run(p_parent: float, p_before: float, p_after: float, cfg: CanarySetti
         book.add("bench", STABLE, f"p{i}", 1.0 if rng.random() < p_parent else -1.0, ts_ms=i)
     for i in range(drop_at + horizon):
         p = p_before if i < drop_at else p_after
-        book.add("bench", CANARY, f"s{i}", 1.0 if rng.random() < p else -1.0,
-                 ts_ms=cfg.watch_window + i)
+        book.add(
+            "bench", CANARY, f"s{i}", 1.0 if rng.random() < p else -1.0, ts_ms=cfg.watch_window + i
+        )
         if i % every:
             continue
-        v = watch.check(book.window(CANARY, cfg.watch_window),
-                        book.window(STABLE, cfg.watch_window), cfg)
+        v = watch.check(
+            book.window(CANARY, cfg.watch_window), book.window(STABLE, cfg.watch_window), cfg
+        )
         if v.kind == "withdraw":
             return i - drop_at
     return None
@@ -97,57 +108,87 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--share", type=float, default=0.1, help="canary_share")
     ap.add_argument("--stable", type=float, default=0.6, help="the stable arm's success rate")
-    ap.add_argument("--sessions-per-hour", type=float, default=120.0,
-                    help="traffic with an outcome, both arms, to turn sessions into time")
+    ap.add_argument(
+        "--sessions-per-hour",
+        type=float,
+        default=120.0,
+        help="traffic with an outcome, both arms, to turn sessions into time",
+    )
     ap.add_argument("--max-traffic", type=int, default=20_000)
     ap.add_argument("--min-sessions", type=int, default=None)
     ap.add_argument("--max-sessions", type=int, default=None)
     ap.add_argument("--margin", type=float, default=None)
     ap.add_argument("--withdraw-probability", type=float, default=None)
     ap.add_argument("--rollout-probability", type=float, default=None)
-    ap.add_argument("--watch-every", type=int, default=5,
-                    help="evaluate the watch every this many sessions (the canary: every one)")
+    ap.add_argument(
+        "--watch-every",
+        type=int,
+        default=5,
+        help="evaluate the watch every this many sessions (the canary: every one)",
+    )
     args = ap.parse_args()
-    overrides = {k: v for k, v in (("min_sessions", args.min_sessions),
-                                   ("max_sessions", args.max_sessions),
-                                   ("margin", args.margin),
-                                   ("withdraw_probability", args.withdraw_probability),
-                                   ("rollout_probability", args.rollout_probability))
-                 if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("min_sessions", args.min_sessions),
+            ("max_sessions", args.max_sessions),
+            ("margin", args.margin),
+            ("withdraw_probability", args.withdraw_probability),
+            ("rollout_probability", args.rollout_probability),
+        )
+        if v is not None
+    }
     cfg = CanarySettings(**overrides)  # type: ignore[arg-type]
-    print(f"settings: min_sessions {cfg.min_sessions}, max_sessions {cfg.max_sessions}, "
-          f"margin {cfg.margin}, withdraw at {cfg.withdraw_probability}, rollout at "
-          f"{cfg.rollout_probability}; share {args.share}; {args.seeds} seeds; time at "
-          f"{args.sessions_per_hour:g} sessions/h with outcomes")
-    scenarios = [("harmful", args.stable - 0.3), ("worse", args.stable - 0.15),
-                 ("slightly worse", args.stable - 0.05), ("same", args.stable),
-                 ("better", args.stable + 0.1)]
-    print(f"\n{'candidate':<15} {'p':>5} {'roll/withdr/undec':>18} {'canary sessions':>16} "
-          f"{'exposure':>9} {'all sessions':>13} {'time':>8}")
+    print(
+        f"settings: min_sessions {cfg.min_sessions}, max_sessions {cfg.max_sessions}, "
+        f"margin {cfg.margin}, withdraw at {cfg.withdraw_probability}, rollout at "
+        f"{cfg.rollout_probability}; share {args.share}; {args.seeds} seeds; time at "
+        f"{args.sessions_per_hour:g} sessions/h with outcomes"
+    )
+    scenarios = [
+        ("harmful", args.stable - 0.3),
+        ("worse", args.stable - 0.15),
+        ("slightly worse", args.stable - 0.05),
+        ("same", args.stable),
+        ("better", args.stable + 0.1),
+    ]
+    print(
+        f"\n{'candidate':<15} {'p':>5} {'roll/withdr/undec':>18} {'canary sessions':>16} "
+        f"{'exposure':>9} {'all sessions':>13} {'time':>8}"
+    )
     started = time.monotonic()
     for name, p in scenarios:
-        runs = [canary_run(args.stable, p, cfg, args.share, seed, args.max_traffic)
-                for seed in range(args.seeds)]
-        count = {k: sum(r.decision == k for r in runs) for k in ("rollout", "withdraw",
-                                                                  "undecided")}
+        runs = [
+            canary_run(args.stable, p, cfg, args.share, seed, args.max_traffic)
+            for seed in range(args.seeds)
+        ]
+        count = {
+            k: sum(r.decision == k for r in runs) for k in ("rollout", "withdraw", "undecided")
+        }
         n_c = [r.canary_sessions for r in runs]
         exposure = statistics.mean(r.canary_sessions / r.sessions for r in runs)
         total = statistics.median(r.sessions for r in runs)
-        print(f"{name:<15} {p:>5.2f} "
-              f"{count['rollout']:>6}/{count['withdraw']}/{count['undecided']:<6}     "
-              f"{statistics.median(n_c):>6.0f} (max {max(n_c):>3}) {exposure:>8.1%} "
-              f"{total:>13.0f} {_fmt_time(total, args.sessions_per_hour):>8}")
-    print(f"\nregression watch (window {cfg.watch_window}, min {cfg.watch_min_sessions}, "
-          f"P >= {cfg.watch_probability}, margin {cfg.margin}; evaluated every "
-          f"{args.watch_every} sessions): the serving version matched its parent "
-          f"({args.stable}) for 300 sessions, then dropped")
+        print(
+            f"{name:<15} {p:>5.2f} "
+            f"{count['rollout']:>6}/{count['withdraw']}/{count['undecided']:<6}     "
+            f"{statistics.median(n_c):>6.0f} (max {max(n_c):>3}) {exposure:>8.1%} "
+            f"{total:>13.0f} {_fmt_time(total, args.sessions_per_hour):>8}"
+        )
+    print(
+        f"\nregression watch (window {cfg.watch_window}, min {cfg.watch_min_sessions}, "
+        f"P >= {cfg.watch_probability}, margin {cfg.margin}; evaluated every "
+        f"{args.watch_every} sessions): the serving version matched its parent "
+        f"({args.stable}) for 300 sessions, then dropped"
+    )
     print(f"{'drop to':>8} {'found':>6} {'false alarm':>12} {'sessions to find (median, max)':>31}")
     for after in (args.stable - 0.3, args.stable - 0.15, args.stable):
-        found = [watch_run(args.stable, args.stable, after, cfg, seed, 300, 600,
-                           args.watch_every) for seed in range(args.seeds)]
+        found = [
+            watch_run(args.stable, args.stable, after, cfg, seed, 300, 600, args.watch_every)
+            for seed in range(args.seeds)
+        ]
         hits = [f for f in found if f is not None and f >= 0]
         false = sum(1 for f in found if f is not None and f < 0)
-        spread = (f"{statistics.median(hits):.0f}, {max(hits)}" if hits else "-")
+        spread = f"{statistics.median(hits):.0f}, {max(hits)}" if hits else "-"
         print(f"{after:>8.2f} {len(hits):>6} {false:>12} {spread:>31}")
     print(f"\n({time.monotonic() - started:.0f} s)")
 

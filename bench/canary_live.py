@@ -32,31 +32,55 @@ from pipeline.stack import free_port
 
 def row(p: Phase) -> dict:
     figures = p.figures or {}
-    return {"decision": p.decision, "sessions": p.sessions, "on_candidate": p.on_candidate,
-            "exposure": round(p.exposure, 4), "seconds": p.seconds,
-            "canary_sessions": figures.get("canary_sessions"),
-            "stable_sessions": figures.get("stable_sessions"),
-            "p_worse": figures.get("p_worse"),
-            "satisfied": {str(k): v for k, v in p.satisfied.items()},
-            "after": {str(k): v for k, v in p.after.items()}}
+    return {
+        "decision": p.decision,
+        "sessions": p.sessions,
+        "on_candidate": p.on_candidate,
+        "exposure": round(p.exposure, 4),
+        "seconds": p.seconds,
+        "canary_sessions": figures.get("canary_sessions"),
+        "stable_sessions": figures.get("stable_sessions"),
+        "p_worse": figures.get("p_worse"),
+        "satisfied": {str(k): v for k, v in p.satisfied.items()},
+        "after": {str(k): v for k, v in p.after.items()},
+    }
 
 
 def one(i: int, args: argparse.Namespace, state: Path) -> dict:
     policy = f"drill-{time.strftime('%H%M%S')}-{i}"
-    cfg = LoopConfig(policy=policy, state_dir=state, model="tiny",
-                     without=("trainer", "judges", "archive"), gateways=args.gateways)
+    cfg = LoopConfig(
+        policy=policy,
+        state_dir=state,
+        model="tiny",
+        without=("trainer", "judges", "archive"),
+        gateways=args.gateways,
+    )
     t0 = time.monotonic()
     with running_loop(cfg) as loop:
         settings = Settings()
         trainer = settings.trainer.under_state_dir(Path(settings.state_dir))
-        result = run_drill(settings, trainer, loop.url, policy, ensure_tiny_model(),
-                           share=args.share, rate=args.rate, seed=i,
-                           max_sessions=args.max_sessions)
-    return {"repeat": i, "policy": policy, "share": args.share, "rate": args.rate,
-            "min_sessions": args.min_sessions, "good": row(result.good),
-            "harmful": row(result.harmful),
-            "actions": {f"{k}:v{v}": n for (k, v), n in result.actions.items()},
-            "wall_s": round(time.monotonic() - t0, 1)}
+        result = run_drill(
+            settings,
+            trainer,
+            loop.url,
+            policy,
+            ensure_tiny_model(),
+            share=args.share,
+            rate=args.rate,
+            seed=i,
+            max_sessions=args.max_sessions,
+        )
+    return {
+        "repeat": i,
+        "policy": policy,
+        "share": args.share,
+        "rate": args.rate,
+        "min_sessions": args.min_sessions,
+        "good": row(result.good),
+        "harmful": row(result.harmful),
+        "actions": {f"{k}:v{v}": n for (k, v), n in result.actions.items()},
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def median(runs: list[dict], phase: str, key: str) -> float | None:
@@ -65,14 +89,19 @@ def median(runs: list[dict], phase: str, key: str) -> float | None:
 
 
 def table(runs: list[dict]) -> str:
-    lines = ["| repeat | good: decision, sessions (on v1), s | harmful: decision, "
-             "sessions (on v2), exposure, s |", "|---|---|---|"]
+    lines = [
+        "| repeat | good: decision, sessions (on v1), s | harmful: decision, "
+        "sessions (on v2), exposure, s |",
+        "|---|---|---|",
+    ]
     for r in runs:
         g, h = r["good"], r["harmful"]
-        lines.append(f"| {r['repeat']} | {g['decision']}, {g['sessions']} ({g['on_candidate']}),"
-                     f" {g['seconds'] and round(g['seconds'])} | {h['decision']}, "
-                     f"{h['sessions']} ({h['on_candidate']}), {h['exposure']:.1%}, "
-                     f"{h['seconds'] and round(h['seconds'])} |")
+        lines.append(
+            f"| {r['repeat']} | {g['decision']}, {g['sessions']} ({g['on_candidate']}),"
+            f" {g['seconds'] and round(g['seconds'])} | {h['decision']}, "
+            f"{h['sessions']} ({h['on_candidate']}), {h['exposure']:.1%}, "
+            f"{h['seconds'] and round(h['seconds'])} |"
+        )
     rolled = sum(r["good"]["decision"] == "rollout" for r in runs)
     withdrawn = sum(r["harmful"]["decision"] == "withdraw" for r in runs)
     lines.append(
@@ -80,7 +109,8 @@ def table(runs: list[dict]) -> str:
         f"{median(runs, 'good', 'sessions')} sessions; harmful withdrawn {withdrawn}/{len(runs)},"
         f" median exposure {median(runs, 'harmful', 'exposure')}, "
         f"{median(runs, 'harmful', 'on_candidate')} sessions on it, "
-        f"{median(runs, 'harmful', 'seconds')} s")
+        f"{median(runs, 'harmful', 'seconds')} s"
+    )
     return "\n".join(lines)
 
 
@@ -89,24 +119,38 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--share", type=float, default=0.1, help="canary share (the default's)")
     ap.add_argument("--rate", type=float, default=4.0, help="sessions per second")
-    ap.add_argument("--min-sessions", type=int, default=20,
-                    help="[canary] min_sessions (the default's)")
-    ap.add_argument("--max-sessions", type=int, default=1500,
-                    help="the most sessions a phase sends before giving up on a decision")
+    ap.add_argument(
+        "--min-sessions", type=int, default=20, help="[canary] min_sessions (the default's)"
+    )
+    ap.add_argument(
+        "--max-sessions",
+        type=int,
+        default=1500,
+        help="the most sessions a phase sends before giving up on a decision",
+    )
     ap.add_argument("--gateways", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path(".liverl/bench-canary-live.json"))
-    ap.add_argument("--table-only", action="store_true",
-                    help="print the table from the runs already in --out; run nothing")
+    ap.add_argument(
+        "--table-only",
+        action="store_true",
+        help="print the table from the runs already in --out; run nothing",
+    )
     args = ap.parse_args()
     runs: list[dict] = json.loads(args.out.read_text()) if args.out.exists() else []
     if not args.table_only:
         state = Path(os.environ.get("LIVERL_STATE_DIR", ".liverl/bench-canary-live")).resolve()
-        os.environ.update({
-            "LIVERL_STATE_DIR": str(state), "LIVERL_TRAINER_GATE": "false",
-            "LIVERL_CANARY_MIN_SESSIONS": str(args.min_sessions),
-        })
-        for key in ("LIVERL_PROCESSORS_WEB_PORT", "LIVERL_BROKER_PORT",
-                    "LIVERL_BROKER_CONTROLLER_PORT"):  # beside a test or bench broker
+        os.environ.update(
+            {
+                "LIVERL_STATE_DIR": str(state),
+                "LIVERL_TRAINER_GATE": "false",
+                "LIVERL_CANARY_MIN_SESSIONS": str(args.min_sessions),
+            }
+        )
+        for key in (
+            "LIVERL_PROCESSORS_WEB_PORT",
+            "LIVERL_BROKER_PORT",
+            "LIVERL_BROKER_CONTROLLER_PORT",
+        ):  # beside a test or bench broker
             os.environ.setdefault(key, str(free_port()))
         for _ in range(args.repeats):
             run = one(len(runs), args, state)

@@ -32,28 +32,40 @@ LIVERL = str(Path(sys.executable).with_name("liverl"))
 def sessions_of(run: dict) -> list[str]:
     """The run's training sessions, as the demo names them."""
     users = int(run["config"]["users"])
-    return [f"{run['policy']}-r{k // users}-u{k % users}"
-            for k in range(len(run["train_satisfied"]))]
+    return [
+        f"{run['policy']}-r{k // users}-u{k % users}" for k in range(len(run["train_satisfied"]))
+    ]
 
 
 def compare(namespace: str, env: dict[str, str]) -> dict:
-    out = subprocess.run([LIVERL, "judges", "compare", namespace, "--format", "json"],
-                         env=env, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [LIVERL, "judges", "compare", namespace, "--format", "json"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out)
 
 
-def judge_namespace(judge: str, sessions: list[str], args: argparse.Namespace,
-                    env: dict[str, str]) -> list[dict]:
+def judge_namespace(
+    judge: str, sessions: list[str], args: argparse.Namespace, env: dict[str, str]
+) -> list[dict]:
     """Replay, judge and compare in namespace ``cal-<judge>-<time>``; the judge's rows."""
     ns = f"cal-{judge}-{time.strftime('%H%M%S')}"
-    subprocess.run([LIVERL, "replay", "--sessions", ",".join(sessions), "--into", ns],
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [LIVERL, "replay", "--sessions", ",".join(sessions), "--into", ns],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     log = (args.out.parent / f"{ns}-workers.log").open("w")
     cmd = [LIVERL, "workers", "--namespace", ns, "--judge", judge]
     for p in args.plugin:
         cmd += ["--plugin", p]
-    workers = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    workers = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         seen, still_since = -1, time.monotonic()
         deadline = time.monotonic() + args.timeout_s
@@ -68,14 +80,17 @@ def judge_namespace(judge: str, sessions: list[str], args: argparse.Namespace,
             elif seen > 0 and time.monotonic() - still_since >= args.settle_s:
                 break
         else:
-            raise SystemExit(f"{judge}: verdicts still coming after {args.timeout_s} s "
-                             f"(workers log {log.name})")
+            raise SystemExit(
+                f"{judge}: verdicts still coming after {args.timeout_s} s (workers log {log.name})"
+            )
     finally:
         os.killpg(workers.pid, signal.SIGTERM)
         workers.wait(timeout=60)
     rows = [r for r in doc["judges"] if r["judge_id"] != "panel"]
-    print(f"{judge:<10} namespace {ns}: {doc['verdicts']} verdicts, {doc['outcomes']} outcomes",
-          flush=True)
+    print(
+        f"{judge:<10} namespace {ns}: {doc['verdicts']} verdicts, {doc['outcomes']} outcomes",
+        flush=True,
+    )
     return rows
 
 
@@ -87,13 +102,20 @@ def main() -> None:
     ap.add_argument("--plugin", nargs="*", default=[], help="modules that register judges")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--poll-s", type=float, default=5.0)
-    ap.add_argument("--settle-s", type=float, default=20.0,
-                    help="verdicts unchanged this long: the judge is done")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="verdicts unchanged this long: the judge is done",
+    )
     ap.add_argument("--timeout-s", type=float, default=900.0)
     args = ap.parse_args()
 
-    runs = [r for r in json.loads(args.runs.read_text())
-            if args.label is None or r.get("label") == args.label]
+    runs = [
+        r
+        for r in json.loads(args.runs.read_text())
+        if args.label is None or r.get("label") == args.label
+    ]
     if not runs:
         raise SystemExit(f"no runs labelled {args.label!r} in {args.runs}")
     sessions = [s for r in runs for s in sessions_of(r)]
@@ -102,13 +124,21 @@ def main() -> None:
         env["LIVERL_PROCESSORS_PLUGINS"] = json.dumps(args.plugin)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = [row for judge in args.judges for row in judge_namespace(judge, sessions, args, env)]
-    args.out.write_text(json.dumps({"namespace": "calibration", "judges": rows,
-                                    "runs": [r["policy"] for r in runs]}, indent=2))
-    print(f"\n{'judge':<12}{'version':<16}{'agree':>7}{'disagree':>10}{'abstain':>9}"
-          f"{'consistency':>13}")
+    args.out.write_text(
+        json.dumps(
+            {"namespace": "calibration", "judges": rows, "runs": [r["policy"] for r in runs]},
+            indent=2,
+        )
+    )
+    print(
+        f"\n{'judge':<12}{'version':<16}{'agree':>7}{'disagree':>10}{'abstain':>9}"
+        f"{'consistency':>13}"
+    )
     for r in rows:
-        print(f"{r['judge_id']:<12}{r['judge_version']:<16}{r['agree']:>7}{r['disagree']:>10}"
-              f"{r['abstain']:>9}{r['consistency']:>13.3f}")
+        print(
+            f"{r['judge_id']:<12}{r['judge_version']:<16}{r['agree']:>7}{r['disagree']:>10}"
+            f"{r['abstain']:>9}{r['consistency']:>13.3f}"
+        )
     print(f"{len(sessions)} sessions of {len(runs)} runs; written to {args.out}")
 
 

@@ -51,7 +51,7 @@ from pipeline.processors.supervisor import _parent_death_signal
 from pipeline.settings import Settings
 
 # Injected into a worker by --slow-table-writes-s (the bench's fault, never the product's).
-SLOW_TABLE_WRITES = '''
+SLOW_TABLE_WRITES = """
 import asyncio
 from faust.transport.producer import ProducerBuffer
 _send = ProducerBuffer._send_pending
@@ -59,7 +59,7 @@ async def _slow(self, fut):
     await asyncio.sleep(%r)
     await _send(self, fut)
 ProducerBuffer._send_pending = _slow
-'''
+"""
 
 TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eos_trace.py")
 DERIVED = (names.NEXT_STATES, names.PRM_SCORES, names.REWARDS, names.SAMPLES, names.DLQ)
@@ -127,11 +127,13 @@ class SoakResult:
             f"{len(self.missing_sample)}, with a second reward id {len(self.second_reward_id)},"
             f" a second sample id {len(self.second_sample_id)}; dead letters "
             f"{len(self.dead_letters)}; workers that stopped on their own {self.crashes}"
-            + (f"; of the turns without a reward, records written and never committed, by "
-               f"topic: {self.uncommitted}; their interactions {self.inputs_of_missing}"
-               if self.missing_reward else "")
+            + (
+                f"; of the turns without a reward, records written and never committed, by "
+                f"topic: {self.uncommitted}; their interactions {self.inputs_of_missing}"
+                if self.missing_reward
+                else ""
+            )
         )
-
 
 
 def _last_error(logpath: str) -> str:
@@ -146,11 +148,15 @@ def _last_error(logpath: str) -> str:
     hits = [ln for ln in lines if re.search(r"error|exception|fenced|fatal", ln, re.I)]
     return hits[-1].strip()[:300] if hits else "(none in the log's tail)"
 
+
 def ends(settings: Settings, topics: tuple[str, ...]) -> dict[tuple[str, int], int]:
     c = Consumer(settings.kafka_client_config(**{"group.id": "soak-probe"}))
     try:
-        return {(t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-                for t in topics for p in c.list_topics(t, timeout=10).topics[t].partitions}
+        return {
+            (t, p): c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+            for t in topics
+            for p in c.list_topics(t, timeout=10).topics[t].partitions
+        }
     finally:
         c.close()
 
@@ -161,10 +167,19 @@ def session(sid: str, turns: int) -> list[events.Interaction]:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Name a prime number."}]
     out = []
     for t in range(turns):
-        out.append(dataclasses.replace(
-            base, event_id=f"{sid}-i{t}", session_id=sid, turn=t, messages=list(msgs),
-            tool_calls=[], response_text="7.", session_done=t == turns - 1, group_id=None,
-        ))
+        out.append(
+            dataclasses.replace(
+                base,
+                event_id=f"{sid}-i{t}",
+                session_id=sid,
+                turn=t,
+                messages=list(msgs),
+                tool_calls=[],
+                response_text="7.",
+                session_done=t == turns - 1,
+                group_id=None,
+            )
+        )
         reply = "Thanks, that works" if t % 2 else "That's wrong"
         msgs += [{"role": "assistant", "content": "7."}, {"role": "user", "content": reply}]
     return out
@@ -182,8 +197,12 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
     (fut,) = admin.alter_consumer_group_offsets(group).values()
     fut.result(60)
     start_out = ends(settings, DERIVED)
-    env = dict(os.environ, LIVERL_PROCESSORS_SESSION_PREFIX=app_id, LIVERL_STATE_DIR=state,
-               LIVERL_PROCESSORS_SESSION_TIMEOUT_S="6")
+    env = dict(
+        os.environ,
+        LIVERL_PROCESSORS_SESSION_PREFIX=app_id,
+        LIVERL_STATE_DIR=state,
+        LIVERL_PROCESSORS_SESSION_TIMEOUT_S="6",
+    )
     if plan.trace_dir:
         os.makedirs(plan.trace_dir, exist_ok=True)
         env["LIVERL_SOAK_TRACE"] = plan.trace_dir
@@ -201,9 +220,23 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
         if plan.trace_dir:
             code = f"exec(open({TRACE!r}).read())\n{code}"
         return subprocess.Popen(
-            [sys.executable, "-c", code, "--app-id", app_id, "--no-web", "-l", "warn",
-             "--worker-index", str(i), f"--{plan.guarantee}"],
-            env=env, cwd=plan.tree, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-c",
+                code,
+                "--app-id",
+                app_id,
+                "--no-web",
+                "-l",
+                "warn",
+                "--worker-index",
+                str(i),
+                f"--{plan.guarantee}",
+            ],
+            env=env,
+            cwd=plan.tree,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             preexec_fn=die_with_soak,  # noqa: PLW1509 - only prctl: a killed soak leaves none
         )
 
@@ -212,7 +245,7 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
 
     def client(k: int) -> None:
         producer = EventProducer(settings, client_id=f"soak-{k}", partitioner="murmur2_random")
-        mine = sessions[k::plan.clients]
+        mine = sessions[k :: plan.clients]
         gap = plan.send_s / max(1, plan.turns * len(mine))
         for t in range(plan.turns):  # every session's turn t, then turn t + 1
             for s in mine:
@@ -233,8 +266,10 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
         procs[victim].wait(10)
         result.kills += 1
         if say:
-            say(f"  kill {result.kills}: worker {victim} {during} at "
-                f"{time.monotonic() - began:.0f} s")
+            say(
+                f"  kill {result.kills}: worker {victim} {during} at "
+                f"{time.monotonic() - began:.0f} s"
+            )
         time.sleep(plan.restart_after_s)
         procs[victim] = worker(victim)
 
@@ -245,9 +280,11 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
             if proc.poll() is not None:
                 result.crashes += 1
                 if say:
-                    say(f"  worker {i} stopped on its own (exit {proc.returncode}) at "
+                    say(
+                        f"  worker {i} stopped on its own (exit {proc.returncode}) at "
                         f"{time.monotonic() - began:.0f} s: restarted; last error logged: "
-                        f"{_last_error(logpath)}")
+                        f"{_last_error(logpath)}"
+                    )
                 procs[i] = worker(i)
 
     def more() -> bool:
@@ -292,8 +329,10 @@ def run_soak(settings: Settings, plan: SoakPlan, workdir: str | None = None,
     result.seconds = time.monotonic() - began
     if plan.trace_dir:
         with open(os.path.join(plan.trace_dir, "lost.json"), "w") as out:
-            json.dump({"missing_reward": result.missing_reward,
-                       "missing_sample": result.missing_sample}, out)
+            json.dump(
+                {"missing_reward": result.missing_reward, "missing_sample": result.missing_sample},
+                out,
+            )
     with open(logpath, "rb") as fh:
         result.log_tail = fh.read().decode(errors="replace")[-3000:]
     return result
@@ -307,7 +346,9 @@ def _count(settings: Settings, start: dict[tuple[str, int], int], prefix: str,
     want = {(i.session_id, i.turn) for s in sessions for i in s}
     ids: dict[str, Counter[str]] = defaultdict(Counter)
     per_turn: dict[str, dict[tuple[str, int], set[str]]] = {
-        names.REWARDS: defaultdict(set), names.SAMPLES: defaultdict(set)}
+        names.REWARDS: defaultdict(set),
+        names.SAMPLES: defaultdict(set),
+    }
     c = Consumer(settings.kafka_client_config(**{"group.id": f"soak-read-{prefix}"}))
     c.assign([TopicPartition(t, p, o) for (t, p), o in start.items()])
     deadline, quiet_until = time.monotonic() + settle_s, None
@@ -346,8 +387,11 @@ def _turns_to_end(settings: Settings, group: str, tps: list[TopicPartition],
     """Each record of ``tps`` (from their offsets to their ends, at most 60 s) keyed with
     ``key_prefix`` whose event is one of the ``missing`` turns, with that turn (other runs'
     records on shared topics are not read)."""
-    c = Consumer(settings.kafka_client_config(**{
-        "group.id": group, "isolation.level": isolation, "enable.partition.eof": True}))
+    c = Consumer(
+        settings.kafka_client_config(
+            **{"group.id": group, "isolation.level": isolation, "enable.partition.eof": True}
+        )
+    )
     c.assign(tps)
     left = {(tp.topic, tp.partition) for tp in tps}
     deadline = time.monotonic() + 60
@@ -378,8 +422,9 @@ def _inputs_of(settings: Settings, admin: AdminClient, group: str, tps: list[Top
     inputs = [TopicPartition(t.topic, t.partition, t.offset) for t in tps
               if t.topic == names.INTERACTIONS]  # fmt: skip
     out: Counter[str] = Counter()
-    for msg, _ in _turns_to_end(settings, f"soak-inputs-{group}", inputs, missing,
-                                key_prefix=group.encode()):
+    for msg, _ in _turns_to_end(
+        settings, f"soak-inputs-{group}", inputs, missing, key_prefix=group.encode()
+    ):
         below = msg.offset() < committed.get((msg.topic(), msg.partition()), -1)
         out["below commit" if below else "not committed"] += 1
         out[f"partition {msg.partition()}"] += 1
@@ -395,8 +440,9 @@ def _uncommitted(settings: Settings, start: dict[tuple[str, int], int], prefix: 
     committed: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for isolation, into in (("read_uncommitted", seen), ("read_committed", committed)):
         tps = [TopicPartition(t, p, o) for (t, p), o in start.items()]
-        for msg, at in _turns_to_end(settings, f"soak-audit-{prefix}", tps, missing, isolation,
-                                     prefix.encode()):
+        for msg, at in _turns_to_end(
+            settings, f"soak-audit-{prefix}", tps, missing, isolation, prefix.encode()
+        ):
             into[msg.topic() or ""].add(at)
     return {t: len(seen[t] - committed[t]) for t in DERIVED if seen[t] - committed[t]}
 
@@ -405,13 +451,17 @@ def report(r: SoakResult, label: str) -> None:
     print(f"{label}: {'ok' if r.ok else 'LOST, DOUBLED OR DEAD-LETTERED'} - {r.summary()}")
     for topic in DERIVED:
         if topic in r.records:
-            print(f"  {topic:28s} records {r.records[topic]:6d}   ids read more than once "
-                  f"{r.repeated_ids.get(topic, 0):5d}")
+            print(
+                f"  {topic:28s} records {r.records[topic]:6d}   ids read more than once "
+                f"{r.repeated_ids.get(topic, 0):5d}"
+            )
     if r.missing_sample:
         print(f"  e.g. without a sample: {r.missing_sample[:5]}")
     if r.missing_reward:
-        print("  of the turns without a reward, written in a transaction never committed: "
-              + (", ".join(f"{t} {n}" for t, n in r.uncommitted.items()) or "none"))
+        print(
+            "  of the turns without a reward, written in a transaction never committed: "
+            + (", ".join(f"{t} {n}" for t, n in r.uncommitted.items()) or "none")
+        )
 
 
 def main() -> None:
@@ -421,28 +471,56 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=d.turns)
     ap.add_argument("--clients", type=int, default=d.clients)
     ap.add_argument("--workers", type=int, default=d.workers)
-    ap.add_argument("--send-s", type=float, default=300.0,
-                    help="each client spreads its turns over this long (the soak's length)")
+    ap.add_argument(
+        "--send-s",
+        type=float,
+        default=300.0,
+        help="each client spreads its turns over this long (the soak's length)",
+    )
     ap.add_argument("--kill-every-s", type=float, default=d.kill_every_s)
     ap.add_argument("--restart-after-s", type=float, default=d.restart_after_s)
-    ap.add_argument("--recovery-kill-every", type=int, default=d.recovery_kill_every,
-                    help="every Nth restart is killed again while it starts (0: never)")
+    ap.add_argument(
+        "--recovery-kill-every",
+        type=int,
+        default=d.recovery_kill_every,
+        help="every Nth restart is killed again while it starts (0: never)",
+    )
     ap.add_argument("--kills", type=int, default=None, help="stop after this many kills")
-    ap.add_argument("--settle-s", type=float, default=d.settle_s,
-                    help="after the kills, wait this long for every sample")
-    ap.add_argument("--guarantees", default="exactly-once",
-                    help="comma list of exactly-once and at-least-once, soaked in turn")
-    ap.add_argument("--trees", default=".",
-                    help="comma list of checkouts whose workers run in turn (an A/B)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=d.settle_s,
+        help="after the kills, wait this long for every sample",
+    )
+    ap.add_argument(
+        "--guarantees",
+        default="exactly-once",
+        help="comma list of exactly-once and at-least-once, soaked in turn",
+    )
+    ap.add_argument(
+        "--trees", default=".", help="comma list of checkouts whose workers run in turn (an A/B)"
+    )
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--slow-table-writes-s", type=float, default=0.0,
-                    help="delay each buffered table write this long before the producer "
-                         "takes it (a loaded worker, reproducibly)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="the kill schedule's seed of round 1 (round r uses seed + r - 1)")
-    ap.add_argument("--trace", metavar="DIR", default=None,
-                    help="workers write a debug trace (bench/eos_trace.py) to DIR/round-N, "
-                         "with the lost turns in lost.json")
+    ap.add_argument(
+        "--slow-table-writes-s",
+        type=float,
+        default=0.0,
+        help="delay each buffered table write this long before the producer "
+        "takes it (a loaded worker, reproducibly)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the kill schedule's seed of round 1 (round r uses seed + r - 1)",
+    )
+    ap.add_argument(
+        "--trace",
+        metavar="DIR",
+        default=None,
+        help="workers write a debug trace (bench/eos_trace.py) to DIR/round-N, "
+        "with the lost turns in lost.json",
+    )
     args = ap.parse_args()
     chosen = [g.strip() for g in args.guarantees.split(",") if g.strip()]
     if not chosen or any(g not in ("exactly-once", "at-least-once") for g in chosen):
@@ -455,11 +533,18 @@ def main() -> None:
         for tree in (os.path.abspath(t) for t in args.trees.split(",") if t.strip()):
             for g in chosen:
                 plan = SoakPlan(
-                    sessions=args.sessions, turns=args.turns, clients=args.clients,
-                    workers=args.workers, send_s=args.send_s, kill_every_s=args.kill_every_s,
+                    sessions=args.sessions,
+                    turns=args.turns,
+                    clients=args.clients,
+                    workers=args.workers,
+                    send_s=args.send_s,
+                    kill_every_s=args.kill_every_s,
                     restart_after_s=args.restart_after_s,
-                    recovery_kill_every=args.recovery_kill_every, kills=args.kills,
-                    guarantee=g, settle_s=args.settle_s, seed=args.seed + r,
+                    recovery_kill_every=args.recovery_kill_every,
+                    kills=args.kills,
+                    guarantee=g,
+                    settle_s=args.settle_s,
+                    seed=args.seed + r,
                     tree=None if tree == here else tree,
                     slow_table_writes_s=args.slow_table_writes_s,
                     trace_dir=args.trace and os.path.join(args.trace, f"round-{r + 1}"),

@@ -38,17 +38,26 @@ from pipeline.settings import Settings
 
 def session(client: httpx.Client, url: str, model: str, sid: str) -> float:
     """One two-turn session; returns time.time() when its closing reply was sent."""
-    body = {"model": model, "max_tokens": 4, "temperature": 0.7,
-            "messages": [{"role": "user", "content": "Say hi."}]}
+    body = {
+        "model": model,
+        "max_tokens": 4,
+        "temperature": 0.7,
+        "messages": [{"role": "user", "content": "Say hi."}],
+    }
     r = client.post(f"{url}/chat/completions", json=body, headers={"X-Session-Id": sid})
     r.raise_for_status()
     answer = r.json()["choices"][0]["message"]["content"] or ""
-    body["messages"] += [{"role": "assistant", "content": answer},
-                         {"role": "user", "content": "Thanks, that was great!"}]
+    body["messages"] += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Thanks, that was great!"},
+    ]
     body["max_tokens"] = 1
     ended = time.time()
-    client.post(f"{url}/chat/completions", json=body,
-                headers={"X-Session-Id": sid, "X-Session-Done": "true"}).raise_for_status()
+    client.post(
+        f"{url}/chat/completions",
+        json=body,
+        headers={"X-Session-Id": sid, "X-Session-Done": "true"},
+    ).raise_for_status()
     return ended
 
 
@@ -64,8 +73,11 @@ def trainer_figures(lake: Path, policy: str) -> str:
 
     from pipeline.lake.reading import dataset
 
-    rows = dataset(uri).to_table(
-        columns=["samples", "ts_ms"], filter=pc.field("policy_id") == policy).to_pylist()
+    rows = (
+        dataset(uri)
+        .to_table(columns=["samples", "ts_ms"], filter=pc.field("policy_id") == policy)
+        .to_pylist()
+    )
     if not rows:
         return "no steps"
     n = sum(r["samples"] for r in rows)
@@ -74,15 +86,24 @@ def trainer_figures(lake: Path, policy: str) -> str:
     return f"{len(rows)} steps, {n / len(rows):.1f} samples/step{rate}"
 
 
-def measure(idle_s: float, load_clients: int, sessions: int,
-            policy: str) -> tuple[list[float], str]:
+def measure(
+    idle_s: float, load_clients: int, sessions: int, policy: str
+) -> tuple[list[float], str]:
     settings = Settings()
     state = Path(settings.state_dir)
     lake = Path(settings.trainer.under_state_dir(state).lake_root)
-    loop = LoopConfig(policy=policy, method="rl", model="tiny", state_dir=state,
-                      batch_samples=16, batch_wait_s=2.0,
-                      extra_env={"LIVERL_TRAINER_BATCH_IDLE_S": str(idle_s),
-                                 "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "0.5"})
+    loop = LoopConfig(
+        policy=policy,
+        method="rl",
+        model="tiny",
+        state_dir=state,
+        batch_samples=16,
+        batch_wait_s=2.0,
+        extra_env={
+            "LIVERL_TRAINER_BATCH_IDLE_S": str(idle_s),
+            "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "0.5",
+        },
+    )
     first_seen: dict[int, float] = {}
     stop = threading.Event()  # the version poller
     stop_load = threading.Event()  # the background clients
@@ -106,8 +127,7 @@ def measure(idle_s: float, load_clients: int, sessions: int,
                     session(c, running.url, policy, f"load-{uuid.uuid4().hex[:8]}")
 
         threads = [threading.Thread(target=poll, daemon=True)]
-        threads += [threading.Thread(target=background, daemon=True)
-                    for _ in range(load_clients)]
+        threads += [threading.Thread(target=background, daemon=True) for _ in range(load_clients)]
         for t in threads:
             t.start()
         ended: dict[str, float] = {}
@@ -136,8 +156,10 @@ def measure(idle_s: float, load_clients: int, sessions: int,
     consumed = consumed_versions(lake, policy)
     missing = [sid for sid in ended if consumed.get(sid) not in first_seen]
     if missing:
-        print(f"  {len(missing)} session(s) without a served version: consumed "
-              f"{[consumed.get(s) for s in missing]}, versions seen {sorted(first_seen)}")
+        print(
+            f"  {len(missing)} session(s) without a served version: consumed "
+            f"{[consumed.get(s) for s in missing]}, versions seen {sorted(first_seen)}"
+        )
     out = []
     for sid, at in ended.items():
         v = consumed.get(sid)
@@ -150,8 +172,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--load-clients", type=int, default=3)
-    ap.add_argument("--idle", nargs="+", type=float, default=[0.0, 0.3],
-                    help="batch_idle_s values to compare (0: wait for a full batch)")
+    ap.add_argument(
+        "--idle",
+        nargs="+",
+        type=float,
+        default=[0.0, 0.3],
+        help="batch_idle_s values to compare (0: wait for a full batch)",
+    )
     args = ap.parse_args()
     print(f"tiny model, batch 16, batch_max_wait_s 2.0, {args.sessions} measured sessions")
     for load in (0, args.load_clients):
@@ -162,9 +189,12 @@ def main() -> None:
             if not fresh:
                 print(f"batch_idle_s {idle_s:<4g} {what:<24} no session measured")
                 continue
-            print(f"batch_idle_s {idle_s:<4g} {what:<24} freshness p50 "
-                  f"{statistics.median(fresh):.2f} s, max {max(fresh):.2f} s "
-                  f"({len(fresh)}/{args.sessions} sessions); trainer: {trained}", flush=True)
+            print(
+                f"batch_idle_s {idle_s:<4g} {what:<24} freshness p50 "
+                f"{statistics.median(fresh):.2f} s, max {max(fresh):.2f} s "
+                f"({len(fresh)}/{args.sessions} sessions); trainer: {trained}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

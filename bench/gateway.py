@@ -50,6 +50,8 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 def messages(i: int) -> list[dict[str, str]]:
     """A different prompt per request, so that no cache in the gateway flatters the figure."""
     return [SYSTEM, {"role": "user", "content": f"What is the capital of France? ({i})"}]
+
+
 ANSWER = "Paris is the capital of France."
 
 
@@ -64,8 +66,9 @@ def fake_sglang_app(answer: list[int], stream_mode: str = "cumulative") -> Any:
     ``/v1/chat/completions`` too, for the OpenClaw-RL proxy that forwards there."""
 
     async def respond(send: Any, body: bytes, ctype: bytes = b"application/json") -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", ctype)]})
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", ctype)]}
+        )
         await send({"type": "http.response.body", "body": body})
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -89,15 +92,28 @@ def fake_sglang_app(answer: list[int], stream_mode: str = "cumulative") -> Any:
         if path == "/v1/chat/completions":
             req = orjson.loads(body)
             out = answer[: min(len(answer), req.get("max_tokens") or len(answer))]
-            await respond(send, orjson.dumps({
-                "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
-                "model": req.get("model", "fake"),
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": ANSWER},
-                             "logprobs": {"content": [{"token": str(t), "logprob": -0.5}
-                                                      for t in out]}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": len(out)},
-            }))
+            await respond(
+                send,
+                orjson.dumps(
+                    {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": req.get("model", "fake"),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": ANSWER},
+                                "logprobs": {
+                                    "content": [{"token": str(t), "logprob": -0.5} for t in out]
+                                },
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": len(out)},
+                    }
+                ),
+            )
             return
         if path != "/generate":  # the start-up probes
             await respond(send, b"{}")
@@ -109,20 +125,38 @@ def fake_sglang_app(answer: list[int], stream_mode: str = "cumulative") -> Any:
         finish = {"type": "stop" if n == len(answer) else "length"}
 
         def doc(lo: int, hi: int, last: bool) -> bytes:
-            return orjson.dumps({"text": "", "output_ids": out[lo:hi], "meta_info": {
-                "finish_reason": finish if last else None,
-                "output_token_logprobs": pairs[lo:hi],
-                "prompt_tokens": len(req["input_ids"]), "weight_version": "0"}})
+            return orjson.dumps(
+                {
+                    "text": "",
+                    "output_ids": out[lo:hi],
+                    "meta_info": {
+                        "finish_reason": finish if last else None,
+                        "output_token_logprobs": pairs[lo:hi],
+                        "prompt_tokens": len(req["input_ids"]),
+                        "weight_version": "0",
+                    },
+                }
+            )
 
         if not req.get("stream"):
             await respond(send, doc(0, n, True))
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         for i in range(n):
             lo = i if stream_mode == "incremental" else 0
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": b"data: " + doc(lo, i + 1, i == n - 1) + b"\n\n"})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": True,
+                    "body": b"data: " + doc(lo, i + 1, i == n - 1) + b"\n\n",
+                }
+            )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     return app
@@ -132,15 +166,21 @@ def serve_fake(port: int, answer: list[int], stream_mode: str) -> None:
     import uvicorn
 
     with contextlib.suppress(KeyboardInterrupt):  # stopped by the bench's SIGINT
-        uvicorn.run(fake_sglang_app(answer, stream_mode), host="127.0.0.1", port=port,
-                    log_level="warning", access_log=False)
+        uvicorn.run(
+            fake_sglang_app(answer, stream_mode),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+        )
 
 
 # ---- the gateway (its own process) -----------------------------------------------------------
 
 
-def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: str,
-                  stream: str) -> None:
+def serve_gateway(
+    port: int, backend_url: str, record: bool, spool: str, stack: str, stream: str
+) -> None:
     import uvicorn
 
     from pipeline.serving.build import build_app
@@ -149,11 +189,22 @@ def serve_gateway(port: int, backend_url: str, record: bool, spool: str, stack: 
     from pipeline.settings import Settings
 
     cfg = ServeSettings(
-        port=port, backend="sglang", sglang_url=backend_url, model_path="tiny", policy_id="bench",
-        record=record, reload=False, spool_dir=Path(spool), interactions_topic=TOPIC,
-        turn_recovery_s=0, sglang_stream=stream,
-        **({"record_linger_ms": float(os.environ["GATEWAY_BENCH_LINGER_MS"])}
-           if os.environ.get("GATEWAY_BENCH_LINGER_MS") else {}),
+        port=port,
+        backend="sglang",
+        sglang_url=backend_url,
+        model_path="tiny",
+        policy_id="bench",
+        record=record,
+        reload=False,
+        spool_dir=Path(spool),
+        interactions_topic=TOPIC,
+        turn_recovery_s=0,
+        sglang_stream=stream,
+        **(
+            {"record_linger_ms": float(os.environ["GATEWAY_BENCH_LINGER_MS"])}
+            if os.environ.get("GATEWAY_BENCH_LINGER_MS")
+            else {}
+        ),
     )
     # "py": uvicorn's pure-Python stack (h11, asyncio's loop), the gateway's before httptools
     # and uvloop, for an A/B in the same run.
@@ -200,8 +251,9 @@ def serve_granian(app: Any, port: int) -> None:
     from granian.constants import Interfaces
     from granian.server.embed import Server
 
-    server = Server(app, address="127.0.0.1", port=port, interface=Interfaces.ASGI,
-                    log_enabled=False)
+    server = Server(
+        app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, log_enabled=False
+    )
 
     async def main() -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, server.stop)
@@ -236,12 +288,16 @@ def serve_openclaw_rl(port: int, backend_url: str, source: str) -> None:
     utils = types.ModuleType("slime.utils")
     processing = types.ModuleType("slime.utils.processing_utils")
     processing.load_tokenizer = lambda path, trust_remote_code=False: (  # type: ignore[attr-defined]
-        AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+        AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    )
     types_mod = types.ModuleType("slime.utils.types")
     types_mod.Sample = Sample  # type: ignore[attr-defined]
-    for name, mod in {"slime": types.ModuleType("slime"), "slime.utils": utils,
-                      "slime.utils.processing_utils": processing,
-                      "slime.utils.types": types_mod}.items():
+    for name, mod in {
+        "slime": types.ModuleType("slime"),
+        "slime.utils": utils,
+        "slime.utils.processing_utils": processing,
+        "slime.utils.types": types_mod,
+    }.items():
         sys.modules[name] = mod
     path = Path(source)
     if path.is_dir():
@@ -251,9 +307,12 @@ def serve_openclaw_rl(port: int, backend_url: str, source: str) -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     backend = urlsplit(backend_url)
-    cli = types.SimpleNamespace(hf_checkpoint=str(ensure_tiny_model()), prm_enable=False,
-                                sglang_router_ip=backend.hostname,
-                                sglang_router_port=backend.port)
+    cli = types.SimpleNamespace(
+        hf_checkpoint=str(ensure_tiny_model()),
+        prm_enable=False,
+        sglang_router_ip=backend.hostname,
+        sglang_router_port=backend.port,
+    )
     samples: queue.Queue[Any] = queue.Queue()
     enabled = threading.Event()
     enabled.set()
@@ -275,8 +334,9 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def load(url: str, bodies: list[bytes], conc: int, headers: list[dict[str, str]]
-               ) -> tuple[list[float], float]:
+async def load(
+    url: str, bodies: list[bytes], conc: int, headers: list[dict[str, str]]
+) -> tuple[list[float], float]:
     """Latencies (ms) of POSTing each body with ``conc`` in flight, and req/s."""
     lat: list[float] = []
     nxt = iter(range(len(bodies)))
@@ -340,29 +400,66 @@ def ensure_topic() -> None:
             fut.result(timeout=30)
 
 
-def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc: int,
-         args: argparse.Namespace, anchor: bool = False) -> None:
+def cell(
+    tok: Any,
+    furl: str,
+    gurl: str,
+    gw_pid: int,
+    mode: str,
+    rnd: int,
+    conc: int,
+    args: argparse.Namespace,
+    anchor: bool = False,
+) -> None:
     """One table row: the same prompts direct to the backend, then through the gateway (or,
     ``anchor``, through OpenClaw-RL's proxy: direct is then SGLang's OpenAI endpoint, where
     that proxy forwards)."""
     from pipeline.serving.chat import render_prompt
 
     n = args.requests if conc > 1 else max(16, args.requests // 2)
-    chat = [orjson.dumps({"model": "bench", "messages": messages(i),
-                          "max_tokens": args.max_tokens, "seed": i,
-                          "stream": args.client_stream}) for i in range(n)]
+    chat = [
+        orjson.dumps(
+            {
+                "model": "bench",
+                "messages": messages(i),
+                "max_tokens": args.max_tokens,
+                "seed": i,
+                "stream": args.client_stream,
+            }
+        )
+        for i in range(n)
+    ]
     if anchor:
         dpath, direct = "/v1/chat/completions", chat
     else:
-        dpath, direct = "/generate", [orjson.dumps({
-            "input_ids": render_prompt(tok, messages(i), None), "return_logprob": True,
-            "stream": args.stream != "off" and args.client_stream,
-            "sampling_params": {"temperature": 1.0, "top_p": 1.0,
-                                "max_new_tokens": args.max_tokens, "sampling_seed": i},
-        }) for i in range(n)]
+        dpath, direct = (
+            "/generate",
+            [
+                orjson.dumps(
+                    {
+                        "input_ids": render_prompt(tok, messages(i), None),
+                        "return_logprob": True,
+                        "stream": args.stream != "off" and args.client_stream,
+                        "sampling_params": {
+                            "temperature": 1.0,
+                            "top_p": 1.0,
+                            "max_new_tokens": args.max_tokens,
+                            "sampling_seed": i,
+                        },
+                    }
+                )
+                for i in range(n)
+            ],
+        )
     dh = [{"content-type": "application/json"}] * n
-    gh = [{"content-type": "application/json", "x-session-id": f"bench-{rnd}-{conc}-{i % 8}",
-           "x-turn-type": "main"} for i in range(n)]
+    gh = [
+        {
+            "content-type": "application/json",
+            "x-session-id": f"bench-{rnd}-{conc}-{i % 8}",
+            "x-turn-type": "main",
+        }
+        for i in range(n)
+    ]
     warm = min(n, 32)
     asyncio.run(load(f"{furl}{dpath}", direct[:warm], conc, dh))
     asyncio.run(load(f"{gurl}/v1/chat/completions", chat[:warm], conc, gh))
@@ -375,30 +472,47 @@ def cell(tok: Any, furl: str, gurl: str, gw_pid: int, mode: str, rnd: int, conc:
     dp50, dp99 = statistics.median(d_lat), pct(d_lat, 0.99)
     gp50, gp99 = statistics.median(g_lat), pct(g_lat, 0.99)
     label = mode if anchor else f"record {mode}"
-    print(f"{label:<14}{conc:>5}{dp50:>12.2f}{dp99:>8.2f}{gp50:>9.2f}{gp99:>8.2f}"
-          f"{gp50 - dp50:>11.2f}{gp99 - dp99:>8.2f}{d_rps:>12.0f}{g_rps:>9.0f}"
-          f"{g_rps / d_rps:>7.2f}{g_cpu:>8.2f}", flush=True)
+    print(
+        f"{label:<14}{conc:>5}{dp50:>12.2f}{dp99:>8.2f}{gp50:>9.2f}{gp99:>8.2f}"
+        f"{gp50 - dp50:>11.2f}{gp99 - dp99:>8.2f}{d_rps:>12.0f}{g_rps:>9.0f}"
+        f"{g_rps / d_rps:>7.2f}{g_cpu:>8.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=400, help="per cell (half at concurrency 1)")
-    ap.add_argument("--max-tokens", type=int, default=9,
-                    help="answer length in tokens (the fake repeats its sentence; 9: once)")
-    ap.add_argument("--client-stream", action="store_true",
-                    help="the client asks for a streamed answer (SSE chunks); default: whole")
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=9,
+        help="answer length in tokens (the fake repeats its sentence; 9: once)",
+    )
+    ap.add_argument(
+        "--client-stream",
+        action="store_true",
+        help="the client asks for a streamed answer (SSE chunks); default: whole",
+    )
     ap.add_argument("--modes", nargs="+", choices=["off", "on"], default=["off", "on"])
     ap.add_argument("--conc", nargs="+", type=int, default=[1, 16])
     ap.add_argument("--rounds", type=int, default=1, help="cells repeated, interleaved")
-    ap.add_argument("--stacks", nargs="+", default=["c"],
-                    choices=["c", "py", "granian", "sse", "tdecode"],
-                    help="gateway HTTP stack: c = uvicorn with httptools + uvloop (production), "
-                    "py = uvicorn with h11 + asyncio (before), granian = granian's Rust HTTP "
-                    "server (pip install granian), sse = c asking SGLang to stream answers the "
-                    "client takes whole (before), tdecode = c decoding answers with "
-                    "transformers' decode (before); several: an A/B in the same run")
-    ap.add_argument("--profile", default=None,
-                    help="py-spy record the gateway into this file (speedscope .json or .svg)")
+    ap.add_argument(
+        "--stacks",
+        nargs="+",
+        default=["c"],
+        choices=["c", "py", "granian", "sse", "tdecode"],
+        help="gateway HTTP stack: c = uvicorn with httptools + uvloop (production), "
+        "py = uvicorn with h11 + asyncio (before), granian = granian's Rust HTTP "
+        "server (pip install granian), sse = c asking SGLang to stream answers the "
+        "client takes whole (before), tdecode = c decoding answers with "
+        "transformers' decode (before); several: an A/B in the same run",
+    )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        help="py-spy record the gateway into this file (speedscope .json or .svg)",
+    )
     ap.add_argument("--_fake", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_answer", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_gateway", type=int, default=None, help=argparse.SUPPRESS)
@@ -407,14 +521,22 @@ def main() -> None:
     ap.add_argument("--_spool", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_stack", default="c", help=argparse.SUPPRESS)
     ap.add_argument("--_openclaw", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--openclaw-rl", default=None, metavar="PATH",
-                    help="also measure OpenClaw-RL's proxy, the anchor: a checkout of "
-                    "github.com/Gen-Verse/OpenClaw-RL (or its openclaw-rl/"
-                    "openclaw_api_server.py), loaded from there")
-    ap.add_argument("--stream", choices=["off", "cumulative", "incremental"],
-                    default="cumulative", help="how the fake SGLang answers (and the gateway and "
-                    "the direct client ask): cumulative SSE events (SGLang's default), "
-                    "incremental ones, or one JSON body")
+    ap.add_argument(
+        "--openclaw-rl",
+        default=None,
+        metavar="PATH",
+        help="also measure OpenClaw-RL's proxy, the anchor: a checkout of "
+        "github.com/Gen-Verse/OpenClaw-RL (or its openclaw-rl/"
+        "openclaw_api_server.py), loaded from there",
+    )
+    ap.add_argument(
+        "--stream",
+        choices=["off", "cumulative", "incremental"],
+        default="cumulative",
+        help="how the fake SGLang answers (and the gateway and "
+        "the direct client ask): cumulative SSE events (SGLang's default), "
+        "incremental ones, or one JSON body",
+    )
     args = ap.parse_args()
     if args._fake is not None:
         serve_fake(args._fake, [int(t) for t in args._answer.split(",")], args.stream)
@@ -423,8 +545,9 @@ def main() -> None:
         serve_openclaw_rl(args._openclaw, args._backend, args.openclaw_rl)
         return
     if args._gateway is not None:
-        serve_gateway(args._gateway, args._backend, bool(args._record), args._spool,
-                      args._stack, args.stream)
+        serve_gateway(
+            args._gateway, args._backend, bool(args._record), args._spool, args._stack, args.stream
+        )
         return
 
     from transformers import AutoTokenizer
@@ -436,46 +559,74 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(ensure_tiny_model())
     prompt = render_prompt(tok, messages(0), None)
     words = tok(ANSWER, add_special_tokens=False)["input_ids"]
-    answer = [*(words * (args.max_tokens // len(words) + 1))[: args.max_tokens - 1],
-              tok.eos_token_id]
+    answer = [
+        *(words * (args.max_tokens // len(words) + 1))[: args.max_tokens - 1],
+        tok.eos_token_id,
+    ]
     if "on" in args.modes:
         ensure_topic()
     fport = free_port()
-    fake = spawn("--_fake", str(fport), "--_answer", ",".join(map(str, answer)),
-                 "--stream", args.stream)
+    fake = spawn(
+        "--_fake", str(fport), "--_answer", ",".join(map(str, answer)), "--stream", args.stream
+    )
     furl = f"http://127.0.0.1:{fport}"
     wait_up(furl, fake)
-    print(f"fake SGLang backend, tiny tokenizer, {len(prompt)} prompt tokens, answer of "
-          f"{min(len(answer), args.max_tokens)} tokens; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'mode':<14}{'conc':>5}{'direct p50':>12}{'p99':>8}{'gw p50':>9}{'p99':>8}"
-          f"{'added p50':>11}{'p99':>8}{'direct r/s':>12}{'gw r/s':>9}{'ratio':>7}"
-          f"{'gw CPU':>8}")
+    print(
+        f"fake SGLang backend, tiny tokenizer, {len(prompt)} prompt tokens, answer of "
+        f"{min(len(answer), args.max_tokens)} tokens; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"{'mode':<14}{'conc':>5}{'direct p50':>12}{'p99':>8}{'gw p50':>9}{'p99':>8}"
+        f"{'added p50':>11}{'p99':>8}{'direct r/s':>12}{'gw r/s':>9}{'ratio':>7}"
+        f"{'gw CPU':>8}"
+    )
     try:
         for rnd in range(args.rounds):
             for mode in args.modes:
                 for stack in args.stacks:
-                    run_gateway(tok, furl, f"{mode} {stack}" if len(args.stacks) > 1 else mode,
-                                mode == "on", stack, rnd, args)
+                    run_gateway(
+                        tok,
+                        furl,
+                        f"{mode} {stack}" if len(args.stacks) > 1 else mode,
+                        mode == "on",
+                        stack,
+                        rnd,
+                        args,
+                    )
             if args.openclaw_rl:
                 run_openclaw_rl(tok, furl, rnd, args)
     finally:
         stop(fake)
-    print(f"latencies in ms at load average {os.getloadavg()[0]:.1f}; 'added' = gateway minus "
-          "direct; ratio = gateway req/s / direct req/s; gw CPU = gateway process CPU ms per "
-          "request (all threads, recording included)")
+    print(
+        f"latencies in ms at load average {os.getloadavg()[0]:.1f}; 'added' = gateway minus "
+        "direct; ratio = gateway req/s / direct req/s; gw CPU = gateway process CPU ms per "
+        "request (all threads, recording included)"
+    )
 
 
-def run_gateway(tok: Any, furl: str, label: str, record: bool, stack: str, rnd: int,
-                args: argparse.Namespace) -> None:
+def run_gateway(
+    tok: Any, furl: str, label: str, record: bool, stack: str, rnd: int, args: argparse.Namespace
+) -> None:
     """One gateway process: every concurrency's cell against it."""
     from pipeline.stack import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         gport = free_port()
-        gw = spawn("--_gateway", str(gport), "--_backend", furl, "--_record", str(int(record)),
-                   "--_spool", str(Path(tmp) / "spool"), "--_stack", stack,
-                   "--stream", args.stream)
+        gw = spawn(
+            "--_gateway",
+            str(gport),
+            "--_backend",
+            furl,
+            "--_record",
+            str(int(record)),
+            "--_spool",
+            str(Path(tmp) / "spool"),
+            "--_stack",
+            stack,
+            "--stream",
+            args.stream,
+        )
         gurl = f"http://127.0.0.1:{gport}"
         wait_up(f"{gurl}/healthz", gw)
         spy = None
@@ -503,8 +654,7 @@ def run_openclaw_rl(tok: Any, furl: str, rnd: int, args: argparse.Namespace) -> 
     from pipeline.stack import free_port
 
     port = free_port()
-    proc = spawn("--_openclaw", str(port), "--_backend", furl, "--openclaw-rl",
-                 args.openclaw_rl)
+    proc = spawn("--_openclaw", str(port), "--_backend", furl, "--openclaw-rl", args.openclaw_rl)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_up(f"{url}/healthz", proc)
@@ -530,8 +680,19 @@ def start_profile(out: str, pid: int) -> subprocess.Popen[bytes]:
     (.json: speedscope, .svg: flame graph, else collapsed stacks)."""
     exe = shutil.which("py-spy") or os.environ.get("PY_SPY", "py-spy")
     fmt = {".json": "speedscope", ".svg": "flamegraph"}.get(Path(out).suffix, "raw")
-    cmd = [exe, "record", "-p", str(pid), "-o", out, "-f", fmt, "-r", "250",
-           *os.environ.get("GATEWAY_BENCH_PYSPY", "").split()]
+    cmd = [
+        exe,
+        "record",
+        "-p",
+        str(pid),
+        "-o",
+        out,
+        "-f",
+        fmt,
+        "-r",
+        "250",
+        *os.environ.get("GATEWAY_BENCH_PYSPY", "").split(),
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

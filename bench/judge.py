@@ -33,6 +33,7 @@ def load(split: str | None = None) -> list[dict[str, Any]]:
 def load_independent(split: str | None = None) -> list[dict[str, Any]]:
     return load_rows(DATA / "replies_independent.jsonl", split)
 
+
 VOTES = (-1, 0, 1)
 
 

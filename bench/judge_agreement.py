@@ -28,15 +28,20 @@ from pipeline.settings import Settings
 def session_ids(run: dict) -> dict[str, bool]:
     """Session id -> the user was satisfied, as the demo numbers its sessions."""
     users = int(run["config"]["users"])
-    return {f"{run['policy']}-r{k // users}-u{k % users}": bool(sat)
-            for k, sat in enumerate(run["train_satisfied"])}
+    return {
+        f"{run['policy']}-r{k // users}-u{k % users}": bool(sat)
+        for k, sat in enumerate(run["train_satisfied"])
+    }
 
 
 def verdicts(lake: Path, sessions: list[str]) -> dict[str, list[tuple[str, int]]]:
     """Session -> [(event_id, score)] of its turn-0 verdicts (each event once)."""
     quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sessions)
-    _cols, rows = run_query(lake, "SELECT DISTINCT event_id, session_id, decode(payload) "
-                            f"FROM events_prm_scores WHERE turn = 0 AND session_id IN ({quoted})")
+    _cols, rows = run_query(
+        lake,
+        "SELECT DISTINCT event_id, session_id, decode(payload) "
+        f"FROM events_prm_scores WHERE turn = 0 AND session_id IN ({quoted})",
+    )
     out: dict[str, list[tuple[str, int]]] = {}
     for event_id, sid, raw in rows:
         doc = orjson.loads(raw)
@@ -72,18 +77,21 @@ def main() -> None:
     lake = args.lake or Path(settings.trainer.under_state_dir(Path(settings.state_dir)).lake_root)
     runs = json.loads(args.runs.read_text())
     pooled = Tally()
-    print(f"{'run':<44}{'agree':>7}{'disagree':>10}{'abstain':>9}{'consistency':>13}"
-          f"{'missing':>9}")
+    print(f"{'run':<44}{'agree':>7}{'disagree':>10}{'abstain':>9}{'consistency':>13}{'missing':>9}")
     for run in runs:
         t, missing = tally(run, lake)
         pooled.agree += t.agree
         pooled.disagree += t.disagree
         pooled.abstain += t.abstain
-        print(f"{run['policy']:<44}{t.agree:>7}{t.disagree:>10}{t.abstain:>9}"
-              f"{t.consistency:>13.3f}{missing:>9}")
+        print(
+            f"{run['policy']:<44}{t.agree:>7}{t.disagree:>10}{t.abstain:>9}"
+            f"{t.consistency:>13.3f}{missing:>9}"
+        )
     share = "-" if pooled.agreement is None else f"{pooled.agreement:.0%}"
-    print(f"{'all':<44}{pooled.agree:>7}{pooled.disagree:>10}{pooled.abstain:>9}"
-          f"{pooled.consistency:>13.3f}   (agreement when decided {share})")
+    print(
+        f"{'all':<44}{pooled.agree:>7}{pooled.disagree:>10}{pooled.abstain:>9}"
+        f"{pooled.consistency:>13.3f}   (agreement when decided {share})"
+    )
     print("missing: sessions with no archived turn-0 verdict (not archived yet, or not judged)")
 
 

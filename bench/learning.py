@@ -44,8 +44,9 @@ from pipeline.settings import Settings
 OPENCLAW_RL = {"hybrid": 10.3, "rl": 14.1, "opd": 29.7}  # sessions, Qwen3-4B, their paper
 
 
-def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
-        args: argparse.Namespace) -> dict:
+def one(
+    method: str, seed: int, hint_rate: float, kl_coef: float | None, args: argparse.Namespace
+) -> dict:
     settings = Settings()
     if kl_coef is None:  # the product default
         kl_coef = settings.trainer.kl_coef
@@ -54,12 +55,21 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
         extra = {"LIVERL_TRAINER_KL_COEF": str(kl_coef)}
     state = Path(settings.state_dir)
     lake = Path(settings.trainer.under_state_dir(state).lake_root)
-    policy = (f"bench-{method}-kl{kl_coef:g}-s{seed}-h{hint_rate:g}-"
-              f"{time.strftime('%H%M%S')}")
-    cfg = DemoConfig(method=method, preference=args.preference, hint_rate=hint_rate,
-                     users=args.users, rounds=args.rounds, eval_questions=args.eval_questions,
-                     seed=seed, pace_s=args.pace_s, settle_s=args.pace_s,
-                     frontier=args.frontier, adapt=args.adapt, feedback=args.feedback)
+    policy = f"bench-{method}-kl{kl_coef:g}-s{seed}-h{hint_rate:g}-{time.strftime('%H%M%S')}"
+    cfg = DemoConfig(
+        method=method,
+        preference=args.preference,
+        hint_rate=hint_rate,
+        users=args.users,
+        rounds=args.rounds,
+        eval_questions=args.eval_questions,
+        seed=seed,
+        pace_s=args.pace_s,
+        settle_s=args.pace_s,
+        frontier=args.frontier,
+        adapt=args.adapt,
+        feedback=args.feedback,
+    )
     if args.gate is not None:  # None: the product default (trainer.gate)
         extra["LIVERL_TRAINER_GATE"] = "true" if args.gate else "false"
     # No canary: this measures learning, so every user meets each promoted version at once
@@ -67,8 +77,14 @@ def one(method: str, seed: int, hint_rate: float, kl_coef: float | None,
     # learning with canary rollout).
     extra["LIVERL_TRAINER_CANARY_SHARE"] = "0"
     extra.update(dict(kv.split("=", 1) for kv in args.env))
-    loop = LoopConfig(policy=policy, method=method, state_dir=state,
-                      batch_samples=2 * args.users, lr=args.lr, extra_env=extra)
+    loop = LoopConfig(
+        policy=policy,
+        method=method,
+        state_dir=state,
+        batch_samples=2 * args.users,
+        lr=args.lr,
+        extra_env=extra,
+    )
     with running_loop(loop) as running:
         result = DemoRunner(running.url, policy, cfg).run(lake)
     summary = result.summary()
@@ -133,33 +149,69 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["rl", "opd", "hybrid"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--hint-rates", nargs="+", type=float, default=[1.0])
-    ap.add_argument("--kl-coefs", nargs="+", type=float, default=[None],
-                    help="KL-to-reference coefficients to try (trainer --kl-coef; default: "
-                    "the trainer's default)")
+    ap.add_argument(
+        "--kl-coefs",
+        nargs="+",
+        type=float,
+        default=[None],
+        help="KL-to-reference coefficients to try (trainer --kl-coef; default: "
+        "the trainer's default)",
+    )
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--users", type=int, default=6)
     ap.add_argument("--window", type=int, default=12)
     ap.add_argument("--eval-questions", type=int, default=8)
     ap.add_argument("--preference", default="concise")
     ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--pace-s", type=float, default=600.0,
-                    help="the most a round waits for the version trained on it (the demo's "
-                    "180 s; longer keeps a run's figures the same when the CPU is shared)")
-    ap.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
-                    help="the trainer's promotion gate on/off (default: the product default)")
-    ap.add_argument("--frontier", action=argparse.BooleanOptionalAction, default=False,
-                    help="questions drawn by frontier sampling (pipeline/sim/critic.py)")
-    ap.add_argument("--adapt", action=argparse.BooleanOptionalAction, default=False,
-                    help="the critic adapts the users' phrasing to the policy's success")
-    ap.add_argument("--feedback", type=float, default=0.0,
-                    help="share of training sessions whose user gives thumbs up/down")
-    ap.add_argument("--label", default="",
-                    help="a name for these runs, shown beside the critic (e.g. 'panel weighted')")
-    ap.add_argument("--env", nargs="*", default=[], metavar="LIVERL_TRAINER_X=V",
-                    help="extra settings for the loop (e.g. LIVERL_TRAINER_PPO_EPOCHS=1)")
+    ap.add_argument(
+        "--pace-s",
+        type=float,
+        default=600.0,
+        help="the most a round waits for the version trained on it (the demo's "
+        "180 s; longer keeps a run's figures the same when the CPU is shared)",
+    )
+    ap.add_argument(
+        "--gate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the trainer's promotion gate on/off (default: the product default)",
+    )
+    ap.add_argument(
+        "--frontier",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="questions drawn by frontier sampling (pipeline/sim/critic.py)",
+    )
+    ap.add_argument(
+        "--adapt",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the critic adapts the users' phrasing to the policy's success",
+    )
+    ap.add_argument(
+        "--feedback",
+        type=float,
+        default=0.0,
+        help="share of training sessions whose user gives thumbs up/down",
+    )
+    ap.add_argument(
+        "--label",
+        default="",
+        help="a name for these runs, shown beside the critic (e.g. 'panel weighted')",
+    )
+    ap.add_argument(
+        "--env",
+        nargs="*",
+        default=[],
+        metavar="LIVERL_TRAINER_X=V",
+        help="extra settings for the loop (e.g. LIVERL_TRAINER_PPO_EPOCHS=1)",
+    )
     ap.add_argument("--out", type=Path, default=Path(".liverl/bench-learning.json"))
-    ap.add_argument("--table-only", action="store_true",
-                    help="print the table from the runs already in --out; run nothing")
+    ap.add_argument(
+        "--table-only",
+        action="store_true",
+        help="print the table from the runs already in --out; run nothing",
+    )
     args = ap.parse_args()
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,68 +225,94 @@ def main() -> None:
                         runs.append(s)
                         args.out.write_text(json.dumps(runs, indent=2))
                         b, a = s["heldout_before"], s["heldout_after"]
-                        print(f"{method:<7} kl {s['kl_coef']:g} seed {seed} hint {hint_rate:g}: "
-                              f"held-out satisfied {b['satisfied']:.0%} -> "
-                              f"{a['satisfied']:.0%}, quality {b['quality_ok']:.0%} -> "
-                              f"{a['quality_ok']:.0%}, train satisfied "
-                              f"{s['train_satisfied_share']:.0%}, {s['sessions']} sessions, "
-                              f"freshness p50 {s['freshness_s']['p50']}, {s['wall_s']:.0f} s",
-                              flush=True)
+                        print(
+                            f"{method:<7} kl {s['kl_coef']:g} seed {seed} hint {hint_rate:g}: "
+                            f"held-out satisfied {b['satisfied']:.0%} -> "
+                            f"{a['satisfied']:.0%}, quality {b['quality_ok']:.0%} -> "
+                            f"{a['quality_ok']:.0%}, train satisfied "
+                            f"{s['train_satisfied_share']:.0%}, {s['sessions']} sessions, "
+                            f"freshness p50 {s['freshness_s']['p50']}, {s['wall_s']:.0f} s",
+                            flush=True,
+                        )
                         k3 = s["sessions_until_3_consecutive"]
-                        print(f"        3 satisfied in a row: "
-                              f"{'never' if k3 is None else f'after {k3} sessions'}; "
-                              f"probe (correct, fluency) "
-                              f"{_probe(s['probe_before'])} -> {_probe(s['probe_after'])}"
-                              + (f" ({s['probe_note']})" if s.get("probe_note") else ""),
-                              flush=True)
+                        print(
+                            f"        3 satisfied in a row: "
+                            f"{'never' if k3 is None else f'after {k3} sessions'}; "
+                            f"probe (correct, fluency) "
+                            f"{_probe(s['probe_before'])} -> {_probe(s['probe_after'])}"
+                            + (f" ({s['probe_note']})" if s.get("probe_note") else ""),
+                            flush=True,
+                        )
 
-    print(f"\nSmolLM2-135M-Instruct + LoRA, {args.users} users per round, preference "
-          f"'{args.preference}', moving share over {args.window} sessions")
-    print(f"{'method':<8}{'critic / label':>26}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}"
-          f"{'until 75 %':>14}{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
-          f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}"
-          f"{'wall s':>8}")
+    print(
+        f"\nSmolLM2-135M-Instruct + LoRA, {args.users} users per round, preference "
+        f"'{args.preference}', moving share over {args.window} sessions"
+    )
+    print(
+        f"{'method':<8}{'critic / label':>26}{'kl':>5}{'hint':>6}{'runs':>6}{'until 50 %':>14}"
+        f"{'until 75 %':>14}{'held-out v0':>15}{'held-out final':>18}{'quality final':>18}"
+        f"{'3 in a row':>14}{'OpenClaw-RL':>13}{'probe v0':>14}{'probe final':>14}"
+        f"{'wall s':>8}"
+    )
 
     def key(r: dict) -> tuple:
         return (r.get("kl_coef", 0.0), r["hint_rate"], r["method"], _variant(r))
 
-    keys = sorted({key(r) for r in runs},
-                  key=lambda k: (k[1] != 1.0, k[0], ["hybrid", "rl", "opd"].index(k[2])
-                                 if k[2] in ("hybrid", "rl", "opd") else 9, k[3]))
+    keys = sorted(
+        {key(r) for r in runs},
+        key=lambda k: (
+            k[1] != 1.0,
+            k[0],
+            ["hybrid", "rl", "opd"].index(k[2]) if k[2] in ("hybrid", "rl", "opd") else 9,
+            k[3],
+        ),
+    )
     for kl_coef, hint_rate, method, variant in keys:
-        mine = [r for r in runs if key(r) == (kl_coef, hint_rate, method, variant)
-                and "train_satisfied" in r]
+        mine = [
+            r
+            for r in runs
+            if key(r) == (kl_coef, hint_rate, method, variant) and "train_satisfied" in r
+        ]
         if not mine:
             continue
         most = max(len(r["train_satisfied"]) for r in mine)
-        print(f"{method:<8}{variant:>26}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
-              f"{_until(mine, 0.5, args.window, most):>14}"
-              f"{_until(mine, 0.75, args.window, most):>14}"
-              f"{_pct([r['heldout_before']['satisfied'] for r in mine]):>15}"
-              f"{_pct([r['heldout_after']['satisfied'] for r in mine]):>18}"
-              f"{_pct([r['heldout_after']['quality_ok'] for r in mine]):>18}"
-              f"{_consecutive(mine, most):>14}"
-              f"{OPENCLAW_RL.get(method, float('nan')):>13}"
-              f"{_probe_mean(mine, 'probe_before'):>14}{_probe_mean(mine, 'probe_after'):>14}"
-              f"{statistics.mean(r['wall_s'] for r in mine):>8.0f}")
-    print("3 in a row: sessions until three consecutive satisfied ones, mean over the seeds "
-          "that got there (reached/runs); OpenClaw-RL reports the same count. probe: share "
-          "of 20 fixed questions right (greedy) and fluency (base log-prob/token of sampled "
-          "answers; nearer 0 is more fluent)")
-    print(f"\n{'capability probe per run':<44}{'v0 correct':>12}{'fluency':>9}"
-          f"{'final correct':>15}{'fluency':>9}")
+        print(
+            f"{method:<8}{variant:>26}{kl_coef:>5g}{hint_rate:>6g}{len(mine):>6}"
+            f"{_until(mine, 0.5, args.window, most):>14}"
+            f"{_until(mine, 0.75, args.window, most):>14}"
+            f"{_pct([r['heldout_before']['satisfied'] for r in mine]):>15}"
+            f"{_pct([r['heldout_after']['satisfied'] for r in mine]):>18}"
+            f"{_pct([r['heldout_after']['quality_ok'] for r in mine]):>18}"
+            f"{_consecutive(mine, most):>14}"
+            f"{OPENCLAW_RL.get(method, float('nan')):>13}"
+            f"{_probe_mean(mine, 'probe_before'):>14}{_probe_mean(mine, 'probe_after'):>14}"
+            f"{statistics.mean(r['wall_s'] for r in mine):>8.0f}"
+        )
+    print(
+        "3 in a row: sessions until three consecutive satisfied ones, mean over the seeds "
+        "that got there (reached/runs); OpenClaw-RL reports the same count. probe: share "
+        "of 20 fixed questions right (greedy) and fluency (base log-prob/token of sampled "
+        "answers; nearer 0 is more fluent)"
+    )
+    print(
+        f"\n{'capability probe per run':<44}{'v0 correct':>12}{'fluency':>9}"
+        f"{'final correct':>15}{'fluency':>9}"
+    )
     for r in runs:
         b, a = r.get("probe_before"), r.get("probe_after")
         if not b or not a:
             continue
-        name = (f"{r['method']} kl {r.get('kl_coef', 0.0):g} hint {r['hint_rate']:g} "
-                f"seed {r['seed']}")
+        name = (
+            f"{r['method']} kl {r.get('kl_coef', 0.0):g} hint {r['hint_rate']:g} seed {r['seed']}"
+        )
 
         def flu(p: dict) -> str:
             return "n/a" if p.get("fluency") is None else f"{p['fluency']:.2f}"
 
-        print(f"{name:<44}{b['correct']:>9}/{b['n']:<2}{flu(b):>9}"
-              f"{a['correct']:>12}/{a['n']:<2}{flu(a):>9}")
+        print(
+            f"{name:<44}{b['correct']:>9}/{b['n']:<2}{flu(b):>9}"
+            f"{a['correct']:>12}/{a['n']:<2}{flu(a):>9}"
+        )
     print(f"runs in {args.out}")
 
 

@@ -189,9 +189,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pings", type=int, default=200, help="latency samples per run")
-    parser.add_argument("--halves", action="store_true",
-                        help="also run packed v2 through each half of the codec path alone "
-                        "(its producer into a raw consumer, a raw producer into its consumer)")
+    parser.add_argument(
+        "--halves",
+        action="store_true",
+        help="also run packed v2 through each half of the codec path alone "
+        "(its producer into a raw consumer, a raw producer into its consumer)",
+    )
     args = parser.parse_args()
 
     base = Settings()

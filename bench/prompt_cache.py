@@ -24,17 +24,31 @@ def conversation(turns: int) -> list[list[dict[str, str]]]:
     msgs = [{"role": "system", "content": "You are a careful coding assistant. " * 8}]
     out = []
     for i in range(turns):
-        msgs = [*msgs, {"role": "user", "content": f"Step {i}: the test still fails with "
-                        f"ImportError in module_{i}.py; what should I try next? " * 3}]
+        msgs = [
+            *msgs,
+            {
+                "role": "user",
+                "content": f"Step {i}: the test still fails with "
+                f"ImportError in module_{i}.py; what should I try next? " * 3,
+            },
+        ]
         out.append(msgs)
-        msgs = [*msgs, {"role": "assistant", "content": f"Open module_{i}.py, check the "
-                        "import of settings, then run pytest -x on that file only. " * 4}]
+        msgs = [
+            *msgs,
+            {
+                "role": "assistant",
+                "content": f"Open module_{i}.py, check the "
+                "import of settings, then run pytest -x on that file only. " * 4,
+            },
+        ]
     return out
 
 
 def measure(tokenizer: Any, turns: int, repeats: int) -> tuple[list[float], list[float], int]:
-    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
-             for m in conversation(turns)]
+    texts = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+        for m in conversation(turns)
+    ]
     full_ms: list[list[float]] = [[] for _ in texts]
     cached_ms: list[list[float]] = [[] for _ in texts]
     n_ids = 0
@@ -49,8 +63,11 @@ def measure(tokenizer: Any, turns: int, repeats: int) -> tuple[list[float], list
             cached_ms[i].append((time.perf_counter() - t0) * 1e3)
             assert got == want, f"turn {i}: cached ids differ"
             n_ids = len(want)
-    return ([statistics.median(x) for x in full_ms], [statistics.median(x) for x in cached_ms],
-            n_ids)
+    return (
+        [statistics.median(x) for x in full_ms],
+        [statistics.median(x) for x in cached_ms],
+        n_ids,
+    )
 
 
 def tokenizers() -> list[tuple[str, Any]]:
@@ -80,8 +97,10 @@ def main() -> None:
         print(f"{'turn':>6}{'full ms':>10}{'cached ms':>11}{'ratio':>8}")
         for i in sorted({0, 1, args.turns // 4, args.turns // 2, args.turns - 1}):
             print(f"{i:>6}{full[i]:>10.3f}{cached[i]:>11.3f}{full[i] / cached[i]:>8.1f}")
-        print(f"{'all':>6}{sum(full):>10.2f}{sum(cached):>11.2f}{sum(full) / sum(cached):>8.1f}"
-              "  (total over the session)")
+        print(
+            f"{'all':>6}{sum(full):>10.2f}{sum(cached):>11.2f}{sum(full) / sum(cached):>8.1f}"
+            "  (total over the session)"
+        )
 
 
 if __name__ == "__main__":

@@ -35,16 +35,26 @@ from pipeline.trainer.checkpoint import Manifest, write_version
 TRAINER = events.Producer(component="bench-reload", version="1")
 
 
-def _write(root: Path, model: torch.nn.Module, policy: str, version: int,
-           base: dict[str, str] | None) -> Manifest:
+def _write(
+    root: Path, model: torch.nn.Module, policy: str, version: int, base: dict[str, str] | None
+) -> Manifest:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if base is None:
                 p.mul_(1.0 + 1e-3)  # a different version, same shapes
             elif "lora_B" in name:
                 p.normal_(0.0, 1e-3)
-    manifest = Manifest(policy, version, version - 1 or None, version, events.now_ms(),
-                        names.SAMPLES, {}, [], base_model=base)
+    manifest = Manifest(
+        policy,
+        version,
+        version - 1 or None,
+        version,
+        events.now_ms(),
+        names.SAMPLES,
+        {},
+        [],
+        base_model=base,
+    )
 
     def files(tmp: Path) -> None:
         model.save_pretrained(tmp)
@@ -65,9 +75,16 @@ def _policy_model(model_dir: Path, lora: bool) -> torch.nn.Module:
     from pipeline.trainer.config import TrainerSettings
 
     cfg = TrainerSettings()
-    return get_peft_model(model, LoraConfig(
-        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules,
-        lora_dropout=0.0, task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            target_modules=cfg.lora_target_modules,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def _read_floor(folder: Path) -> float:
@@ -83,8 +100,11 @@ def _read_floor(folder: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=10)
-    parser.add_argument("--model", default=store.DEFAULT_MODEL,
-                        help="tiny (full weights) or a store model (LoRA adapter versions)")
+    parser.add_argument(
+        "--model",
+        default=store.DEFAULT_MODEL,
+        help="tiny (full weights) or a store model (LoRA adapter versions)",
+    )
     args = parser.parse_args()
 
     settings = Settings()
@@ -100,20 +120,33 @@ def main() -> None:
         root = Path(tmp)
         cfg = ServeSettings(record=False, reload=True, spool_dir=root / "spool")
         with running(build_app(cfg, settings, backend)) as url, httpx.Client(timeout=30) as c:
-            body = {"model": policy, "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 1}
+            body = {
+                "model": policy,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1,
+            }
             c.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
             for version in range(1, args.versions + 1):
                 t0 = time.perf_counter()
                 manifest = _write(root, model, policy, version, base)
                 t_written = time.perf_counter()
                 folder = root / policy / f"v{version}"
-                producer.send(names.WEIGHTS, events.WeightsPublished(
-                    event_id=events.derive_event_id("weights", [], "bench", policy, version),
-                    producer=TRAINER, policy_id=policy, version=version,
-                    parent=manifest.parent, uri=folder.as_uri() + "/", files=manifest.files,
-                    step=version, status="candidate", consumed_offsets={},
-                ), key=policy)
+                producer.send(
+                    names.WEIGHTS,
+                    events.WeightsPublished(
+                        event_id=events.derive_event_id("weights", [], "bench", policy, version),
+                        producer=TRAINER,
+                        policy_id=policy,
+                        version=version,
+                        parent=manifest.parent,
+                        uri=folder.as_uri() + "/",
+                        files=manifest.files,
+                        step=version,
+                        status="candidate",
+                        consumed_offsets={},
+                    ),
+                    key=policy,
+                )
                 producer.flush()
                 t_event = time.perf_counter()
                 deadline = time.monotonic() + 60
@@ -140,16 +173,20 @@ def main() -> None:
         return f"p50 {statistics.median(values) * 1e3:7.1f} ms   max {max(values) * 1e3:7.1f} ms"
 
     kind = "LoRA adapter" if lora else "full weights"
-    print(f"{args.model} ({kind}), {size:.2f} MB of safetensors per version, "
-          f"{args.versions} versions, Kafka {settings.bootstrap}")
+    print(
+        f"{args.model} ({kind}), {size:.2f} MB of safetensors per version, "
+        f"{args.versions} versions, Kafka {settings.bootstrap}"
+    )
     print(f"write version (atomic, fsync)       {ms(writes)}")
     print(f"weights event -> version swapped in {ms(to_live)}")
     print(f"weights event -> first new answer   {ms(to_answer)}")
     print(f"write + event -> first new answer   {ms(totals)}")
     print(f"floor: read + sha256 the files      {ms(floors)}")
-    print(f"reload (event -> swapped in) over the floor: "
-          f"{statistics.median(to_live) / statistics.median(floors):.1f}x; "
-          f"with the first answer: {statistics.median(to_answer) / statistics.median(floors):.1f}x")
+    print(
+        f"reload (event -> swapped in) over the floor: "
+        f"{statistics.median(to_live) / statistics.median(floors):.1f}x; "
+        f"with the first answer: {statistics.median(to_answer) / statistics.median(floors):.1f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -241,7 +241,9 @@ def sessions(draw: st.DrawFn) -> SessionSpec:
         st.sampled_from([0, 0, 1, 2, 124, 127]), st.integers(0, n - 1),
     ), max_size=3))  # fmt: skip
     return SessionSpec(
-        tuple(turns), tuple(gates), draw(st.sampled_from([None, None, "g", "h"])),
+        tuple(turns),
+        tuple(gates),
+        draw(st.sampled_from([None, None, "g", "h"])),
         draw(st.sampled_from(["done", "idle"])),
         draw(st.sampled_from([None, None, *STOP_STATUSES])),
     )
@@ -261,8 +263,13 @@ def tool_call(t: int, k: int, call: Call) -> dict[str, Any]:
 
 
 def tool_result(t: int, k: int, call: Call) -> dict[str, Any]:
-    content = call.text if call.code is None else json.dumps(
-        {"exit_code": call.code, "stdout": "1 passed" if call.code == 0 else "1 failed"})
+    content = (
+        call.text
+        if call.code is None
+        else json.dumps(
+            {"exit_code": call.code, "stdout": "1 passed" if call.code == 0 else "1 failed"}
+        )
+    )
     return {"role": "tool", "tool_call_id": f"c{t}_{k}", "content": content}
 
 
@@ -275,9 +282,15 @@ def interactions(sid: str, spec: SessionSpec) -> list[Interaction]:
         if t > 0:
             prev = spec.turns[t - 1]
             calls = [tool_call(t - 1, k, c) for k, c in enumerate(prev.calls)]
-            prompt = [*prompt, {"role": "assistant", "content": "running it",
-                                **({"tool_calls": calls} if calls else {})},
-                      *(tool_result(t - 1, k, c) for k, c in enumerate(prev.calls))]
+            prompt = [
+                *prompt,
+                {
+                    "role": "assistant",
+                    "content": "running it",
+                    **({"tool_calls": calls} if calls else {}),
+                },
+                *(tool_result(t - 1, k, c) for k, c in enumerate(prev.calls)),
+            ]
         if turn.user is not None:
             prompt = [*prompt, {"role": "user", "content": turn.user}]
         out.append(Interaction(
@@ -303,8 +316,13 @@ def extra_event(sid: str, t: int, k: int, x: Extra, gui: GuiSource) -> NextState
     """A posted next state, built by the gateway's own code (deterministic id and time)."""
     if x.kind == "gui":
         kind, target, text = x.a.split(":")
-        body = {"session_id": sid, "turn": t, "goal": GOAL,
-                "action": {"type": kind, "target": target, "text": text}, "tree": SCREENS[x.b]}
+        body = {
+            "session_id": sid,
+            "turn": t,
+            "goal": GOAL,
+            "action": {"type": kind, "target": target, "text": text},
+            "tree": SCREENS[x.b],
+        }
         req = SourceRequest(body, None, "harness", 4000, lambda _sid: t)
         ns = gui.next_states(req)[0]
     elif x.kind == "thumbs":
@@ -394,8 +412,9 @@ async def drive(sid: str, spec: SessionSpec, rules: RuleSet = DEFAULT) -> Run:
         if stage.assembler.ready(state.assembly, now):
             kept = {t: by_id[info.interaction.event_id] for t, info in state.assembly.turns.items()
                     if info.interaction is not None}  # fmt: skip
-            done = stage.assembler.complete(state.assembly, now,
-                                            {t: token_payload(i) for t, i in kept.items()})
+            done = stage.assembler.complete(
+                state.assembly, now, {t: token_payload(i) for t, i in kept.items()}
+            )
             run.rewards += done.rewards
             run.samples += done.samples
             state.assembly = done.state
@@ -470,8 +489,9 @@ def real_turns(run: Run, outcome: float | None) -> set[int] | None:
     return {p.turn for p in run.verdicts if p.score != 0 and not is_no_verdict(p)}
 
 
-def check_batch(batch: list[Sample], cores: dict[str, Any], failed: set[tuple[str, int]],
-                stats: Counter[str]) -> None:
+def check_batch(
+    batch: list[Sample], cores: dict[str, Any], failed: set[tuple[str, int]], stats: Counter[str]
+) -> None:
     """Advantages of ``batch`` by the trainer's own preparation: finite, and never positive
     for a failed session's sample."""
     if not batch:
@@ -488,12 +508,17 @@ def check_batch(batch: list[Sample], cores: dict[str, Any], failed: set[tuple[st
             if (s.session_id, s.turn) in failed:
                 assert float(adv[i].max()) <= 0.0, (
                     f"failed: {s.session_id} turn {s.turn} gets advantage "
-                    f"{float(adv[i].max())} in a batch of {len(batch)}")
+                    f"{float(adv[i].max())} in a batch of {len(batch)}"
+                )
                 stats["failed_batch"] += 1
 
 
-def check(specs: list[SessionSpec], cores: dict[str, Any], rnd: random.Random,
-          stats: Counter[str] | None = None) -> None:
+def check(
+    specs: list[SessionSpec],
+    cores: dict[str, Any],
+    rnd: random.Random,
+    stats: Counter[str] | None = None,
+) -> None:
     """Drive ``specs`` with the default rules and with none, and assert the invariants of the
     module docstring. ``stats`` counts the cases each invariant was checked on."""
     stats = stats if stats is not None else Counter()
@@ -513,8 +538,8 @@ def check(specs: list[SessionSpec], cores: dict[str, Any], rnd: random.Random,
             assert lo - TOL <= phi <= hi + TOL, f"bound: {sid} reaches Phi {phi}"
         path = sum(r.penalty for r in run.rewards)
         assert beta * lo - TOL <= path <= beta * hi + TOL, (
-            f"bound: {sid}'s rewards carry a path part of {path}, outside "
-            f"{beta} * [{lo}, {hi}]")
+            f"bound: {sid}'s rewards carry a path part of {path}, outside {beta} * [{lo}, {hi}]"
+        )
         stats["bound"] += 1
         stats["bound_violations"] += any(p.penalty < 0 for p in run.penalties)
         outcome = expected_outcome(spec)
@@ -576,8 +601,9 @@ def load_cores(model_dir: Path) -> dict[str, Any]:
 # ---- the search ---------------------------------------------------------------------------------
 
 
-def search(cores: dict[str, Any], examples: int, budget_s: float, first_seed: int,
-           stats: Counter[str]) -> str | None:
+def search(
+    cores: dict[str, Any], examples: int, budget_s: float, first_seed: int, stats: Counter[str]
+) -> str | None:
     """Run the property in chunks (a fresh seed each) until ``examples`` or ``budget_s`` is
     spent; the minimised counter-example's report, or None."""
     start = time.monotonic()
@@ -587,8 +613,12 @@ def search(cores: dict[str, Any], examples: int, budget_s: float, first_seed: in
         left = examples - stats["examples"] if examples > 0 else chunk
 
         @seed(first_seed + k)
-        @settings(max_examples=max(1, min(chunk, left)), deadline=None, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+        @settings(
+            max_examples=max(1, min(chunk, left)),
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        )
         @given(SESSIONS, st.randoms(use_true_random=False))
         def prop(specs: list[SessionSpec], rnd: random.Random) -> None:
             stats["examples"] += 1
@@ -622,10 +652,20 @@ def main() -> None:
     t0 = time.monotonic()
     found = search(cores, args.examples, args.budget_s, args.seed, stats)
     spent = time.monotonic() - t0
-    print(f"examples tried: {stats['examples']} in {spent:.1f} s "
-          f"({stats['examples'] / max(spent, 1e-9):.1f}/s), seed {args.seed}")
-    for name in ("sessions", "bound", "bound_violations", "shaping_alone", "no_signal_sessions",
-                 "failed_sessions", "failed_batch", "finite"):
+    print(
+        f"examples tried: {stats['examples']} in {spent:.1f} s "
+        f"({stats['examples'] / max(spent, 1e-9):.1f}/s), seed {args.seed}"
+    )
+    for name in (
+        "sessions",
+        "bound",
+        "bound_violations",
+        "shaping_alone",
+        "no_signal_sessions",
+        "failed_sessions",
+        "failed_batch",
+        "finite",
+    ):
         print(f"  {name:20s} {stats[name]}")
     if found is None:
         print("no counter-example found")

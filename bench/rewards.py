@@ -108,7 +108,10 @@ def group_split(settings: Settings, group: str) -> list[int]:
 
 
 def measure(
-    args: argparse.Namespace, processes: int, settings: Settings, guarantee: str,
+    args: argparse.Namespace,
+    processes: int,
+    settings: Settings,
+    guarantee: str,
     session_batch: int | None = None,
     tree: str | None = None,
 ) -> Result:
@@ -151,8 +154,17 @@ def measure(
     log_path = os.path.join(env["LIVERL_STATE_DIR"], f"worker-{processes}.log")
     with open(log_path, "wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-c", code, "--app-id", app_id, "--no-web",
-             "--processes", str(processes), f"--{guarantee}"],
+            [
+                sys.executable,
+                "-c",
+                code,
+                "--app-id",
+                app_id,
+                "--no-web",
+                "--processes",
+                str(processes),
+                f"--{guarantee}",
+            ],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -272,21 +284,30 @@ def report(r: Result, args: argparse.Namespace, base: Result | None) -> None:
         f"{args.prompt_tokens}/{args.response_tokens} tokens)"
     )
     print(f"produce rate      {r.produce_rate:10.1f} turns/s")
-    ratio = (f"   x{r.pipeline_rate / base.pipeline_rate:.2f} vs processes={base.processes}, "
-             f"{base.guarantee}{label(base)}") if base is not None and base is not r \
-        and base.pipeline_rate else ""
+    ratio = (
+        (
+            f"   x{r.pipeline_rate / base.pipeline_rate:.2f} vs processes={base.processes}, "
+            f"{base.guarantee}{label(base)}"
+        )
+        if base is not None and base is not r and base.pipeline_rate
+        else ""
+    )
     print(f"pipeline rate     {r.pipeline_rate:10.1f} turns/s (interaction -> sample){ratio}")
     lat, n = r.latency_ms, r.received
     if n:
         p99 = lat[min(n - 1, int(0.99 * n))]
         p50 = statistics.median(lat)
-        print(f"latency p50 {p50:8.1f} ms   p99 {p99:8.1f} ms   max {lat[-1]:.1f} ms"
-              "   (to the sample's write)")
+        print(
+            f"latency p50 {p50:8.1f} ms   p99 {p99:8.1f} ms   max {lat[-1]:.1f} ms"
+            "   (to the sample's write)"
+        )
         vis = r.visible_ms
         if vis:
             v99 = vis[min(len(vis) - 1, int(0.99 * len(vis)))]
-            print(f"visible p50 {statistics.median(vis):8.1f} ms   p99 {v99:8.1f} ms   "
-                  f"max {vis[-1]:.1f} ms   (to a read_committed reader)")
+            print(
+                f"visible p50 {statistics.median(vis):8.1f} ms   p99 {v99:8.1f} ms   "
+                f"max {vis[-1]:.1f} ms   (to a read_committed reader)"
+            )
 
 
 def label(r: Result) -> str:
@@ -309,7 +330,8 @@ def guarantees(text: str) -> list[str]:
     bad = [x for x in names_ if x not in ("exactly-once", "at-least-once")]
     if not names_ or bad:
         raise argparse.ArgumentTypeError(
-            f"expected a comma list of exactly-once and at-least-once, got {text!r}")
+            f"expected a comma list of exactly-once and at-least-once, got {text!r}"
+        )
     return names_
 
 
@@ -321,26 +343,44 @@ def main() -> None:
     ap.add_argument("--response-tokens", type=int, default=128)
     ap.add_argument("--limit-s", type=float, default=180.0)
     load = ap.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, default=0.0,
-                      help="sessions/s to offer (0: all at once)")
-    load.add_argument("--turn-rate", type=float, default=0.0,
-                      help="turns/s to offer: --rate = this / --turns")
+    load.add_argument(
+        "--rate", type=float, default=0.0, help="sessions/s to offer (0: all at once)"
+    )
+    load.add_argument(
+        "--turn-rate", type=float, default=0.0, help="turns/s to offer: --rate = this / --turns"
+    )
     ap.add_argument("--group-size", type=int, default=0, help="sessions per group_id (0: none)")
-    ap.add_argument("--processes", type=process_counts, default=[1],
-                    help="worker process counts to measure in turn, e.g. 1,2 (default 1)")
-    ap.add_argument("--guarantees", type=guarantees, default=["exactly-once"],
-                    help="processing guarantees to measure in turn, e.g. "
-                    "at-least-once,exactly-once (the cost of transactions; default exactly-once)")
-    ap.add_argument("--session-batch", type=process_counts, default=None,
-                    help="session agent batch sizes to measure in turn, e.g. 1,256 (1: one "
-                    "record per unit, as before batching; default: the configured one)")
-    ap.add_argument("--trees", default="",
-                    help="comma list of checkouts whose workers to measure in turn, '.' for "
-                    "this one: an A/B against another commit in one run (git worktree add "
-                    "/tmp/before HEAD~1; --trees /tmp/before,.), alternated with --rounds")
+    ap.add_argument(
+        "--processes",
+        type=process_counts,
+        default=[1],
+        help="worker process counts to measure in turn, e.g. 1,2 (default 1)",
+    )
+    ap.add_argument(
+        "--guarantees",
+        type=guarantees,
+        default=["exactly-once"],
+        help="processing guarantees to measure in turn, e.g. "
+        "at-least-once,exactly-once (the cost of transactions; default exactly-once)",
+    )
+    ap.add_argument(
+        "--session-batch",
+        type=process_counts,
+        default=None,
+        help="session agent batch sizes to measure in turn, e.g. 1,256 (1: one "
+        "record per unit, as before batching; default: the configured one)",
+    )
+    ap.add_argument(
+        "--trees",
+        default="",
+        help="comma list of checkouts whose workers to measure in turn, '.' for "
+        "this one: an A/B against another commit in one run (git worktree add "
+        "/tmp/before HEAD~1; --trees /tmp/before,.), alternated with --rounds",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="repeat every measurement, in turn")
-    ap.add_argument("--profile", default="",
-                    help="write the processes=1 worker's cProfile stats here")
+    ap.add_argument(
+        "--profile", default="", help="write the processes=1 worker's cProfile stats here"
+    )
     args = ap.parse_args()
     if args.turn_rate:
         args.rate = args.turn_rate / args.turns
@@ -351,8 +391,11 @@ def main() -> None:
 
     settings = Settings()
     results: list[Result] = []
-    trees = [None if t in (".", "") else os.path.abspath(t)
-             for t in args.trees.split(",")] if args.trees else [None]
+    trees = (
+        [None if t in (".", "") else os.path.abspath(t) for t in args.trees.split(",")]
+        if args.trees
+        else [None]
+    )
     for _round in range(args.rounds):
         for guarantee in args.guarantees:
             for batch in args.session_batch or [None]:
@@ -363,10 +406,14 @@ def main() -> None:
                         sys.stdout.flush()
     if len(results) > 1 and results[0].pipeline_rate:
         first = results[0]
-        print(f"== turns/s vs processes={first.processes}, {first.guarantee}: " + ", ".join(
-            f"{r.processes} {r.guarantee}{label(r)}: x{r.pipeline_rate / first.pipeline_rate:.2f}"
-            for r in results
-        ))
+        print(
+            f"== turns/s vs processes={first.processes}, {first.guarantee}: "
+            + ", ".join(
+                f"{r.processes} {r.guarantee}{label(r)}: "
+                f"x{r.pipeline_rate / first.pipeline_rate:.2f}"
+                for r in results
+            )
+        )
 
 
 if __name__ == "__main__":

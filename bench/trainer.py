@@ -44,12 +44,17 @@ def samples(n: int, policy: str, prompt: int, response: int) -> list[Sample]:
     rng = random.Random(0)
     return [
         Sample(
-            event_id=f"bench-{i}", producer=Producer(component="bench", version="0"),
-            session_id=f"s{i % 64}", turn=i, policy_id=policy,
+            event_id=f"bench-{i}",
+            producer=Producer(component="bench", version="0"),
+            session_id=f"s{i % 64}",
+            turn=i,
+            policy_id=policy,
             prompt_token_ids=[rng.randrange(10, 500) for _ in range(prompt)],
             response_token_ids=[rng.randrange(10, 500) for _ in range(response)],
-            loss_mask=[1] * response, behavior_logprobs=[-6.0] * response,
-            reward=rng.choice([-1.0, 1.0]), hints=["run the tests first"],
+            loss_mask=[1] * response,
+            behavior_logprobs=[-6.0] * response,
+            reward=rng.choice([-1.0, 1.0]),
+            hints=["run the tests first"],
             behavior_weight_version=0,
         )
         for i in range(n)
@@ -66,8 +71,9 @@ def report(label: str, n: int, tokens: int, wall: float, compute: float) -> None
 def bench_core(model: Path, data: list[Sample], batch: int, method: str, nproc: int = 1) -> None:
     """One process, or rank 0 of ``nproc`` (the others spawned, as ``liverl train`` does):
     each batch is broadcast, trained in shards and its gradients summed."""
-    cfg = TrainerSettings(model=str(model), device="cpu", method=method, teacher="policy",
-                          nproc=nproc)
+    cfg = TrainerSettings(
+        model=str(model), device="cpu", method=method, teacher="policy", nproc=nproc
+    )
     with contextlib.ExitStack() as stack:
         group = None
         if nproc > 1:
@@ -98,7 +104,11 @@ def bench_core(model: Path, data: list[Sample], batch: int, method: str, nproc: 
 
 
 def bench_kafka(
-    model: Path, data: list[Sample], batch: int, publish_every: str, nproc: int = 1,
+    model: Path,
+    data: list[Sample],
+    batch: int,
+    publish_every: str,
+    nproc: int = 1,
     batch_idle_s: float | None = None,
 ) -> None:
     """``publish_every``: ``default`` (the settings' cadence) or N (every N steps, no
@@ -124,10 +134,16 @@ def bench_kafka(
         idle = 1.0
         with tempfile.TemporaryDirectory() as tmp:
             cfg = TrainerSettings(
-                policy="bench", model=str(model), input_topic=topic, device="cpu",
-                weights_root=Path(tmp) / "w", lake_root=Path(tmp) / "lake",
-                batch_max_samples=batch, batch_max_wait_s=0.2,
-                exit_when_idle_s=idle, nproc=nproc,
+                policy="bench",
+                model=str(model),
+                input_topic=topic,
+                device="cpu",
+                weights_root=Path(tmp) / "w",
+                lake_root=Path(tmp) / "lake",
+                batch_max_samples=batch,
+                batch_max_wait_s=0.2,
+                exit_when_idle_s=idle,
+                nproc=nproc,
             )
             if publish_every != "default":
                 cfg.publish_every_steps, cfg.publish_max_overhead = int(publish_every), 1.0
@@ -171,19 +187,37 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--response", type=int, default=32)
-    ap.add_argument("--publish-every", nargs="+", default=["default", "1"],
-                    help="'default' (settings cadence) and/or step counts")
+    ap.add_argument(
+        "--publish-every",
+        nargs="+",
+        default=["default", "1"],
+        help="'default' (settings cadence) and/or step counts",
+    )
     ap.add_argument("--no-kafka", action="store_true")
-    ap.add_argument("--batch-idle", nargs="+", type=float, default=None,
-                    help="batch_idle_s values to compare on the Kafka backlog (e.g. 0 0.3: "
-                    "does the idle trigger shrink batches when the input is never idle?)")
+    ap.add_argument(
+        "--batch-idle",
+        nargs="+",
+        type=float,
+        default=None,
+        help="batch_idle_s values to compare on the Kafka backlog (e.g. 0 0.3: "
+        "does the idle trigger shrink batches when the input is never idle?)",
+    )
     ap.add_argument("--model", default="tiny", help="tiny or a store model (LoRA)")
     ap.add_argument("--methods", nargs="+", default=["rl", "hybrid"])
-    ap.add_argument("--nproc", nargs="+", type=int, default=[1],
-                    help="rank counts to compare, e.g. 1 2 (CPU: the ranks share the cores)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads of a single process (default: torch's, all cores); "
-                    "ranks always take cores/N each")
+    ap.add_argument(
+        "--nproc",
+        nargs="+",
+        type=int,
+        default=[1],
+        help="rank counts to compare, e.g. 1 2 (CPU: the ranks share the cores)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of a single process (default: torch's, all cores); "
+        "ranks always take cores/N each",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -194,9 +228,11 @@ def main() -> None:
             model = store.resolve(args.model)
         data = samples(args.samples, "bench", args.prompt, args.response)
         kind = "full fine-tuning" if args.model == "tiny" else "LoRA r=16"
-        print(f"{args.model} ({kind}), {args.samples} samples of {args.prompt}+{args.response} "
-              f"tokens, batch {args.batch}, CPU ({os.cpu_count()} cores, "
-              f"{torch.get_num_threads()} torch threads for nproc 1)")
+        print(
+            f"{args.model} ({kind}), {args.samples} samples of {args.prompt}+{args.response} "
+            f"tokens, batch {args.batch}, CPU ({os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads for nproc 1)"
+        )
         for method in args.methods:
             for nproc in args.nproc:
                 bench_core(model, data, args.batch, method, nproc)

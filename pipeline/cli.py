@@ -186,8 +186,11 @@ def broker_status(ctx: click.Context, nodes: int | None) -> None:
     if len(status.nodes) > 1:
         for node in status.nodes:
             how = (
-                "[green]in the cluster[/]" if node.registered
-                else "[yellow]not registered[/]" if node.pid else "[red]stopped[/]"
+                "[green]in the cluster[/]"
+                if node.registered
+                else "[yellow]not registered[/]"
+                if node.pid
+                else "[red]stopped[/]"
             )
             console.print(f"  node {node.node_id}: {node.address}, pid {node.pid or '-'}, {how}")
 
@@ -254,8 +257,11 @@ def _specs(settings: Settings) -> list[TopicSpec]:
 
 @topics.command("apply")
 @click.option("--dry-run", is_flag=True, help="Show the plan, change nothing.")
-@click.option("--namespace", default=None, help="Apply the specs to replay namespace NAME "
-              "(topics replay.NAME.*), not to the live topics.")
+@click.option(
+    "--namespace",
+    default=None,
+    help="Apply the specs to replay namespace NAME (topics replay.NAME.*), not to the live topics.",
+)
 @click.pass_context
 def topics_apply(ctx: click.Context, dry_run: bool, namespace: str | None = None) -> None:
     """Create missing topics, grow partitions, align configs; refuse shrinks.
@@ -346,7 +352,9 @@ def topics_list(ctx: click.Context) -> None:
     "local HF model dir.",
 )
 @field_option(
-    TrainerSettings, "method", "--method",
+    TrainerSettings,
+    "method",
+    "--method",
     help="Training method: rl, opd, hybrid, or one a [trainer] plugins module registers.",
 )
 @click.option(
@@ -431,8 +439,11 @@ def up(
     # a taken port used to fail only after Kafka had started, and left it running.
     if "gateway" not in without and (problem := stack.port_problem(host, port)) is not None:
         _fail(f"{problem}; pass another --port (or stop what listens there)")
-    metrics_hosts = {"trainer": trainer_cfg.metrics_host, "canary": settings.canary.metrics_host,
-                     "judges": settings.processors.web_host}
+    metrics_hosts = {
+        "trainer": trainer_cfg.metrics_host,
+        "canary": settings.canary.metrics_host,
+        "judges": settings.processors.web_host,
+    }
     if metrics_port is not None:
         for name, offset in stack.METRICS_LAYOUT.items():
             if name in without:
@@ -496,8 +507,9 @@ def up(
             f"headers X-Session-Id, X-Turn-Type, X-Session-Done{replicas})"
         )
     if scraped:
-        where = ", ".join(f"{name} http://{metrics_hosts[name]}:{p}/metrics"
-                          for name, p in scraped.items())
+        where = ", ".join(
+            f"{name} http://{metrics_hosts[name]}:{p}/metrics" for name, p in scraped.items()
+        )
         console.print(f"Prometheus metrics: {where}", highlight=False)
     console.print("Ctrl-C stops everything")
     restart = stack.RestartPolicy()
@@ -569,8 +581,9 @@ def status(ctx: click.Context) -> None:
         detail = ", ".join(f"{t}={n}" for t, n in sorted(group.by_topic.items()))
         table.add_row(group.group, group.state, str(group.lag), detail or "-")
     console.print(table)
-    lines = policy_states(settings, require_promoted=require_promoted(settings),
-                          canary_cfg=settings.canary)
+    lines = policy_states(
+        settings, require_promoted=require_promoted(settings), canary_cfg=settings.canary
+    )
     for line in lines or ["weights: no version published yet"]:
         console.print(line, highlight=False, markup=False)
 

@@ -166,8 +166,11 @@ def interaction_topics(settings: Settings, present: set[str]) -> list[str]:
     """The interactions topic and its copies in replay namespaces (kept until dropped)."""
     live = settings.serve.interactions_topic
     topic = names.resolve(live, settings.kafka.namespace)
-    copies = [t for t in sorted(present)
-              if (ns := names.namespace_of(t)) and names.live(t, ns) == live and t != topic]
+    copies = [
+        t
+        for t in sorted(present)
+        if (ns := names.namespace_of(t)) and names.live(t, ns) == live and t != topic
+    ]
     return [t for t in (topic, *copies) if t in present]
 
 
@@ -358,8 +361,10 @@ def operator() -> str:
 
 def _echo_survey(s: Survey, dry_run: bool) -> None:
     what = f"session {s.value}" if s.target == "session" else f"user {s.value}"
-    click.echo(f"forget {what}: {len(s.sessions)} session(s)"
-               + (" (dry run: nothing is changed)" if dry_run else ""))
+    click.echo(
+        f"forget {what}: {len(s.sessions)} session(s)"
+        + (" (dry run: nothing is changed)" if dry_run else "")
+    )
     for sid in s.sessions:
         click.echo(f"  session {sid}")
     verb = "would remove" if dry_run else "removing"
@@ -373,37 +378,62 @@ def _echo_survey(s: Survey, dry_run: bool) -> None:
     for sp in s.spools:
         if sp.live:
             if sp.pending:
-                click.echo(f"  spool      {sp.path}: {sp.pending} undelivered frame(s) held by a "
-                           "running gateway: a forget is refused until they are delivered")
+                click.echo(
+                    f"  spool      {sp.path}: {sp.pending} undelivered frame(s) held by a "
+                    "running gateway: a forget is refused until they are delivered"
+                )
             if sp.delivered:
-                click.echo(f"  spool      {sp.path}: {sp.delivered} delivered frame(s) kept: a "
-                           "gateway holds this spool (they go with their segment)")
+                click.echo(
+                    f"  spool      {sp.path}: {sp.delivered} delivered frame(s) kept: a "
+                    "gateway holds this spool (they go with their segment)"
+                )
             continue
         if sp.pending or sp.delivered or sp.quarantined:
-            click.echo(f"  spool      {sp.path}: {verb} {sp.pending} undelivered and blanking "
-                       f"{sp.delivered} delivered frame(s), {len(sp.quarantined)} quarantine "
-                       "file(s)")
+            click.echo(
+                f"  spool      {sp.path}: {verb} {sp.pending} undelivered and blanking "
+                f"{sp.delivered} delivered frame(s), {len(sp.quarantined)} quarantine "
+                "file(s)"
+            )
     for note in s.notes:
         click.echo(f"  note: {note}")
 
 
 @click.command("forget")
 @click.option("--session", "session_id", default=None, metavar="S", help="Forget this session.")
-@click.option("--user", "user_id", default=None, metavar="U",
-              help="Forget every session whose interactions carry user_id U (X-Liverl-User, "
-              "else the API key's id).")
+@click.option(
+    "--user",
+    "user_id",
+    default=None,
+    metavar="U",
+    help="Forget every session whose interactions carry user_id U (X-Liverl-User, "
+    "else the API key's id).",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; change nothing.")
-@click.option("--vacuum-now", is_flag=True,
-              help="Vacuum with zero retention: the files are gone now, and so is every older "
-              "version of the tables (time travel, a running offline retraining).")
-@click.option("--vacuum-only", is_flag=True,
-              help="Forget nothing: vacuum the files forgets removed at least "
-              "LIVERL_FORGET_VACUUM_RETENTION_HOURS ago (run it daily).")
-@click.option("--spool-dir", "spool_dir", multiple=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A gateway spool to clean besides those under <state_dir>/spool (repeatable).")
-@click.option("--lake", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The lake [default: <state_dir>/lake].")
+@click.option(
+    "--vacuum-now",
+    is_flag=True,
+    help="Vacuum with zero retention: the files are gone now, and so is every older "
+    "version of the tables (time travel, a running offline retraining).",
+)
+@click.option(
+    "--vacuum-only",
+    is_flag=True,
+    help="Forget nothing: vacuum the files forgets removed at least "
+    "LIVERL_FORGET_VACUUM_RETENTION_HOURS ago (run it daily).",
+)
+@click.option(
+    "--spool-dir",
+    "spool_dir",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A gateway spool to clean besides those under <state_dir>/spool (repeatable).",
+)
+@click.option(
+    "--lake",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The lake [default: <state_dir>/lake].",
+)
 @click.pass_context
 def forget(
     ctx: click.Context,
@@ -434,11 +464,16 @@ def forget(
     if vacuum_only:
         if session_id is not None or user_id is not None or dry_run:
             raise click.UsageError("--vacuum-only takes no --session, --user or --dry-run")
-        paths = [p for _, root in lakes(settings, lake)
-                 for p in lake_forget.session_tables(root).values()]
+        paths = [
+            p
+            for _, root in lakes(settings, lake)
+            for p in lake_forget.session_tables(root).values()
+        ]
         n = lake_forget.vacuum(paths, retention)
-        click.echo(f"vacuumed {len(paths)} table(s): {n} file(s) removed at least "
-                   f"{retention} h ago deleted")
+        click.echo(
+            f"vacuumed {len(paths)} table(s): {n} file(s) removed at least "
+            f"{retention} h ago deleted"
+        )
         return
     if (session_id is None) == (user_id is None):
         raise click.UsageError("give exactly one of --session S or --user U")
@@ -454,15 +489,23 @@ def forget(
             live = {p: spool_forget.held(p) for p in spools}
         s = survey(settings, lake, target, value, spools, live)
         if not s.found:
-            where = "the archive, the interactions topic and the spools" if target == "user" else (
-                "the lake, the trainer's versions, the changelogs, the spools and the "
-                "interactions topic")
+            where = (
+                "the archive, the interactions topic and the spools"
+                if target == "user"
+                else (
+                    "the lake, the trainer's versions, the changelogs, the spools and the "
+                    "interactions topic"
+                )
+            )
             raise click.UsageError(f"unknown {target} {value!r}: nothing of it in {where}")
         busy = [sp for sp in s.spools if sp.live and sp.pending]
         if busy and not dry_run:
             raise ForgetError(
-                "; ".join(f"{sp.pending} undelivered frame(s) of these sessions wait in the "
-                          f"spool {sp.path}, held by a running gateway" for sp in busy)
+                "; ".join(
+                    f"{sp.pending} undelivered frame(s) of these sessions wait in the "
+                    f"spool {sp.path}, held by a running gateway"
+                    for sp in busy
+                )
                 + ": they are about to reach Kafka. Run forget again once the gateway has "
                 "delivered them (its /metrics liverl_gateway_record_backlog is 0), or stop it."
             )
@@ -473,13 +516,18 @@ def forget(
             click.echo(f"  kafka      {topic}: kept until retention, gone by {entry['gone_by']}")
         if dry_run:
             return
-        removed: dict[str, dict[str, int]] = {"spools": {}, "changelogs": {}, "versions": {},
-                                              "delta": {}}
+        removed: dict[str, dict[str, int]] = {
+            "spools": {},
+            "changelogs": {},
+            "versions": {},
+            "delta": {},
+        }
         for sp in s.spools:
             if not sp.live and (sp.pending or sp.delivered or sp.quarantined):
                 removed["spools"][str(sp.path)] = spool_forget.erase(sp, s.sessions)
-        kept["spools_live"] = {str(sp.path): sp.delivered for sp in s.spools
-                               if sp.live and sp.delivered}
+        kept["spools_live"] = {
+            str(sp.path): sp.delivered for sp in s.spools if sp.live and sp.delivered
+        }
     if s.changelogs:
         processors_forget.erase(settings, s.changelogs)
         removed["changelogs"] = {c.topic: len(c.keys) for c in s.changelogs}
@@ -506,10 +554,13 @@ def forget(
     }
     write_log(lake, row)
     total = sum(sum(v.values()) for v in removed.values())
-    click.echo(f"forgot {len(s.sessions)} session(s): {total} row(s), key(s) and frame(s) "
-               f"removed; {vacuumed} file(s) vacuumed; recorded in {Path(lake) / FORGET_LOG} "
-               f"as {row['forget_id']}")
+    click.echo(
+        f"forgot {len(s.sessions)} session(s): {total} row(s), key(s) and frame(s) "
+        f"removed; {vacuumed} file(s) vacuumed; recorded in {Path(lake) / FORGET_LOG} "
+        f"as {row['forget_id']}"
+    )
     if retention:
-        click.echo(f"the replaced Delta files are deleted by the first vacuum after {retention} h "
-                   "(`liverl forget --vacuum-only`, or the next forget)")
-
+        click.echo(
+            f"the replaced Delta files are deleted by the first vacuum after {retention} h "
+            "(`liverl forget --vacuum-only`, or the next forget)"
+        )

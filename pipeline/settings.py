@@ -60,7 +60,8 @@ class ForgetSettings(BaseModel):
     liverl.toml was ignored."""
 
     vacuum_retention_hours: int = Field(
-        default=24, ge=0,
+        default=24,
+        ge=0,
         description="Files a forget removed from a Delta table are physically deleted by the "
         "first vacuum at least this long afterwards (every `liverl forget`, or `liverl forget "
         "--vacuum-only` from cron); older table versions stay readable for this long.",
@@ -101,7 +102,7 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_file = _CONFIG_FILE.get() or os.environ.get("LIVERL_CONFIG", "liverl.toml")
         toml = TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
-        if (unknown := unknown_keys(toml.toml_data, settings_cls)):
+        if unknown := unknown_keys(toml.toml_data, settings_cls):
             raise ValueError(f"{toml_file}: " + "; ".join(unknown))
         return (init_settings, env_settings, toml)
 
@@ -148,16 +149,20 @@ def unknown_keys(data: Mapping[str, Any], model: type[BaseModel], section: str =
     one line naming the key and its section: a typo in liverl.toml is refused, not dropped.
     Only the file is checked: ``LIVERL_*`` variables also name things that are not settings
     (``LIVERL_CONFIG``, a test's fault injection), and a dict field takes any key."""
-    fields = {alias: f for name, f in model.model_fields.items()
-              for alias in (name, f.alias) if alias}
+    fields = {
+        alias: f for name, f in model.model_fields.items() for alias in (name, f.alias) if alias
+    }
     where = f"[{section}]" if section else "the top level"
     found: list[str] = []
     for key, value in data.items():
         field = fields.get(key)
         if field is None:
             close = difflib.get_close_matches(key, list(model.model_fields), n=1)
-            hint = (f"did you mean {close[0]!r}?" if close else
-                    "known: " + ", ".join(sorted(model.model_fields)))
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else "known: " + ", ".join(sorted(model.model_fields))
+            )
             found.append(f"unknown key {key!r} in {where}; {hint}")
             continue
         sub = field.annotation

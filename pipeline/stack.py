@@ -73,8 +73,18 @@ def gateway_components(
     """``liverl serve`` once, or ``count`` replicas sharing ``host:port`` (SO_REUSEPORT: the
     kernel spreads connections over them). Each replica has its own id, hence its own spool
     dir and Kafka client id; none needs sticky sessions (see ``pipeline/serving/sessions.py``)."""
-    args = ["serve", "--host", host, "--port", str(port), "--policy-id", policy,
-            "--served-model-name", policy, *model_args]
+    args = [
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--policy-id",
+        policy,
+        "--served-model-name",
+        policy,
+        *model_args,
+    ]
     if count == 1:
         return [Component("gateway", args)]
     return [

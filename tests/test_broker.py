@@ -113,8 +113,10 @@ def test_an_unwritable_state_dir_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     state = tmp_path / "file" / "state"
     env: dict[str, str | None] = {
-        "LIVERL_STATE_DIR": str(state), "LIVERL_BROKER_PORT": str(free_port()),
-        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()), "LIVERL_KAFKA_BOOTSTRAP": None,
+        "LIVERL_STATE_DIR": str(state),
+        "LIVERL_BROKER_PORT": str(free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()),
+        "LIVERL_KAFKA_BOOTSTRAP": None,
     }
     result = CliRunner().invoke(cli, ["broker", "up"], env=env)
     assert result.exit_code == 1, result.output
@@ -137,8 +139,10 @@ def _broker_up_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
     monkeypatch.setattr(LocalBroker, "check_java", no_java)
     env: dict[str, str | None] = {
-        "LIVERL_STATE_DIR": str(tmp_path / "state"), "LIVERL_BROKER_PORT": str(free_port()),
-        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()), "LIVERL_KAFKA_BOOTSTRAP": None,
+        "LIVERL_STATE_DIR": str(tmp_path / "state"),
+        "LIVERL_BROKER_PORT": str(free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(free_port()),
+        "LIVERL_KAFKA_BOOTSTRAP": None,
     }
     result = CliRunner().invoke(cli, ["broker", "up"], env=env)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception

@@ -76,16 +76,23 @@ def test_three_nodes_get_their_own_ports_folders_and_one_quorum(tmp_path: Path) 
             f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
         )
         assert props["advertised.listeners"] == f"PLAINTEXT://127.0.0.1:{node.port}"
-        for key in ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
-                    "share.coordinator.state.topic.replication.factor",
-                    "default.replication.factor"):
+        for key in (
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
+            "share.coordinator.state.topic.replication.factor",
+            "default.replication.factor",
+        ):
             assert props[key] == "3", key
-        for key in ("transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr",
-                    "min.insync.replicas"):
+        for key in (
+            "transaction.state.log.min.isr",
+            "share.coordinator.state.topic.min.isr",
+            "min.insync.replicas",
+        ):
             assert props[key] == "2", key
         # a dead node is fenced after 6 s without a heartbeat (Kafka's default: 9 s)
         assert (props["broker.session.timeout.ms"], props["broker.heartbeat.interval.ms"]) == (
-            "6000", "1000"
+            "6000",
+            "1000",
         )
         dirs.add(props["log.dirs"])
         home = tmp_path.resolve() / f"kafka/nodes-3/node-{node.node_id}"
@@ -221,18 +228,26 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Settings, LocalBroker]]:
 
 def _partitions(admin: AdminClient, prefix: str = "liverl.") -> list[Any]:
     md = admin.list_topics(timeout=10)
-    return [p for name, t in md.topics.items() if name.startswith(prefix)
-            for p in t.partitions.values()]
+    return [
+        p for name, t in md.topics.items() if name.startswith(prefix) for p in t.partitions.values()
+    ]
 
 
 def _read_all(settings: Settings, topic: str, event_type: str) -> list[Any]:
     """Every record of ``topic``, up to the high watermarks read first."""
-    c = Consumer(settings.kafka_client_config(**{"group.id": "cluster-verify",
-                                                 "enable.auto.commit": False,
-                                                 "enable.partition.eof": True}))
+    c = Consumer(
+        settings.kafka_client_config(
+            **{
+                "group.id": "cluster-verify",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+    )
     md = c.list_topics(topic, timeout=10).topics[topic]
-    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in md.partitions}
+    ends = {
+        p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions
+    }
     c.assign([TopicPartition(topic, p, 0) for p in ends])
     got: list[Any] = []
     done = {p for p, end in ends.items() if end == 0}
@@ -263,7 +278,9 @@ def _start_workers(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "workers", "--no-web", "-l", "info"],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -278,8 +295,15 @@ def test_a_killed_broker_loses_no_request_and_no_record(
     pids = local.pids()
     assert len({p for p in pids.values() if p}) == 3
     # the settings' single-node layout is a different one, and says where the cluster is
-    single = LocalBroker(settings.model_copy(update={"broker": BrokerSettings(
-        port=settings.broker.port, controller_port=settings.broker.controller_port)}))
+    single = LocalBroker(
+        settings.model_copy(
+            update={
+                "broker": BrokerSettings(
+                    port=settings.broker.port, controller_port=settings.broker.controller_port
+                )
+            }
+        )
+    )
     assert single.running_elsewhere() == [3] and single.down(quiet=True) is False
 
     admin = AdminClient(settings.kafka_client_config())
@@ -338,8 +362,13 @@ def _traffic_kill_and_rejoin(
     # default 15 s doubled a record in one run of three on 2 busy cores (issue 25, item 2);
     # each batch is one transaction now, aborted when its delivery failed, so a read_committed
     # consumer reads each interaction once however short the timeout.
-    cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
-                        turn_recovery_s=0, delivery_timeout_s=2.0)
+    cfg = ServeSettings(
+        model_path="tiny",
+        spool_dir=tmp_path / "spool",
+        reload=False,
+        turn_recovery_s=0,
+        delivery_timeout_s=2.0,
+    )
     assert cfg.transactional_recording
     app = build_app(cfg, settings)
     results: list[tuple[int, str]] = []
@@ -349,8 +378,11 @@ def _traffic_kill_and_rejoin(
         session = f"cluster-{k}"
         with httpx.Client(timeout=120) as c:
             for j in range(TURNS):
-                body = {"model": MODEL, "max_tokens": 3,
-                        "messages": [{"role": "user", "content": f"client {k} turn {j}"}]}
+                body = {
+                    "model": MODEL,
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": f"client {k} turn {j}"}],
+                }
                 headers = {"X-Session-Id": session}
                 if j == TURNS - 1:
                     headers["X-Session-Done"] = "true"
@@ -423,8 +455,11 @@ def _traffic_kill_and_rejoin(
     assert len({r.event_id for r in rewards}) == len(want), "one reward id per turn"
     # exactly-once workers (the default): one reward record per turn, not deduplicated
     assert len(rewards) == len(want), "one reward record per turn"
-    faust = [t for name, t in admin.list_topics(timeout=10).topics.items()
-             if name.endswith(("-changelog", "__assignor-__leader"))]
+    faust = [
+        t
+        for name, t in admin.list_topics(timeout=10).topics.items()
+        if name.endswith(("-changelog", "__assignor-__leader"))
+    ]
     assert faust and all(len(p.replicas) == 3 for t in faust for p in t.partitions.values()), (
         "Faust's own topics replicate like the specs' (topics.replication_factor from nodes)"
     )
@@ -440,10 +475,13 @@ def _traffic_kill_and_rejoin(
     )
     rejoin_s = time.monotonic() - restarted_at
     role = "leader of most interactions partitions" + (
-        " and active controller" if victim == controller else "")
-    print(f"\ncluster start {start_s:.1f}s; node {victim} ({role}) killed after {at_kill} answered "
-          f"turns, {at_failover - at_kill} more answered until the failover ({failover_s:.1f}s); "
-          f"recording drained {drained_s:.1f}s after the kill "
-          f"(redelivered {recorder.redelivered}); all {len(want)} turns rewarded "
-          f"{rewards_s:.1f}s after the kill ({len(rewards)} reward records, exactly once); "
-          f"restarted node in every ISR after {rejoin_s:.1f}s")
+        " and active controller" if victim == controller else ""
+    )
+    print(
+        f"\ncluster start {start_s:.1f}s; node {victim} ({role}) killed after {at_kill} answered "
+        f"turns, {at_failover - at_kill} more answered until the failover ({failover_s:.1f}s); "
+        f"recording drained {drained_s:.1f}s after the kill "
+        f"(redelivered {recorder.redelivered}); all {len(want)} turns rewarded "
+        f"{rewards_s:.1f}s after the kill ({len(rewards)} reward records, exactly once); "
+        f"restarted node in every ISR after {rejoin_s:.1f}s"
+    )

@@ -52,7 +52,7 @@ def test_gpu_profile_routes_a_gateway_to_sglang_with_original_logprobs() -> None
     svc = services["gateway-sglang"]
     env = svc["environment"]
     prefix = "LIVERL_SERVE_"
-    fields = {k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)}
+    fields = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
     assert set(fields) <= set(ServeSettings.model_fields) | {"api_keys"}
     assert fields["backend"] == "sglang"
     assert fields["sglang_url"] == "http://sglang:30000"
@@ -152,6 +152,7 @@ def test_cluster_profile_wires_topics_and_the_pipeline_to_every_node() -> None:
         assert _interpolation_default(env["LIVERL_KAFKA_BOOTSTRAP"]) == "kafka:9092"
         assert _interpolation_default(env["LIVERL_TOPICS_REPLICATION_FACTOR"]) == "1", name
     assert {"gateway", "workers", "trainer", "topics"} <= {
-        n for n, s in services.items()
+        n
+        for n, s in services.items()
         if "LIVERL_COMPOSE_KAFKA" in str((s.get("environment") or {}).get("LIVERL_KAFKA_BOOTSTRAP"))
     }

@@ -54,16 +54,32 @@ def test_a_wheel_installed_outside_the_checkout_has_its_contracts(tmp_path: Path
     # Built from a copy of the checkout's files (tracked or not ignored): building in place
     # leaves build/ behind, whose stale copies of deleted modules a later wheel would carry.
     src, dist = tmp_path / "src", tmp_path / "dist"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            cwd=ROOT, check=True, capture_output=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
     for rel in filter(None, listed.split("\0")):
         if (ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, src / rel)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(dist), str(src)],
-        check=True, capture_output=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     (wheel,) = dist.glob("liverl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -74,23 +90,37 @@ def test_a_wheel_installed_outside_the_checkout_has_its_contracts(tmp_path: Path
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     # The dependencies come from this environment's folder; a path listed in a .pth file has
     # its own .pth files ignored, so this checkout's editable finder is not installed there.
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("LIVERL_") and k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIVERL_") and k != "PYTHONPATH"}
     env["LIVERL_STATE_DIR"] = str(tmp_path / "state")
-    helped = subprocess.run([str(venv / "bin" / "liverl"), "topics", "list", "--help"],
-                            cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    helped = subprocess.run(
+        [str(venv / "bin" / "liverl"), "topics", "list", "--help"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert helped.returncode == 0, helped.stderr
-    out = subprocess.run([str(py), "-c", _CHECK], cwd=elsewhere, env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [str(py), "-c", _CHECK], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     installed = Path(site).resolve()

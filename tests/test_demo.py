@@ -66,19 +66,33 @@ def test_sessions_until_consecutive_by_hand() -> None:
 
 
 def _session(i: int, sid: str, replied_at: float, satisfied: bool = False) -> Session:
-    return Session(index=i, round=0, user_id="u", session_id=sid, question="q", answer="a",
-                   satisfied=satisfied, meets_preference=satisfied, quality_ok=True, reply="r",
-                   version=0, asked_at=replied_at - 1, replied_at=replied_at)
+    return Session(
+        index=i,
+        round=0,
+        user_id="u",
+        session_id=sid,
+        question="q",
+        answer="a",
+        satisfied=satisfied,
+        meets_preference=satisfied,
+        quality_ok=True,
+        reply="r",
+        version=0,
+        asked_at=replied_at - 1,
+        replied_at=replied_at,
+    )
 
 
 def test_freshness_is_reply_to_first_answer_from_the_consuming_version(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    rows = pa.table({
-        "policy_id": ["p", "p", "p", "other"],
-        "session_id": ["a", "b", "c", "a"],
-        "turn": [0, 0, 1, 0],
-        "weight_version": [1, 2, 2, 9],
-    })
+    rows = pa.table(
+        {
+            "policy_id": ["p", "p", "p", "other"],
+            "session_id": ["a", "b", "c", "a"],
+            "turn": [0, 0, 1, 0],
+            "weight_version": [1, 2, 2, 9],
+        }
+    )
     write_deltalake(str(lake / "trajectories"), rows)
     sessions = [_session(0, "a", 10.0), _session(1, "b", 12.0), _session(2, "c", 13.0)]
     # v1 first answered at 14.5, v2 at 20; "c" has no turn-0 row: not counted
@@ -114,8 +128,13 @@ def test_summary_and_outputs_carry_the_probe_and_the_papers_metric(tmp_path: Pat
     result = _probed_result()
     s = result.summary()
     assert s["sessions_until_3_consecutive"] == 7  # sessions 5, 6, 7
-    assert s["probe_before"] == {"version": 0, "correct": 18, "n": 20, "share": 0.9,
-                                 "fluency": -1.25}
+    assert s["probe_before"] == {
+        "version": 0,
+        "correct": 18,
+        "n": 20,
+        "share": 0.9,
+        "fluency": -1.25,
+    }
     assert s["probe_after"]["correct"] == 11 and s["probe_after"]["fluency"] == -6.5
     assert s["probe_note"] is None
     png, summary = write_outputs(result, tmp_path / "out")
@@ -136,15 +155,21 @@ class _FakeCompletions:
     def create(self, **kw: Any) -> Any:
         self.calls.append(kw)
         question = kw["messages"][-1]["content"]
-        text = (f"It is {self.right[question]}." if question in self.right
-                and kw["temperature"] == 0 else "Hmm, let me think.")
-        return SimpleNamespace(system_fingerprint=f"liverl-v{self.version}",
-                               choices=[SimpleNamespace(message=SimpleNamespace(content=text))])
+        text = (
+            f"It is {self.right[question]}."
+            if question in self.right and kw["temperature"] == 0
+            else "Hmm, let me think."
+        )
+        return SimpleNamespace(
+            system_fingerprint=f"liverl-v{self.version}",
+            choices=[SimpleNamespace(message=SimpleNamespace(content=text))],
+        )
 
 
 def _runner(cfg: DemoConfig, fake: _FakeCompletions, events: list[str]) -> DemoRunner:
-    runner = DemoRunner("http://127.0.0.1:9/v1", "p", cfg,
-                        on_progress=lambda kind, _data: events.append(kind))
+    runner = DemoRunner(
+        "http://127.0.0.1:9/v1", "p", cfg, on_progress=lambda kind, _data: events.append(kind)
+    )
     runner.client = SimpleNamespace(chat=SimpleNamespace(completions=fake))  # type: ignore[assignment]
     return runner
 
@@ -200,9 +225,22 @@ def test_quick_demo_improves_the_live_policy_on_held_out_users(tmp_path: Path) -
             # sweep gained held-out users within 5 (docs/benchmarks.md). No before/after probe:
             # nothing here reads it (bench/learning.py measures capability), and it cost two
             # evaluations of 20 questions. The test was 24 of CI's 61 minutes.
-            [sys.executable, "-m", "pipeline.cli", "demo", "--quick", "--rounds", "6",
-             "--no-probe", "--out", str(out)],
-            stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "demo",
+                "--quick",
+                "--rounds",
+                "6",
+                "--no-probe",
+                "--out",
+                str(out),
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     try:
         assert proc.wait(timeout=2100) == 0, log.read_text()[-4000:]

@@ -40,11 +40,14 @@ def test_fit_makes_greedy_answers_the_targets() -> None:
     def answers() -> dict[str, str]:
         out = {}
         for q in ENGLISH:
-            prompt = tok.apply_chat_template([{"role": "user", "content": q}],
-                                             add_generation_prompt=True, return_tensors="pt",
-                                             return_dict=False)
+            prompt = tok.apply_chat_template(
+                [{"role": "user", "content": q}],
+                add_generation_prompt=True,
+                return_tensors="pt",
+                return_dict=False,
+            )
             ids = model.generate(prompt, max_new_tokens=48, do_sample=False)
-            out[q] = tok.decode(ids[0][prompt.shape[1]:], skip_special_tokens=True).strip()
+            out[q] = tok.decode(ids[0][prompt.shape[1] :], skip_special_tokens=True).strip()
         return out
 
     english = PREFERENCES["english"]
@@ -76,14 +79,28 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
 
     policy = f"drill-{unique}"
     metrics = free_port()  # the trainer's (left out); the canary decider's is the next
-    cfg = LoopConfig(policy=policy, state_dir=tmp_path / "state", model="tiny",
-                     without=("trainer", "judges", "archive"), gateways=2,
-                     start_timeout_s=300, extra_args=("--metrics-port", str(metrics)))
+    cfg = LoopConfig(
+        policy=policy,
+        state_dir=tmp_path / "state",
+        model="tiny",
+        without=("trainer", "judges", "archive"),
+        gateways=2,
+        start_timeout_s=300,
+        extra_args=("--metrics-port", str(metrics)),
+    )
     with running_loop(cfg) as loop:
         settings = Settings()
         trainer = settings.trainer.under_state_dir(Path(settings.state_dir))
-        result = run_drill(settings, trainer, loop.url, policy, ensure_tiny_model(),
-                           share=SHARE, rate=4.0, max_sessions=400)
+        result = run_drill(
+            settings,
+            trainer,
+            loop.url,
+            policy,
+            ensure_tiny_model(),
+            share=SHARE,
+            rate=4.0,
+            max_sessions=400,
+        )
         operated = operate(settings, DrillUsers(loop.url, policy, rate=8.0, seed=1), policy)
         canary_log = (loop.logs / "canary.log").read_text(errors="replace")
         scraped = httpx.get(f"http://127.0.0.1:{metrics + 1}/metrics", timeout=10).text
@@ -96,18 +113,19 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
     assert good.after == {1: sum(good.after.values())}, good  # everyone on v1 afterwards
     # v2 answers in French: every user it met complained; it never reached everyone.
     assert harmful.satisfied.get(2, [1, 1])[0] == 0 and harmful.on_candidate > 0, harmful
-    assert (harmful.decision, harmful.decided_by) == ("withdraw", "canary"), (
-        harmful, canary_log)
+    assert (harmful.decision, harmful.decided_by) == ("withdraw", "canary"), (harmful, canary_log)
     assert harmful.after == {1: sum(harmful.after.values())}, harmful  # back on v1
     # Exposure: its share of sessions (routing by hash: about SHARE, 3 sd of slack), and no
     # more canary sessions than the decision needed plus those its outcomes were in flight.
     sd = (SHARE * (1 - SHARE) / max(1, harmful.sessions)) ** 0.5
     assert harmful.exposure <= SHARE + 3 * sd, harmful
-    assert harmful.figures is not None and harmful.figures.get("canary_sessions", 0) >= \
-        MIN_SESSIONS, harmful.figures
+    assert (
+        harmful.figures is not None and harmful.figures.get("canary_sessions", 0) >= MIN_SESSIONS
+    ), harmful.figures
     # Each decision once on the topic.
     assert result.actions[("rollout", 1)] == 1 and result.actions[("withdraw", 2)] == 1, (
-        result.actions)
+        result.actions
+    )
     # The operator on the same live loop: each command moves every session to its version
     # (sessions by hash reach both replicas), none failed (a failed request raises).
     assert operated == {"promote 2": 2, "rollback --to 1": 1, "pin 2": 2, "unpin": 1}
@@ -123,12 +141,17 @@ def operate(settings: Settings, users: DrillUsers, policy: str) -> dict[str, int
     version of those last 5 sessions (None: they were not all one version)."""
     from pipeline.versions.commands import versions
 
-    steps = ((["promote", "2"], 2), (["rollback", "--to", "1"], 1), (["pin", "2"], 2),
-             (["unpin"], 1))
+    steps = (
+        (["promote", "2"], 2),
+        (["rollback", "--to", "1"], 1),
+        (["pin", "2"], 2),
+        (["unpin"], 1),
+    )
     seen: dict[str, int | None] = {}
     for command, expected in steps:
-        out = CliRunner().invoke(versions, [*command, "--policy", policy, "--by", "test"],
-                                 obj={"settings": settings})
+        out = CliRunner().invoke(
+            versions, [*command, "--policy", policy, "--by", "test"], obj={"settings": settings}
+        )
         assert out.exit_code == 0, out.output
         answered: list[int | None] = []
         for _, version, _ in users.paced():

@@ -93,12 +93,15 @@ def test_publish_folder_syncs_everything_inside_before_the_rename(
     assert not tmp.exists()
     hook = synced.index("hook")
     assert set(synced[:hook]) == {
-        "fsync:weights.bin", "fsync:optimizer.pt", "fsync:trainer", "fsync:.tmp-v1"
+        "fsync:weights.bin",
+        "fsync:optimizer.pt",
+        "fsync:trainer",
+        "fsync:.tmp-v1",
     }
     # A folder is synced after its entries; the top folder last.
     assert synced.index("fsync:optimizer.pt") < synced.index("fsync:trainer")
     assert synced[hook - 1] == "fsync:.tmp-v1"
-    assert synced[hook + 1:] == ["rename:.tmp-v1->v1", f"fsync:{tmp_path.name}"]
+    assert synced[hook + 1 :] == ["rename:.tmp-v1->v1", f"fsync:{tmp_path.name}"]
 
 
 def test_publish_folder_refuses_an_existing_version(tmp_path: Path) -> None:

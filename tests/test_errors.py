@@ -45,8 +45,12 @@ def test_every_liverl_error_lives_in_an_errors_module() -> None:
         seen.append(cls)
         todo.extend(cls.__subclasses__())
     names = {f"{c.__module__}.{c.__name__}" for c in seen}
-    assert {"pipeline.models.errors.ModelStoreError", "pipeline.lake.errors.SqlError",
-            "pipeline.kafka.errors.TapError", "pipeline.replay.errors.ReplayError"} <= names
+    assert {
+        "pipeline.models.errors.ModelStoreError",
+        "pipeline.lake.errors.SqlError",
+        "pipeline.kafka.errors.TapError",
+        "pipeline.replay.errors.ReplayError",
+    } <= names
     assert [n for n in names if not n.rsplit(".", 1)[0].endswith("errors")] == []
 
 
@@ -54,8 +58,11 @@ def test_every_liverl_error_lives_in_an_errors_module() -> None:
     ("args", "expected", "code"),
     [
         (["serve", "--model", "./no-such-model"], "error: unknown model './no-such-model'", 1),
-        (["train", "--model", "{empty}"], "is not a Hugging Face model directory (no config.json)",
-         1),
+        (
+            ["train", "--model", "{empty}"],
+            "is not a Hugging Face model directory (no config.json)",
+            1,
+        ),
         (["sql"], 'error: give a query, e.g. liverl sql "SELECT * FROM weights"', 2),
     ],
 )

@@ -73,10 +73,14 @@ def tiny() -> HFBackend:
 
 
 def _chat(c: Any, session: str, headers: dict[str, Any], base: str = "") -> httpx.Response:
-    body = {"model": MODEL, "max_tokens": 2,
-            "messages": [{"role": "user", "content": f"private question of {session}"}]}
-    return c.post(f"{base}/v1/chat/completions", json=body,
-                  headers={"X-Session-Id": session, **headers})
+    body = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": f"private question of {session}"}],
+    }
+    return c.post(
+        f"{base}/v1/chat/completions", json=body, headers={"X-Session-Id": session, **headers}
+    )
 
 
 @contextlib.contextmanager
@@ -163,8 +167,9 @@ def test_delete_matches_quoted_ids_and_dead_letters_by_key_then_vacuum_drops_old
     left = DeltaTable(str(path)).to_pyarrow_table().sort_by("timestamp_ms")
     assert left.column("key").to_pylist() == [b"keep", b"keep"]
     # filtered reads still work (DeltaTable.delete's view-typed files broke them)
-    assert run_query(tmp_path / "lake", "SELECT count(*) FROM events_dlq "
-                     "WHERE session_id IN ('keep', 'other')")[1] == [(1,)]
+    assert run_query(
+        tmp_path / "lake", "SELECT count(*) FROM events_dlq WHERE session_id IN ('keep', 'other')"
+    )[1] == [(1,)]
     assert DeltaTable(str(path), version=old).to_pyarrow_table().num_rows == 5  # time travel
     assert vacuum([path], 24) == 0  # removed just now: kept for the retention
     assert vacuum([path], 0) >= 1
@@ -194,8 +199,10 @@ def test_vacuum_only_follows_the_retention_policy(
     with pytest.raises(Exception, match="(?i)not found|no such file"):
         DeltaTable(str(path), version=old).to_pyarrow_table()
     assert DeltaTable(str(path)).version() > old  # the table itself reads on
-    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("session_id").to_pylist()) \
-        == ["v-2", "v-2"]
+    assert sorted(DeltaTable(str(path)).to_pyarrow_table().column("session_id").to_pylist()) == [
+        "v-2",
+        "v-2",
+    ]
 
 
 # ---- the whole flow on the real broker --------------------------------------------------------
@@ -216,9 +223,15 @@ def _produce(settings: Settings, records: list[Record]) -> None:
 
 def _read(settings: Settings, topic: str) -> list[tuple[int, bytes, bytes | None]]:
     """(partition, key, value) of every record of ``topic``, in offset order per partition."""
-    c = Consumer(settings.kafka_client_config(**{"group.id": "forget-verify",
-                                                 "enable.auto.commit": False,
-                                                 "enable.partition.eof": True}))
+    c = Consumer(
+        settings.kafka_client_config(
+            **{
+                "group.id": "forget-verify",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+    )
     meta = c.list_topics(topic, timeout=10).topics[topic]
     out: list[tuple[int, bytes, bytes | None]] = []
     for p in sorted(meta.partitions):
@@ -256,15 +269,18 @@ def _rows_of(lake: Path, session: str) -> dict[str, int]:
         t = DeltaTable(str(path)).to_pyarrow_table()
         sids = t.column("session_id").to_pylist()
         keys = t.column("key").to_pylist() if "key" in t.column_names else [None] * len(sids)
-        out[label] = sum(s == session or (s is None and k == session.encode())
-                         for s, k in zip(sids, keys, strict=True))
+        out[label] = sum(
+            s == session or (s is None and k == session.encode())
+            for s, k in zip(sids, keys, strict=True)
+        )
     return out
 
 
 def _traj(session: str, i: int) -> dict[str, Any]:
     row = traj_row(1, 1, "trained", 0.5, 10 + i, i=i)
-    row.update(event_id=f"{session}-{i}", session_id=session,
-               response_text=f"private answer of {session}")
+    row.update(
+        event_id=f"{session}-{i}", session_id=session, response_text=f"private answer of {session}"
+    )
     return row
 
 
@@ -298,8 +314,13 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
         }
     )
     lake = state / "lake"
-    cfg = ServeSettings(model_path="tiny", spool_dir=state / "spool" / "gw-0", reload=False,
-                        interactions_topic=inter, next_states_topic=nexts)
+    cfg = ServeSettings(
+        model_path="tiny",
+        spool_dir=state / "spool" / "gw-0",
+        reload=False,
+        interactions_topic=inter,
+        next_states_topic=nexts,
+    )
     sessions = {"f-a1": ALICE, "f-a2": ALICE, "f-b1": BOB}
     with running(build_app(cfg, settings)) as url, httpx.Client(timeout=60) as c:
         for sid, turns in (("f-a1", 2), ("f-a2", 1), ("f-b1", 2)):
@@ -308,19 +329,28 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
                 resp = _chat(c, sid, {**who, "Authorization": f"Bearer {BOB_KEY}"}, url)
                 assert resp.status_code == 200, resp.text
         for sid in ("f-a1", "f-b1"):
-            assert c.post(f"{url}/v1/feedback", json={"session_id": sid, "thumbs": "up"},
-                          headers={"Authorization": f"Bearer {BOB_KEY}"}).status_code == 200
+            assert (
+                c.post(
+                    f"{url}/v1/feedback",
+                    json={"session_id": sid, "thumbs": "up"},
+                    headers={"Authorization": f"Bearer {BOB_KEY}"},
+                ).status_code
+                == 200
+            )
         deadline = time.monotonic() + 60
         while _metric(url, "liverl_gateway_record_backlog") > 0:
             assert time.monotonic() < deadline, "the gateway did not deliver its records"
             time.sleep(0.2)
     # dead letters keyed by session, without a decodable envelope (archive: session_id null)
-    _produce(settings, [(dlq, None, b"f-a1", b"garbage of f-a1"),
-                        (dlq, None, b"f-b1", b"garbage of f-b1")])
+    _produce(
+        settings,
+        [(dlq, None, b"f-a1", b"garbage of f-a1"), (dlq, None, b"f-b1", b"garbage of f-b1")],
+    )
     Archiver(settings, [inter, nexts, dlq], lake).run()
     Appender(T.LakeTables(lake).uri(T.TRAJECTORIES), ["day"]).append_once(
         T.to_table(T.TRAJECTORIES, [_traj(s, i) for s in sessions for i in range(2)]),
-        app_id="test", version=1,
+        app_id="test",
+        version=1,
     )
     weights = Path(settings.trainer.under_state_dir(state).weights_root)
 
@@ -329,8 +359,16 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
         rows = [_traj(s, i) for s in ("f-a1", "f-b1") for i in range(2)]
         pq.write_table(T.to_table(T.TRAJECTORIES, rows), tmp / ck.TRAINER_DIR / TRAJ_FILE)
 
-    manifest = ck.Manifest(policy_id="p1", version=1, parent=None, step=1, created_ms=0,
-                           input_topic=inter, consumed_offsets={}, files=[])
+    manifest = ck.Manifest(
+        policy_id="p1",
+        version=1,
+        parent=None,
+        step=1,
+        created_ms=0,
+        input_topic=inter,
+        consumed_offsets={},
+        files=[],
+    )
     version = ck.write_version(weights, manifest, files)
     app = processors_app(settings, settings.processors, settings.state_dir)
     changelogs = ensure_internal_topics(app, settings)
@@ -345,24 +383,42 @@ def world(kafka_settings: Settings, admin: Any, unique: str, tmp_path: Path) -> 
             (f"{app_id}-tokens-changelog", part, k + b"\x000", b'{"ids": [1, 2]}'),
             (f"{app_id}-parked-changelog", part, k + b"\x00ns-1", b"parked"),
             (f"{app_id}-parked-changelog", part, k + b"\x00ns-1", None),  # done already
-            (f"{app_id}-group_members-changelog", key_partition(b"g1", 6), b"g1\x00" + k,
-             b"[samples]"),
+            (
+                f"{app_id}-group_members-changelog",
+                key_partition(b"g1", 6),
+                b"g1\x00" + k,
+                b"[samples]",
+            ),
         ]
-    table_records.append((f"{app_id}-groups-changelog", key_partition(b"g1", 6), b"g1",
-                          b'{"sessions": ["f-a1", "f-b1"]}'))
+    table_records.append(
+        (
+            f"{app_id}-groups-changelog",
+            key_partition(b"g1", 6),
+            b"g1",
+            b'{"sessions": ["f-a1", "f-b1"]}',
+        )
+    )
     _produce(settings, table_records)
-    yield {"settings": settings, "lake": lake, "version": version, "app_id": app_id,
-           "spool": cfg.spool_dir, "topics": [inter, nexts, dlq]}
+    yield {
+        "settings": settings,
+        "lake": lake,
+        "version": version,
+        "app_id": app_id,
+        "spool": cfg.spool_dir,
+        "topics": [inter, nexts, dlq],
+    }
 
 
 def _isolated(settings: Settings, state: Path, unique: str, interactions: str) -> Settings:
     """Own state dir, interactions topic and processors app id: the live topics and
     changelogs are never read."""
-    return settings.model_copy(update={
-        "state_dir": state,
-        "serve": ServeSettings(interactions_topic=interactions),
-        "processors": settings.processors.model_copy(update={"app_id": f"forget-{unique}"}),
-    })
+    return settings.model_copy(
+        update={
+            "state_dir": state,
+            "serve": ServeSettings(interactions_topic=interactions),
+            "processors": settings.processors.model_copy(update={"app_id": f"forget-{unique}"}),
+        }
+    )
 
 
 def _forget(settings: Settings, *args: str) -> Result:
@@ -410,8 +466,9 @@ def test_forget_a_session_then_a_user(world: dict) -> None:
     assert f"{app_id}-sessions-changelog: would remove 1 key(s)" in dry
     assert "liverl.interactions" not in dry and world["topics"][0] in dry
     assert {s: _rows_of(lake, s) for s in before} == before
-    assert {label: DeltaTable(str(p)).version()
-            for label, p in session_tables(lake).items()} == versions
+    assert {
+        label: DeltaTable(str(p)).version() for label, p in session_tables(lake).items()
+    } == versions
     assert {p: p.read_bytes() for p in spool_files} == spool_files
     assert (world["version"] / ck.MANIFEST).read_bytes() == manifest
     assert _ends(settings, list({t for t, _ in changelog_ends})) == changelog_ends
@@ -423,8 +480,9 @@ def test_forget_a_session_then_a_user(world: dict) -> None:
     after = {s: _rows_of(lake, s) for s in before}
     assert set(after["f-a1"].values()) == {0}, after["f-a1"]
     assert after["f-a2"] == before["f-a2"] and after["f-b1"] == before["f-b1"]
-    cols, rows = run_query(lake, "SELECT session_id, count(*) FROM trajectories GROUP BY 1 "
-                                 "ORDER BY 1")
+    cols, rows = run_query(
+        lake, "SELECT session_id, count(*) FROM trajectories GROUP BY 1 ORDER BY 1"
+    )
     assert rows == [("f-a2", 2), ("f-b1", 2)]
     with pytest.raises(Exception, match="(?i)not found|no such file"):
         DeltaTable(str(lake / "trajectories"), version=old_traj).to_pyarrow_table()
@@ -454,9 +512,11 @@ def test_forget_a_session_then_a_user(world: dict) -> None:
     assert entry["user_sha256"] is None and entry["operator"] and entry["vacuumed_files"] > 0
     removed = orjson.loads(entry["removed"])
     assert removed["delta"] == before["f-a1"]
-    assert removed["changelogs"] == {f"{app_id}-sessions-changelog": 1,
-                                     f"{app_id}-tokens-changelog": 1,
-                                     f"{app_id}-group_members-changelog": 1}
+    assert removed["changelogs"] == {
+        f"{app_id}-sessions-changelog": 1,
+        f"{app_id}-tokens-changelog": 1,
+        f"{app_id}-group_members-changelog": 1,
+    }
     assert removed["versions"] == {str(world["version"]): 2}
     assert sum(removed["spools"].values()) == 3  # two turns and a feedback, delivered
     kafka = orjson.loads(entry["kept"])["kafka"]

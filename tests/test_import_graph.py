@@ -72,8 +72,13 @@ def test_benchmarks_do_not_import_the_tests() -> None:
     offenders = []
     for path in (ROOT / "bench").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                    else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{path.name}: {m}" for m in mods if m.split(".")[0] == "tests"]
     assert offenders == []
 
@@ -100,12 +105,19 @@ def test_the_kafka_layer_is_a_leaf_below_the_components() -> None:
     the CLI's."""
     g = graph()
     # pipeline.contracts: where the topic specs and schemas are (a leaf: no pipeline import)
-    allowed = ("pipeline.kafka", "pipeline.events", "pipeline.errors", "pipeline.durable",
-               "pipeline.contracts")
+    allowed = (
+        "pipeline.kafka",
+        "pipeline.events",
+        "pipeline.errors",
+        "pipeline.durable",
+        "pipeline.contracts",
+    )
     above = {
-        (m, d) for m, deps in g.items()
+        (m, d)
+        for m, deps in g.items()
         if m.startswith("pipeline.kafka") and m != "pipeline.kafka.commands"
-        for d in deps if not d.startswith(allowed)
+        for d in deps
+        if not d.startswith(allowed)
     }
     assert above == set()
     assert "pipeline.replay.namespace" in g["pipeline.kafka.commands"]  # the check sees it

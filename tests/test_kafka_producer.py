@@ -17,8 +17,9 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> tuple[EventProducer, list[dict[str,
     # No broker: librdkafka connects lazily, and send_raw is where bytes would leave.
     producer = EventProducer(Settings(kafka={"bootstrap": "127.0.0.1:1"}))
     out: list[dict[str, Any]] = []
-    monkeypatch.setattr(producer, "send_raw",
-                        lambda topic, value, **kw: out.append({"topic": topic, **kw}))
+    monkeypatch.setattr(
+        producer, "send_raw", lambda topic, value, **kw: out.append({"topic": topic, **kw})
+    )
     return producer, out
 
 
@@ -39,5 +40,6 @@ def test_an_explicit_key_wins(sent) -> None:
     producer, out = sent
     producer.send("t", examples()["serving_status"], key="mine")
     assert out[0]["key"] == "mine"
-    assert out[0]["headers"] == events.headers(examples()["serving_status"],
-                                               version=producer.codec_version)
+    assert out[0]["headers"] == events.headers(
+        examples()["serving_status"], version=producer.codec_version
+    )

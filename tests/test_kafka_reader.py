@@ -16,13 +16,18 @@ from pipeline.settings import Settings
 
 from .conftest import create_topic
 
-SASL = {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u",
-        "sasl.password": "p"}
+SASL = {
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanism": "PLAIN",
+    "sasl.username": "u",
+    "sasl.password": "p",
+}
 
 
 def test_the_config_never_commits_follows_the_size_policy_and_passes_sasl_through() -> None:
-    conn = ConnectionSettings(bootstrap="b1:9092,b2:9092", client=SASL,
-                              max_event_bytes=64 * 1024 * 1024)
+    conn = ConnectionSettings(
+        bootstrap="b1:9092,b2:9092", client=SASL, max_event_bytes=64 * 1024 * 1024
+    )
     conf = one_shot_config(conn, "liverl-x-")
     group = conf.pop("group.id")
     assert group.startswith("liverl-x-") and len(group) == len("liverl-x-") + 12
@@ -44,8 +49,12 @@ def test_the_config_never_commits_follows_the_size_policy_and_passes_sasl_throug
 
 def test_small_events_keep_librdkafkas_fetch_floor_and_extra_settings_win() -> None:
     conn = ConnectionSettings(bootstrap="b:1", max_event_bytes=64 * 1024)
-    conf = one_shot_config(conn, "p-", isolation_level="read_uncommitted",
-                           **{"fetch.wait.max.ms": 50, "max.partition.fetch.bytes": 2048})
+    conf = one_shot_config(
+        conn,
+        "p-",
+        isolation_level="read_uncommitted",
+        **{"fetch.wait.max.ms": 50, "max.partition.fetch.bytes": 2048},
+    )
     assert conf["fetch.max.bytes"] == 52428800
     assert conf["receive.message.max.bytes"] == 52428800 + 1024 * 1024
     assert conf["isolation.level"] == "read_uncommitted"
@@ -71,8 +80,12 @@ def test_read_to_end_sees_every_record_and_joins_no_group(
         p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 3)
     assert p.flush(30) == 0
     seen: list[bytes] = []
-    read_to_end(kafka_settings, [topic, f"missing-{unique}"], lambda m: seen.append(m.value()),
-                group_prefix=f"reader-{unique}-")
+    read_to_end(
+        kafka_settings,
+        [topic, f"missing-{unique}"],
+        lambda m: seen.append(m.value()),
+        group_prefix=f"reader-{unique}-",
+    )
     assert sorted(seen) == [f"v{i}".encode() for i in range(7)]
     groups = admin.list_consumer_groups().result(timeout=30).valid
     assert not [g for g in groups if g.group_id.startswith(f"reader-{unique}-")]
@@ -147,8 +160,13 @@ def test_a_partition_that_stalls_is_a_read_error(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(reader, "one_shot_reader", lambda *_a, **_k: Stalled())
     with pytest.raises(ReadError, match=r"reading t\[0\] stalled for 0s"):
-        read_to_end(ConnectionSettings(bootstrap="b:1"), ["t"], lambda m: None,
-                    group_prefix="p-", idle_timeout_s=0.01)
+        read_to_end(
+            ConnectionSettings(bootstrap="b:1"),
+            ["t"],
+            lambda m: None,
+            group_prefix="p-",
+            idle_timeout_s=0.01,
+        )
     assert Stalled.closed
 
 

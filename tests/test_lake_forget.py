@@ -53,8 +53,10 @@ def _archive(lake: Path) -> Path:
 def _sessions(path: Path) -> list[tuple[str | None, bytes | None]]:
     t = DeltaTable(str(path)).to_pyarrow_table()
     keys = t.column("key").to_pylist() if "key" in t.column_names else [None] * t.num_rows
-    return sorted(zip(t.column("session_id").to_pylist(), keys, strict=True),
-                  key=lambda r: (r[0] or "", r[1] or b""))
+    return sorted(
+        zip(t.column("session_id").to_pylist(), keys, strict=True),
+        key=lambda r: (r[0] or "", r[1] or b""),
+    )
 
 
 def test_survey_finds_and_erase_removes_exactly_the_sessions_rows(tmp_path: Path) -> None:
@@ -62,7 +64,8 @@ def test_survey_finds_and_erase_removes_exactly_the_sessions_rows(tmp_path: Path
     traj = T.LakeTables(lake).uri(T.TRAJECTORIES)
     Appender(traj, T.PARTITION_BY[T.TRAJECTORIES]).append_once(
         T.to_table(T.TRAJECTORIES, [_traj(s, i) for s in ("a", "b") for i in range(2)]),
-        app_id="test", version=1,
+        app_id="test",
+        version=1,
     )
     archive = _archive(lake)
     replay = tmp_path / "replay" / "r1" / "lake"

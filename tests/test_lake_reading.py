@@ -15,11 +15,13 @@ from pipeline.lake.reading import dataset, table_root
 
 
 def _table(path: Path) -> None:
-    rows = pa.table({
-        "session_id": ["a", "b", "c", "d"],
-        "turn": [0, 1, 0, 2],
-        "day": ["2026-11-30", "2026-11-30", "2026-12-01", "2026-12-01"],
-    })
+    rows = pa.table(
+        {
+            "session_id": ["a", "b", "c", "d"],
+            "turn": [0, 1, 0, 2],
+            "day": ["2026-11-30", "2026-11-30", "2026-12-01", "2026-12-01"],
+        }
+    )
     write_deltalake(str(path), rows, partition_by=["day"])
     write_deltalake(str(path), rows.slice(0, 1), mode="append")  # a second version
 
@@ -35,8 +37,12 @@ def test_reads_the_current_files_with_partition_values(tmp_path: Path) -> None:
     ]
     assert ds.count_rows() == 5
     # The same rows as deltalake's own reader, from a path or an opened (older) version.
-    assert ds.to_table().sort_by("session_id").equals(
-        DeltaTable(str(path)).to_pyarrow_table().select(ds.schema.names).sort_by("session_id")
+    assert (
+        ds.to_table()
+        .sort_by("session_id")
+        .equals(
+            DeltaTable(str(path)).to_pyarrow_table().select(ds.schema.names).sort_by("session_id")
+        )
     )
     assert dataset(DeltaTable(str(path), version=0)).count_rows() == 4
 

@@ -100,13 +100,29 @@ def test_judge_consistency_view_types_the_archived_matches(tmp_path: Path) -> No
     from pipeline.lake.sql import run_query
 
     def match(eid: str, judge: str, agree: int, disagree: int, flagged: bool = False) -> bytes:
-        return orjson.dumps({"type": "judge_consistency", "event_id": eid, "judge_id": judge,
-                             "judge_version": "v1", "agree": agree, "disagree": disagree,
-                             "abstain": 0, "consistency": (agree + 1) / (agree + disagree + 2),
-                             "flagged": flagged, "ts_ms": 1000 + agree + disagree})
-    rows = [("m1", match("m1", "replies", 1, 0)), ("m2", match("m2", "replies", 1, 1)),
-            ("m2", match("m2", "replies", 1, 1)), ("m3", match("m3", "replies", 1, 2, True)),
-            ("r1", match("r1", "rules", 0, 1)), (None, b"\xff not json")]
+        return orjson.dumps(
+            {
+                "type": "judge_consistency",
+                "event_id": eid,
+                "judge_id": judge,
+                "judge_version": "v1",
+                "agree": agree,
+                "disagree": disagree,
+                "abstain": 0,
+                "consistency": (agree + 1) / (agree + disagree + 2),
+                "flagged": flagged,
+                "ts_ms": 1000 + agree + disagree,
+            }
+        )
+
+    rows = [
+        ("m1", match("m1", "replies", 1, 0)),
+        ("m2", match("m2", "replies", 1, 1)),
+        ("m2", match("m2", "replies", 1, 1)),
+        ("m3", match("m3", "replies", 1, 2, True)),
+        ("r1", match("r1", "rules", 0, 1)),
+        (None, b"\xff not json"),
+    ]
     write_deltalake(str(tmp_path / "events" / "judge_consistency"), pa.table({
         "payload": pa.array([p for _, p in rows], pa.binary()),
         "event_id": pa.array([e for e, _ in rows], pa.string()),
@@ -129,10 +145,20 @@ def test_judge_consistency_view_takes_a_contradiction_as_newer_than_the_match_it
     from pipeline.lake.sql import run_query
 
     def match(eid: str, agree: int, contradictions: int = 0) -> dict[str, object]:
-        return {"type": "judge_consistency", "event_id": eid, "judge_id": "replies",
-                "judge_version": "v1", "agree": agree, "disagree": 0, "abstain": 0,
-                "consistency": (agree + 1) / (agree + 2), "contradictions": contradictions,
-                "contradicted": contradictions > 0, "ts_ms": 1000}
+        return {
+            "type": "judge_consistency",
+            "event_id": eid,
+            "judge_id": "replies",
+            "judge_version": "v1",
+            "agree": agree,
+            "disagree": 0,
+            "abstain": 0,
+            "consistency": (agree + 1) / (agree + 2),
+            "contradictions": contradictions,
+            "contradicted": contradictions > 0,
+            "ts_ms": 1000,
+        }
+
     # two agreements, the second taken back, then a verdict contradicted at once
     rows = [match("m1", 1), match("m2", 2), match("back", 1, 1), match("once", 1, 2)]
     for n in (3, 4):

@@ -41,9 +41,7 @@ def test_a_lake_written_before_a_new_column_accepts_rows_with_it(tmp_path: Path)
     """Releases add columns (opd_mask, drift); an existing lake must keep accepting appends."""
     uri = str(tmp_path / "t")
     assert Appender(uri).append_once(pa.table({"a": [1]}), app_id="app", version=1)
-    assert Appender(uri).append_once(
-        pa.table({"a": [2], "b": [[1.0]]}), app_id="app", version=2
-    )
+    assert Appender(uri).append_once(pa.table({"a": [2], "b": [[1.0]]}), app_id="app", version=2)
     rows = sorted(DeltaTable(uri).to_pyarrow_table().to_pylist(), key=lambda r: r["a"])
     assert rows == [{"a": 1, "b": None}, {"a": 2, "b": [1.0]}]
 

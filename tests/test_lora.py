@@ -36,8 +36,9 @@ def prompt_ids(tokenizer: object, text: str) -> list[int]:
     return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
 
 
-def generate(backend: HFBackend, ids: list[int], n: int = 12, **kw: object) -> tuple[
-        list[int], list[float], int]:
+def generate(
+    backend: HFBackend, ids: list[int], n: int = 12, **kw: object
+) -> tuple[list[int], list[float], int]:
     async def run() -> tuple[list[int], list[float], int]:
         out: list[int] = []
         lps: list[float] = []
@@ -56,9 +57,17 @@ def generate(backend: HFBackend, ids: list[int], n: int = 12, **kw: object) -> t
 
 def sample_of(ids: list[int], resp: list[int], lps: list[float], reward: float) -> Sample:
     return Sample(
-        event_id="s0", producer=Producer(component="t", version="0"), session_id="x", turn=0,
-        policy_id="p", prompt_token_ids=ids, response_token_ids=resp, loss_mask=[1] * len(resp),
-        behavior_logprobs=lps, reward=reward, behavior_weight_version=0,
+        event_id="s0",
+        producer=Producer(component="t", version="0"),
+        session_id="x",
+        turn=0,
+        policy_id="p",
+        prompt_token_ids=ids,
+        response_token_ids=resp,
+        loss_mask=[1] * len(resp),
+        behavior_logprobs=lps,
+        reward=reward,
+        behavior_weight_version=0,
     )
 
 
@@ -75,8 +84,7 @@ def test_lora_step_moves_only_the_adapter_and_the_version_serves_exactly(
     backend: HFBackend, tmp_path: Path
 ) -> None:
     # A = r and the full rate at once, so that one step on one sample moves the adapter
-    cfg = TrainerSettings(device="cpu", method="rl", lr=5e-3, rl_baseline="none",
-                          lr_warmup_steps=0)
+    cfg = TrainerSettings(device="cpu", method="rl", lr=5e-3, rl_baseline="none", lr_warmup_steps=0)
     core = TrainerCore.load(cfg)
     assert core.lora and cfg.uses_lora
     before = {n: p.detach().clone() for n, p in core.model.named_parameters()}
@@ -172,7 +180,8 @@ def test_adapters_hot_swap_under_concurrent_load(backend: HFBackend, tmp_path: P
 
 
 def test_lora_module_refuses_what_it_cannot_compute(tmp_path: Path) -> None:
-    (tmp_path / lora.CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": 4,
-                                                         "lora_alpha": 8, "use_dora": True}))
+    (tmp_path / lora.CONFIG_FILE).write_text(
+        json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_dora": True})
+    )
     with pytest.raises(ValueError, match="DoRA"):
         lora.load_adapter(tmp_path, 1)

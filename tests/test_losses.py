@@ -201,8 +201,12 @@ def test_opd_only_row_in_hybrid_is_averaged_over_the_batch() -> None:
         logp_cur, logp_old, t([1.0, 0.0]), mask_rl, aggregate="sample_mean", norm_mask=union
     )
     opd = opd_loss(
-        logp_cur, logp_old, t([[0.0, 0.0], [0.5, -2.0]]), mask_opd,
-        aggregate="sample_mean", norm_mask=union,
+        logp_cur,
+        logp_old,
+        t([[0.0, 0.0], [0.5, -2.0]]),
+        mask_opd,
+        aggregate="sample_mean",
+        norm_mask=union,
     )
     # RL, row 0: (−e^{0.1} − 1) / 2 = −1.052585, row 1: 0 → / 2 rows = −0.526293
     assert rl.loss.item() == pytest.approx((-E01 - 1.0) / 4)
@@ -489,8 +493,9 @@ def test_hybrid_advantages_add_per_token_by_hand() -> None:
     assert a.tolist()[0] == pytest.approx([-0.5, -1.15, 0.0])
     assert a.tolist()[1] == pytest.approx([1.0, 1.0, 1.0])
     # ρ = 1: l = −A over max(m_rl, m_opd) = 5 tokens, token_mean: L = −(−1.65 + 3) / 5
-    out = hybrid_advantage_loss(old, old, r, rl_mask, teacher, opd_mask, w_rl=1.0, w_opd=0.5,
-                                baseline=b)
+    out = hybrid_advantage_loss(
+        old, old, r, rl_mask, teacher, opd_mask, w_rl=1.0, w_opd=0.5, baseline=b
+    )
     assert float(out.loss) == pytest.approx(-(3.0 - 1.65) / 5)
 
 
@@ -499,8 +504,9 @@ def test_hybrid_advantage_loss_clips_the_sum_not_each_part() -> None:
     # loss is 0 (the two loss-sum parts would give −1.28 and +1.6487)
     cur = torch.tensor([[0.5]])
     old = torch.zeros(1, 1)
-    out = hybrid_advantage_loss(cur, old, torch.tensor([1.0]), torch.ones(1, 1),
-                                torch.tensor([[-3.0]]), torch.ones(1, 1))
+    out = hybrid_advantage_loss(
+        cur, old, torch.tensor([1.0]), torch.ones(1, 1), torch.tensor([[-3.0]]), torch.ones(1, 1)
+    )
     assert float(out.loss) == pytest.approx(0.0)
 
 

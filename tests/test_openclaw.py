@@ -84,7 +84,7 @@ def _replay(url: str, req: dict[str, Any], **override: Any) -> tuple[int, Any]:
         if resp.status_code != 200 or not body.get("stream"):
             return resp.status_code, json.loads(raw)
         assert resp.headers["content-type"].startswith("text/event-stream")
-    events = [line[len("data: "):] for line in raw.split("\n") if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in raw.split("\n") if line.startswith("data: ")]
     return 200, events
 
 
@@ -95,9 +95,7 @@ def _check_stream(events: list[str], backend: HFBackend) -> tuple[str, dict[str,
     usage = [c["usage"] for c in chunks if c.get("usage")]
     assert len(usage) == 1, "stream_options.include_usage must add exactly one usage chunk"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage[0]
-    content = "".join(
-        ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]
-    )
+    content = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
     finish = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
     assert finish and finish[-1] in ("stop", "length")
     assert content.strip(), "the model must answer with text"
@@ -107,8 +105,9 @@ def _check_stream(events: list[str], backend: HFBackend) -> tuple[str, dict[str,
     return content, used
 
 
-def _check_recorded(inter: Any, req: dict[str, Any], content: str, used: dict[str, int],
-                    backend: HFBackend) -> None:
+def _check_recorded(
+    inter: Any, req: dict[str, Any], content: str, used: dict[str, int], backend: HFBackend
+) -> None:
     assert len(inter.prompt_token_ids) == used["prompt_tokens"] < backend.context_length
     assert len(inter.response_token_ids) == used["completion_tokens"]
     assert inter.response_text == content
@@ -121,14 +120,24 @@ def _check_recorded(inter: Any, req: dict[str, Any], content: str, used: dict[st
 
 def test_fixtures_keep_openclaw_request_shape() -> None:
     """What the captures pin down about OpenClaw's requests (and the replays rely on)."""
-    for name in ("openclaw_lean_request.json", "openclaw_lean_messaging_request.json",
-                 "openclaw_default_request.json"):
+    for name in (
+        "openclaw_lean_request.json",
+        "openclaw_lean_messaging_request.json",
+        "openclaw_default_request.json",
+    ):
         for req in _load(name)["requests"]:
             body = req["body"]
             assert (req["method"], req["path"]) == ("POST", "/v1/chat/completions")
             assert req["headers"]["authorization"].startswith("Bearer ")
-            assert set(body) == {"model", "messages", "stream", "stream_options", "tools",
-                                 "tool_choice", "max_completion_tokens"}, name
+            assert set(body) == {
+                "model",
+                "messages",
+                "stream",
+                "stream_options",
+                "tools",
+                "tool_choice",
+                "max_completion_tokens",
+            }, name
             assert body["model"] == "smollm2-135m-instruct"
             assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
             assert body["tools"] and body["tool_choice"] == "auto"

@@ -57,8 +57,9 @@ def test_only_typed_options_override_settings(tmp_path: Path, clean_env: None) -
     assert typed.output.split() == ["rl", "0.001", "4"], typed.output
 
 
-def test_invalid_section_value_names_the_field(monkeypatch: pytest.MonkeyPatch,
-                                               clean_env: None) -> None:
+def test_invalid_section_value_names_the_field(
+    monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
     monkeypatch.setenv("LIVERL_TRAINER_METHOD", "sgd")
     with pytest.raises(ValueError, match="trainer.method"):
         Settings()
@@ -110,16 +111,16 @@ def test_serve_maps_options_like_every_command(
     monkeypatch.setattr(build, "build_app", fake_build_app)
     settings = _settings_from(tmp_path, "[serve]\nport = 8100\nworkers = 2\nreplica_id = 'g7'\n")
     runner = CliRunner()
-    result = runner.invoke(serve, ["--rate-limit", "30", "--no-record", "--workers", "3"],
-                           obj={"settings": settings})
+    result = runner.invoke(
+        serve, ["--rate-limit", "30", "--no-record", "--workers", "3"], obj={"settings": settings}
+    )
     assert isinstance(result.exception, _Stop), result.output
     cfg = built[-1]
     assert cfg.port == 8100, "the file's port, not the option's default"
     assert (cfg.workers, cfg.rate_limit_per_min, cfg.record, cfg.reload) == (3, 30.0, False, True)
     assert cfg.spool_dir == tmp_path / "state" / "spool" / "g7"
 
-    result = runner.invoke(serve, ["--no-reload", "--replica-id", "g9"],
-                           obj={"settings": settings})
+    result = runner.invoke(serve, ["--no-reload", "--replica-id", "g9"], obj={"settings": settings})
     assert isinstance(result.exception, _Stop), result.output
     cfg = built[-1]
     assert (cfg.port, cfg.workers, cfg.record, cfg.reload) == (8100, 2, True, False)
@@ -147,8 +148,9 @@ def test_workers_map_options_like_every_command(
     cfg = built[-1]
     assert (cfg.app_id, cfg.web_enabled, cfg.judge, cfg.web_port) == ("rw", False, "rules", 7000)
 
-    result = runner.invoke(workers, ["--judge", "replies", "--web", "--web-port", "0"],
-                           obj={"settings": settings})
+    result = runner.invoke(
+        workers, ["--judge", "replies", "--web", "--web-port", "0"], obj={"settings": settings}
+    )
     cfg = built[-1]
     assert (cfg.app_id, cfg.web_enabled, cfg.judge) == ("liverl-rewards", True, "replies")
     assert cfg.web_port not in (0, 7000)  # 0: the free port picked before the app is built
@@ -172,8 +174,9 @@ def test_train_maps_options_like_every_command(
     settings = _settings_from(
         tmp_path, "[trainer]\nbatch_max_samples = 4\nstaleness = 'tis'\nkl_coef = 0.1\n"
     )
-    result = CliRunner().invoke(train, ["--batch-wait", "0.5", "--no-gate", "--lr", "0.003"],
-                                obj={"settings": settings})
+    result = CliRunner().invoke(
+        train, ["--batch-wait", "0.5", "--no-gate", "--lr", "0.003"], obj={"settings": settings}
+    )
     assert isinstance(result.exception, _Stop), result.output
     cfg = built[-1]
     assert (cfg.batch_max_samples, cfg.staleness, cfg.kl_coef) == (4, "tis", 0.1)
@@ -214,7 +217,8 @@ def test_up_passes_the_file_settings_to_its_children(
     """`liverl up` used to pass its option defaults (--method rl, --port 8000) to the trainer
     and the gateway, overriding a `[trainer] method` in the file."""
     settings = _settings_from(
-        tmp_path, "[kafka]\nbootstrap = 'k:9092'\n[trainer]\nmethod = 'opd'\npolicy = 'p1'\n"
+        tmp_path,
+        "[kafka]\nbootstrap = 'k:9092'\n[trainer]\nmethod = 'opd'\npolicy = 'p1'\n"
         "[serve]\nport = 8123\n",
     )
 

@@ -96,9 +96,7 @@ def h(tmp_path, monkeypatch) -> Harness:  # type: ignore[no-untyped-def]
     return Harness(tmp_path, monkeypatch)
 
 
-async def put(
-    agent: Any, topic: str, value: bytes | events.Event, key: bytes | None = None
-) -> Any:
+async def put(agent: Any, topic: str, value: bytes | events.Event, key: bytes | None = None) -> Any:
     """Put one record as if read from ``topic`` (multi-topic agents cannot tell otherwise)."""
     if isinstance(value, events.Event):
         key = key if key is not None else events.key(value)
@@ -370,10 +368,16 @@ def test_next_states_from_outside_are_judged_in_either_order_and_strays_expire(
 
     asyncio.run(run())
     scores = {e.parents[-1]: e for e in h.out(names.PRM_SCORES)}  # type: ignore[attr-defined]
-    assert (scores[thanks.event_id].turn, scores[thanks.event_id].score,  # type: ignore[attr-defined]
-            scores[thanks.event_id].votes) == (0, 1, [1])  # type: ignore[attr-defined]
-    assert (scores[early.event_id].turn, scores[early.event_id].score,  # type: ignore[attr-defined]
-            scores[early.event_id].votes) == (1, -1, [-1])  # type: ignore[attr-defined]
+    assert (
+        scores[thanks.event_id].turn,
+        scores[thanks.event_id].score,  # type: ignore[attr-defined]
+        scores[thanks.event_id].votes,
+    ) == (0, 1, [1])  # type: ignore[attr-defined]
+    assert (
+        scores[early.event_id].turn,
+        scores[early.event_id].score,  # type: ignore[attr-defined]
+        scores[early.event_id].votes,
+    ) == (1, -1, [-1])  # type: ignore[attr-defined]
     assert scores[thanks.event_id].parents == [f"{SID}-i0", thanks.event_id]
     assert scores[early.event_id].parents == [f"{SID}-i1", early.event_id]
     errors = sorted(d.error for d in h.out(names.DLQ))  # type: ignore[attr-defined]
@@ -410,16 +414,25 @@ def test_session_with_an_llm_judge_waits_for_verdicts_from_the_judge_agent(h: Ha
         await app.liverl_timers["session_sweep"]()
 
     judge_hint = events.Hint(
-        event_id="jh1", producer=events.Producer(component="judge", version="llm-1"),
-        parents=[f"{SID}-i1"], session_id=SID, turn=1, hint="Say what you changed.",
-        judge_id="llm", rank=0,
+        event_id="jh1",
+        producer=events.Producer(component="judge", version="llm-1"),
+        parents=[f"{SID}-i1"],
+        session_id=SID,
+        turn=1,
+        hint="Say what you changed.",
+        judge_id="llm",
+        rank=0,
     )
     asyncio.run(run())
     assert [s.hints for s in h.out(names.SAMPLES)] == [[], ["Say what you changed."]]  # type: ignore[attr-defined]
     pens = h.out(names.PATH_PENALTIES)
     totals = [r.total for r in h.out(names.REWARDS)]  # type: ignore[attr-defined]
-    assert totals == pytest.approx([1 + pens[0].beta * pens[0].penalty,  # type: ignore[attr-defined]
-                                    -1 + pens[1].beta * pens[1].penalty])  # type: ignore[attr-defined]
+    assert totals == pytest.approx(
+        [
+            1 + pens[0].beta * pens[0].penalty,  # type: ignore[attr-defined]
+            -1 + pens[1].beta * pens[1].penalty,
+        ]
+    )  # type: ignore[attr-defined]
     assert len(h.out(names.SAMPLES)) == 2
 
 
@@ -475,8 +488,10 @@ def test_legacy_sampling_group_id_is_still_read(h: Harness) -> None:
             await flush(agent, names.INTERACTIONS)
 
     asyncio.run(run())
-    assert [(t, k) for t, k, _ in h.sent][-2:] == [(names.REWARDS, SID.encode()),
-                                                   (groups, b"task-old")]
+    assert [(t, k) for t, k, _ in h.sent][-2:] == [
+        (names.REWARDS, SID.encode()),
+        (groups, b"task-old"),
+    ]
 
 
 # ---- group -----------------------------------------------------------------------------------
@@ -693,17 +708,24 @@ def test_judge_agent_judges_in_batches_parks_early_states_and_expires_strays(
     assert scores == {thanks.event_id: (0, 1, f"{SID}-i0"), early.event_id: (1, -1, f"{SID}-i1")}
     (hint,) = h.out(names.HINTS)
     assert (hint.turn, hint.hint, hint.parents) == (  # type: ignore[attr-defined]
-        1, "Say what you changed.", [f"{SID}-i1", early.event_id])
+        1,
+        "Say what you changed.",
+        [f"{SID}-i1", early.event_id],
+    )
     (letter,) = h.out(names.DLQ)
     assert letter.error == (  # type: ignore[attr-defined]
-        f"next state for unknown turn 7 of session {SID}: no interaction within 30s")
+        f"next state for unknown turn 7 of session {SID}: no interaction within 30s"
+    )
     assert letter.original() == events.encode(stray)  # type: ignore[attr-defined]
     parked = [(k, v) for t, k, v in h.changelog if t == "judge_parked"]
     keys = {n: SID.encode() + b"\0" + n.encode() for n in (early.event_id, stray.event_id)}
     # Each was written once, then removed: after its verdict, or after its dead letter.
     assert [(k, v is None) for k, v in parked] == [
-        (keys[early.event_id], False), (keys[stray.event_id], False),
-        (keys[early.event_id], True), (keys[stray.event_id], True)]
+        (keys[early.event_id], False),
+        (keys[stray.event_id], False),
+        (keys[early.event_id], True),
+        (keys[stray.event_id], True),
+    ]
 
 
 def test_unreadable_states_are_dead_lettered_dropped_and_started_over(
@@ -734,7 +756,8 @@ def test_unreadable_states_are_dead_lettered_dropped_and_started_over(
     letters = h.out(names.DLQ)
     what = {"judging": "judge state", "sessions": "session state", "groups": "group index"}
     assert [(d.source_topic, d.original()) for d in letters] == [  # type: ignore[attr-defined]
-        (f"{app.conf.id}-{name}-changelog", old[name]) for name in what]
+        (f"{app.conf.id}-{name}-changelog", old[name]) for name in what
+    ]
     for letter, text in zip(letters, what.values(), strict=True):
         assert letter.error.startswith(f"{text} unreadable: ")  # type: ignore[attr-defined]
     # Replaced by a readable state (the judge's and the session's) or dropped (the group's).
@@ -744,8 +767,15 @@ def test_unreadable_states_are_dead_lettered_dropped_and_started_over(
 
 
 def hint_for(t: int, text: str, sid: str = SID) -> events.Hint:
-    return events.Hint(event_id=f"{sid}-h{t}", producer=EXT, session_id=sid, turn=t,
-                       hint=text, judge_id="person", rank=0)
+    return events.Hint(
+        event_id=f"{sid}-h{t}",
+        producer=EXT,
+        session_id=sid,
+        turn=t,
+        hint=text,
+        judge_id="person",
+        rank=0,
+    )
 
 
 def test_hints_whose_turn_never_comes_are_dead_lettered_not_dropped(h: Harness) -> None:
@@ -775,7 +805,10 @@ def test_hints_whose_turn_never_comes_are_dead_lettered_not_dropped(h: Harness) 
     assert [(s.turn, s.hints) for s in samples] == [(0, ["read the error"]), (1, [])]  # type: ignore[attr-defined]
     first, gone = h.out(names.DLQ)
     assert orjson.loads(first.original()) == {  # type: ignore[attr-defined]
-        "session_id": SID, "turn": 3, "hint_id": f"{SID}-h3", "rank": 0,
+        "session_id": SID,
+        "turn": 3,
+        "hint_id": f"{SID}-h3",
+        "rank": 0,
         "hint": "run the tests first",
     }
     assert first.source_topic == names.HINTS  # type: ignore[attr-defined]
@@ -876,7 +909,8 @@ def test_a_keyed_post_from_a_user_who_does_not_own_the_session_is_left_out(h: Ha
                for d in h.out(names.DLQ)}  # fmt: skip
     assert set(letters) == {forged.event_id, gui.event_id}
     assert "posted by user 'mallory', who does not own the session ('bob')" in (
-        letters["fm1"].error)  # type: ignore[attr-defined]
+        letters["fm1"].error
+    )  # type: ignore[attr-defined]
     text = metrics.exposition().decode()
     assert 'liverl_workers_inputs_left_out_total{reason="not_owner"} 2.0' in text
 
@@ -924,6 +958,7 @@ def test_a_burst_of_a_sessions_records_is_one_state_write(h: Harness) -> None:
     """Records taken in one batch share a state read and write per session: three turns
     and another session's turn, taken together, write two sessions values, not four; the
     outputs are those of one record at a time."""
+
     async def run(app: faust.App, burst: bool) -> None:
         async with agent_named(app, "session").test_context() as agent:
             for t in range(3):
@@ -935,6 +970,7 @@ def test_a_burst_of_a_sessions_records_is_one_state_write(h: Harness) -> None:
 
     asyncio.run(run(h.app(session_batch=4, session_batch_s=1.0), burst=True))
     batched_writes = [k for t, k, _ in h.changelog if t == "sessions"]
+
     def outputs() -> list[tuple[str, str]]:  # event ids: deterministic, unlike ts_ms
         return [(t, events.decode(v).event_id) for t, _, v in h.sent]
 
@@ -953,6 +989,7 @@ def test_the_idle_sweep_waits_for_a_batch_on_the_same_session(h: Harness) -> Non
     in between would read the state before the batch's turn, close the session as idle, and
     then have that close overwritten by the batch's write (a session_end sent for an open
     session). The sweep waits, then reads the batch's state: the session is not idle."""
+
     async def run() -> None:
         app = h.app()
         async with agent_named(app, "session").test_context() as agent:

@@ -75,8 +75,11 @@ def test_a_web_port_in_use_is_a_one_line_error_not_a_traceback(tmp_path, monkeyp
     with socket.socket() as held:
         held.bind(("127.0.0.1", port))
         held.listen()
-        for first, extra in ((port, []), (port, ["--processes", "2"]),
-                             (port - 1, ["--processes", "2"])):  # the second child's port
+        for first, extra in (
+            (port, []),
+            (port, ["--processes", "2"]),
+            (port - 1, ["--processes", "2"]),
+        ):  # the second child's port
             result = CliRunner().invoke(workers, ["--web", "--web-port", str(first), *extra])
             assert result.exit_code == 1, result.output
             assert result.output.strip().splitlines() == [
@@ -166,7 +169,10 @@ PY = sys.executable
 def test_a_gate_keeps_its_exit_code_and_the_ends_of_its_output():
     ok = run_gate([PY, "-c", "print('3 passed')"], 30, echo=False)
     assert (ok.exit_code, ok.stdout_tail.strip(), ok.stderr_tail, ok.timed_out) == (
-        0, "3 passed", "", False
+        0,
+        "3 passed",
+        "",
+        False,
     )
     code = "import sys; print('x' * 9000 + 'END'); print('E boom', file=sys.stderr); sys.exit(3)"
     bad = run_gate([PY, "-c", code], 30, tail_chars=100, echo=False)
@@ -175,8 +181,9 @@ def test_a_gate_keeps_its_exit_code_and_the_ends_of_its_output():
 
 
 def test_a_gate_past_its_timeout_is_killed_and_fails():
-    slow = run_gate([PY, "-c", "import time; print('started', flush=True); time.sleep(60)"],
-                    1.0, echo=False)
+    slow = run_gate(
+        [PY, "-c", "import time; print('started', flush=True); time.sleep(60)"], 1.0, echo=False
+    )
     assert (slow.exit_code, slow.timed_out) == (124, True)
     assert slow.stdout_tail.strip() == "started" and slow.duration_s < 30
 
@@ -215,8 +222,9 @@ def test_record_outcome_needs_a_verdict_or_a_command_not_both(args):
         ("import sys; print('AssertionError', file=sys.stderr); sys.exit(3)", 3, "AssertionError"),
     ],
 )
-def test_record_outcome_runs_the_gate_and_records_it(kafka_settings, unique, code, exit_code,
-                                                      stream):
+def test_record_outcome_runs_the_gate_and_records_it(
+    kafka_settings, unique, code, exit_code, stream
+):
     sid = f"gate-{unique}"
     c = _next_states_from_now(kafka_settings, f"g-{unique}")
     result = CliRunner().invoke(
@@ -229,7 +237,10 @@ def test_record_outcome_runs_the_gate_and_records_it(kafka_settings, unique, cod
     found = _one_for(c, sid)
     assert found is not None and found.event_id in result.output
     assert (found.kind, found.turn, found.scope, found.exit_code) == (
-        "test_result", 2, "turn", exit_code
+        "test_result",
+        2,
+        "turn",
+        exit_code,
     )
     assert found.score == (1.0 if exit_code == 0 else -1.0)
     assert found.detail["passed"] is (exit_code == 0)
@@ -256,8 +267,20 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
 
     web = child_argvs(["--app-id", "a"], 3, 7000, prefix=["--config", "c.toml"], python="py")
     assert web == [
-        ["py", "-m", "pipeline.cli", "--config", "c.toml", "workers", "--app-id", "a",
-         "--worker-index", str(i), "--web-port", str(7000 + i)]
+        [
+            "py",
+            "-m",
+            "pipeline.cli",
+            "--config",
+            "c.toml",
+            "workers",
+            "--app-id",
+            "a",
+            "--worker-index",
+            str(i),
+            "--web-port",
+            str(7000 + i),
+        ]
         for i in range(3)
     ]
     assert child_argvs(["--no-web"], 2, None, python="py") == [
@@ -266,8 +289,17 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
     ]
     # port 0: every child picks a free port of its own (0 + i would hand out 1, 2, ...)
     assert child_argvs(["--web"], 2, 0, python="py") == [
-        ["py", "-m", "pipeline.cli", "workers", "--web", "--worker-index", str(i),
-         "--web-port", "0"]
+        [
+            "py",
+            "-m",
+            "pipeline.cli",
+            "workers",
+            "--web",
+            "--worker-index",
+            str(i),
+            "--web-port",
+            "0",
+        ]
         for i in range(2)
     ]
 
@@ -275,14 +307,36 @@ def test_child_command_lines_get_the_options_and_their_own_web_port():
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--app-id", "a", "--no-web", "--judge", "rules", "-l", "info", "--namespace", "n"],
-         [["--app-id", "a", "--no-web", "--judge", "rules", "--namespace", "n",
-           "--loglevel", "info", "--worker-index", str(i)] for i in range(2)]),
-        (["--web", "--web-port", "PORT", "--worker-index", "5"],  # children are numbered
-         [["--web", "--worker-index", "0", "--web-port", "PORT"],
-          ["--web", "--worker-index", "1", "--web-port", "PORT+1"]]),
-        (["--web"], [["--web", "--worker-index", str(i), "--web-port", "0"]
-                     for i in range(2)]),  # a free port each
+        (
+            ["--app-id", "a", "--no-web", "--judge", "rules", "-l", "info", "--namespace", "n"],
+            [
+                [
+                    "--app-id",
+                    "a",
+                    "--no-web",
+                    "--judge",
+                    "rules",
+                    "--namespace",
+                    "n",
+                    "--loglevel",
+                    "info",
+                    "--worker-index",
+                    str(i),
+                ]
+                for i in range(2)
+            ],
+        ),
+        (
+            ["--web", "--web-port", "PORT", "--worker-index", "5"],  # children are numbered
+            [
+                ["--web", "--worker-index", "0", "--web-port", "PORT"],
+                ["--web", "--worker-index", "1", "--web-port", "PORT+1"],
+            ],
+        ),
+        (
+            ["--web"],
+            [["--web", "--worker-index", str(i), "--web-port", "0"] for i in range(2)],
+        ),  # a free port each
         (["--web-port", "7100"], [["--worker-index", str(i)] for i in range(2)]),  # web off
         ([], [["--worker-index", str(i)] for i in range(2)]),
     ],
@@ -322,11 +376,24 @@ def test_workers_processes_passes_the_settings_file_on(tmp_path, monkeypatch):
     monkeypatch.setattr(
         supervisor.Supervisor, "run", lambda self: seen.extend(c.argv for c in self.children) or 1
     )
-    result = CliRunner().invoke(cli, ["--config", str(config), "workers", "--processes", "2",
-                                      "--no-web"])
+    result = CliRunner().invoke(
+        cli, ["--config", str(config), "workers", "--processes", "2", "--no-web"]
+    )
     assert result.exit_code == 1 and "kept dying" in result.output  # run()'s 1 is an error
-    assert seen == [[sys.executable, "-m", "pipeline.cli", "--config", str(config), "workers",
-                     "--no-web", "--worker-index", str(i)] for i in range(2)]
+    assert seen == [
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "--config",
+            str(config),
+            "workers",
+            "--no-web",
+            "--worker-index",
+            str(i),
+        ]
+        for i in range(2)
+    ]
 
 
 def test_workers_processes_checks_the_rules_once_before_starting(tmp_path, monkeypatch):
@@ -379,8 +446,12 @@ def test_supervisor_keeps_a_restarted_child_and_stops_on_request(tmp_path):
 
 
 def test_supervisor_kills_a_child_that_ignores_the_stop():
-    deaf = [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('deaf', flush=True); time.sleep(60)"]
+    deaf = [
+        PY,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('deaf', flush=True); time.sleep(60)",
+    ]
     sup, out = _supervisor([deaf], stop_grace_s=0.5)
     stopper = threading.Thread(target=_stop_when, args=(sup, out, b"[worker 0] deaf"))
     stopper.start()
@@ -413,8 +484,10 @@ def test_supervisor_forwards_sigterm_to_every_child(tmp_path):
 
     ready = [tmp_path / f"ready-{i}" for i in range(2)]
     argvs = [[PY, "-c", SUPERVISED_CHILD, str(r)] for r in ready]
-    code = ("import sys; from pipeline.processors.supervisor import Supervisor; "
-            f"sys.exit(Supervisor({argvs!r}, poll_s=0.05).run())")
+    code = (
+        "import sys; from pipeline.processors.supervisor import Supervisor; "
+        f"sys.exit(Supervisor({argvs!r}, poll_s=0.05).run())"
+    )
     sup = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
@@ -472,12 +545,18 @@ def test_namespace_workers_run_beside_live_ones(kafka_settings, unique, tmp_path
             for inter in group_session(sid, "", "Thanks, that works"):
                 producer.send(topic, dataclasses.replace(inter, group_id=None))
         producer.flush()
-        commands = {"live": ["workers", "--app-id", app_id, "--web", "-l", "info"],
-                    "ns": ["workers", "--namespace", ns, "--app-id", app_id, "--judge", "rules"]}
+        commands = {
+            "live": ["workers", "--app-id", app_id, "--web", "-l", "info"],
+            "ns": ["workers", "--namespace", ns, "--app-id", app_id, "--judge", "rules"],
+        }
         for side, args in commands.items():
             with open(logs[side], "ab") as log:
-                procs[side] = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args],
-                                               env=env, stdout=log, stderr=subprocess.STDOUT)
+                procs[side] = subprocess.Popen(
+                    [sys.executable, "-m", "pipeline.cli", *args],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
         topics = {"live": names.REWARDS, "ns": names.resolve(names.REWARDS, ns)}
         sids = {"live": live_sid, "ns": ns_sid}
         got: dict[str, dict] = {"live": {}, "ns": {}}  # type: ignore[type-arg]
@@ -491,7 +570,8 @@ def test_namespace_workers_run_beside_live_ones(kafka_settings, unique, tmp_path
             time.sleep(1.0)
         text = {side: logs[side].read_text() for side in logs}
         assert {side: sorted(t for _, t in g) for side, g in got.items()} == {
-            "live": [0, 1], "ns": [0, 1]
+            "live": [0, 1],
+            "ns": [0, 1],
         }, text
         assert all(p.poll() is None for p in procs.values()), text
         # "Thanks, that works" is +1 to either judge (turn 0); the session end is 0 (turn 1)

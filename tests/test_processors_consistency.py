@@ -19,22 +19,56 @@ from pipeline.processors.consistency import (
 P = Producer(component="test", version="1")
 
 
-def verdict(sid: str, turn: int, score: int, *, judge: str = "replies", version: str = "v1",
-            evidence: str | None = None, error: str | None = None) -> PrmScore:
+def verdict(
+    sid: str,
+    turn: int,
+    score: int,
+    *,
+    judge: str = "replies",
+    version: str = "v1",
+    evidence: str | None = None,
+    error: str | None = None,
+) -> PrmScore:
     ev = evidence or f"{sid}-ns{turn}"
-    return PrmScore(event_id=f"prm-{judge}-{version}-{sid}-{turn}-{ev}", producer=P,
-                    parents=[f"{sid}-i{turn}", ev], session_id=sid, turn=turn,
-                    score=score, votes=[score], judge_id=judge,  # type: ignore[arg-type]
-                    judge_version=version, error=error)
+    return PrmScore(
+        event_id=f"prm-{judge}-{version}-{sid}-{turn}-{ev}",
+        producer=P,
+        parents=[f"{sid}-i{turn}", ev],
+        session_id=sid,
+        turn=turn,
+        score=score,
+        votes=[score],
+        judge_id=judge,  # type: ignore[arg-type]
+        judge_version=version,
+        error=error,
+    )
 
 
-def outcome(sid: str, turn: int = 0, *, passed: bool | None = None, score: float | None = None,
-            session: bool = False, eid: str | None = None, ts: int = 1, **kw: Any) -> NextState:
-    return NextState(event_id=eid or f"out-{sid}-{turn}-{passed}-{score}-{session}",
-                     producer=P, ts_ms=ts, session_id=sid, turn=turn, kind="test_result",
-                     content="", source="record-outcome", score=score,
-                     exit_code=None if passed is None else (0 if passed else 1),
-                     scope="session" if session else "turn", **kw)
+def outcome(
+    sid: str,
+    turn: int = 0,
+    *,
+    passed: bool | None = None,
+    score: float | None = None,
+    session: bool = False,
+    eid: str | None = None,
+    ts: int = 1,
+    **kw: Any,
+) -> NextState:
+    return NextState(
+        event_id=eid or f"out-{sid}-{turn}-{passed}-{score}-{session}",
+        producer=P,
+        ts_ms=ts,
+        session_id=sid,
+        turn=turn,
+        kind="test_result",
+        content="",
+        source="record-outcome",
+        score=score,
+        exit_code=None if passed is None else (0 if passed else 1),
+        scope="session" if session else "turn",
+        **kw,
+    )
 
 
 def test_outcome_vote_reads_scores_then_exit_codes_and_ignores_replies() -> None:
@@ -43,8 +77,15 @@ def test_outcome_vote_reads_scores_then_exit_codes_and_ignores_replies() -> None
     assert outcome_vote(outcome("s", score=0.0)) is None  # a neutral score is no outcome
     assert outcome_vote(outcome("s", passed=True)) == 1
     assert outcome_vote(outcome("s", passed=False)) == -1
-    reply = NextState(event_id="r", producer=P, session_id="s", turn=0, kind="user_reply",
-                      content="thanks", source="pairing")
+    reply = NextState(
+        event_id="r",
+        producer=P,
+        session_id="s",
+        turn=0,
+        kind="user_reply",
+        content="thanks",
+        source="pairing",
+    )
     assert outcome_vote(reply) is None
 
 
@@ -128,10 +169,16 @@ def test_each_verdict_counts_once_and_redeliveries_and_errors_are_ignored() -> N
 def test_judges_and_versions_are_tallied_apart_and_feed_uses_the_latest_outcome() -> None:
     tr = ConsistencyTracker()
     matches = tr.feed(
-        [verdict("a", 0, 1, judge="llm"), verdict("a", 0, 1, version="v2"),
-         verdict("b", 0, -1, judge="llm")],
-        [outcome("a", passed=True, eid="o1", ts=1), outcome("a", score=0.5, eid="o2", ts=5),
-         outcome("b", passed=True)],
+        [
+            verdict("a", 0, 1, judge="llm"),
+            verdict("a", 0, 1, version="v2"),
+            verdict("b", 0, -1, judge="llm"),
+        ],
+        [
+            outcome("a", passed=True, eid="o1", ts=1),
+            outcome("a", score=0.5, eid="o2", ts=5),
+            outcome("b", passed=True),
+        ],
     )
     assert [m.outcome_id for m in matches if m.session_id == "a"] == ["o2", "o2"]
     assert tr.tallies[("llm", "v1")] == Tally(agree=1, disagree=1)
@@ -167,11 +214,22 @@ def test_forget_before_bounds_memory_and_keeps_the_tallies() -> None:
 def test_a_panel_verdict_tallies_each_member_by_its_own_vote() -> None:
     def panel(sid: str, votes: tuple[int, int, int]) -> PrmScore:
         score = 1 if sum(votes) >= 0 else -1  # the panel's weighted plurality, by hand
-        members = [{"judge_id": j, "judge_version": f"{j}-1", "vote": v, "weight": 0.5}
-                   for j, v in zip(("replies", "rules", "llm"), votes, strict=True)]
-        return PrmScore(event_id=f"prm-panel-{sid}", producer=P, parents=[f"{sid}-i0", "ns"],
-                        session_id=sid, turn=0, score=score, votes=list(votes),  # type: ignore[arg-type]
-                        judge_id="panel", judge_version="panel-1/x", members=members)
+        members = [
+            {"judge_id": j, "judge_version": f"{j}-1", "vote": v, "weight": 0.5}
+            for j, v in zip(("replies", "rules", "llm"), votes, strict=True)
+        ]
+        return PrmScore(
+            event_id=f"prm-panel-{sid}",
+            producer=P,
+            parents=[f"{sid}-i0", "ns"],
+            session_id=sid,
+            turn=0,
+            score=score,
+            votes=list(votes),  # type: ignore[arg-type]
+            judge_id="panel",
+            judge_version="panel-1/x",
+            members=members,
+        )
 
     tr = ConsistencyTracker()
     # a: gate passed; replies +1 (agree), rules -1 (disagree), llm 0 (abstain), panel +1
@@ -180,30 +238,47 @@ def test_a_panel_verdict_tallies_each_member_by_its_own_vote() -> None:
     assert first == []  # no outcome yet
     matches = tr.outcome(outcome("a", passed=True))
     assert {(m.judge, m.verdict_id) for m in matches} == {
-        (("panel", "panel-1/x"), "prm-panel-a"), (("replies", "replies-1"), "prm-panel-a/replies"),
-        (("rules", "rules-1"), "prm-panel-a/rules"), (("llm", "llm-1"), "prm-panel-a/llm")}
+        (("panel", "panel-1/x"), "prm-panel-a"),
+        (("replies", "replies-1"), "prm-panel-a/replies"),
+        (("rules", "rules-1"), "prm-panel-a/rules"),
+        (("llm", "llm-1"), "prm-panel-a/llm"),
+    }
     tr.outcome(outcome("b", passed=False))
     assert len(tr.verdict(panel("b", (1, -1, -1)))) == 4
     assert len(tr.verdict(panel("b", (1, -1, -1)))) == 0  # a redelivery counts nobody again
-    assert tr.tallies == {("panel", "panel-1/x"): Tally(agree=2),
-                          ("replies", "replies-1"): Tally(agree=1, disagree=1),
-                          ("rules", "rules-1"): Tally(agree=1, disagree=1),
-                          ("llm", "llm-1"): Tally(agree=1, abstain=1)}
+    assert tr.tallies == {
+        ("panel", "panel-1/x"): Tally(agree=2),
+        ("replies", "replies-1"): Tally(agree=1, disagree=1),
+        ("rules", "rules-1"): Tally(agree=1, disagree=1),
+        ("llm", "llm-1"): Tally(agree=1, abstain=1),
+    }
     assert tr.tallies[("llm", "llm-1")].consistency == pytest.approx(2 / 3)  # (1+1)/(1+2)
 
 
 def thumbs(sid: str, up: bool, eid: str, ts: int, turn: int = 0) -> NextState:
     """Thumbs feedback on a turn, as ``POST /v1/feedback`` records it (score +-1)."""
-    return NextState(event_id=eid, producer=P, ts_ms=ts, session_id=sid, turn=turn,
-                     kind="feedback", content="", source="feedback",
-                     score=1.0 if up else -1.0, detail={"thumbs": "up" if up else "down"})
+    return NextState(
+        event_id=eid,
+        producer=P,
+        ts_ms=ts,
+        session_id=sid,
+        turn=turn,
+        kind="feedback",
+        content="",
+        source="feedback",
+        score=1.0 if up else -1.0,
+        detail={"thumbs": "up" if up else "down"},
+    )
 
 
 def contradictory(sid: str, turn: int = 0) -> list[NextState]:
     """Thumbs up, thumbs down, passed, failed: four outcomes of one turn, in time order."""
-    return [thumbs(sid, True, f"{sid}-up", 1, turn), thumbs(sid, False, f"{sid}-down", 2, turn),
-            outcome(sid, turn, passed=True, eid=f"{sid}-pass", ts=3),
-            outcome(sid, turn, passed=False, eid=f"{sid}-fail", ts=4)]
+    return [
+        thumbs(sid, True, f"{sid}-up", 1, turn),
+        thumbs(sid, False, f"{sid}-down", 2, turn),
+        outcome(sid, turn, passed=True, eid=f"{sid}-pass", ts=3),
+        outcome(sid, turn, passed=False, eid=f"{sid}-fail", ts=4),
+    ]
 
 
 def counts(t: Tally) -> tuple[int, int, int]:
@@ -259,17 +334,31 @@ def test_a_judge_reading_each_outcome_right_is_not_made_to_disagree() -> None:
 
 
 def test_a_panel_verdict_on_a_contradicted_turn_retracts_each_member() -> None:
-    members = [{"judge_id": j, "judge_version": "1", "vote": v, "weight": 0.5}
-               for j, v in (("replies", 1), ("rules", -1))]
-    prm = PrmScore(event_id="prm-panel", producer=P, parents=["i0", "ns"], session_id="p",
-                   turn=0, score=1, votes=[1, -1], judge_id="panel", judge_version="x",
-                   members=members)
+    members = [
+        {"judge_id": j, "judge_version": "1", "vote": v, "weight": 0.5}
+        for j, v in (("replies", 1), ("rules", -1))
+    ]
+    prm = PrmScore(
+        event_id="prm-panel",
+        producer=P,
+        parents=["i0", "ns"],
+        session_id="p",
+        turn=0,
+        score=1,
+        votes=[1, -1],
+        judge_id="panel",
+        judge_version="x",
+        members=members,
+    )
     tr = ConsistencyTracker()
     tr.outcome(outcome("p", passed=True, eid="pass", ts=1))
     assert len(tr.verdict(prm)) == 3
     retracted = tr.outcome(outcome("p", passed=False, eid="fail", ts=2))
     assert sorted(m.verdict_id for m in retracted if m.contradicted) == [
-        "prm-panel", "prm-panel/replies", "prm-panel/rules"]
+        "prm-panel",
+        "prm-panel/replies",
+        "prm-panel/rules",
+    ]
     assert all(t == Tally(contradicted=1) for t in tr.tallies.values()) and len(tr.tallies) == 3
 
 
@@ -364,9 +453,13 @@ def test_a_turns_own_outcome_after_its_sessions_rematches_the_verdict_from_the_t
     assert (m3.agrees, m3.contradicted) == (True, False)
     assert tr.tallies[("replies", "v1")] == Tally(agree=2)
     batch = ConsistencyTracker()
-    batch.feed([verdict("s", 1, -1), verdict("s", 2, 1)],
-               [outcome("s", passed=True, session=True, eid="sp", ts=1),
-                outcome("s", 1, passed=False, eid="t1", ts=2),
-                outcome("s", passed=False, session=True, eid="sf", ts=3),
-                outcome("s", 2, passed=True, eid="t2", ts=4)])
+    batch.feed(
+        [verdict("s", 1, -1), verdict("s", 2, 1)],
+        [
+            outcome("s", passed=True, session=True, eid="sp", ts=1),
+            outcome("s", 1, passed=False, eid="t1", ts=2),
+            outcome("s", passed=False, session=True, eid="sf", ts=3),
+            outcome("s", 2, passed=True, eid="t2", ts=4),
+        ],
+    )
     assert batch.tallies == tr.tallies

@@ -37,8 +37,9 @@ def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> N
 
 
 @pytest.fixture
-def namespace(kafka_settings: Settings, unique: str, tmp_path: Path,
-              request: pytest.FixtureRequest) -> str:
+def namespace(
+    kafka_settings: Settings, unique: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> str:
     ns = f"cl{unique}"
     env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
     request.addfinalizer(lambda: drop(env, ns))
@@ -66,10 +67,19 @@ def test_a_live_panel_reweights_as_its_members_meet_outcomes(
     def session(i: int, passed: bool) -> int:
         """The panel judges a split reply; then the session's gate passes or fails."""
         sid = f"{ns}-s{i}"
-        state = NextState(event_id=f"{sid}-n0", producer=P, session_id=sid, turn=0,
-                          kind="user_reply", role="user", content=SPLIT, source="pairing")
-        work = judging.JudgeWork(TurnContext(sid, 0, "Explain it.", "It is like this."),
-                                 f"{sid}-i0", state)
+        state = NextState(
+            event_id=f"{sid}-n0",
+            producer=P,
+            session_id=sid,
+            turn=0,
+            kind="user_reply",
+            role="user",
+            content=SPLIT,
+            source="pairing",
+        )
+        work = judging.JudgeWork(
+            TurnContext(sid, 0, "Explain it.", "It is like this."), f"{sid}-i0", state
+        )
         prm = asyncio.run(judging.judge_one(panel, work)).prm
         producer.send(prm_topic, prm)
         producer.send(nxt_topic, outcome_event(sid, passed, turn=0))
@@ -94,8 +104,16 @@ def test_a_live_panel_reweights_as_its_members_meet_outcomes(
         wait_for(decided("replies", replies_v, 12), "twelve replies matches")
         # rules 4 agree / 8 disagree: 5/14 -> 0; replies 8 / 4: 9/14, log(9/5) = 0.59
         assert panel.weigh()[0] == [0.59, 0.0]
-        state = NextState(event_id="n", producer=P, session_id="x", turn=0, kind="user_reply",
-                          role="user", content=SPLIT, source="pairing")
+        state = NextState(
+            event_id="n",
+            producer=P,
+            session_id="x",
+            turn=0,
+            kind="user_reply",
+            role="user",
+            content=SPLIT,
+            source="pairing",
+        )
         v = asyncio.run(panel.judge(TurnContext("x", 0, "Explain it.", "Long."), state))
         assert v.score == -1 and v.hints == ["Answer in one sentence."]
     finally:
@@ -115,10 +133,22 @@ def test_the_reader_takes_the_newest_tally_and_survives_a_missing_topic(
 
     def tally(agree: int, disagree: int, version: str = "v1") -> events.JudgeConsistency:
         return events.JudgeConsistency(
-            event_id=f"m-{version}-{agree}-{disagree}", producer=P, parents=["p", "o"],
-            judge_id="llm", judge_version=version, verdict=1, outcome=1, verdict_id="p",
-            outcome_id="o", agree=agree, disagree=disagree, abstain=0,
-            consistency=(agree + 1) / (agree + disagree + 2), flagged=False, reason=None)
+            event_id=f"m-{version}-{agree}-{disagree}",
+            producer=P,
+            parents=["p", "o"],
+            judge_id="llm",
+            judge_version=version,
+            verdict=1,
+            outcome=1,
+            verdict_id="p",
+            outcome_id="o",
+            agree=agree,
+            disagree=disagree,
+            abstain=0,
+            consistency=(agree + 1) / (agree + disagree + 2),
+            flagged=False,
+            reason=None,
+        )
 
     for ev in (tally(1, 0), tally(1, 1), tally(2, 1, "v2")):
         producer.send(topic, ev, key="llm")
@@ -151,15 +181,21 @@ def test_a_worker_attaches_the_topic_reader_to_a_live_panel(
     from pipeline.replay import namespace as nsmod
 
     settings = nsmod.enter(kafka_settings, namespace)
-    cfg = ProcessorSettings(web_enabled=False, judge="panel",
-                            judge_options={"judges": ["replies", "rules"], "live": True})
+    cfg = ProcessorSettings(
+        web_enabled=False,
+        judge="panel",
+        judge_options={"judges": ["replies", "rules"], "live": True},
+    )
     app = create_app(settings, cfg, tmp_path)
     try:
         live = app.liverl_consistency
         assert live is not None and live.ready.is_set()
         assert live.topic == names.resolve(names.JUDGE_CONSISTENCY, namespace)
-        static = create_app(settings, cfg.model_copy(update={"judge_options": {
-            "judges": ["replies", "rules"]}}), tmp_path / "static")
+        static = create_app(
+            settings,
+            cfg.model_copy(update={"judge_options": {"judges": ["replies", "rules"]}}),
+            tmp_path / "static",
+        )
         assert static.liverl_consistency is None
     finally:
         if live is not None:
@@ -173,10 +209,25 @@ def test_the_reader_keeps_whether_a_judge_stands_flagged() -> None:
 
     def ev(n: int, excluded: bool) -> events.JudgeConsistency:
         return events.JudgeConsistency(
-            event_id=f"m{n}", producer=P, parents=["p", "o"], judge_id="llm",
-            judge_version="v1", verdict=1, outcome=1, verdict_id="p", outcome_id="o",
-            agree=8, disagree=n, abstain=0, consistency=9 / (10 + n), recent_agree=8,
-            recent_disagree=n, recent_consistency=9 / (10 + n), window=20, excluded=excluded)
+            event_id=f"m{n}",
+            producer=P,
+            parents=["p", "o"],
+            judge_id="llm",
+            judge_version="v1",
+            verdict=1,
+            outcome=1,
+            verdict_id="p",
+            outcome_id="o",
+            agree=8,
+            disagree=n,
+            abstain=0,
+            consistency=9 / (10 + n),
+            recent_agree=8,
+            recent_disagree=n,
+            recent_consistency=9 / (10 + n),
+            window=20,
+            excluded=excluded,
+        )
 
     assert live.excluded("llm", "v1") is False  # nothing read: not excluded
     live.apply(ev(0, False))

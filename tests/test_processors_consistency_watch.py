@@ -29,9 +29,17 @@ P = Producer(component="judge", version="v1")
 
 
 def verdict(sid: str, score: int, evidence: str) -> PrmScore:
-    return PrmScore(event_id=f"prm-{sid}-{evidence}", producer=P, parents=[f"{sid}-i0", evidence],
-                    session_id=sid, turn=0, score=score, votes=[score],  # type: ignore[arg-type]
-                    judge_id="replies", judge_version="v1")
+    return PrmScore(
+        event_id=f"prm-{sid}-{evidence}",
+        producer=P,
+        parents=[f"{sid}-i0", evidence],
+        session_id=sid,
+        turn=0,
+        score=score,
+        votes=[score],  # type: ignore[arg-type]
+        judge_id="replies",
+        judge_version="v1",
+    )
 
 
 def test_flagger_flags_once_after_the_minimum_and_again_only_after_recovering() -> None:
@@ -50,8 +58,10 @@ def test_flagger_flags_once_after_the_minimum_and_again_only_after_recovering() 
     assert [step(False) for _ in range(3)] == [None] * 3  # 1/5: below, but 3 < 4 decided
     change = step(False)  # 4 decided, (0 + 1) / (4 + 2) = 0.167
     assert change is not None and change.kind == "flagged"
-    assert change.reason == ("recent 0.167 over the last 4 decided (0 agree), cumulative "
-                             "0.167 after 4 (0 agree, 4 disagree); < 0.5")
+    assert change.reason == (
+        "recent 0.167 over the last 4 decided (0 agree), cumulative "
+        "0.167 after 4 (0 agree, 4 disagree); < 0.5"
+    )
     assert step(False) is None  # already flagged
     for _ in range(6):
         assert step(True) is None  # 2/7 = 0.286 ... 7/13 = 0.538: not yet >= 0.55
@@ -91,8 +101,10 @@ def test_a_long_right_judge_that_turns_bad_is_flagged_within_the_window_and_reco
     assert (flag.recent_agree, flag.recent_disagree, flag.window) == (9, 11, 20)
     assert flag.recent_consistency == pytest.approx(10 / 22)
     assert flag.consistency == pytest.approx(201 / 213)
-    assert flag.reason == ("recent 0.455 over the last 20 decided (9 agree), cumulative 0.944 "
-                           "after 211 (200 agree, 11 disagree); < 0.5")
+    assert flag.reason == (
+        "recent 0.455 over the last 20 decided (9 agree), cumulative 0.944 "
+        "after 211 (200 agree, 11 disagree); < 0.5"
+    )
     assert evs[209].recent_consistency == pytest.approx(0.5) and not evs[209].excluded
     assert (back.recent_agree, back.recent_disagree) == (12, 8)
     assert back.recent_consistency == pytest.approx(13 / 22)
@@ -125,10 +137,18 @@ def test_each_match_carries_the_tally_as_it_stood_then() -> None:
 
 def thumbs(sid: str, up: bool, ts_ms: int | None = None) -> NextState:
     """Thumbs feedback on turn 0, as ``POST /v1/feedback`` records it."""
-    return NextState(event_id=events.new_event_id(), producer=P,
-                     ts_ms=ts_ms if ts_ms is not None else events.now_ms(), session_id=sid,
-                     turn=0, kind="feedback", content="", source="feedback",
-                     score=1.0 if up else -1.0, detail={"thumbs": "up" if up else "down"})
+    return NextState(
+        event_id=events.new_event_id(),
+        producer=P,
+        ts_ms=ts_ms if ts_ms is not None else events.now_ms(),
+        session_id=sid,
+        turn=0,
+        kind="feedback",
+        content="",
+        source="feedback",
+        score=1.0 if up else -1.0,
+        detail={"thumbs": "up" if up else "down"},
+    )
 
 
 def test_a_contradicted_verdict_is_one_event_whichever_outcome_contradicted_it() -> None:
@@ -158,14 +178,16 @@ def test_a_contradicted_verdict_is_one_event_whichever_outcome_contradicted_it()
 
 def published(settings: Settings, ns: str) -> list[events.JudgeConsistency]:
     topic = names.resolve(names.JUDGE_CONSISTENCY, ns)
-    out = [events.decode(m.value()) for msgs in read_topic(settings, topic).values()
-           for m in msgs]
+    out = [events.decode(m.value()) for msgs in read_topic(settings, topic).values() for m in msgs]
     return out  # type: ignore[return-value]
 
 
 @pytest.mark.integration
 def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
-    kafka_settings, unique, tmp_path, request  # type: ignore[no-untyped-def]
+    kafka_settings,
+    unique,
+    tmp_path,
+    request,  # type: ignore[no-untyped-def]
 ) -> None:
     ns = f"cw{unique}"
     env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
@@ -177,8 +199,10 @@ def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
     def session(i: int, passed: bool, outcome_first: bool = False) -> None:
         sid = f"{ns}-s{i}"
         gate: NextState = outcome_event(sid, passed, turn=0)
-        sends: list[tuple[str, Any]] = [(prm, verdict(sid, 1, f"{sid}-reply")),
-                                        (prm, verdict(sid, -1 if not passed else 1, gate.event_id))]
+        sends: list[tuple[str, Any]] = [
+            (prm, verdict(sid, 1, f"{sid}-reply")),
+            (prm, verdict(sid, -1 if not passed else 1, gate.event_id)),
+        ]
         sends.insert(0 if outcome_first else 2, (nxt, gate))
         for topic, ev in sends:
             producer.send(topic, ev)
@@ -187,8 +211,9 @@ def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
     for i in range(6):  # three approvals confirmed, three contradicted
         session(i, passed=i < 3)
     seen: list[events.JudgeConsistency] = []
-    watcher = ConsistencyWatcher(kafka_settings, namespace=ns, flag_below=0.5, min_decided=10,
-                                 on_event=seen.append)
+    watcher = ConsistencyWatcher(
+        kafka_settings, namespace=ns, flag_below=0.5, min_decided=10, on_event=seen.append
+    )
     stop = threading.Event()
     thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
     thread.start()
@@ -224,7 +249,10 @@ def test_watch_publishes_each_match_once_and_flags_a_judge_that_disagrees(
 
 @pytest.mark.integration
 def test_watch_takes_back_a_match_when_the_turns_outcomes_contradict_each_other(
-    kafka_settings, unique, tmp_path, request  # type: ignore[no-untyped-def]
+    kafka_settings,
+    unique,
+    tmp_path,
+    request,  # type: ignore[no-untyped-def]
 ) -> None:
     """Thumbs up, thumbs down, passed and failed on one turn: the judge's match with the
     thumbs up is published, then one contradicted event takes it back, and the tally ends as
@@ -252,8 +280,11 @@ def test_watch_takes_back_a_match_when_the_turns_outcomes_contradict_each_other(
             assert time.monotonic() < deadline and thread.is_alive(), len(seen)
             time.sleep(0.2)
         assert (seen[-1].agree, seen[-1].disagree) == (2, 0)
-        for ev in (thumbs(sid, False), outcome_event(sid, True, turn=0),
-                   outcome_event(sid, False, turn=0)):  # while it follows
+        for ev in (
+            thumbs(sid, False),
+            outcome_event(sid, True, turn=0),
+            outcome_event(sid, False, turn=0),
+        ):  # while it follows
             producer.send(nxt, ev)
         producer.flush()
         while len(seen) < 3:

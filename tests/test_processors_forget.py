@@ -20,8 +20,9 @@ from pipeline.settings import Settings
 
 def _app(tmp_path: Path, app_id: str, settings: Settings | None = None) -> Any:
     """The real app with every table (a judge that is not inline adds the judge's)."""
-    cfg = ProcessorSettings(app_id=app_id, web_enabled=False, judge="llm",
-                            llm_base_url="http://127.0.0.1:9/v1")
+    cfg = ProcessorSettings(
+        app_id=app_id, web_enabled=False, judge="llm", llm_base_url="http://127.0.0.1:9/v1"
+    )
     return create_app(settings or Settings(), cfg, tmp_path)
 
 
@@ -30,10 +31,16 @@ def test_the_changelogs_are_those_faust_declares_for_the_apps_tables(tmp_path: P
     declared = {t.changelog_topic.get_topic_name(): t.name for t in app.tables.values()}
     assert declared == processors_forget.changelog_names("fg-app")
     assert set(declared.values()) == set(R.TABLE_SESSION)
-    present = {*declared, "fg-app-__assignor-__leader", "other-sessions-changelog",
-               "replay.r1.fg-app-tokens-changelog", "replay.r1.liverl.interactions.v1"}
+    present = {
+        *declared,
+        "fg-app-__assignor-__leader",
+        "other-sessions-changelog",
+        "replay.r1.fg-app-tokens-changelog",
+        "replay.r1.liverl.interactions.v1",
+    }
     assert processors_forget.changelog_topics("fg-app", present) == {
-        **declared, "replay.r1.fg-app-tokens-changelog": R.TOKENS,
+        **declared,
+        "replay.r1.fg-app-tokens-changelog": R.TOKENS,
     }
 
 
@@ -52,8 +59,14 @@ def test_a_table_outside_the_list_is_refused(tmp_path: Path) -> None:
     from pipeline.processors.runtime import Runtime
 
     app = _app(tmp_path, "fg-refuse")
-    rt = Runtime(app, Settings(state_dir=tmp_path), ProcessorSettings(), partitions=6,
-                 expected={}, outputs=())
+    rt = Runtime(
+        app,
+        Settings(state_dir=tmp_path),
+        ProcessorSettings(),
+        partitions=6,
+        expected={},
+        outputs=(),
+    )
     with pytest.raises(ValueError, match="not in records.TABLE_SESSION"):
         rt.table("secrets")
 
@@ -102,12 +115,16 @@ def test_survey_finds_and_erase_tombstones_only_the_sessions_keys(
     hits = processors_forget.survey(kafka_settings, app_id, ["a"], present)
     got = {topics[h.topic]: sorted(k for _, k in h.keys) for h in hits}
     assert got == {
-        R.SESSIONS: [b"a"], R.JUDGING: [b"a"], R.TOKENS: [R.token_key(b"a", 0)],
-        R.PARKED: [R.parked_key(b"a", "ns-1")], R.JUDGE_PARKED: [R.parked_key(b"a", "ns-2")],
+        R.SESSIONS: [b"a"],
+        R.JUDGING: [b"a"],
+        R.TOKENS: [R.token_key(b"a", 0)],
+        R.PARKED: [R.parked_key(b"a", "ns-1")],
+        R.JUDGE_PARKED: [R.parked_key(b"a", "ns-2")],
         R.GROUP_MEMBERS: [R.member_key(b"g1", "a")],
     }
     assert {topics[h.topic]: h.touched_ms for h in hits if h.touched_ms} == {
-        R.SESSIONS: 1234, R.JUDGING: 99,
+        R.SESSIONS: 1234,
+        R.JUDGING: 99,
     }
     for h in hits:  # a tombstone goes where the key's values are
         owner = b"g1" if topics[h.topic] == R.GROUP_MEMBERS else b"a"

@@ -35,7 +35,7 @@ def exit_with(code: int, say: str = "") -> str:
 
 
 def test_a_string_command_is_split_like_sh_and_defaults_record_the_outcome(tmp_path):
-    spec = load_gates(write(tmp_path, 'gates:\n  - command: "pytest -q -k \'a or b\'"\n'))
+    spec = load_gates(write(tmp_path, "gates:\n  - command: \"pytest -q -k 'a or b'\"\n"))
     (gate,) = spec.gates
     assert gate.argv == ["pytest", "-q", "-k", "a or b"]
     assert (gate.record_outcome, gate.timeout_s, gate.kind, gate.source) == (
@@ -51,7 +51,7 @@ def test_a_string_command_is_split_like_sh_and_defaults_record_the_outcome(tmp_p
         ("gates: []\n", "gates: List should have at least 1 item"),
         ("gate:\n  - command: ls\n", "gate: Extra inputs"),
         ("gates:\n  - command: ''\n", "empty command"),
-        ("gates:\n  - command: \"echo 'open\"\n", "cannot split"),
+        ('gates:\n  - command: "echo \'open"\n', "cannot split"),
         ("gates:\n  - command: ls\n    timeout_s: 0\n", "timeout_s: Input should be greater"),
         ("- command: ls\n", "expected a mapping"),
         ("gates: [\n", "not valid YAML"),
@@ -92,8 +92,10 @@ def test_an_alias_bomb_is_refused_as_it_is_read(tmp_path):
     with pytest.raises(GatesFileError) as info:
         load_gates(write(tmp_path, text))
     said = str(info.value)
-    assert said == (f"{tmp_path / 'gates.yaml'}: line 1: anchor &a: YAML anchors and aliases "
-                    "are not allowed in a gates file (write each value out)")
+    assert said == (
+        f"{tmp_path / 'gates.yaml'}: line 1: anchor &a: YAML anchors and aliases "
+        "are not allowed in a gates file (write each value out)"
+    )
     assert "\n" not in said  # one line
 
 
@@ -102,7 +104,10 @@ def test_an_alias_is_refused_even_when_its_anchor_is_harmless(tmp_path):
     with pytest.raises(GatesFileError, match="line 2: anchor &t: YAML anchors and aliases"):
         load_gates(path)
     assert load_gates(write(tmp_path, "gates:\n  - command: 'ls *a &b'\n")).gates[0].argv == [
-        "ls", "*a", "&b"]  # quoted: plain text, not YAML's
+        "ls",
+        "*a",
+        "&b",
+    ]  # quoted: plain text, not YAML's
 
 
 def test_run_gates_records_what_record_outcome_records_and_exits_with_the_first_failure(
@@ -124,7 +129,11 @@ def test_run_gates_records_what_record_outcome_records_and_exits_with_the_first_
     assert [e.exit_code for e in sent] == [0, 3]
     session, unit = sent
     assert (session.scope, session.turn, session.score, session.kind) == (
-        "session", 0, 1.0, "test_result")
+        "session",
+        0,
+        1.0,
+        "test_result",
+    )
     assert [g["exit_code"] for g in session.detail["gates"]] == [0, 0]
     assert session.detail["rule"] == "all_must_pass" and session.detail["passed"] is True
     assert (unit.scope, unit.turn, unit.score, unit.detail["gate"]) == ("turn", 4, -1.0, "unit")
@@ -135,22 +144,28 @@ def test_run_gates_records_what_record_outcome_records_and_exits_with_the_first_
 def test_a_failing_gate_then_a_passing_one_is_one_failed_outcome(tmp_path):
     """Issue 38: a failing pytest then a passing lint were two outcomes, and the last one
     recorded (+1) was the session's reward. All must pass: one outcome, failed."""
-    path = write(tmp_path, f"gates:\n  - name: tests\n    command: {exit_with(1, '1 failed')}\n"
-                           f"  - name: lint\n    command: {exit_with(0, 'clean')}\n")
+    path = write(
+        tmp_path,
+        f"gates:\n  - name: tests\n    command: {exit_with(1, '1 failed')}\n"
+        f"  - name: lint\n    command: {exit_with(0, 'clean')}\n",
+    )
     sent: list[NextState] = []
     run_gates(load_gates(path), "s-3", sent.append, echo=False)
     (outcome,) = sent
     assert (outcome.score, outcome.exit_code, outcome.detail["passed"]) == (-1.0, 1, False)
     assert [(g["gate"], g["passed"]) for g in outcome.detail["gates"]] == [
-        ("tests", False), ("lint", True)]  # each gate's own result, for the record
+        ("tests", False),
+        ("lint", True),
+    ]  # each gate's own result, for the record
     assert "1 failed" in outcome.content and "clean" in outcome.content
 
 
 def test_a_gate_that_could_not_run_makes_the_run_no_outcome(tmp_path):
     """A gate that is not found (127) is no outcome, not a failure; beside a passing gate the
     run verifies nothing (all must pass), beside a failing one it failed."""
-    path = write(tmp_path, "gates:\n  - command: liverl-no-such-gate-38\n"
-                           f"  - command: {exit_with(0)}\n")
+    path = write(
+        tmp_path, f"gates:\n  - command: liverl-no-such-gate-38\n  - command: {exit_with(0)}\n"
+    )
     sent: list[NextState] = []
     runs = run_gates(load_gates(path), "s-4", sent.append, echo=False)
     assert [r.result.exit_code for r in runs] == [127, 0]
@@ -204,8 +219,11 @@ def test_a_gate_whose_child_left_with_setsid_times_out_and_leaves_nothing_runnin
     """The issue's gate: `setsid` exits 0 at once, its `sh` and `sleep` hold the output. It
     used to be reported passed after 10 s, the sleep left running."""
     marker = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a sleep of its own
-    path = write(tmp_path, f"gates:\n  - command: setsid sh -c 'sleep {marker}'\n"
-                           "    timeout_s: 2\n    record_outcome: false\n")
+    path = write(
+        tmp_path,
+        f"gates:\n  - command: setsid sh -c 'sleep {marker}'\n"
+        "    timeout_s: 2\n    record_outcome: false\n",
+    )
     started = time.monotonic()
     try:
         res = CliRunner().invoke(cli, ["gates", "run", "--session", "s", "--file", str(path)])

@@ -80,8 +80,10 @@ def script(sid: str) -> list[events.Interaction]:
         ("grep -rn parse_config .", [("tool", "app/cli.py:3:from app.settings import x")]),
         ("pytest -q", [("tool", "ImportError: cannot import\n1 failed")]),
         ("pytest -q", [("tool", "ImportError: cannot import\n1 failed")]),
-        ("pytest -q && git push --force origin main",
-         [("tool", "done"), ("user", "Thanks, that works")]),
+        (
+            "pytest -q && git push --force origin main",
+            [("tool", "done"), ("user", "Thanks, that works")],
+        ),
         ("git commit -am fix", []),
     ]
     out = []
@@ -358,8 +360,9 @@ def test_session_end_to_end_and_replay_is_deterministic(kafka_settings, unique, 
     opd_only = dataclasses.replace(samples[0], behavior_weight_version=0)
     for method, status in (("opd", "trained"), ("hybrid", "trained"), ("rl", "masked")):
         # gate off: no sample is held out for it (a tenth, by hash of the random event id)
-        cfg = TrainerSettings(model=str(tiny), method=method, device="cpu", old_logprobs="trainer",
-                              gate=False)
+        cfg = TrainerSettings(
+            model=str(tiny), method=method, device="cpu", old_logprobs="trainer", gate=False
+        )
         result = TrainerCore.load(cfg).train_step([opd_only], current_version=0)
         assert result.outcomes[0].status == status, method
         assert result.trained_tokens == (2 if method != "rl" else 0), method
@@ -458,8 +461,9 @@ def group_members(settings: Settings, group: str) -> dict[str, set[int]]:
     admin = AdminClient(settings.kafka_client_config())
     desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
     return {
-        m.member_id: {tp.partition for tp in m.assignment.topic_partitions
-                      if tp.topic == names.INTERACTIONS}
+        m.member_id: {
+            tp.partition for tp in m.assignment.topic_partitions if tp.topic == names.INTERACTIONS
+        }
         for m in desc.members
     }
 
@@ -511,8 +515,11 @@ def test_two_worker_processes_share_the_partitions_of_one_group(
                 producer.send(names.INTERACTIONS, dataclasses.replace(inter, group_id=None))
         producer.flush()
         deadline = time.monotonic() + 120
-        while (sum(map(len, samples.values())) < 2 * len(wanted)
-               and time.monotonic() < deadline and proc.poll() is None):
+        while (
+            sum(map(len, samples.values())) < 2 * len(wanted)
+            and time.monotonic() < deadline
+            and proc.poll() is None
+        ):
             for msg in c.consume(500, timeout=0.5):
                 key = (msg.key() or b"").decode()
                 if msg.error() is None and key in wanted:
@@ -567,8 +574,9 @@ def test_hints_after_close_wait_for_hint_wait_s_then_are_dead_lettered(
         col.poll_until(closed, proc)
         assert closed(col.by_topic), (tmp_path / f"{app_id}.log").read_text()[-3000:]
         assert not col.by_topic[names.SAMPLES]  # closed, and waiting for hints
-        early = outside_hint(sid, 1, "Read the failing test before running it again.",
-                             turns[1].event_id)
+        early = outside_hint(
+            sid, 1, "Read the failing test before running it again.", turns[1].event_id
+        )
         producer.send(names.HINTS, early)
         producer.flush()
         col.poll_until(lambda b: len(b[names.SAMPLES]) >= 5, proc)
@@ -646,10 +654,20 @@ def chat_session(sid: str, reply: str, t0: int) -> list[events.Interaction]:
     second = [*first, {"role": "assistant", "content": "They split a topic."},
               {"role": "user", "content": reply}]  # fmt: skip
     return [
-        dataclasses.replace(base, event_id=f"{sid}-i{t}", session_id=sid, turn=t, ts_ms=t0 + t,
-                            messages=msgs, tool_calls=[], response_text="They split a topic.",
-                            prompt_token_ids=[t], response_token_ids=[100 + t],
-                            response_logprobs=[-0.5], session_done=t == 1)  # fmt: skip
+        dataclasses.replace(
+            base,
+            event_id=f"{sid}-i{t}",
+            session_id=sid,
+            turn=t,
+            ts_ms=t0 + t,
+            messages=msgs,
+            tool_calls=[],
+            response_text="They split a topic.",
+            prompt_token_ids=[t],
+            response_token_ids=[100 + t],
+            response_logprobs=[-0.5],
+            session_done=t == 1,
+        )  # fmt: skip
         for t, msgs in enumerate([first, second])
     ]
 

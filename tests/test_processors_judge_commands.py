@@ -33,7 +33,7 @@ def listeners(port: int) -> list[str]:
             addr, hex_port = local.split(":")
             if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
                 raw = bytes.fromhex(addr)  # 32-bit words in host (little-endian) order
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 found.append(socket.inet_ntop(family, raw))
     return found
 
@@ -47,48 +47,66 @@ def test_watch_serves_its_metrics_on_loopback_unless_told_otherwise(
     from pipeline.processors.consistency_watch import ConsistencyWatcher
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(ConsistencyWatcher, "run",
-                        lambda self, stop=None, once=False: seen.append(listeners(port)))
+    monkeypatch.setattr(
+        ConsistencyWatcher, "run", lambda self, stop=None, once=False: seen.append(listeners(port))
+    )
     port = free_port("127.0.0.1")
     res = invoke(["judges", "watch", "--metrics-port", str(port), "--once"], cli_env(tmp_path))
     assert res.exit_code == 0, res.output
     assert seen == [["127.0.0.1"]] and listeners(port) == []
     port = free_port("127.0.0.1")
-    res = invoke(["judges", "watch", "--metrics-port", str(port), "--metrics-host", "127.0.0.2",
-                  "--once"], cli_env(tmp_path))
+    res = invoke(
+        ["judges", "watch", "--metrics-port", str(port), "--metrics-host", "127.0.0.2", "--once"],
+        cli_env(tmp_path),
+    )
     assert res.exit_code == 0, res.output
     assert seen[-1] == ["127.0.0.2"]
     with socket.socket() as held:  # a port in use: one line, not a traceback
         held.bind(("127.0.0.1", port))
         held.listen()
-        res = invoke(["judges", "watch", "--metrics-port", str(port), "--once"],
-                     cli_env(tmp_path))
+        res = invoke(["judges", "watch", "--metrics-port", str(port), "--once"], cli_env(tmp_path))
     assert res.exit_code == 1 and len(seen) == 2
     assert res.output.strip().splitlines() == [
         f"Error: metrics server: cannot listen on 127.0.0.1:{port} (Address already in use); "
-        "pass another --metrics-port"]
+        "pass another --metrics-port"
+    ]
 
 
 def turn_of(sid: str) -> tuple[events.Interaction, NextState]:
     """One trainable turn and the user's approving reply (the reply judge votes +1)."""
     base = examples.interaction(prompt_tokens=8, response_tokens=4)
     inter = dataclasses.replace(
-        base, event_id=f"{sid}-i0", session_id=sid, turn=0, policy_id="jc",
+        base,
+        event_id=f"{sid}-i0",
+        session_id=sid,
+        turn=0,
+        policy_id="jc",
         messages=[{"role": "user", "content": "Fix the failing test."}],
-        response_text="Done: the off-by-one in the loop is fixed.", tool_calls=[],
+        response_text="Done: the off-by-one in the loop is fixed.",
+        tool_calls=[],
         session_done=False,
     )
-    reply = NextState(event_id=f"{sid}-reply", producer=P, session_id=sid, turn=0,
-                      kind="user_reply", role="user", content="Thanks, perfect!",
-                      source="pairing")
+    reply = NextState(
+        event_id=f"{sid}-reply",
+        producer=P,
+        session_id=sid,
+        turn=0,
+        kind="user_reply",
+        role="user",
+        content="Thanks, perfect!",
+        source="pairing",
+    )
     return inter, reply
 
 
 def verdicts(settings: Any, ns: str, sids: set[str]) -> int:
     topic = names.resolve(names.PRM_SCORES, ns)
     return sum(
-        1 for msgs in read_topic(settings, topic).values() for m in msgs
-        if m.key() and m.key().decode() in sids
+        1
+        for msgs in read_topic(settings, topic).values()
+        for m in msgs
+        if m.key()
+        and m.key().decode() in sids
         and events.decode(m.value()).parents[-1].endswith("-reply")  # type: ignore[attr-defined]
     )
 
@@ -109,11 +127,18 @@ def compare(env: dict[str, str], ns: str) -> dict[str, Any]:
 
 @pytest.mark.integration
 def test_consistency_falls_when_the_judge_approves_what_gates_fail(
-    kafka_settings, unique, tmp_path, request  # type: ignore[no-untyped-def]
+    kafka_settings,
+    unique,
+    tmp_path,
+    request,  # type: ignore[no-untyped-def]
 ) -> None:
     ns = f"jc{unique}"
-    env = {**os.environ, **cli_env(tmp_path), "PYTHONUNBUFFERED": "1",
-           "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap}
+    env = {
+        **os.environ,
+        **cli_env(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+    }
     request.addfinalizer(lambda: drop(env, ns))
     res = invoke(["judges", "compare", ns], env)
     assert res.exit_code != 0 and "no verdicts topic" in res.output  # before any replay
@@ -133,8 +158,7 @@ def test_consistency_falls_when_the_judge_approves_what_gates_fail(
         send(sid, passed="-p" in sid)
     producer.flush()
     log = tmp_path / "workers.log"
-    proc = start(["workers", "--namespace", ns, "--app-id", f"jcapp{unique}", "--no-web"],
-                 env, log)
+    proc = start(["workers", "--namespace", ns, "--app-id", f"jcapp{unique}", "--no-web"], env, log)
     try:
         wait_verdicts(kafka_settings, ns, first, proc, log)
         doc = compare(env, ns)
@@ -159,11 +183,20 @@ def test_consistency_falls_when_the_judge_approves_what_gates_fail(
 
 # ---- one matching rule: compare and watch count the same events the same way (issue 38) ----
 
+
 def _verdict(sid: str, turn: int, score: Vote) -> events.PrmScore:
-    return events.PrmScore(event_id=f"prm-{sid}-{turn}", producer=P, ts_ms=10,
-                           parents=[f"{sid}-i{turn}", f"{sid}-reply{turn}"], session_id=sid,
-                           turn=turn, score=score, votes=[score], judge_id="replies",
-                           judge_version="v1")
+    return events.PrmScore(
+        event_id=f"prm-{sid}-{turn}",
+        producer=P,
+        ts_ms=10,
+        parents=[f"{sid}-i{turn}", f"{sid}-reply{turn}"],
+        session_id=sid,
+        turn=turn,
+        score=score,
+        votes=[score],
+        judge_id="replies",
+        judge_version="v1",
+    )
 
 
 def _outcome(sid: str, passed: bool, ts: int, turn: int | None = None) -> NextState:
@@ -176,19 +209,28 @@ def same_events() -> list[events.PrmScore | NextState]:
     return [
         # a: the session passes, then fails: its outcomes contradict, the verdict counts
         # neither way (was: agree live, disagree in compare)
-        _verdict("a", 0, 1), _outcome("a", True, 1), _outcome("a", False, 2),
+        _verdict("a", 0, 1),
+        _outcome("a", True, 1),
+        _outcome("a", False, 2),
         # b: turn-level outcomes name their turn; each verdict meets its own turn's only
-        _verdict("b", 1, 1), _verdict("b", 2, 1),
-        _outcome("b", True, 3, turn=1), _outcome("b", False, 4, turn=2),
+        _verdict("b", 1, 1),
+        _verdict("b", 2, 1),
+        _outcome("b", True, 3, turn=1),
+        _outcome("b", False, 4, turn=2),
         # c: a session pass read first, then turn 1's own failure: the turn's decides
         # (was: disagree live, from the session's pass; agree in compare)
-        _verdict("c", 1, -1), _outcome("c", True, 5), _outcome("c", False, 6, turn=1),
+        _verdict("c", 1, -1),
+        _outcome("c", True, 5),
+        _outcome("c", False, 6, turn=1),
         # d: the session's outcomes contradict, then turn 0's own pass decides
         # (was: contradicted live, agree in compare)
-        _verdict("d", 0, 1), _outcome("d", True, 7), _outcome("d", False, 8),
+        _verdict("d", 0, 1),
+        _outcome("d", True, 7),
+        _outcome("d", False, 8),
         _outcome("d", True, 9, turn=0),
         # e: an abstention on a failed turn
-        _verdict("e", 0, 0), _outcome("e", False, 10, turn=0),
+        _verdict("e", 0, 0),
+        _outcome("e", False, 10, turn=0),
     ]
 
 
@@ -213,15 +255,21 @@ class _Sent:
 def _history(evs: list[events.PrmScore | NextState]) -> Any:
     from pipeline.processors.consistency_watch import History
 
-    return History([e for e in evs if isinstance(e, events.PrmScore)],
-                   [e for e in evs if isinstance(e, NextState)])
+    return History(
+        [e for e in evs if isinstance(e, events.PrmScore)],
+        [e for e in evs if isinstance(e, NextState)],
+    )
 
 
 def _newest(sent: list[events.JudgeConsistency]) -> dict[str, int]:
     """The judge's tally as consumers read it: the newest event on the topic."""
     ev = sent[-1]
-    return {"agree": ev.agree, "disagree": ev.disagree, "abstain": ev.abstain,
-            "contradicted": ev.contradictions}
+    return {
+        "agree": ev.agree,
+        "disagree": ev.disagree,
+        "abstain": ev.abstain,
+        "contradicted": ev.contradictions,
+    }
 
 
 def test_compare_and_watch_count_the_same_events_the_same_way(monkeypatch: Any) -> None:
@@ -259,6 +307,9 @@ def test_compare_and_watch_count_the_same_events_the_same_way(monkeypatch: Any) 
     assert (t.agree, t.disagree, t.abstain, t.contradicted) == (3, 1, 1, 1)
     # the re-matches of c and d are new events: c's verdict named the session's pass, then
     # turn 1's failure
-    c = [(e.outcome_id, e.verdict * e.outcome) for e in live._producer.sent
-         if e.verdict_id == "prm-c-1"]
+    c = [
+        (e.outcome_id, e.verdict * e.outcome)
+        for e in live._producer.sent
+        if e.verdict_id == "prm-c-1"
+    ]
     assert c == [("out-c-None-True-5", -1), ("out-c-1-False-6", 1)]

@@ -157,8 +157,7 @@ def test_the_ledger_consumer_commits_only_what_units_acknowledged() -> None:
     assert thread.seeks == [COMMITTED]
 
 
-def test_a_partition_never_committed_is_read_again_from_its_first_unacknowledged_record(
-) -> None:
+def test_a_partition_never_committed_is_read_again_from_its_first_unacknowledged_record() -> None:
     """aiokafka's seek to the committed offsets leaves a partition without one where it is:
     the records handed before (cleared from the queues) would wait for the stalled-record
     redelivery, and that only once a later record is acknowledged. The ledger consumer seeks
@@ -187,8 +186,15 @@ class SeekingThread:
 
     async def seek_wait(self, partitions: dict[TP, int]) -> None:
         for tp, offset in partitions.items():
-            AIOKafkaConsumer.seek(SimpleNamespace(_fetcher=SimpleNamespace(  # type: ignore[arg-type]
-                seek_to=lambda tp, offset: None)), tp, offset)
+            AIOKafkaConsumer.seek(
+                SimpleNamespace(
+                    _fetcher=SimpleNamespace(  # type: ignore[arg-type]
+                        seek_to=lambda tp, offset: None
+                    )
+                ),
+                tp,
+                offset,
+            )
             self.seeks[tp] = offset
 
 
@@ -205,8 +211,10 @@ def test_a_standby_added_during_recovery_is_read_from_the_beginning_not_a_crash(
         consumer: Any = app.consumer
         consumer._thread = SeekingThread()
         recovery = app.tables.recovery
-        built, added = TP(table.changelog_topic.get_topic_name(), 0), TP(
-            table.changelog_topic.get_topic_name(), 1)
+        built, added = (
+            TP(table.changelog_topic.get_topic_name(), 0),
+            TP(table.changelog_topic.get_topic_name(), 1),
+        )
         recovery.standby_offsets[built] = 41
         recovery._add(table, added, recovery.standby_offsets)  # the rebalance's late standby
         assert recovery.standby_offsets[added] is None

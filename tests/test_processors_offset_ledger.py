@@ -71,8 +71,7 @@ def test_a_record_skipped_while_later_ones_are_acknowledged_is_reported_as_stall
     assert ledger.committable(TP) is None and list(ledger.partitions()) == []
 
 
-def test_a_partitions_last_records_pending_twice_the_wait_are_stalled_though_none_follows(
-) -> None:
+def test_a_partitions_last_records_pending_twice_the_wait_are_stalled_though_none_follows() -> None:
     """Traffic stopped after them: no later record will be acknowledged past them, and a
     dropped one would wait for the next restart."""
     now = [0.0]

@@ -124,11 +124,14 @@ def test_an_interrupted_run_ends_the_gate_before_it_raises(pidfile):
 
 def test_the_gate_ends_when_liverl_is_killed(pidfile):
     """SIGKILL to the process running run_gate: its reaper hears of it (PR_SET_PDEATHSIG)."""
-    code = ("import sys; from pipeline.processors.outcomes import run_gate; "
-            "run_gate(sys.argv[1:], 60.0, echo=False)")
+    code = (
+        "import sys; from pipeline.processors.outcomes import run_gate; "
+        "run_gate(sys.argv[1:], 60.0, echo=False)"
+    )
     script = f"sleep 300 & echo $$ $! > {pidfile}; wait"
-    runner = subprocess.Popen([PY, "-c", code, "sh", "-c", script],
-                              cwd=Path(__file__).resolve().parents[1])
+    runner = subprocess.Popen(
+        [PY, "-c", code, "sh", "-c", script], cwd=Path(__file__).resolve().parents[1]
+    )
     try:
         for _ in range(300):
             if pidfile.exists() and len(pids(pidfile)) == 2:
@@ -157,8 +160,10 @@ def test_exit_codes_as_a_shell_reports_them():
     assert denied.exit_code == 126 and os.devnull in denied.stderr_tail
 
 
-@pytest.mark.parametrize(("code", "timed_out", "why"), [
-    (124, True, "timed out"), (126, False, "not executable"), (127, False, "command not found")])
+@pytest.mark.parametrize(
+    ("code", "timed_out", "why"),
+    [(124, True, "timed out"), (126, False, "not executable"), (127, False, "command not found")],
+)
 def test_a_gate_that_timed_out_or_could_not_run_is_no_outcome(
     code: int, timed_out: bool, why: str
 ) -> None:

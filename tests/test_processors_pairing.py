@@ -112,12 +112,19 @@ def test_idle_timeout_closes_once():
 def test_pairing_state_round_trips_through_its_json():
     """The session table serialises the state with pydantic: it must come back equal."""
     p = pairer()
-    call = {"id": "c0", "type": "function",
-            "function": {"name": "shell", "arguments": orjson.dumps({"cmd": "pytest"}).decode()}}
+    call = {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "shell", "arguments": orjson.dumps({"cmd": "pytest"}).decode()},
+    }
     first = dataclasses.replace(turn(0, [SYS, U0], ts_ms=1_000), tool_calls=[call])
     st = p.on_interaction(None, first).state
-    msgs = [SYS, U0, {"role": "assistant", "content": None},
-            {"role": "tool", "tool_call_id": "c0", "content": "error: boom\nexit code: 1"}]
+    msgs = [
+        SYS,
+        U0,
+        {"role": "assistant", "content": None},
+        {"role": "tool", "tool_call_id": "c0", "content": "error: boom\nexit code: 1"},
+    ]
     second = dataclasses.replace(turn(1, msgs, ts_ms=2_000), tool_calls=[{**call, "id": "c1"}])
     st = p.on_interaction(st, second).state
     assert isinstance(st.prev, PrevTurn) and st.prev.tool_calls and st.seen == ["i0", "i1"]

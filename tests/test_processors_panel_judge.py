@@ -18,14 +18,29 @@ CTX = TurnContext("s", 0, "Explain it.", "It is like this: ...")
 
 
 def reply(text: str) -> NextState:
-    return NextState(event_id="n", producer=P, session_id="s", turn=0, kind="user_reply",
-                     role="user", content=text, source="pairing")
+    return NextState(
+        event_id="n",
+        producer=P,
+        session_id="s",
+        turn=0,
+        kind="user_reply",
+        role="user",
+        content=text,
+        source="pairing",
+    )
 
 
 def consistency_file(path: Path, rows: dict[tuple[str, str], float]) -> Path:
-    path.write_bytes(orjson.dumps({"judges": [
-        {"judge_id": j, "judge_version": v, "consistency": c} for (j, v), c in rows.items()
-    ]}))
+    path.write_bytes(
+        orjson.dumps(
+            {
+                "judges": [
+                    {"judge_id": j, "judge_version": v, "consistency": c}
+                    for (j, v), c in rows.items()
+                ]
+            }
+        )
+    )
     return path
 
 
@@ -38,18 +53,22 @@ def test_the_more_consistent_member_decides_a_split_vote(tmp_path: Path) -> None
     replies = make_judge("replies")
     assert asyncio.run(replies.judge(CTX, reply(SPLIT))).score == -1
     assert asyncio.run(RuleJudge().judge(CTX, reply(SPLIT))).score == 1
-    trust_rules = consistency_file(tmp_path / "a.json", {
-        ("replies", replies.version): 0.3, ("rules", RuleJudge.version): 0.8})
-    panel = make_judge("panel", {"judges": ["replies", "rules"],
-                                 "consistency_file": str(trust_rules)})
+    trust_rules = consistency_file(
+        tmp_path / "a.json", {("replies", replies.version): 0.3, ("rules", RuleJudge.version): 0.8}
+    )
+    panel = make_judge(
+        "panel", {"judges": ["replies", "rules"], "consistency_file": str(trust_rules)}
+    )
     v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
     # log-odds: rules log(0.8 / 0.2) = 1.386, replies 0 (0.3 is worse than a coin)
     assert panel.weights == [0.0, pytest.approx(1.3863, abs=1e-4)]
     assert (v.score, v.votes, v.hints) == (1, [-1, 1], [])  # no hint of the loser
-    trust_replies = consistency_file(tmp_path / "b.json", {
-        ("replies", replies.version): 0.9, ("rules", RuleJudge.version): 0.4})
-    panel2 = make_judge("panel", {"judges": ["replies", "rules"],
-                                  "consistency_file": str(trust_replies)})
+    trust_replies = consistency_file(
+        tmp_path / "b.json", {("replies", replies.version): 0.9, ("rules", RuleJudge.version): 0.4}
+    )
+    panel2 = make_judge(
+        "panel", {"judges": ["replies", "rules"], "consistency_file": str(trust_replies)}
+    )
     v = asyncio.run(panel2.judge(CTX, reply(SPLIT)))
     assert v.score == -1 and v.hints == ["Answer in one sentence."]
     assert panel.version != panel2.version  # other weights, other verdict ids on a replay
@@ -66,13 +85,16 @@ def test_weights_fall_back_to_fixed_weights_then_one_and_ties_are_zero(tmp_path:
     assert fixed.inline is True
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"judges": []}, "at least 1"),
-    ({"judges": ["replies", "replies"]}, "named twice"),
-    ({"judges": ["panel"]}, "cannot hold a panel"),
-    ({"judges": ["nope"]}, "unknown judge 'nope'"),
-    ({"judges": ["rules"], "weight": {}}, "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"judges": []}, "at least 1"),
+        ({"judges": ["replies", "replies"]}, "named twice"),
+        ({"judges": ["panel"]}, "cannot hold a panel"),
+        ({"judges": ["nope"]}, "unknown judge 'nope'"),
+        ({"judges": ["rules"], "weight": {}}, "Extra inputs"),
+    ],
+)
 def test_bad_panel_options_fail_with_the_reason(options: dict[str, object], message: str) -> None:
     with pytest.raises(Exception) as err:  # noqa: PT011 - the registry's own error type
         JUDGES.options("panel", options)
@@ -84,8 +106,9 @@ def test_a_bad_consistency_file_says_what_is_wrong(tmp_path: Path) -> None:
     bad.write_bytes(b'{"rows": []}')
     with pytest.raises(ValueError, match="no 'judges' list"):
         load_consistency(bad)
-    bad.write_bytes(orjson.dumps({"judges": [
-        {"judge_id": "x", "judge_version": "1", "consistency": 1.5}]}))
+    bad.write_bytes(
+        orjson.dumps({"judges": [{"judge_id": "x", "judge_version": "1", "consistency": 1.5}]})
+    )
     with pytest.raises(ValueError, match="not in"):
         load_consistency(bad)
     big = tmp_path / "big.json"
@@ -112,8 +135,9 @@ def test_a_live_panel_follows_its_source_and_names_what_decided_each_verdict() -
     from pipeline import events
     from pipeline.processors import judging
 
-    panel = make_judge("panel", {"judges": ["replies", "rules"], "live": True,
-                                 "weights": {"rules": 0.6}})
+    panel = make_judge(
+        "panel", {"judges": ["replies", "rules"], "live": True, "weights": {"rules": 0.6}}
+    )
     replies = make_judge("replies")
     # no source yet: fixed weights, else the prior 0.5, whose log-odds is 0: rules 0.6 decides
     assert panel.weights == [0.0, 0.6]
@@ -130,7 +154,8 @@ def test_a_live_panel_follows_its_source_and_names_what_decided_each_verdict() -
     assert prm.score == -1 and [h.hint for h in out.hints] == ["Answer in one sentence."]
     assert prm.members == [
         {"judge_id": "replies", "judge_version": replies.version, "vote": -1, "weight": 1.95},
-        {"judge_id": "rules", "judge_version": RuleJudge.version, "vote": 1, "weight": 0.0}]
+        {"judge_id": "rules", "judge_version": RuleJudge.version, "vote": 1, "weight": 0.0},
+    ]
     # the verdict's version (and so its id) names the weights it was made with
     assert prm.judge_version != first.judge_version and prm.event_id != first.event_id
     assert prm.judge_version == panel.weigh()[1]
@@ -165,8 +190,9 @@ def test_a_failed_member_has_no_vote_and_the_others_decide() -> None:
     from pipeline import events
     from pipeline.processors import judging
 
-    panel = make_judge("panel", {"judges": ["replies", "rules"], "weights": {"replies": 0.5,
-                                                                            "rules": 0.9}})
+    panel = make_judge(
+        "panel", {"judges": ["replies", "rules"], "weights": {"replies": 0.5, "rules": 0.9}}
+    )
     panel.members[1] = ("llm", Failing())
     v = asyncio.run(panel.judge(CTX, reply(SPLIT)))
     assert (v.score, v.votes, v.hints, v.error) == (-1, [-1, None], ["Answer in one sentence."],
@@ -194,9 +220,14 @@ def test_two_coin_flip_members_no_longer_outvote_one_at_0_9(tmp_path: Path) -> N
     import pipeline.sim.flawed_judges  # noqa: F401  (registers verbose and agreeable)
 
     versions = {n: make_judge(n).version for n in THREE}
-    path = consistency_file(tmp_path / "three.json", {
-        ("replies", versions["replies"]): 0.9, ("verbose", versions["verbose"]): 0.5,
-        ("agreeable", versions["agreeable"]): 0.5})
+    path = consistency_file(
+        tmp_path / "three.json",
+        {
+            ("replies", versions["replies"]): 0.9,
+            ("verbose", versions["verbose"]): 0.5,
+            ("agreeable", versions["agreeable"]): 0.5,
+        },
+    )
     panel = make_judge("panel", {"judges": THREE, "consistency_file": str(path)})
     assert panel.weights == [pytest.approx(2.1972, abs=1e-4), 0.0, 0.0]
     ctx = TurnContext("s", 0, "Capital of France?", LONG)

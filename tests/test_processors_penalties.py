@@ -100,8 +100,9 @@ def test_forbidden_command_and_the_refund_of_its_alternative() -> None:
     assert rs.evaluate(6, [lease, lease], h).phi == 0.02  # one refund left: D = 0.56
     assert rs.potential(h) == pytest.approx(-0.56)
     # a failed alternative repays nothing
-    assert rs.evaluate(7, [call("rm -rf / "), term("git push --force-with-lease", 1)], h).phi \
-        == pytest.approx(-0.14)  # D = 0.86, capped at 0.7: F = -0.7 - (-0.56)
+    assert rs.evaluate(
+        7, [call("rm -rf / "), term("git push --force-with-lease", 1)], h
+    ).phi == pytest.approx(-0.14)  # D = 0.86, capped at 0.7: F = -0.7 - (-0.56)
 
 
 def test_repeated_failures_of_one_intent_and_the_refund_of_a_recovery() -> None:
@@ -151,30 +152,47 @@ def test_recovery_refund_cannot_be_farmed_with_a_failing_call_then_true() -> Non
     """Audit repro: every turn holds a deliberately failing call followed by `true`."""
     rs, h = rules(failure_patterns=["(?i)error", "(?i)command not found"]), PathHistory()
     phis = [
-        rs.evaluate(t, [call(f"nosuchcmd{t}", "sh: nosuchcmd: command not found"),
-                        call("true", "")], h).phi
+        rs.evaluate(
+            t, [call(f"nosuchcmd{t}", "sh: nosuchcmd: command not found"), call("true", "")], h
+        ).phi
         for t in range(6)
     ]
     assert phis == [0.0] * 6
 
 
 def test_read_only_commands_repay_nothing_and_run_nothing() -> None:
-    rs, h = RuleSet.from_dict({**copy.deepcopy(BASE), "rules": [
-        {**BASE["rules"][0]},
-        {"id": "bad", "kind": "forbidden_pattern", "patterns": ["git reset --hard"],
-         "alternatives": ["git\\s+stash(\\s|$)"], "penalty": 0.3, "compliance": 0.02},
-    ]}), PathHistory()
+    rs, h = (
+        RuleSet.from_dict(
+            {
+                **copy.deepcopy(BASE),
+                "rules": [
+                    {**BASE["rules"][0]},
+                    {
+                        "id": "bad",
+                        "kind": "forbidden_pattern",
+                        "patterns": ["git reset --hard"],
+                        "alternatives": ["git\\s+stash(\\s|$)"],
+                        "penalty": 0.3,
+                        "compliance": 0.02,
+                    },
+                ],
+            }
+        ),
+        PathHistory(),
+    )
     assert rs.evaluate(0, [call("git reset --hard HEAD~1")], h).phi == pytest.approx(-0.3)
     # Audit repro: read-only `git stash list -n k` variants paid +0.02 per turn.
-    assert [rs.evaluate(t, [call(f"git stash list -n {t}")], h).phi for t in range(1, 5)] == \
-        [0.0] * 4
+    assert [rs.evaluate(t, [call(f"git stash list -n {t}")], h).phi for t in range(1, 5)] == [
+        0.0
+    ] * 4
     assert rs.is_read_only("git stash list -n 3") and rs.is_read_only("ls -la | grep x && pwd")
     assert not rs.is_read_only("echo x > file") and not rs.is_read_only("ls && rm -rf build")
     assert rs.evaluate(5, [call("git stash")], h).phi == pytest.approx(0.02)  # the real one
     assert rs.evaluate(6, [call("git stash push -m wip")], h).phi == 0.0  # repaid already
     # a read-only call is its own intent: `cat a.txt` failing is not `cat b.txt` failing
-    fails = [rs.evaluate(t, [call(f"cat {t}.txt", "error: no such file")], h).phi
-             for t in range(7, 12)]
+    fails = [
+        rs.evaluate(t, [call(f"cat {t}.txt", "error: no such file")], h).phi for t in range(7, 12)
+    ]
     assert fails == [0.0] * 5
 
 
@@ -182,8 +200,9 @@ def test_recovery_needs_a_verified_result() -> None:
     """Audit repro: a call scored with no result (the session's last turn) is no success, nor
     is a no-outcome exit code (127: not found)."""
     rs, h = rules(), PathHistory()
-    assert [rs.evaluate(t, [call("pytest", "Error: 2 failed")], h).phi for t in range(3)] == \
-        pytest.approx([0.0, 0.0, -0.2])
+    assert [
+        rs.evaluate(t, [call("pytest", "Error: 2 failed")], h).phi for t in range(3)
+    ] == pytest.approx([0.0, 0.0, -0.2])
     assert rs.evaluate(3, [call("rm -f build.log", None)], h).phi == 0.0
     assert rs.evaluate(4, [call("pytest", None)], h).phi == 0.0  # the same intent, unverified
     assert rs.evaluate(5, [term("pytest", 127, "pytest: not found")], h).phi == 0.0
@@ -211,7 +230,9 @@ def test_intent_and_command_words() -> None:
 
 def test_shell_parts_respect_quotes_and_redirections() -> None:
     assert shell_parts('cd app && pytest -q 2>&1 | tail -5; git commit -m "a; b && c" &') == [
-        ("cd app", "&&"), ("pytest -q 2>&1", "|"), ("tail -5", ";"),
+        ("cd app", "&&"),
+        ("pytest -q 2>&1", "|"),
+        ("tail -5", ";"),
         ('git commit -m "a; b && c"', "&"),
     ]
     assert shell_parts("a &&\n b || c &> log;") == [("a", "&&"), ("b", "||"), ("c &> log", "")]
@@ -247,8 +268,9 @@ def test_required_step_within_a_window() -> None:
     stale = rs.evaluate(5, [term("git commit -m z", 0)], h)  # pytest was 4 turns ago > 2
     assert stale.phi == pytest.approx(-0.2)
     fresh = PathHistory()  # both facts in one turn, the commit after the test run
-    assert rs.evaluate(9, [term("pytest", 0), term("git commit", 0)], fresh).phi == \
-        pytest.approx(0.1)
+    assert rs.evaluate(9, [term("pytest", 0), term("git commit", 0)], fresh).phi == pytest.approx(
+        0.1
+    )
     # a commit that did not verifiably succeed (no result, or exit 1) is not "done"
     h2 = PathHistory()
     rs.evaluate(0, [term("pytest", 0)], h2)
@@ -264,8 +286,13 @@ def test_history_round_trips_as_json_and_old_histories_start_at_zero() -> None:
     assert h.penalised == ["shell:make"] and h.debt == {"rep": [1, 0]}
     assert rs.potential(h) == pytest.approx(0.1 - 0.2)
     # a rules-2 history (failures keyed by the exact call, commands, goals): potential 0
-    old = {"failures": {'shell:{"cmd":"make"}': 5}, "commands": [[0, "pytest"]],
-           "failed_goals": ["shell:make"], "credited": ["rep 0"], "noops": ["click:a:", 1]}
+    old = {
+        "failures": {'shell:{"cmd":"make"}': 5},
+        "commands": [[0, "pytest"]],
+        "failed_goals": ["shell:make"],
+        "credited": ["rep 0"],
+        "noops": ["click:a:", 1],
+    }
     assert PathHistory.from_json(old) == PathHistory(noops=["click:a:", 1])
     assert PathHistory.from_json(None) == PathHistory() == PathHistory.from_json({})
 
@@ -366,8 +393,13 @@ def test_malformed_rule_set_is_a_config_error():
 
 # ---- GUI actions: repeated no-ops (gui next states, in session order) -----------------------
 
-NOOP_RULE = {"id": "noop", "kind": "repeated_noop_action", "max_repeats": 1, "penalty": 0.1,
-             "compliance": 0.02}
+NOOP_RULE = {
+    "id": "noop",
+    "kind": "repeated_noop_action",
+    "max_repeats": 1,
+    "penalty": 0.1,
+    "compliance": 0.02,
+}
 
 
 def test_a_repeated_noop_action_is_penalised_once_per_turn_and_a_change_repays_part() -> None:
@@ -405,8 +437,10 @@ def test_noops_on_different_targets_are_no_run() -> None:
     phis = [rs.evaluate_gui(0, k, True, h).phi for k in ("click:a:", "click:b:", "click:a:")]
     assert phis == [0.0, 0.0, 0.0] and h.noops == ["click:a:", 1]
     r = rs.evaluate_gui(0, "click:a:", True, h)
-    assert (r.phi, r.hits) == (-0.1, [{"rule_id": "noop",
-                                       "detail": "click:a: changed nothing 2 times"}])
+    assert (r.phi, r.hits) == (
+        -0.1,
+        [{"rule_id": "noop", "detail": "click:a: changed nothing 2 times"}],
+    )
 
 
 def test_tool_calls_never_fire_the_noop_rule_and_old_histories_load() -> None:
@@ -442,8 +476,12 @@ def test_farm_echo_pytest_and_an_empty_commit_earn_nothing() -> None:
     (any text holding "pytest" counted; the credit tag held the turn). `echo` runs no test:
     each commit is a commit without tests, -0.2, until the potential's floor (-0.7)."""
     rs, h = rules(), PathHistory()
-    phis = [rs.evaluate(t, [term("echo pytest", 0, "pytest"),
-                            term("git commit --allow-empty -m x", 0)], h).phi for t in range(6)]
+    phis = [
+        rs.evaluate(
+            t, [term("echo pytest", 0, "pytest"), term("git commit --allow-empty -m x", 0)], h
+        ).phi
+        for t in range(6)
+    ]
     assert phis == pytest.approx([-0.2, -0.2, -0.2, -0.1, 0.0, 0.0])
     assert sum(phis) == pytest.approx(-0.7)
 
@@ -474,8 +512,14 @@ def test_farm_a_new_goal_each_turn_earns_no_recovery() -> None:
     """Repro: `python stepN.py` fails, then succeeds, on every turn: +0.05 "recovered" per turn,
     up to the path limit. Nothing was penalised, so there is nothing to recover: 0."""
     rs, h = rules(), PathHistory()
-    phis = [rs.evaluate(t, [term(f"python step{t}.py", 1, "NameError: x"),
-                            term(f"python step{t}.py", 0, "ok")], h).phi for t in range(10)]
+    phis = [
+        rs.evaluate(
+            t,
+            [term(f"python step{t}.py", 1, "NameError: x"), term(f"python step{t}.py", 0, "ok")],
+            h,
+        ).phi
+        for t in range(10)
+    ]
     assert phis == [0.0] * 10
 
 
@@ -484,8 +528,9 @@ def test_farm_repeated_failures_are_keyed_by_the_program() -> None:
     Keyed by the program now: the 3rd and later failures are penalised (N = 2), -0.2 a turn
     until the floor -0.7: [0, 0, -0.2, -0.2, -0.2, -0.1, 0, 0, 0, 0]."""
     rs, h = rules(), PathHistory()
-    phis = [rs.evaluate(t, [term(f"pytest -k case{t}", 1, "Error: 1 failed")], h).phi
-            for t in range(10)]
+    phis = [
+        rs.evaluate(t, [term(f"pytest -k case{t}", 1, "Error: 1 failed")], h).phi for t in range(10)
+    ]
     assert phis == pytest.approx([0, 0, -0.2, -0.2, -0.2, -0.1, 0, 0, 0, 0])
 
 
@@ -497,8 +542,7 @@ def test_counter_example_the_parts_of_a_line_are_shaped_in_their_order() -> None
     lease, force = "git push --force-with-lease", "git push --force origin main"
     for first, second, want in ((lease, force, -0.3), (force, lease, -0.28)):
         one = rs.evaluate(0, [term(f"{first} && {second}", 0)], PathHistory()).phi
-        two = rs.evaluate(0, [term(first, 0, cid="a"), term(second, 0, cid="b")],
-                          PathHistory()).phi
+        two = rs.evaluate(0, [term(first, 0, cid="a"), term(second, 0, cid="b")], PathHistory()).phi
         assert one == pytest.approx(two) == pytest.approx(want)
 
 
@@ -507,15 +551,32 @@ def test_counter_example_the_parts_of_a_line_are_shaped_in_their_order() -> None
 # (command, runs a test program): a line that runs one and exits 0 may verify a pass; the
 # second field is set by hand, independently of how the rules read command lines.
 COMMANDS = [
-    ("pytest", True), ("pytest -k case{n}", True), ("python -m pytest -q", True),
-    ("pytest && git commit -m x", True), ("cd app && pytest", True),
-    ("pytest 2>&1 | tail -5", True), ("pytest || true", True), ("make lint; pytest", True),
-    ("echo pytest", False), ("cat pytest.ini", False), ("git commit -m x", False),
-    ("git commit --allow-empty -m x", False), ("echo pytest && git commit -m x", False),
-    ("vim test_pytest.py", False), ("git push --force origin main", False),
-    ("git push --force-with-lease", False), ("git stash", False), ("rm -rf / ", False),
-    ("python step{n}.py", False), ("make", False), ("make clean", False), ("true", False),
-    ("ls", False), ("grep -rn x .", False), ("nosuchcmd", False), ("git reset --keep", False),
+    ("pytest", True),
+    ("pytest -k case{n}", True),
+    ("python -m pytest -q", True),
+    ("pytest && git commit -m x", True),
+    ("cd app && pytest", True),
+    ("pytest 2>&1 | tail -5", True),
+    ("pytest || true", True),
+    ("make lint; pytest", True),
+    ("echo pytest", False),
+    ("cat pytest.ini", False),
+    ("git commit -m x", False),
+    ("git commit --allow-empty -m x", False),
+    ("echo pytest && git commit -m x", False),
+    ("vim test_pytest.py", False),
+    ("git push --force origin main", False),
+    ("git push --force-with-lease", False),
+    ("git stash", False),
+    ("rm -rf / ", False),
+    ("python step{n}.py", False),
+    ("make", False),
+    ("make clean", False),
+    ("true", False),
+    ("ls", False),
+    ("grep -rn x .", False),
+    ("nosuchcmd", False),
+    ("git reset --keep", False),
 ]
 TEXTS = [None, "ok", "Error: boom", "Traceback (most recent call last)", "sh: command not found"]
 CODES = [0, 1, 2, 5, 124, 126, 127]
@@ -585,9 +646,20 @@ def test_no_session_without_a_verified_pass_earns_a_positive_total(events) -> No
         assert total <= 1e-12
 
 
-SINGLE = ["pytest", "pytest -k a", "git commit -m x", "make", "make test", "python step1.py",
-          "git push --force-with-lease", "git stash", "git push --force origin main",
-          "echo pytest", "ls", "npm test"]
+SINGLE = [
+    "pytest",
+    "pytest -k a",
+    "git commit -m x",
+    "make",
+    "make test",
+    "python step1.py",
+    "git push --force-with-lease",
+    "git stash",
+    "git push --force origin main",
+    "echo pytest",
+    "ls",
+    "npm test",
+]
 
 
 @settings(max_examples=150, deadline=None)

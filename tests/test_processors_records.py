@@ -34,16 +34,25 @@ def test_composite_keys_place_by_their_session() -> None:
 def test_a_parked_record_keeps_its_value_bytes_and_coordinates() -> None:
     nxt = examples.examples()["next_state"]
     value = events.encode(nxt)  # a record's bytes, kept verbatim
-    msg = SimpleNamespace(topic="liverl.next_states.v1", partition=4, offset=17, key=b"s\x00k",
-                          headers=[("liverl-type", b"next_state"), ("empty", None)], value=value)
+    msg = SimpleNamespace(
+        topic="liverl.next_states.v1",
+        partition=4,
+        offset=17,
+        key=b"s\x00k",
+        headers=[("liverl-type", b"next_state"), ("empty", None)],
+        value=value,
+    )
     kept = records.Parked(records.park(msg))
     assert (kept.topic, kept.partition, kept.offset, kept.key) == (
-        "liverl.next_states.v1", 4, 17, b"s\x00k")
+        "liverl.next_states.v1",
+        4,
+        17,
+        b"s\x00k",
+    )
     assert kept.headers == [("liverl-type", b"next_state"), ("empty", b"")]
     assert kept.value == value
     assert records.parked_next_state(records.park(msg)) == nxt
-    keyless = SimpleNamespace(topic="t", partition=0, offset=0, key=None, headers=None,
-                              value=b"")
+    keyless = SimpleNamespace(topic="t", partition=0, offset=0, key=None, headers=None, value=b"")
     assert records.Parked(records.park(keyless)).key is None
 
 

@@ -52,6 +52,8 @@ REPORTED = {
     "hint_exact": 0.82,
     "spurious_hints": 0,
 }
+
+
 @pytest.fixture(scope="module")
 def judge() -> ReplyJudge:
     return ReplyJudge()

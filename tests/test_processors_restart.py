@@ -44,6 +44,7 @@ from .test_processors_integration import (
 
 pytestmark = pytest.mark.integration
 
+
 def changelog_size(settings: Settings, app_id: str, table: str) -> int:
     """Records ever written to a table's changelog (0 before it exists). A topic the worker
     has just created may have no leader yet for a moment: asked again, never guessed."""
@@ -127,15 +128,23 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
                 producer.send(names.INTERACTIONS, inter)
                 producer.flush()
 
-        verdicts, dead = collect(kafka_settings, start, prefix, proc, lambda got: {
-            v.session_id for v in got if isinstance(v, events.PrmScore)} >= set(expected))
+        verdicts, dead = collect(
+            kafka_settings,
+            start,
+            prefix,
+            proc,
+            lambda got: (
+                {v.session_id for v in got if isinstance(v, events.PrmScore)} >= set(expected)
+            ),
+        )
         # Phase 2: close every session (turn 1, session_done) and kill the worker at random
         # points while it pairs, judges and assembles them. Every outcome is committed first,
         # so no verdict can be read again after the session closed (which would change it).
         wait_committed(kafka_settings, app_id, names.NEXT_STATES, proc)
         for sid in expected:
-            closing = dataclasses.replace(base, event_id=f"{sid}-i1", session_id=sid, turn=1,
-                                          session_done=True)
+            closing = dataclasses.replace(
+                base, event_id=f"{sid}-i1", session_id=sid, turn=1, session_done=True
+            )
             producer.send(names.INTERACTIONS, closing)
         producer.flush()
         for _ in range(3):
@@ -146,7 +155,8 @@ def test_sigkill_at_random_points_with_parked_next_states_loses_no_verdict(
 
         def assembled(got: list[events.Event]) -> bool:
             return {(e.session_id, e.turn) for e in got if isinstance(e, events.Sample)} >= {
-                (s, t) for s in expected for t in (0, 1)}
+                (s, t) for s in expected for t in (0, 1)
+            }
 
         outputs, dead2 = collect(kafka_settings, start, prefix, proc, assembled)
         alive = proc.poll() is None
@@ -239,7 +249,8 @@ def wait_committed(settings: Settings, group: str, topic: str, proc) -> None:  #
         if all(done.get(p, -1) >= e for p, e in ends.items() if e > 0):
             return
         assert proc.poll() is None and time.monotonic() < deadline, (
-            f"not committed: {done}, ends {ends}")
+            f"not committed: {done}, ends {ends}"
+        )
         time.sleep(0.5)
 
 

@@ -205,8 +205,14 @@ def test_hinted_zero_score_turn_trains_opd_only():
     asm = Assembler()
     state = feed(asm, [(1, [1], 0.0), (0, [0, 0, 0], 0.0)])
     hint = Hint(
-        event_id="h1", producer=P, parents=["i1", "n1"], session_id="s", turn=1,
-        hint="run pytest first", judge_id="j", rank=0,
+        event_id="h1",
+        producer=P,
+        parents=["i1", "n1"],
+        session_id="s",
+        turn=1,
+        hint="run pytest first",
+        judge_id="j",
+        rank=0,
     )
     out = asm.complete(asm.on_hint(state, hint), 1)
     got = [(s.turn, s.masked, s.loss_mask, s.opd_mask, s.hints) for s in out.samples]
@@ -319,8 +325,14 @@ def test_assembly_state_round_trips_through_pydantic_json():
     state = feed(asm, [(1, [1, None, -1], 0.2), (0, [0], -0.1)])
     state = asm.on_interaction(state, inter(2, group_id="g"))  # tokens kept in the state
     hint = Hint(
-        event_id="h1", producer=P, parents=["i1", "n1"], session_id="s", turn=1,
-        hint="run pytest first", judge_id="j", rank=0,
+        event_id="h1",
+        producer=P,
+        parents=["i1", "n1"],
+        session_id="s",
+        turn=1,
+        hint="run pytest first",
+        judge_id="j",
+        rank=0,
     )
     state = asm.on_hint(state, hint)
     state = asm.on_next_state(state, outcome_event("s", True, ts_ms=5), 10)
@@ -355,9 +367,14 @@ def test_group_index_membership_and_round_trip():
 
 def outside_hint(turn: int, event_id: str, component: str = "person") -> Hint:
     return Hint(
-        event_id=event_id, producer=Producer(component=component, version="1"),
-        parents=[f"i{turn}"], session_id="s", turn=turn, hint=f"hint {event_id}",
-        judge_id="j", rank=0,
+        event_id=event_id,
+        producer=Producer(component=component, version="1"),
+        parents=[f"i{turn}"],
+        session_id="s",
+        turn=turn,
+        hint=f"hint {event_id}",
+        judge_id="j",
+        rank=0,
     )
 
 
@@ -462,8 +479,12 @@ def grouped_session(
         n = dataclasses.replace(ns(t, kind), event_id=f"{sid}-n{t}", session_id=sid)
         state = asm.on_next_state(state, n, 0)
         if score is not None:
-            p = dataclasses.replace(prm(t, score, [score]), event_id=f"{sid}-p{t}",
-                                    session_id=sid, parents=[i.event_id, n.event_id])
+            p = dataclasses.replace(
+                prm(t, score, [score]),
+                event_id=f"{sid}-p{t}",
+                session_id=sid,
+                parents=[i.event_id, n.event_id],
+            )
             state = asm.on_prm(state, p)
         if phis is not None:
             state = asm.on_penalty(state, dataclasses.replace(pen(t, phis[t]), session_id=sid))
@@ -493,7 +514,10 @@ def test_unjudged_session_without_outcome_is_masked_not_trained_at_zero():
     out = grouping.normalize("g", {"a": judged, "b": unjudged}, "samples-2")
     # a alone in its bucket keeps -1; b trains nothing
     assert [(s.session_id, s.reward, s.rl_trainable()) for s in out] == [
-        ("a", -1.0, True), ("b", 0.0, False), ("b", 0.0, False)]
+        ("a", -1.0, True),
+        ("b", 0.0, False),
+        ("b", 0.0, False),
+    ]
 
 
 def test_a_failed_session_with_a_bonus_is_bounded_at_zero():
@@ -506,19 +530,24 @@ def test_a_failed_session_with_a_bonus_is_bounded_at_zero():
 
 def test_group_of_failures_ranks_them_but_none_goes_above_zero():
     # outcome -1 for all; votes +1, 0, -1 -> totals 0, -1, -2 -> z = +1.22, 0, -1.22 -> bounded
-    out = grouping.normalize("g", {
-        "a": grouped_session("a", [1], outcome=False),
-        "b": grouped_session("b", [0], outcome=False),
-        "c": grouped_session("c", [-1], outcome=False),
-    }, "samples-2")
+    out = grouping.normalize(
+        "g",
+        {
+            "a": grouped_session("a", [1], outcome=False),
+            "b": grouped_session("b", [0], outcome=False),
+            "c": grouped_session("c", [-1], outcome=False),
+        },
+        "samples-2",
+    )
     assert [s.reward for s in out] == pytest.approx([0.0, 0.0, -1.224744], abs=1e-5)
 
 
 def test_stepwise_zscore_without_outcome_keeps_zero_score_turns():
     """Audit repro: scores [1, 0, 0, -1] in one (group, step) bucket were z-scored as ±1 of two
     samples (zero-score turns masked at assembly); population z is [1.41, 0, 0, -1.41]."""
-    members = {sid: grouped_session(sid, [score]) for sid, score in
-               zip("abcd", [1, 0, 0, -1], strict=True)}
+    members = {
+        sid: grouped_session(sid, [score]) for sid, score in zip("abcd", [1, 0, 0, -1], strict=True)
+    }
     out = grouping.normalize("g", members, "samples-2")
     # mean 0, population std sqrt(2/4) = 0.707107: z = ±1 / 0.707107 = ±1.414214
     assert [s.reward for s in out] == pytest.approx([1.414214, 0.0, 0.0, -1.414214], abs=1e-5)
@@ -598,8 +627,15 @@ def test_votes_past_the_voter_cap_are_left_out_and_a_counted_caller_may_still_ch
     """voters_per_turn = 2: A and B count, C is left out; A's second vote still replaces
     A's first. prm = (1 reply - 1 A + 1 B + 0 end) / 4 = 0.25; total 0.25 + 0.1 = 0.35."""
     asm = Assembler(voters_per_turn=2)
-    state, left = feed_votes(asm, [vote("a1", 1, 1.0, "ka"), vote("b1", 2, 1.0, "kb"),
-                                   vote("c1", 3, -1.0, "kc"), vote("a2", 4, -1.0, "ka")])
+    state, left = feed_votes(
+        asm,
+        [
+            vote("a1", 1, 1.0, "ka"),
+            vote("b1", 2, 1.0, "kb"),
+            vote("c1", 3, -1.0, "kc"),
+            vote("a2", 4, -1.0, "ka"),
+        ],
+    )
     assert set(state.turns[0].votes) == {"key:ka", "key:kb"}
     (reward,) = asm.complete(state, 1, {0: token_payload(inter(0))}).rewards
     assert (reward.prm, reward.total) == pytest.approx((0.25, 0.35))
@@ -656,8 +692,11 @@ def test_an_actions_penalty_adds_to_its_turns_path_part():
     assert r.parents == ["p0", "x0", "gui-x0"]
     plain = feed(Assembler(), [(1, [1], -0.2)])
     (r,) = Assembler().complete(plain, 1).rewards  # without one: as before
-    assert (r.penalty, r.total, r.parents) == (pytest.approx(-0.1), pytest.approx(0.9),
-                                               ["p0", "x0"])
+    assert (r.penalty, r.total, r.parents) == (
+        pytest.approx(-0.1),
+        pytest.approx(0.9),
+        ["p0", "x0"],
+    )
 
 
 # ---- issue 38: errored verdicts are no verdict; shaping alone is no signal -------------------
@@ -670,8 +709,13 @@ def errored(t: int, sid: str = "s") -> PrmScore:
                                parents=[f"{sid}-i{t}", f"{sid}-n{t}"])  # fmt: skip
 
 
-def session_with(sid: str, verdicts: list[PrmScore | None], phis: list[float] | None = None,
-                 group: str | None = None, outcome: bool | None = None) -> list[events.Sample]:
+def session_with(
+    sid: str,
+    verdicts: list[PrmScore | None],
+    phis: list[float] | None = None,
+    group: str | None = None,
+    outcome: bool | None = None,
+) -> list[events.Sample]:
     """One session, turn t judged by ``verdicts[t]`` (None: never answered), Phi ``phis[t]``
     (beta 0.5), in ``group`` if given, with an optional session outcome."""
     asm = Assembler()
@@ -709,7 +753,9 @@ def test_an_errored_verdict_in_a_group_is_not_ranked_as_a_zero():
     assert [(s.reward, s.loss_mask, s.masked) for s in b] == [(0.0, [0, 0], True)]
     out = grouping.normalize("g", {"a": a, "b": b}, "samples-2")
     assert [(s.session_id, s.reward, s.rl_trainable(), s.normalized) for s in out] == [
-        ("a", -1.0, True, False), ("b", 0.0, False, False)]
+        ("a", -1.0, True, False),
+        ("b", 0.0, False, False),
+    ]
 
 
 def test_an_errored_verdict_alone_is_not_trained_at_zero():
@@ -768,7 +814,11 @@ def test_zscored_samples_are_marked_normalized_and_others_not():
     out = zscore_by_group_step([sample(1.0, "g", 0), sample(-1.0, "g", 0),
                                 sample(-1.0, "g", 1), sample(1.0, None, None)])  # fmt: skip
     assert [(round(s.reward, 5), s.normalized) for s in out] == [
-        (1.0, True), (-1.0, True), (-1.0, False), (1.0, False)]
+        (1.0, True),
+        (-1.0, True),
+        (-1.0, False),
+        (1.0, False),
+    ]
 
 
 def test_a_failed_verdict_round_trips_in_the_state_and_older_states_read_as_verdicts():
@@ -790,4 +840,6 @@ def test_a_huge_outcome_score_in_a_group_neither_raises_nor_trains():
     # inf and the bucket leaves the RL term, as a constant one does.
     out = zscore_by_group_step([sample(1e308, "g", 0), sample(-1e308, "g", 0)])
     assert [(s.reward, s.rl_trainable(), s.normalized) for s in out] == [
-        (1e308, False, False), (-1e308, False, False)]
+        (1e308, False, False),
+        (-1e308, False, False),
+    ]

@@ -179,7 +179,10 @@ def test_assembly_invariants(specs: list[SessionSpec]) -> None:
             p = plain[(sid, t)]
             if realistic:
                 assert (s.reward, list(s.loss_mask), s.masked) == (
-                    p.reward, list(p.loss_mask), p.masked)
+                    p.reward,
+                    list(p.loss_mask),
+                    p.masked,
+                )
             if spec.group is None:
                 assert s.reward == 0.0
                 # trainable only as the session's one kept (last judged) turn, at 0
@@ -216,7 +219,9 @@ def extra_sample(i: int, kw: dict[str, Any]) -> Sample:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SESSIONS, st.lists(EXTRA, max_size=4), st.randoms(use_true_random=False))
 def test_a_failed_outcome_never_gets_a_positive_advantage_in_any_batch(
-    cores: dict[str, TrainerCore], specs: list[SessionSpec], extras: list[dict[str, Any]],
+    cores: dict[str, TrainerCore],
+    specs: list[SessionSpec],
+    extras: list[dict[str, Any]],
     rnd: Any,
 ) -> None:
     batch = assemble(specs) + [extra_sample(i, kw) for i, kw in enumerate(extras)]

@@ -41,7 +41,7 @@ class Stream:
 
     async def take_events(self, size: int, within: float) -> AsyncIterator[list[Event]]:
         for i in range(0, len(self._events), size):
-            batch = self._events[i:i + size]
+            batch = self._events[i : i + size]
             try:
                 yield list(batch)
             finally:

@@ -29,8 +29,12 @@ def cores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return fuzz.load_cores(tmp_path_factory.mktemp("model") / "tiny")
 
 
-@settings(max_examples=60, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(fuzz.SESSIONS, st.randoms(use_true_random=False))
 def test_generated_sessions_keep_the_reward_invariants(
     cores: dict[str, Any], specs: list[Any], rnd: random.Random
@@ -110,8 +114,11 @@ def test_force_push_then_the_safe_form_repays_once() -> None:
     # git push --force: F = -0.3; --force-with-lease repays mu of that one violation once:
     # +0.02, then 0; total -0.28. The judge +1 each (exit 0); rewards 1 - 0.15 = 0.85,
     # 1 + 0.01 = 1.01, 1.
-    run = fuzz.drive_one(SessionSpec(turns(Call("git push --force", 0),
-                                           *[Call("git push --force-with-lease", 0)] * 2)))
+    run = fuzz.drive_one(
+        SessionSpec(
+            turns(Call("git push --force", 0), *[Call("git push --force-with-lease", 0)] * 2)
+        )
+    )
     assert shaping(run) == pytest.approx([-0.3, 0.02, 0.0, 0.0])
     assert rewards(run) == pytest.approx({0: 0.85, 1: 1.01, 2: 1.0, 3: 0.0})
 
@@ -146,8 +153,10 @@ def test_a_failed_gate_is_never_encouraged() -> None:
     # A passing test and commit (F = +0.1) judged +1, in a session whose gate failed: outcome
     # -1, votes [+1]: total -1 + 1 + 0.05 = 0.05, bounded to 0 (outcome_bound); a timed out
     # gate (124) is no outcome and changes nothing.
-    spec = SessionSpec(turns(Call("pytest && git commit -m x", 0)),
-                       gates=(Gate("make test", 1, 0), Gate("pytest", 124, 1)))
+    spec = SessionSpec(
+        turns(Call("pytest && git commit -m x", 0)),
+        gates=(Gate("make test", 1, 0), Gate("pytest", 124, 1)),
+    )
     run = fuzz.drive_one(spec)
     assert rewards(run) == pytest.approx({0: 0.05, 1: -1.0})
     assert [(s.reward, s.outcome) for s in run.samples] == [(0.0, -1.0), (-1.0, -1.0)]
@@ -208,8 +217,9 @@ def test_in_a_group_a_judged_zero_ranks_above_a_failed_attempt() -> None:
     # (s1, failed gate; its turn judged 0: prm 0)], mean -0.5, std 0.5: z = +-0.5 / (0.5 +
     # 1e-6) = +-0.999998000004; no path part on either. Without any rule: the same.
     spec0 = SessionSpec((TurnSpec(user="fix the failing test"),), group="g")
-    spec1 = SessionSpec((TurnSpec(user="fix the failing test"),), gates=(Gate("pytest", 1, 0),),
-                        group="g")
+    spec1 = SessionSpec(
+        (TurnSpec(user="fix the failing test"),), gates=(Gate("pytest", 1, 0),), group="g"
+    )
     for rules in (fuzz.DEFAULT, fuzz.NO_RULES):
         runs = [fuzz.drive_one(spec0, rules, "s0"), fuzz.drive_one(spec1, rules, "s1")]
         got = {s.session_id: s.reward for s in fuzz.assemble(runs, [spec0, spec1])}
@@ -269,6 +279,7 @@ COUNTER_EXAMPLES = {
 
 
 @pytest.mark.parametrize("name", sorted(COUNTER_EXAMPLES))
-def test_the_search_s_counter_examples_keep_the_invariants(cores: dict[str, Any],
-                                                          name: str) -> None:
+def test_the_search_s_counter_examples_keep_the_invariants(
+    cores: dict[str, Any], name: str
+) -> None:
     fuzz.check(COUNTER_EXAMPLES[name], cores, random.Random(0))

@@ -35,13 +35,21 @@ def _run(tmp_path: Path, extra_env: dict[str, str]) -> None:
         "LIVERL_PROCESSORS_WEB_PORT": str(free_port()),
         **extra_env,
     }
-    subprocess.run([sys.executable, "-m", "pipeline.cli", "topics", "apply"], env=env,
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "topics", "apply"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     log = tmp_path / "workers.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "workers", "-l", "info"],
-                                env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "workers", "-l", "info"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and b"Ready" not in log.read_bytes():

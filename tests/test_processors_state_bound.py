@@ -49,16 +49,28 @@ def big_turn(t: int, size: int, **kw: Any) -> Any:
     base = examples.interaction(prompt_tokens=4, response_tokens=2)
     request = f"request {t} " + "q" * size + f" please answer {t}"
     return dataclasses.replace(
-        base, event_id=f"i{t}", session_id="long", turn=t, tool_calls=[],
+        base,
+        event_id=f"i{t}",
+        session_id="long",
+        turn=t,
+        tool_calls=[],
         messages=[{"role": "user", "content": request}],
-        response_text=f"answer {t} " + "a" * size + f" end {t}", **kw,
+        response_text=f"answer {t} " + "a" * size + f" end {t}",
+        **kw,
     )
 
 
 def reply(t: int, text: str) -> NextState:
     return dataclasses.replace(
-        examples.examples()["next_state"], event_id=f"ns{t}", session_id="long", turn=t,
-        kind="user_reply", content=text, score=None, exit_code=None, scope=None,
+        examples.examples()["next_state"],
+        event_id=f"ns{t}",
+        session_id="long",
+        turn=t,
+        kind="user_reply",
+        content=text,
+        score=None,
+        exit_code=None,
+        scope=None,
     )
 
 
@@ -124,8 +136,9 @@ def tool_turn(t: int, calls: list[dict[str, Any]], result: str | None) -> Any:
         msgs += [{"role": "assistant", "content": None}]
         msgs += [{"role": "tool", "tool_call_id": f"c{t - 1}", "content": result}]
     base = examples.interaction(prompt_tokens=4, response_tokens=2)
-    return dataclasses.replace(base, event_id=f"i{t}", session_id="long", turn=t,
-                               messages=msgs, tool_calls=calls)
+    return dataclasses.replace(
+        base, event_id=f"i{t}", session_id="long", turn=t, messages=msgs, tool_calls=calls
+    )
 
 
 def test_pairing_state_of_many_huge_commands_stays_bounded() -> None:
@@ -134,8 +147,9 @@ def test_pairing_state_of_many_huge_commands_stays_bounded() -> None:
     penalties = []
     for t in range(120):  # a distinct 400 KB failing command each turn: 48 MB of history
         cmd = f"pytest {t} " + "-k x " * 80_000
-        out = pairer.on_interaction(state, tool_turn(t, [shell(f"c{t}", cmd)],
-                                                     "error: boom" if t else None))
+        out = pairer.on_interaction(
+            state, tool_turn(t, [shell(f"c{t}", cmd)], "error: boom" if t else None)
+        )
         state = out.state
         penalties += out.penalties
         assert pairing_bytes(state) <= BOUND
@@ -181,10 +195,15 @@ def test_worker_keeps_rewarding_a_long_session_of_large_turns(
     for t in range(n):
         inter = big_turn(t, 250_000, session_done=t == n - 1)
         cmd = f"pytest -k case{t} " + "-v " * 100_000
-        turns.append(dataclasses.replace(
-            inter, event_id=f"{sid}-i{t}", session_id=sid, ts_ms=1_790_000_000_000 + t,
-            tool_calls=[shell(f"c{t}", cmd)],
-        ))
+        turns.append(
+            dataclasses.replace(
+                inter,
+                event_id=f"{sid}-i{t}",
+                session_id=sid,
+                ts_ms=1_790_000_000_000 + t,
+                tool_calls=[shell(f"c{t}", cmd)],
+            )
+        )
     unbounded = [TurnContext.from_interaction(i) for i in turns]
     assert sum(len(c.request) + len(c.answer) for c in unbounded) > 2 * RECORD_LIMIT
     rules = tmp_path / "rules.yaml"
@@ -222,8 +241,9 @@ def test_worker_keeps_rewarding_a_long_session_of_large_turns(
     # the setting is what bounds the session's value: every turn's texts cut to CHARS
     # characters (judge: request and answer; pairing: the command, and the command history),
     # plus ids and votes (assembly), against ~26 MB unbounded
-    assert max(sizes) < n * (2 * CHARS + 200) + n * (CHARS + 200) + 4 * CHARS + n * 1_000, (
-        sizes[-3:])
+    assert max(sizes) < n * (2 * CHARS + 200) + n * (CHARS + 200) + 4 * CHARS + n * 1_000, sizes[
+        -3:
+    ]
 
 
 CHARS = 1_000

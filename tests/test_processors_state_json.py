@@ -27,7 +27,11 @@ from pipeline.processors.state_json import StateJson, StateUnreadable
 def a_state() -> session.SessionState:
     turn = AssemblyTurn(
         interaction=KeptInteraction(
-            event_id="i1", policy_id="p", weight_version=3, group_id=None, ts_ms=17,
+            event_id="i1",
+            policy_id="p",
+            weight_version=3,
+            group_id=None,
+            ts_ms=17,
             tokens=TokenPayload([1, 2], [3], [-0.5]),
         ),
         next_states={"n1": "user_reply"},

@@ -131,15 +131,23 @@ def test_pairing_keeps_plain_tool_output_and_user_replies_as_they_were() -> None
     (ns,) = p.on_interaction(st, _turn(1, plain)).next_states
     assert (ns.kind, ns.exit_code, "terminal" in ns.detail) == ("tool_result", None, False)
     st = p.on_interaction(None, _turn(0, [sys_msg, user])).state
-    reply = [sys_msg, user, {"role": "assistant", "content": "x"}, tool("[exit 1]"),
-             {"role": "user", "content": "thanks"}]
+    reply = [
+        sys_msg,
+        user,
+        {"role": "assistant", "content": "x"},
+        tool("[exit 1]"),
+        {"role": "user", "content": "thanks"},
+    ]
     (ns,) = p.on_interaction(st, _turn(1, reply)).next_states
     assert (ns.kind, ns.exit_code) == ("user_reply", None)  # the user's word is the evidence
 
 
 def _shell(call_id: str, cmd: str) -> dict:
-    return {"id": call_id, "type": "function",
-            "function": {"name": "shell", "arguments": json.dumps({"cmd": cmd})}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "shell", "arguments": json.dumps({"cmd": cmd})},
+    }
 
 
 def _terminal_after(calls: list[tuple[str, str, int]]):  # type: ignore[no-untyped-def]
@@ -147,12 +155,19 @@ def _terminal_after(calls: list[tuple[str, str, int]]):  # type: ignore[no-untyp
     0's next state."""
     sys_msg, user = {"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}
     p = Pairer(load_rules(DEFAULT_RULES), "pairing-1")
-    t0 = dataclasses.replace(_turn(0, [sys_msg, user]),
-                             tool_calls=[_shell(i, c) for i, c, _ in calls])
+    t0 = dataclasses.replace(
+        _turn(0, [sys_msg, user]), tool_calls=[_shell(i, c) for i, c, _ in calls]
+    )
     st = p.on_interaction(None, t0).state
-    msgs = [sys_msg, user, {"role": "assistant", "content": None},
-            *({"role": "tool", "tool_call_id": i, "content": {"exit_code": code, "stdout": "x"}}
-              for i, _, code in calls)]
+    msgs = [
+        sys_msg,
+        user,
+        {"role": "assistant", "content": None},
+        *(
+            {"role": "tool", "tool_call_id": i, "content": {"exit_code": code, "stdout": "x"}}
+            for i, _, code in calls
+        ),
+    ]
     (ns,) = p.on_interaction(st, _turn(1, msgs)).next_states
     return ns
 
@@ -166,7 +181,9 @@ def test_a_read_only_command_is_no_outcome() -> None:
     ns = _terminal_after([("c1", "ls -la", 0), ("c2", "git status && cat README.md", 0)])
     assert (ns.kind, ns.exit_code) == ("terminal", None)
     assert [(e["command"], e.get("no_outcome")) for e in ns.detail["terminal"]] == [
-        ("ls -la", True), ("git status && cat README.md", True)]
+        ("ls -la", True),
+        ("git status && cat README.md", True),
+    ]
     assert RuleJudge().verdict(ns).score == 0 and outcome_vote(ns) is None
     # beside a command that does something, that one decides; a grep finding nothing (1) is
     # not a failure either
@@ -185,4 +202,7 @@ def test_timeouts_and_missing_commands_are_no_outcome() -> None:
     assert combined_exit_code([TerminalResult(124), TerminalResult(126)]) is None
     ns = _terminal_after([("c1", "pytest -q", 124)])
     assert (ns.kind, ns.exit_code, ns.detail["terminal"][0]["no_outcome"]) == (
-        "terminal", None, True)
+        "terminal",
+        None,
+        True,
+    )

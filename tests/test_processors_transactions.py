@@ -57,8 +57,7 @@ def test_a_unit_that_raised_stops_every_later_commit() -> None:
     assert t.commits == 1
 
 
-def test_a_cancelled_unit_stops_commits_and_an_inner_failure_caught_by_its_unit_does_not()\
-        -> None:
+def test_a_cancelled_unit_stops_commits_and_an_inner_failure_caught_by_its_unit_does_not() -> None:
     t, producer = txn()
 
     async def main() -> None:

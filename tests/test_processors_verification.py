@@ -12,19 +12,32 @@ from .test_processors_rewards import feed
 
 def test_exit_votes_and_read_only_commands() -> None:
     assert [V.exit_vote(c) for c in (0, 1, 2, 124, 126, 127, 137)] == [
-        1, -1, -1, None, None, None, -1]  # 137 (SIGKILL, e.g. OOM) is the command's failure
+        1,
+        -1,
+        -1,
+        None,
+        None,
+        None,
+        -1,
+    ]  # 137 (SIGKILL, e.g. OOM) is the command's failure
     for cmd in ("ls", "cat a | grep b", "git status", "git diff --stat", "pwd; echo hi"):
         assert V.is_read_only(cmd) and V.exit_vote(0, cmd) is None and V.exit_vote(1, cmd) is None
     for cmd in ("pytest -q", "echo x > f", "git commit -m x", "ls && make", "rm -rf build"):
         assert not V.is_read_only(cmd)
     assert V.exit_vote(0, "pytest -q") == 1
     assert [V.combine_signs(s) for s in ([1, 1], [1, -1], [1, None], [None, -1], [])] == [
-        1, -1, None, -1, None]
+        1,
+        -1,
+        None,
+        -1,
+        None,
+    ]
 
 
 def test_all_must_pass_over_the_latest_result_of_each_check() -> None:
     """pytest fails (t=1), lint passes (t=2): failed, where the last recorded outcome read +1.
     pytest passes after a fix (t=3): its later result replaces its failure, all pass."""
+
     def recorded(cmd: str, passed: bool, ts: int) -> tuple[str, Outcome]:
         ev = gate_event("s", cmd.split(), GateResult(0 if passed else 1, "", "", False, 0.1))
         ev.ts_ms = ts

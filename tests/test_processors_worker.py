@@ -20,8 +20,9 @@ def _die() -> None:
         raise asyncio.CancelledError  # noqa: B904 - chained, as in a stopping mode thread
 
 
-def _run_dying_thread(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-                      hook: object) -> list[logging.LogRecord]:
+def _run_dying_thread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, hook: object
+) -> list[logging.LogRecord]:
     """Run a thread that dies while stderr is mode's proxy (as in a worker); its records."""
     monkeypatch.setattr(sys, "stderr", FileLogProxy(logging.getLogger("redirected")))
     monkeypatch.setattr(threading, "excepthook", hook)

@@ -67,8 +67,9 @@ def test_a_judge_plugin_is_configured_from_toml(tmp_path: Path) -> None:
 
 def test_a_judge_option_typo_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"processors.judge_options.max_char: Extra inputs"):
-        ProcessorSettings(plugins=["tests.toy_judge"], judge="toy-length",
-                          judge_options={"max_char": 3})
+        ProcessorSettings(
+            plugins=["tests.toy_judge"], judge="toy-length", judge_options={"max_char": 3}
+        )
     # the known list holds every registered judge (other tests' plug-ins too), sorted
     with pytest.raises(ValueError, match=r"unknown judge 'toy-lenght'; known: ") as typo:
         ProcessorSettings(plugins=["tests.toy_judge"], judge="toy-lenght")
@@ -95,7 +96,10 @@ def _with(state, content: str):  # type: ignore[no-untyped-def]
 
 @pytest.mark.integration
 def test_liverl_workers_judges_with_a_plugin_configured_from_toml(
-    kafka_settings, unique, tmp_path, monkeypatch  # type: ignore[no-untyped-def]
+    kafka_settings,
+    unique,
+    tmp_path,
+    monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
     """The plug-in judge, named in a settings file, scores every turn of a real session."""
     from pipeline.kafka import EventProducer, names
@@ -129,8 +133,13 @@ def test_liverl_workers_judges_with_a_plugin_configured_from_toml(
     col = Collector(kafka_settings, sid, start)
     proc = start_worker(app_id, sid, rules, tmp_path)
     try:
-        col.poll_until(lambda by: len({e.turn for e in by[names.PRM_SCORES]}) >= 5
-                       and len({e.turn for e in by[names.SAMPLES]}) >= 5, proc)
+        col.poll_until(
+            lambda by: (
+                len({e.turn for e in by[names.PRM_SCORES]}) >= 5
+                and len({e.turn for e in by[names.SAMPLES]}) >= 5
+            ),
+            proc,
+        )
     finally:
         stop(proc)
         col.close()

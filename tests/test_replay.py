@@ -399,7 +399,7 @@ def test_a_read_that_stalls_before_its_end_stops_with_an_error(  # type: ignore[
     polled for ever; now the read gives up after READ_STALL_S without a record."""
     topic, _ = source_topic
     produce_source(kafka_settings, topic, ["stall-session"], 4, t0=1_790_000_000_000)
-    (part, high), = ((p, h) for p, h in end_offsets(kafka_settings, topic).items() if h)
+    ((part, high),) = ((p, h) for p, h in end_offsets(kafka_settings, topic).items() if h)
     monkeypatch.setattr(replay_mod, "READ_STALL_S", 1.0)
     source = KafkaSource(kafka_settings)
     rows: list[Any] = []

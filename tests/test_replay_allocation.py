@@ -48,7 +48,10 @@ def test_one_row_per_session_its_earliest_turn_and_mean_reward(tmp_path: Path) -
 
 @pytest.mark.integration
 def test_replay_draws_sessions_near_the_frontier_and_records_the_draw(
-    kafka_settings, source_topic, unique, tmp_path  # type: ignore[no-untyped-def]
+    kafka_settings,
+    source_topic,
+    unique,
+    tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Budget 6 of 12 sessions: 3 of the half-solved task and 2 + 1 of the others (the same
     arithmetic as train --from-delta's, tests/test_trainer_offline.py); only those sessions'

@@ -305,21 +305,26 @@ def test_loss_parts_come_from_the_map_or_the_legacy_columns(tmp_path: Path) -> N
     from pipeline.report.data import read_columns, step_parts
 
     steps = T.to_table(T.GRADIENT_STEPS, [step_row(k, v) for k, v in STEPS.items()])
-    legacy = steps.drop_columns(["losses"]).append_column(
-        "loss_rl", pa.array([0.40, 0.45, 0.20, 0.10])).append_column(
-        "loss_opd", pa.array([0.10, None, 0.10, 0.10], pa.float64()))
+    legacy = (
+        steps.drop_columns(["losses"])
+        .append_column("loss_rl", pa.array([0.40, 0.45, 0.20, 0.10]))
+        .append_column("loss_opd", pa.array([0.10, None, 0.10, 0.10], pa.float64()))
+    )
     uri = str(tmp_path / "old" / "gradient_steps")
     write_deltalake(uri, legacy)
     legacy_cols = ["loss_rl", "loss_opd"]
     table, missing = read_columns(uri, T.GRADIENT_STEPS, ["step", "losses"], legacy_cols)
     assert table is not None and missing == []
     assert step_parts(table) == [
-        {"rl": 0.40, "opd": 0.10}, {"rl": 0.45}, {"rl": 0.20, "opd": 0.10},
+        {"rl": 0.40, "opd": 0.10},
+        {"rl": 0.45},
+        {"rl": 0.20, "opd": 0.10},
         {"rl": 0.10, "opd": 0.10},
     ]
     uri = str(tmp_path / "new" / "gradient_steps")
     write_deltalake(uri, steps)
     table, _ = read_columns(uri, T.GRADIENT_STEPS, ["step", "losses"], legacy_cols)
     assert table is not None
-    assert step_parts(table) == step_parts(legacy.append_column(
-        "losses", pa.nulls(4, T.GRADIENT_STEPS_SCHEMA.field("losses").type)))
+    assert step_parts(table) == step_parts(
+        legacy.append_column("losses", pa.nulls(4, T.GRADIENT_STEPS_SCHEMA.field("losses").type))
+    )

@@ -19,8 +19,11 @@ from tests.test_report import BASE_MS, SEC, full_lake, run
 def archive(lake: Path, topic: str, values: list[Any]) -> None:
     """An archived topic as the page reads it: byte-exact payloads in ``events/<topic>``."""
     payloads = [v if isinstance(v, bytes) else orjson.dumps(v) for v in values]
-    write_deltalake(str(lake / "events" / topic),
-                    pa.table({"payload": pa.array(payloads, pa.binary())}), mode="append")
+    write_deltalake(
+        str(lake / "events" / topic),
+        pa.table({"payload": pa.array(payloads, pa.binary())}),
+        mode="append",
+    )
 
 
 def judged_lake(tmp_path: Path) -> Path:
@@ -31,29 +34,46 @@ def judged_lake(tmp_path: Path) -> Path:
         for i in range(12)
     ]
     archive(lake, "prm_scores", [*scores[:3], b"\xff not json", *scores[3:]])
-    archive(lake, "serving_status", [
-        {"policy_id": "p1", "version": 1, "ok": True, "ts_ms": BASE_MS + 60 * SEC},
-        {"policy_id": "p1", "version": 2, "ok": False, "ts_ms": BASE_MS + 126 * SEC},
-        {"policy_id": "p1", "version": 2, "ok": True, "ts_ms": BASE_MS + 130 * SEC},
-        {"policy_id": "p1", "version": 2, "ok": True, "ts_ms": BASE_MS + 140 * SEC},
-        {"policy_id": "other", "version": 3, "ok": True, "ts_ms": BASE_MS + 226 * SEC},
-    ])
+    archive(
+        lake,
+        "serving_status",
+        [
+            {"policy_id": "p1", "version": 1, "ok": True, "ts_ms": BASE_MS + 60 * SEC},
+            {"policy_id": "p1", "version": 2, "ok": False, "ts_ms": BASE_MS + 126 * SEC},
+            {"policy_id": "p1", "version": 2, "ok": True, "ts_ms": BASE_MS + 130 * SEC},
+            {"policy_id": "p1", "version": 2, "ok": True, "ts_ms": BASE_MS + 140 * SEC},
+            {"policy_id": "other", "version": 3, "ok": True, "ts_ms": BASE_MS + 226 * SEC},
+        ],
+    )
     archive(lake, "judge_consistency", CONSISTENCY)
     return lake
 
 
-def match(eid: str, judge: str, agree: int, disagree: int, abstain: int = 0,
-          flagged: bool = False) -> dict[str, Any]:
-    return {"type": "judge_consistency", "event_id": eid, "judge_id": judge,
-            "judge_version": "v1", "agree": agree, "disagree": disagree, "abstain": abstain,
-            "consistency": (agree + 1) / (agree + disagree + 2), "flagged": flagged}
+def match(
+    eid: str, judge: str, agree: int, disagree: int, abstain: int = 0, flagged: bool = False
+) -> dict[str, Any]:
+    return {
+        "type": "judge_consistency",
+        "event_id": eid,
+        "judge_id": judge,
+        "judge_version": "v1",
+        "agree": agree,
+        "disagree": disagree,
+        "abstain": abstain,
+        "consistency": (agree + 1) / (agree + disagree + 2),
+        "flagged": flagged,
+    }
 
 
 # replies: three matches, the second archived twice (a re-sent match), out of order; the third
 # flagged it. rules: one.
-CONSISTENCY = [match("m2", "replies", 1, 1), match("m1", "replies", 1, 0),
-               match("m2", "replies", 1, 1), match("m3", "replies", 1, 2, 1, flagged=True),
-               match("r1", "rules", 0, 0, 1)]
+CONSISTENCY = [
+    match("m2", "replies", 1, 1),
+    match("m1", "replies", 1, 0),
+    match("m2", "replies", 1, 1),
+    match("m3", "replies", 1, 2, 1, flagged=True),
+    match("r1", "rules", 0, 0, 1),
+]
 
 
 def test_judge_tally_is_the_contradiction_not_the_match_it_took_back() -> None:
@@ -63,8 +83,10 @@ def test_judge_tally_is_the_contradiction_not_the_match_it_took_back() -> None:
     from pipeline.report.html import judge_consistency
 
     back = {**match("back", "replies", 1, 0), "contradicted": True, "contradictions": 1}
-    for order in ([match("m1", "replies", 1, 0), match("m2", "replies", 2, 0), back],
-                  [back, match("m2", "replies", 2, 0), match("m1", "replies", 1, 0)]):
+    for order in (
+        [match("m1", "replies", 1, 0), match("m2", "replies", 2, 0), back],
+        [back, match("m2", "replies", 2, 0), match("m1", "replies", 1, 0)],
+    ):
         (row,) = judge_consistency(order)
         assert row["agree"] == 1 and row["consistency"] == pytest.approx(2 / 3)
         assert row["contradicted"] == 1
@@ -85,12 +107,17 @@ def test_page_figures_match_hand_computation(tmp_path: Path) -> None:
     # v2 published at 125 s; its first ok reload at 130 s (the failed one at 126 s is not live).
     assert rows == {1: (1, "candidate", 5.0), 2: (2, "promoted", 5.0), 3: (3, "rejected", None)}
     start = BASE_MS
-    assert page.per_minute == [(start, 3), (start + 60_000, 4), (start + 120_000, 0),
-                               (start + 180_000, 1)]
+    assert page.per_minute == [
+        (start, 3),
+        (start + 60_000, 4),
+        (start + 120_000, 0),
+        (start + 180_000, 1),
+    ]
     assert page.samples_per_s == pytest.approx(8 / 200)
     assert page.notes == []
-    assert [(j["judge_id"], j["agree"], j["disagree"], j["abstain"], j["flags"])
-            for j in page.judges] == [("replies", 1, 2, 1, 1), ("rules", 0, 0, 1, 0)]
+    assert [
+        (j["judge_id"], j["agree"], j["disagree"], j["abstain"], j["flags"]) for j in page.judges
+    ] == [("replies", 1, 2, 1, 1), ("rules", 0, 0, 1, 0)]
     assert page.judges[0]["consistency"] == pytest.approx(2 / 5)  # (1 + 1) / (1 + 2 + 2)
     html = render_html(page, tmp_path / "r.html").read_text()
     assert "<td>replies</td><td>v1</td>\n<td>1</td><td>2</td><td>1</td>\n<td>0.400</td>" in html
@@ -118,11 +145,16 @@ def test_without_archive_the_page_says_what_is_missing(tmp_path: Path) -> None:
 def test_html_is_self_contained_and_escapes_event_text(tmp_path: Path) -> None:
     lake = full_lake(tmp_path / "lake")
     archive(lake, "prm_scores", [{"session_id": "s1", "turn": 0, "judge_id": "<script>x</script>"}])
-    archive(lake, "serving_status", [{"policy_id": "p1", "version": 2, "ok": True,
-                                      "ts_ms": BASE_MS + 130 * SEC}])
-    page = build_page(lake, "p1", lag=lambda: [
-        {"group": "g<1>", "state": "STABLE", "lag": 7, "by_topic": {"t": 7}}
-    ])
+    archive(
+        lake,
+        "serving_status",
+        [{"policy_id": "p1", "version": 2, "ok": True, "ts_ms": BASE_MS + 130 * SEC}],
+    )
+    page = build_page(
+        lake,
+        "p1",
+        lag=lambda: [{"group": "g<1>", "state": "STABLE", "lag": 7, "by_topic": {"t": 7}}],
+    )
     png = tmp_path / "p.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\nfake")
     html = render_html(page, tmp_path / "r.html", png=png).read_text()
@@ -165,7 +197,7 @@ def test_report_command_writes_page_with_real_consumer_lag(
     assert f"html: {html_path}" in result.output
     html = html_path.read_text()
     assert f"<td>{group}</td>" in html
-    row = html[html.index(f"<td>{group}</td>"):].split("</tr>")[0]
+    row = html[html.index(f"<td>{group}</td>") :].split("</tr>")[0]
     assert "<td>3</td>" in row and f"{topic}: 3" in row
 
     rows = lag_reader(kafka_settings)()

@@ -31,16 +31,33 @@ def test_every_module_and_every_help_loads_with_runtime_dependencies_only(
     tmp_path: Path,
 ) -> None:
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--check-all"], capture_output=True, text=True,
-        env=_env(LIVERL_STATE_DIR=str(tmp_path)), timeout=300, check=True,
+        [sys.executable, str(SCRIPT), "--check-all"],
+        capture_output=True,
+        text=True,
+        env=_env(LIVERL_STATE_DIR=str(tmp_path)),
+        timeout=300,
+        check=True,
     )
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert "No module named 'pytest'" in got["control"]  # the hook refuses dev-only modules
     assert got["broken"] == {}
     assert got["modules"] > 100
     # every command and group of liverl answered --help
-    assert {"liverl", "demo", "up", "serve", "train", "workers", "tap", "sql", "report",
-            "forget", "replay", "broker up", "topics apply"} <= set(got["helps"])
+    assert {
+        "liverl",
+        "demo",
+        "up",
+        "serve",
+        "train",
+        "workers",
+        "tap",
+        "sql",
+        "report",
+        "forget",
+        "replay",
+        "broker up",
+        "topics apply",
+    } <= set(got["helps"])
     assert set(got["helps"].values()) == {0}
 
 
@@ -55,9 +72,27 @@ def test_demo_runs_with_runtime_dependencies_only(tmp_path: Path) -> None:
     )
     out = tmp_path / "out"
     res = subprocess.run(
-        [sys.executable, str(SCRIPT), "demo", "--model", "tiny", "--rounds", "1", "--users",
-         "1", "--eval-questions", "1", "--no-probe", "--no-pace", "--out", str(out)],
-        capture_output=True, text=True, env=env, timeout=900,
+        [
+            sys.executable,
+            str(SCRIPT),
+            "demo",
+            "--model",
+            "tiny",
+            "--rounds",
+            "1",
+            "--users",
+            "1",
+            "--eval-questions",
+            "1",
+            "--no-probe",
+            "--no-pace",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

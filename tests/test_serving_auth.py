@@ -21,13 +21,18 @@ def bearer(key: str) -> str:
 
 def test_a_key_speaks_for_its_user_with_its_role() -> None:
     cfg = ServeSettings(
-        keys=[{"sha256": hash_key("sk-bob"), "user": "bob"},
-              {"sha256": hash_key("sk-ops").upper(), "user": "review", "role": "operator"}],
+        keys=[
+            {"sha256": hash_key("sk-bob"), "user": "bob"},
+            {"sha256": hash_key("sk-ops").upper(), "user": "review", "role": "operator"},
+        ],
         api_key_hashes=[hash_key("sk-old"), hash_key("sk-bob")],  # bob's: keys wins
     )
     assert not cfg.open_access
     assert [(k.user, k.role) for k in cfg.accepted_keys] == [
-        ("bob", "user"), ("review", "operator"), (None, "user")]
+        ("bob", "user"),
+        ("review", "operator"),
+        (None, "user"),
+    ]
     auth = Authenticator(cfg.accepted_keys)
     bob, ops, old = (auth.caller(bearer(k)) for k in ("sk-bob", "sk-ops", "sk-old"))
     assert (bob.user, bob.operator, bob.keyed) == ("bob", False, True)
@@ -62,8 +67,10 @@ def test_without_keys_every_loopback_caller_is_one_trusted_voter() -> None:
         ([{"sha256": hash_key("k"), "user": "bob\n"}], "printable"),
         ([{"sha256": hash_key("k"), "role": "admin"}], "role"),
         ([{"sha256": hash_key("k"), "key": "k"}], "Extra inputs"),  # never the raw key
-        ([{"sha256": hash_key("k"), "user": "a"}, {"sha256": hash_key("k"), "user": "b"}],
-         "listed twice"),
+        (
+            [{"sha256": hash_key("k"), "user": "a"}, {"sha256": hash_key("k"), "user": "b"}],
+            "listed twice",
+        ),
     ],
 )
 def test_bad_key_entries_are_refused_when_settings_load(keys: list[dict], match: str) -> None:
@@ -78,13 +85,18 @@ def test_a_plain_hash_must_be_sha256_hex() -> None:
 
 def test_keys_from_toml(tmp_path: Path) -> None:
     path = tmp_path / "liverl.toml"
-    path.write_text(f'[serve]\napi_key_hashes = ["{hash_key("k0")}"]\n'
-                    f'[[serve.keys]]\nsha256 = "{hash_key("k1")}"\nuser = "bob"\n'
-                    f'[[serve.keys]]\nsha256 = "{hash_key("k2")}"\nuser = "ops"\n'
-                    'role = "operator"\n')
+    path.write_text(
+        f'[serve]\napi_key_hashes = ["{hash_key("k0")}"]\n'
+        f'[[serve.keys]]\nsha256 = "{hash_key("k1")}"\nuser = "bob"\n'
+        f'[[serve.keys]]\nsha256 = "{hash_key("k2")}"\nuser = "ops"\n'
+        'role = "operator"\n'
+    )
     cfg = load_settings(path).serve
     assert [(k.user, k.role) for k in cfg.accepted_keys] == [
-        ("bob", "user"), ("ops", "operator"), (None, "user")]
+        ("bob", "user"),
+        ("ops", "operator"),
+        (None, "user"),
+    ]
 
 
 def test_the_keys_file_names_users_and_operators(
@@ -96,7 +108,9 @@ def test_the_keys_file_names_users_and_operators(
     hashes, entries = _keys(("sk-cli",), keys)
     assert hashes == [hash_key(k) for k in ("sk-cli", "sk-env", "sk-plain")]
     assert [(e.sha256, e.user, e.role) for e in entries] == [
-        (hash_key("sk-bob"), "bob", "user"), (hash_key("sk-ops"), "review", "operator")]
+        (hash_key("sk-bob"), "bob", "user"),
+        (hash_key("sk-ops"), "review", "operator"),
+    ]
     keys.write_text("sk-ops review admin\n")
     with pytest.raises(click.UsageError, match=r"keys:1: expected"):
         _keys((), keys)

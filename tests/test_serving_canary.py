@@ -40,13 +40,17 @@ def write_adapter(root: Path, version: int, scale: float) -> Path:
 
     out = root / f"a{version}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": 2, "lora_alpha": 2, "target_modules": ["q_proj"]}))
+    (out / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 2, "target_modules": ["q_proj"]})
+    )
     gen = torch.Generator().manual_seed(version)
-    save_file({
-        f"base_model.model.{MODULE}.lora_A.weight": torch.randn(2, 64, generator=gen),
-        f"base_model.model.{MODULE}.lora_B.weight": torch.full((64, 2), scale),
-    }, str(out / "adapter_model.safetensors"))
+    save_file(
+        {
+            f"base_model.model.{MODULE}.lora_A.weight": torch.randn(2, 64, generator=gen),
+            f"base_model.model.{MODULE}.lora_B.weight": torch.full((64, 2), scale),
+        },
+        str(out / "adapter_model.safetensors"),
+    )
     return out
 
 
@@ -62,9 +66,9 @@ def answer(backend: HFBackend, canary: bool) -> tuple[list[int], list[float], in
         ids: list[int] = []
         lps: list[float] = []
         version = -1
-        async for item in backend.generate([1, 2, 3, 4], SamplingParams(max_tokens=6,
-                                                                        temperature=0.0),
-                                           canary=canary):
+        async for item in backend.generate(
+            [1, 2, 3, 4], SamplingParams(max_tokens=6, temperature=0.0), canary=canary
+        ):
             if isinstance(item, Piece):
                 ids += item.token_ids
                 lps += item.logprobs
@@ -90,13 +94,17 @@ def test_hf_serves_two_adapters_at_once_and_a_rollout_loads_nothing_again(
 
     async def both() -> list[Any]:
         loop = asyncio.get_running_loop()
-        return list(await asyncio.gather(*(loop.run_in_executor(None, answer, tiny, c)
-                                           for c in (False, True, False, True))))
+        return list(
+            await asyncio.gather(
+                *(loop.run_in_executor(None, answer, tiny, c) for c in (False, True, False, True))
+            )
+        )
 
     got = asyncio.run(both())
     assert [g[2] for g in got] == [1, 2, 1, 2], "each request answered by its arm's version"
     assert got[0][1] == pytest.approx(stable_alone[1], abs=1e-5), (
-        "a stable request beside canary ones computes exactly what it did alone")
+        "a stable request beside canary ones computes exactly what it did alone"
+    )
     assert got[1][1] != pytest.approx(got[0][1], abs=1e-3), "the canary's adapter applies"
     canary_adapter = tiny._canary[0] if tiny._canary else None  # type: ignore[index]
     asyncio.run(tiny.reload(tmp_path / "does-not-exist", 2))  # rollout: nothing read
@@ -133,10 +141,17 @@ def test_each_request_is_answered_by_its_users_arm(tiny: HFBackend, tmp_path: Pa
     # alice 0.171 < 0.5: canary; bob 0.507 >= 0.5: stable (tests/test_versions_canary.py)
     users = {"alice": 2, "bob": 1}
     with running(create_app(gw)) as url, httpx.Client(base_url=url, timeout=60) as c:
+
         def ask(headers: dict[str, str]) -> int:
-            r = c.post("/v1/chat/completions", headers=headers, json={
-                "model": "p", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 2})
+            r = c.post(
+                "/v1/chat/completions",
+                headers=headers,
+                json={
+                    "model": "p",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                },
+            )
             assert r.status_code == 200, r.text
             return int(r.headers["X-Liverl-Weight-Version"])
 
@@ -206,10 +221,20 @@ def test_the_reloader_follows_a_canary_through_rollout_and_withdraw(
 
     backend = ArmsBackend()
     statuses: list[events.ServingStatus] = []
-    r = Reloader(Settings(), cast("Backend", backend), loop, replica_id="r0",
-                 require_promoted=True, emit=lambda _topic, ev: statuses.append(ev))
-    for ev in [on_disk(tmp_path, weights(1)), on_disk(tmp_path, weights(1, "promoted")),
-               *canary_weights(tmp_path, 2, 0.1), *canary_weights(tmp_path, 3, 0.2)]:
+    r = Reloader(
+        Settings(),
+        cast("Backend", backend),
+        loop,
+        replica_id="r0",
+        require_promoted=True,
+        emit=lambda _topic, ev: statuses.append(ev),
+    )
+    for ev in [
+        on_disk(tmp_path, weights(1)),
+        on_disk(tmp_path, weights(1, "promoted")),
+        *canary_weights(tmp_path, 2, 0.1),
+        *canary_weights(tmp_path, 3, 0.2),
+    ]:
         r.log.add(ev)
     assert r.load_newest() == 1 and backend.canary == (2, 0.1)
     assert r.load_newest() is None and len(backend.calls) == 2, "nothing moves: no call"
@@ -221,15 +246,24 @@ def test_the_reloader_follows_a_canary_through_rollout_and_withdraw(
     r.load_newest()
     act(r.log, "withdraw", 1, by="watch")
     r.load_newest()
-    assert backend.calls == [("stable", 1, 1.0), ("canary", 2, 0.1),
-                             ("stable", 2, 1.0), ("canary", 3, 0.2),
-                             ("drop", 2, 0.0),
-                             ("stable", 1, 1.0),
-                             ("base", 0, 1.0)]
+    assert backend.calls == [
+        ("stable", 1, 1.0),
+        ("canary", 2, 0.1),
+        ("stable", 2, 1.0),
+        ("canary", 3, 0.2),
+        ("drop", 2, 0.0),
+        ("stable", 1, 1.0),
+        ("base", 0, 1.0),
+    ]
     assert [(s.arm, s.version, s.ok) for s in statuses] == [
-        ("stable", 1, True), ("canary", 2, True), ("stable", 2, True), ("canary", 3, True),
+        ("stable", 1, True),
+        ("canary", 2, True),
+        ("stable", 2, True),
+        ("canary", 3, True),
         ("canary", 2, True),  # the canary arm dropped: its users are answered by v2
-        ("stable", 1, True), ("stable", 0, True)]
+        ("stable", 1, True),
+        ("stable", 0, True),
+    ]
     assert len({s.event_id for s in statuses}) == len(statuses)
     for s in statuses:
         events.decode(events.encode(s), expected_type="serving_status")
@@ -243,16 +277,27 @@ def test_a_canary_the_backend_cannot_hold_keeps_its_users_on_stable_until_rolled
 
     backend = ArmsBackend(refuse_canary={2})
     statuses: list[events.ServingStatus] = []
-    r = Reloader(Settings(), cast("Backend", backend), loop, replica_id="r0",
-                 require_promoted=True, emit=lambda _topic, ev: statuses.append(ev))
-    for ev in [on_disk(tmp_path, weights(1)), on_disk(tmp_path, weights(1, "promoted")),
-               *canary_weights(tmp_path, 2, 0.1)]:
+    r = Reloader(
+        Settings(),
+        cast("Backend", backend),
+        loop,
+        replica_id="r0",
+        require_promoted=True,
+        emit=lambda _topic, ev: statuses.append(ev),
+    )
+    for ev in [
+        on_disk(tmp_path, weights(1)),
+        on_disk(tmp_path, weights(1, "promoted")),
+        *canary_weights(tmp_path, 2, 0.1),
+    ]:
         r.log.add(ev)
     r.load_newest()
     r.load_newest()
     assert backend.canary is None and backend.version == 1 and r.canary_failed == {2}
-    assert [(s.arm, s.version, s.ok) for s in statuses] == [("stable", 1, True),
-                                                           ("canary", 1, False)]
+    assert [(s.arm, s.version, s.ok) for s in statuses] == [
+        ("stable", 1, True),
+        ("canary", 1, False),
+    ]
     act(r.log, "rollout", 2, by="ops")
     assert r.load_newest() == 2, "the stable arm may load what the canary arm could not"
 
@@ -280,8 +325,10 @@ def test_sglang_serves_both_arms_as_adapters(tmp_path: Path) -> None:
         backend = SGLangBackend(url, path, policy_id="pol")
 
         async def served(canary: bool) -> tuple[str | None, int]:
-            items = [i async for i in backend.generate([1, 2], SamplingParams(max_tokens=2),
-                                                       canary=canary)]
+            items = [
+                i
+                async for i in backend.generate([1, 2], SamplingParams(max_tokens=2), canary=canary)
+            ]
             return state["requests"][-1].get("lora_path"), items[-1].weight_version
 
         await backend.reload(dirs[1], 1)

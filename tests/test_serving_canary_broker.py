@@ -54,9 +54,14 @@ def test_two_replicas_follow_canary_rollout_and_withdraw_without_a_failed_reques
         gw = Gateway(ServeSettings(record=False, reload=False), backends[i], recorders[i])  # type: ignore[arg-type]
 
         async def startup() -> None:
-            r = Reloader(kafka_settings, backends[i], asyncio.get_running_loop(),
-                         replica_id=f"r{i}-{unique}", require_promoted=True,
-                         emit=recorders[i].record)
+            r = Reloader(
+                kafka_settings,
+                backends[i],
+                asyncio.get_running_loop(),
+                replica_id=f"r{i}-{unique}",
+                require_promoted=True,
+                emit=recorders[i].record,
+            )
             r.start()
             reloaders.append(r)
 
@@ -88,13 +93,20 @@ def test_two_replicas_follow_canary_rollout_and_withdraw_without_a_failed_reques
 
     with running(app_of(0)) as url0, running(app_of(1)) as url1:
         urls = [url0, url1]
-        assert wait_for(lambda: all(b.version == 1 for b in backends)), (
-            [b.version for b in backends])
+        assert wait_for(lambda: all(b.version == 1 for b in backends)), [
+            b.version for b in backends
+        ]
 
         def ask(c: httpx.Client, url: str, key: str) -> int | None:
-            r = c.post(f"{url}/v1/chat/completions", headers={"X-Session-Id": key}, json={
-                "model": policy, "max_tokens": 3,
-                "messages": [{"role": "user", "content": f"hello {key}"}]})
+            r = c.post(
+                f"{url}/v1/chat/completions",
+                headers={"X-Session-Id": key},
+                json={
+                    "model": policy,
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": f"hello {key}"}],
+                },
+            )
             if r.status_code != 200:
                 errors.append(f"{r.status_code} {r.text}")
                 return None
@@ -113,6 +125,7 @@ def test_two_replicas_follow_canary_rollout_and_withdraw_without_a_failed_reques
         for t in threads:
             t.start()
         try:
+
             def by_key() -> dict[tuple[int, str], int | None]:
                 with httpx.Client(timeout=60) as c:
                     return {(i, k): ask(c, u, k) for i, u in enumerate(urls) for k in KEYS}
@@ -123,21 +136,27 @@ def test_two_replicas_follow_canary_rollout_and_withdraw_without_a_failed_reques
             publish(version(2, SHARE))
             assert wait_for(lambda: all(b.canary == (2, SHARE) for b in backends))
             assert all(b.version == 1 for b in backends)
-            assert by_key() == {(i, k): 2 if k in in_canary else 1
-                                for i in range(2) for k in KEYS}, "each session by its arm"
+            assert by_key() == {
+                (i, k): 2 if k in in_canary else 1 for i in range(2) for k in KEYS
+            }, "each session by its arm"
 
-            out = CliRunner().invoke(versions, ["rollout", "2", "--policy", policy,
-                                                "--by", "it", "--reason", "won"], obj=obj)
+            out = CliRunner().invoke(
+                versions,
+                ["rollout", "2", "--policy", policy, "--by", "it", "--reason", "won"],
+                obj=obj,
+            )
             assert out.exit_code == 0, out.output
             assert wait_for(lambda: all(b.version == 2 and b.canary is None for b in backends))
             assert set(by_key().values()) == {2}, "rolled out: everyone on v2"
 
             publish(version(3, SHARE))
             assert wait_for(lambda: all(b.canary == (3, SHARE) for b in backends))
-            assert by_key() == {(i, k): 3 if k in in_canary else 2
-                                for i in range(2) for k in KEYS}
-            out = CliRunner().invoke(versions, ["withdraw", "3", "--policy", policy,
-                                                "--by", "it", "--reason", "lost"], obj=obj)
+            assert by_key() == {(i, k): 3 if k in in_canary else 2 for i in range(2) for k in KEYS}
+            out = CliRunner().invoke(
+                versions,
+                ["withdraw", "3", "--policy", policy, "--by", "it", "--reason", "lost"],
+                obj=obj,
+            )
             assert out.exit_code == 0, out.output
             assert wait_for(lambda: all(b.canary is None for b in backends))
             assert set(by_key().values()) == {2}, "the canary's users are back on v2"
@@ -152,7 +171,16 @@ def test_two_replicas_follow_canary_rollout_and_withdraw_without_a_failed_reques
     versions_seen = {v for _, v in answers}
     assert versions_seen == {1, 2, 3}
     for i, rec in enumerate(recorders):
-        arms = [(s.arm, s.version) for _, s in rec.events
-                if isinstance(s, events.ServingStatus) and s.ok]
-        assert arms == [("stable", 1), ("canary", 2), ("stable", 2), ("canary", 2),
-                        ("canary", 3), ("canary", 2)], (i, arms)
+        arms = [
+            (s.arm, s.version)
+            for _, s in rec.events
+            if isinstance(s, events.ServingStatus) and s.ok
+        ]
+        assert arms == [
+            ("stable", 1),
+            ("canary", 2),
+            ("stable", 2),
+            ("canary", 2),
+            ("canary", 3),
+            ("canary", 2),
+        ], (i, arms)

@@ -91,8 +91,9 @@ def test_non_streamed_disconnect_is_recorded_as_aborted(tiny: HFBackend) -> None
         assert len(aborted.response_logprobs) == len(aborted.response_token_ids)
         assert metric(url, "liverl_gateway_turns_aborted_total") == 1
         assert metric(url, 'liverl_gateway_requests_total{status="499"}') == 1
-        retry = c.post(f"{url}/v1/chat/completions", json=body(),
-                       headers={"X-Session-Id": "hangs-up"})
+        retry = c.post(
+            f"{url}/v1/chat/completions", json=body(), headers={"X-Session-Id": "hangs-up"}
+        )
         assert retry.status_code == 200 and retry.headers["x-liverl-turn"] == "1"
     assert [i.train for i in rec.interactions()] == [False, True]
 
@@ -103,20 +104,27 @@ def test_non_streamed_disconnect_reaches_kafka_as_aborted(
 ) -> None:
     topic = f"test.interactions.{unique}"
     create_topic(admin, topic)
-    cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
-                        turn_recovery_s=0, interactions_topic=topic)
+    cfg = ServeSettings(
+        model_path="tiny",
+        spool_dir=tmp_path / "spool",
+        reload=False,
+        turn_recovery_s=0,
+        interactions_topic=topic,
+    )
     backend = SlowBackend(tiny)
     app = build_app(cfg, kafka_settings, backend=backend)  # type: ignore[arg-type]
     with running(app) as url, httpx.Client(timeout=60) as c:
         ask_and_hang_up(url, backend, f"leaver-{unique}")
-        r = c.post(f"{url}/v1/chat/completions", json=body(),
-                   headers={"X-Session-Id": f"leaver-{unique}"})
+        r = c.post(
+            f"{url}/v1/chat/completions", json=body(), headers={"X-Session-Id": f"leaver-{unique}"}
+        )
         assert r.status_code == 200
         assert wait(lambda: app.state.recorder.backlog == 0, 30)
         assert metric(url, "liverl_gateway_turns_aborted_total") == 1
     got = sorted(consume_all(kafka_settings, topic, 2), key=lambda e: e.turn)
     assert [(e.turn, e.finish_reason, e.train) for e in got] == [
-        (0, "abort", False), (1, got[1].finish_reason, True)
+        (0, "abort", False),
+        (1, got[1].finish_reason, True),
     ]
     assert got[1].finish_reason != "abort"
     assert 0 < len(got[0].response_token_ids) < MAX_TOKENS

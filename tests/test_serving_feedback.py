@@ -53,8 +53,9 @@ def client(backend: HFBackend, recorder: Any = None, **cfg: Any) -> TestClient:
 def chat(c: TestClient | httpx.Client, session: str, base: str = "", **headers: str) -> int:
     """One recorded turn of ``session``; returns its turn number."""
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-    resp = c.post(f"{base}/v1/chat/completions", json=body,
-                  headers={"X-Session-Id": session, **headers})
+    resp = c.post(
+        f"{base}/v1/chat/completions", json=body, headers={"X-Session-Id": session, **headers}
+    )
     assert resp.status_code == 200, resp.text
     return int(resp.headers["x-liverl-turn"])
 
@@ -150,8 +151,9 @@ def test_not_json_is_400(backend: HFBackend) -> None:
 
 def test_each_limit_is_crossed_at_the_edge(backend: HFBackend) -> None:
     rec = ListRecorder()
-    c = client(backend, rec, next_state_max_body_bytes=2048, next_state_max_chars=100,
-               max_json_depth=4)
+    c = client(
+        backend, rec, next_state_max_body_bytes=2048, next_state_max_chars=100, max_json_depth=4
+    )
     chat(c, "fb-3")
     rec.records.clear()
     ok = {"session_id": "fb-3", "text": "x" * 100}
@@ -178,8 +180,9 @@ def test_each_limit_is_crossed_at_the_edge(backend: HFBackend) -> None:
 
 def test_authenticated_and_rate_limited_like_chat(backend: HFBackend) -> None:
     rec = ListRecorder()
-    c = client(backend, rec, api_key_hashes=[hash_key("k1")], rate_limit_per_min=6,
-               rate_limit_burst=2)
+    c = client(
+        backend, rec, api_key_hashes=[hash_key("k1")], rate_limit_per_min=6, rate_limit_burst=2
+    )
     good = {"Authorization": "Bearer k1"}
     chat(c, "fb-4", **good)
     rec.records.clear()
@@ -238,9 +241,11 @@ def bearer(key: str) -> dict[str, str]:
 
 def keyed(backend: HFBackend, recorder: Any = None, **cfg: Any) -> TestClient:
     """A gateway with three keys: bob's, mallory's (users) and a review tool's (operator)."""
-    keys = [{"sha256": hash_key(BOB), "user": "bob"},
-            {"sha256": hash_key(MALLORY), "user": "mallory"},
-            {"sha256": hash_key(OPS), "user": "review-tool", "role": "operator"}]
+    keys = [
+        {"sha256": hash_key(BOB), "user": "bob"},
+        {"sha256": hash_key(MALLORY), "user": "mallory"},
+        {"sha256": hash_key(OPS), "user": "review-tool", "role": "operator"},
+    ]
     return client(backend, recorder, keys=keys, **cfg)
 
 
@@ -260,20 +265,28 @@ def test_only_the_sessions_owner_or_an_operator_rates_it(backend: HFBackend) -> 
         e = err(c.post(URL, json=doc, headers=bearer(MALLORY)), 403, "session_id")
         assert (e["type"], e["code"]) == ("permission_error", "session_forbidden")
     assert rec.records == []
-    assert c.post(URL, json={**body, "thumbs": "up", "text": "great"},
-                  headers=bearer(BOB)).status_code == 200
+    assert (
+        c.post(URL, json={**body, "thumbs": "up", "text": "great"}, headers=bearer(BOB)).status_code
+        == 200
+    )
     assert c.post(URL, json=body, headers=bearer(OPS)).status_code == 200
     (_, own), (_, review) = rec.records
     assert (own.detail["user_id"], review.detail["user_id"]) == ("bob", "review-tool")
     assert own.detail["key_id"] == hash_key(BOB)[:16] != review.detail["key_id"]
     # Nor may mallory take a turn in bob's session (its next state would be bob's turn's).
     msgs = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
-    e = err(c.post("/v1/chat/completions", json=msgs,
-                   headers={"X-Session-Id": "bob-1", **bearer(MALLORY)}), 403, "session_id")
+    e = err(
+        c.post(
+            "/v1/chat/completions", json=msgs, headers={"X-Session-Id": "bob-1", **bearer(MALLORY)}
+        ),
+        403,
+        "session_id",
+    )
     assert e["code"] == "session_forbidden"
     assert chat(c, "mallory-1", **bearer(MALLORY)) == 0  # her own sessions are hers
-    assert 'liverl_gateway_posts_not_recorded_total{reason="forbidden"} 2.0' in c.get(
-        "/metrics").text
+    assert (
+        'liverl_gateway_posts_not_recorded_total{reason="forbidden"} 2.0' in c.get("/metrics").text
+    )
 
 
 def test_forged_bearer_tokens_are_one_voter_without_keys(
@@ -291,8 +304,14 @@ def test_forged_bearer_tokens_are_one_voter_without_keys(
     c = client(backend, rec)
     chat(c, "fb-forged")
     rec.records.clear()
-    statuses = [c.post(URL, json={"session_id": "fb-forged", "turn": 0, "thumbs": "down"},
-                       headers=bearer(f"forged-{i}")).status_code for i in range(100)]
+    statuses = [
+        c.post(
+            URL,
+            json={"session_id": "fb-forged", "turn": 0, "thumbs": "down"},
+            headers=bearer(f"forged-{i}"),
+        ).status_code
+        for i in range(100)
+    ]
     assert statuses == [200] * 10 + [429] * 90
     votes = [ns for _, ns in rec.records]
     assert len(votes) == 10
@@ -349,13 +368,22 @@ def test_feedback_reaches_next_states_on_the_broker(
 
     with running(app) as url, httpx.Client(timeout=60) as c:
         assert [chat(c, sid, url) for _ in range(2)] == [0, 1]
-        last = c.post(f"{url}{URL}", json={"session_id": sid, "thumbs": "down",
-                                            "text": "Too formal. Use simple steps please."})
+        last = c.post(
+            f"{url}{URL}",
+            json={
+                "session_id": sid,
+                "thumbs": "down",
+                "text": "Too formal. Use simple steps please.",
+            },
+        )
         assert last.status_code == 200, last.text
         first = c.post(f"{url}{URL}", json={"session_id": sid, "turn": 0, "score": 0.5})
         assert first.status_code == 200, first.text
-        for bad in ({"session_id": sid, "score": 2}, {"session_id": sid, "text": "x" * 20_000},
-                    {"session_id": sid, "turn": 9, "thumbs": "up"}):
+        for bad in (
+            {"session_id": sid, "score": 2},
+            {"session_id": sid, "text": "x" * 20_000},
+            {"session_id": sid, "turn": 9, "thumbs": "up"},
+        ):
             assert 400 <= c.post(f"{url}{URL}", json=bad).status_code < 500
         deadline = time.monotonic() + 30
         while app.state.recorder.backlog and time.monotonic() < deadline:
@@ -364,7 +392,12 @@ def test_feedback_reaches_next_states_on_the_broker(
     assert set(got) == {last.json()["id"], first.json()["id"]}, "exactly the two good ones"
     down, half = got[last.json()["id"]], got[first.json()["id"]]
     assert (down.session_id, down.turn, down.kind, down.score, down.role, down.source) == (
-        sid, 1, "feedback", -1.0, "user", "feedback"
+        sid,
+        1,
+        "feedback",
+        -1.0,
+        "user",
+        "feedback",
     )
     assert down.content == "Too formal. Use simple steps please."
     assert down.detail["thumbs"] == "down" and down.producer.component == "gateway"
@@ -394,27 +427,43 @@ def test_feedback_has_a_default_per_key_rate_limit(
     text = "x" * 2048
     statuses = []
     for i in range(1000):
-        body = {"session_id": "fb-flood", "turn": 0, "thumbs": "down" if i % 10 == 0 else "up",
-                "text": text}
+        body = {
+            "session_id": "fb-flood",
+            "turn": 0,
+            "thumbs": "down" if i % 10 == 0 else "up",
+            "text": text,
+        }
         resp = c.post(URL, json=body, headers=key)
         statuses.append(resp.status_code)
         if resp.status_code == 429:
             e = err(resp, 429)
             assert (e["type"], e["code"]) == ("rate_limit_error", "rate_limit_exceeded")
-            assert e["message"] == ("Feedback rate limit (serve.feedback_rate_limit_per_min) "
-                                    "reached for this key; retry in 2s.")
+            assert e["message"] == (
+                "Feedback rate limit (serve.feedback_rate_limit_per_min) "
+                "reached for this key; retry in 2s."
+            )
             assert resp.headers["retry-after"] == "2"
     assert statuses == [200] * 10 + [429] * 990
     assert len(rec.records) == 10
     clock[0] += 2.0
-    assert c.post(URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"},
-                  headers=key).status_code == 200
-    assert c.post(URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"},
-                  headers=bearer(OPS)).status_code == 200
+    assert (
+        c.post(
+            URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"}, headers=key
+        ).status_code
+        == 200
+    )
+    assert (
+        c.post(
+            URL, json={"session_id": "fb-flood", "turn": 0, "thumbs": "up"}, headers=bearer(OPS)
+        ).status_code
+        == 200
+    )
     assert chat(c, "fb-flood", **key) == 1
     metrics = c.get("/metrics").text
     assert "liverl_gateway_feedback_rate_limited_total 990.0" in metrics, metrics
     off = client(backend, ListRecorder(), feedback_rate_limit_per_min=0)
     chat(off, "fb-off")
-    assert all(off.post(URL, json={"session_id": "fb-off", "thumbs": "up"}).status_code == 200
-               for _ in range(20))
+    assert all(
+        off.post(URL, json={"session_id": "fb-off", "thumbs": "up"}).status_code == 200
+        for _ in range(20)
+    )

@@ -34,13 +34,17 @@ def screen(*children: dict[str, Any]) -> dict[str, Any]:
     return node("window", "Shop", children=list(children))
 
 
-LOGIN = screen(node("link", "Settings", id="nav-settings"),
-               node("textbox", "Email", id="email", value=""),
-               node("button", "Save", id="save"))
+LOGIN = screen(
+    node("link", "Settings", id="nav-settings"),
+    node("textbox", "Email", id="email", value=""),
+    node("button", "Save", id="save"),
+)
 ERROR = screen(*LOGIN["children"], node("alert", "Error: email required"))
-SETTINGS = screen(node("link", "Settings", id="nav-settings"),
-                  node("heading", "Settings"),
-                  node("switch", "Dark mode", value="off"))
+SETTINGS = screen(
+    node("link", "Settings", id="nav-settings"),
+    node("heading", "Settings"),
+    node("switch", "Dark mode", value="off"),
+)
 
 
 def click(target: str) -> dict[str, str]:
@@ -55,12 +59,15 @@ def test_trees_are_diffed_by_element() -> None:
     typed = copy.deepcopy(LOGIN)
     typed["children"][1].update(value="a@b.c", focused=True)
     d = diff_trees(flatten(LOGIN, opts), flatten(typed, opts), listed=50)
-    assert d == {"appeared": [], "disappeared": [], "counts": {"appeared": 0, "disappeared": 0,
-                                                               "changed": 1},
-                 "changed": [{"role": "textbox", "name": "Email", "value": "a@b.c"}],
-                 "focused": {"role": "textbox", "name": "Email", "value": "a@b.c",
-                             "filled": True},
-                 "error": None, "no_op": False}
+    assert d == {
+        "appeared": [],
+        "disappeared": [],
+        "counts": {"appeared": 0, "disappeared": 0, "changed": 1},
+        "changed": [{"role": "textbox", "name": "Email", "value": "a@b.c"}],
+        "focused": {"role": "textbox", "name": "Email", "value": "a@b.c", "filled": True},
+        "error": None,
+        "no_op": False,
+    }
     d = diff_trees(flatten(LOGIN, opts), flatten(ERROR, opts), listed=50)
     assert d["appeared"] == [{"role": "alert", "name": "Error: email required"}]
     assert d["error"] == {"role": "alert", "name": "Error: email required"} and not d["no_op"]
@@ -109,14 +116,20 @@ def test_a_posted_tree_is_diffed_against_the_sessions_previous_one(backend: HFBa
     assert (a.kind, a.role, a.turn, a.score, a.source) == ("gui", "tool", 0, None, "gui")
     assert a.detail["gui"]["first"] and a.detail["gui"]["goal"] == GOAL
     assert a.content == "click login: first screen of the session (no diff)"
-    assert first.json()["data"][0] == {"id": a.event_id, "session_id": "g-1", "turn": 0,
-                                       "kind": "gui", "score": None}
+    assert first.json()["data"][0] == {
+        "id": a.event_id,
+        "session_id": "g-1",
+        "turn": 0,
+        "kind": "gui",
+        "score": None,
+    }
     g = b.detail["gui"]
     assert g["error"] == {"role": "alert", "name": "Error: email required"}
     assert g["action"] == {"type": "click", "target": "save", "text": ""}
     assert g["action_key"] == "click:save:" and "goal" not in g
-    assert b.content == ("click save: appeared: alert 'Error: email required'; "
-                         "error: 'Error: email required'")
+    assert b.content == (
+        "click save: appeared: alert 'Error: email required'; error: 'Error: email required'"
+    )
     assert n.detail["gui"]["no_op"] and n.content == "click save: nothing changed"
     assert d.detail["gui"]["error"] == {"role": "dialog", "name": "Access denied"}
     # A posted diff drops the kept tree: the next tree is a first one again.
@@ -139,13 +152,18 @@ def test_previous_trees_are_kept_per_session_in_a_bounded_lru(backend: HFBackend
 
 def test_each_limit_is_crossed_at_the_edge_and_records_nothing(backend: HFBackend) -> None:
     rec = ListRecorder()
-    limits = {"max_tree_bytes": 1000, "max_nodes": 10, "max_depth": 5,
-              "max_string_chars": 50}
+    limits = {"max_tree_bytes": 1000, "max_nodes": 10, "max_depth": 5, "max_string_chars": 50}
     c = client(backend, rec, next_state_max_body_bytes=8192, source_options={"gui": limits})
     chat(c, "g-2")
-    at_limits = screen(*[node("button", "x" * 50) for _ in range(5)],  # 10 nodes, 5 levels
-                       node("group", children=[node("group", children=[node("group", children=[
-                           node("button", "deepest")])])]))
+    at_limits = screen(
+        *[node("button", "x" * 50) for _ in range(5)],  # 10 nodes, 5 levels
+        node(
+            "group",
+            children=[
+                node("group", children=[node("group", children=[node("button", "deepest")])])
+            ],
+        ),
+    )
     for tree in (at_limits, LOGIN):
         assert post(c, "g-2", action=click("a"), tree=tree).status_code == 200
     rec.records.clear()
@@ -167,8 +185,11 @@ def test_each_limit_is_crossed_at_the_edge_and_records_nothing(backend: HFBacken
     huge = {"role": "window", "name": "w" * 9000}
     err(post(c, "g-2", action=act, tree=huge), 413)  # over next_state_max_body_bytes
     err(post(c, "g-2", action=act, goal="g" * 2001, tree=LOGIN), 422, "goal")
-    err(post(c, "g-2", action={"type": "click", "target": "t" * 300}, tree=LOGIN), 422,
-        "action.target")
+    err(
+        post(c, "g-2", action={"type": "click", "target": "t" * 300}, tree=LOGIN),
+        422,
+        "action.target",
+    )
     err(post(c, "g-2", tree=LOGIN), 422, "action")
     err(post(c, "g-2", action=act), 400, "tree")  # neither tree nor diff
     err(post(c, "g-2", action=act, tree=LOGIN, diff={}), 400, "tree")  # both
@@ -253,11 +274,15 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
 
     sid = f"gui-e2e-{unique}"
     start, inputs = high_watermarks(kafka_settings), input_ends(kafka_settings)
-    cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
-                        turn_recovery_s=0)
-    script = [[(click("login"), LOGIN)], [(click("save"), ERROR)],
-              [(click("nav-settings"), SETTINGS)],
-              [(click("apply"), SETTINGS), (click("apply"), SETTINGS)]]
+    cfg = ServeSettings(
+        model_path="tiny", spool_dir=tmp_path / "spool", reload=False, turn_recovery_s=0
+    )
+    script = [
+        [(click("login"), LOGIN)],
+        [(click("save"), ERROR)],
+        [(click("nav-settings"), SETTINGS)],
+        [(click("apply"), SETTINGS), (click("apply"), SETTINGS)],
+    ]
     gui_ids: list[str] = []
     with running(build_app(cfg, kafka_settings)) as url, httpx.Client(timeout=60) as c:
         for turn, actions in enumerate(script):
@@ -274,19 +299,28 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     proc = start_worker(app_id, sid, DEFAULT_RULES, tmp_path, hint_wait_s="2")
     judge_version = ReplyJudge().version  # the worker's default judge
 
-    def ours(by: dict[str, list[events.Event]]) -> tuple[dict[str, events.PrmScore],
-                                                          dict[int, events.Reward],
-                                                          dict[int, events.Sample]]:
+    def ours(
+        by: dict[str, list[events.Event]],
+    ) -> tuple[dict[str, events.PrmScore], dict[int, events.Reward], dict[int, events.Sample]]:
         """This worker's verdicts (by next state), rewards and samples (by turn): a worker of
         other code on a shared broker may judge the same session, under its judge version."""
-        prm = {p.parents[-1]: p for p in by[names.PRM_SCORES]
-               if isinstance(p, events.PrmScore) and p.judge_version == judge_version}
+        prm = {
+            p.parents[-1]: p
+            for p in by[names.PRM_SCORES]
+            if isinstance(p, events.PrmScore) and p.judge_version == judge_version
+        }
         ids = {p.event_id for p in prm.values()}
-        rewards = {r.turn: r for r in by[names.REWARDS]
-                   if isinstance(r, events.Reward) and ids & set(r.parents)}
+        rewards = {
+            r.turn: r
+            for r in by[names.REWARDS]
+            if isinstance(r, events.Reward) and ids & set(r.parents)
+        }
         rids = {r.event_id for r in rewards.values()}
-        samples = {s.turn: s for s in by[names.SAMPLES]
-                   if isinstance(s, events.Sample) and rids & set(s.parents)}
+        samples = {
+            s.turn: s
+            for s in by[names.SAMPLES]
+            if isinstance(s, events.Sample) and rids & set(s.parents)
+        }
         return prm, rewards, samples
 
     def done(by: dict[str, list[events.Event]]) -> bool:
@@ -312,9 +346,15 @@ def test_gui_next_states_are_scored_from_tree_diffs_on_the_broker(
     pens = {e.event_id: e for e in by[names.PATH_PENALTIES] if isinstance(e, events.PathPenalty)}
     (noop,) = [p for p in pens.values() if p.parents[0] in gui_ids]  # only the repeated one
     assert (noop.parents, noop.turn, noop.rule_ids, noop.penalty, noop.beta) == (
-        [gui_ids[4]], 3, ["repeated-noop-action"], -0.1, 0.5)
-    assert noop.hits == [{"rule_id": "repeated-noop-action",
-                          "detail": "click:apply: changed nothing 2 times"}]
+        [gui_ids[4]],
+        3,
+        ["repeated-noop-action"],
+        -0.1,
+        0.5,
+    )
+    assert noop.hits == [
+        {"rule_id": "repeated-noop-action", "detail": "click:apply: changed nothing 2 times"}
+    ]
 
     own = {p.turn: p for p in pens.values() if p.parents[0] not in gui_ids}
     assert own[3].penalty == 0.0  # no tool calls: the turn's own path part is 0

@@ -46,8 +46,12 @@ def test_repeats_are_folded_into_one_line_per_period(caplog: pytest.LogCaptureFi
     assert lines == [
         (logging.ERROR, "FAIL [producer-0] " + REFUSED.format(port=40000, ms=0)),
         (logging.WARNING, "ERROR [producer-1] 1/1 brokers are down"),  # another kind: at once
-        (logging.ERROR, "FAIL [producer-1] " + REFUSED.format(port=41000, ms=0)
-         + f" [repeated {n - 1} more time(s) since last logged]"),
+        (
+            logging.ERROR,
+            "FAIL [producer-1] "
+            + REFUSED.format(port=41000, ms=0)
+            + f" [repeated {n - 1} more time(s) since last logged]",
+        ),
     ]
 
 
@@ -59,7 +63,9 @@ def test_kinds_are_bounded() -> None:
 
 
 def test_a_gateway_with_the_broker_down_logs_few_reconnect_lines(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every Kafka client of the gateway (the recorder's producer, the weights reloader's

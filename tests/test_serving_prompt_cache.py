@@ -38,8 +38,12 @@ def metaspace_tokenizer() -> Any:
     t.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     t.decoder = decoders.Metaspace(prepend_scheme="first")
     corpus = ["the quick brown fox jumps over the lazy dog", "hello world, how are you?"] * 20
-    t.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=200, special_tokens=["<unk>", *SPECIAL_TOKENS], show_progress=False))
+    t.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=200, special_tokens=["<unk>", *SPECIAL_TOKENS], show_progress=False
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|im_end|>")
     fast.chat_template = build_tokenizer().chat_template
     return fast
@@ -164,8 +168,7 @@ def test_gateway_sessions_use_the_cache(tok: Any, tiny_backend: Any) -> None:
         r = client.post(
             "/v1/chat/completions",
             json={"model": gw.model_name, "messages": conversation(4)[-1], "max_tokens": 2},
-            headers={"X-Session-Id": "cached", "X-Session-Done": "true",
-                     "X-Liverl-Train": "false"},
+            headers={"X-Session-Id": "cached", "X-Session-Done": "true", "X-Liverl-Train": "false"},
         )
         assert r.status_code == 200, r.text
     assert "cached" not in gw.prompts._entries  # a closed session's prompt is dropped

@@ -153,8 +153,13 @@ def _dead_kafka() -> Settings:
 
 def test_a_damaged_spool_frame_is_counted_and_degrades_health(tmp_path: Path) -> None:
     _spool_with_damage(tmp_path / "spool", names.INTERACTIONS, 3)
-    cfg = ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
-                        turn_recovery_s=0, delivery_timeout_s=1.0)
+    cfg = ServeSettings(
+        model_path="tiny",
+        spool_dir=tmp_path / "spool",
+        reload=False,
+        turn_recovery_s=0,
+        delivery_timeout_s=1.0,
+    )
     app = build_app(cfg, _dead_kafka())
     with running(app) as url, httpx.Client(timeout=60) as c:
         assert _wait(lambda: _metric(url, "liverl_gateway_spool_quarantined_total") == 1, 10)

@@ -191,7 +191,11 @@ def test_corrupt_newest_falls_back_to_newest_valid(tmp_path: Path, tiny_backend:
 
 @pytest.mark.integration
 def test_restarted_gateway_serves_newest_valid_version(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path, tiny_backend: HFBackend  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,
+    tiny_backend: HFBackend,  # type: ignore[no-untyped-def]
 ) -> None:
     from .conftest import create_topic
 
@@ -208,8 +212,14 @@ def test_restarted_gateway_serves_newest_valid_version(
     reloader: list[Reloader] = []
 
     async def startup() -> None:
-        r = Reloader(kafka_settings, tiny_backend, asyncio.get_running_loop(),
-                     replica_id="r-restart", emit=rec.record, topic=topic)
+        r = Reloader(
+            kafka_settings,
+            tiny_backend,
+            asyncio.get_running_loop(),
+            replica_id="r-restart",
+            emit=rec.record,
+            topic=topic,
+        )
         r.start()
         reloader.append(r)
 

@@ -76,12 +76,20 @@ SYS = {"role": "system", "content": "sys"}
 def inter(eid: str, turn: int, ts_ms: int, n_answers: int, **kw) -> events.Interaction:  # type: ignore[no-untyped-def]
     msgs: list[dict] = [SYS, {"role": "user", "content": "q0"}]
     for i in range(n_answers):
-        msgs += [{"role": "assistant", "content": f"a{i}"},
-                 {"role": "user", "content": f"q{i + 1}"}]
+        msgs += [
+            {"role": "assistant", "content": f"a{i}"},
+            {"role": "user", "content": f"q{i + 1}"},
+        ]
     base = examples.interaction(prompt_tokens=4, response_tokens=2)
     return dataclasses.replace(
-        base, event_id=eid, session_id="s", turn=turn, ts_ms=ts_ms, messages=msgs,
-        tool_calls=[], **kw,
+        base,
+        event_id=eid,
+        session_id="s",
+        turn=turn,
+        ts_ms=ts_ms,
+        messages=msgs,
+        tool_calls=[],
+        **kw,
     )
 
 
@@ -93,9 +101,7 @@ def test_pairing_follows_timestamps_and_drops_redeliveries() -> None:
     p = pairer()
     st = p.on_interaction(None, inter("z0", 0, 1_000, 0)).state
     out = p.on_interaction(st, inter("a1", 1, 2_000, 1))  # "a1" < "z0": ids do not decide
-    assert [(n.turn, n.parents, n.content) for n in out.next_states] == [
-        (0, ["z0", "a1"], "q1")
-    ]
+    assert [(n.turn, n.parents, n.content) for n in out.next_states] == [(0, ["z0", "a1"], "q1")]
     st = out.state
     for again in (inter("z0", 0, 1_000, 0), inter("a1", 1, 2_000, 1)):
         assert p.on_interaction(st, again).next_states == []  # redelivered: nothing new
@@ -107,8 +113,9 @@ def test_pairing_takes_a_reused_number_that_comes_later() -> None:
     """An aborted turn retried on another replica: the same number, a later timestamp."""
     p = pairer()
     st = p.on_interaction(None, inter("i0", 0, 1_000, 0)).state
-    st = p.on_interaction(st, inter("abort1", 1, 2_000, 1, train=False,
-                                    finish_reason="abort")).state
+    st = p.on_interaction(
+        st, inter("abort1", 1, 2_000, 1, train=False, finish_reason="abort")
+    ).state
     retry = p.on_interaction(st, inter("retry1", 1, 3_000, 1))
     assert retry.next_states == []  # the aborted turn never pairs
     nxt = p.on_interaction(retry.state, inter("i2", 2, 4_000, 2, session_done=True))
@@ -139,18 +146,35 @@ def test_assembly_is_ready_with_turn_numbers_that_never_existed() -> None:
     for t in (1, 2):
         state = asm.on_interaction(state, inter(f"i{t}", t, 1_000 * t, t))
         ns = dataclasses.replace(
-            examples.examples()["next_state"], event_id=f"n{t}", session_id="s", turn=t,
+            examples.examples()["next_state"],
+            event_id=f"n{t}",
+            session_id="s",
+            turn=t,
             kind="session_end" if t == 2 else "user_reply",
         )
         state = asm.on_next_state(state, ns, now_ms=0)
         assert not asm.ready(state, 1)  # not judged yet
         prm = events.PrmScore(
-            event_id=f"p{t}", producer=ns.producer, parents=[f"i{t}", f"n{t}"], session_id="s",
-            turn=t, score=1, votes=[1], judge_id="j", judge_version="1",
+            event_id=f"p{t}",
+            producer=ns.producer,
+            parents=[f"i{t}", f"n{t}"],
+            session_id="s",
+            turn=t,
+            score=1,
+            votes=[1],
+            judge_id="j",
+            judge_version="1",
         )
         pen = events.PathPenalty(
-            event_id=f"x{t}", producer=ns.producer, parents=[f"i{t}"], session_id="s", turn=t,
-            rule_ids=[], penalty=0.0, compliance_bonus=0.0, beta=0.5,
+            event_id=f"x{t}",
+            producer=ns.producer,
+            parents=[f"i{t}"],
+            session_id="s",
+            turn=t,
+            rule_ids=[],
+            penalty=0.0,
+            compliance_bonus=0.0,
+            beta=0.5,
         )
         state = asm.on_penalty(asm.on_prm(state, prm), pen)
     assert asm.ready(state, 1)  # well before the grace period
@@ -176,10 +200,26 @@ def serve_process(port: int, replica: str, tmp: Path) -> Iterator[subprocess.Pop
     env = {**os.environ, "LIVERL_STATE_DIR": str(tmp)}
     log = open(tmp / f"{replica}.log", "wb")  # noqa: SIM115 - closed once the process is
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port), "--model", "tiny",
-         "--no-record", "--no-reload", "--workers", "1", "--replica-id", replica,
-         "--reuse-port"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--model",
+            "tiny",
+            "--no-record",
+            "--no-reload",
+            "--workers",
+            "1",
+            "--replica-id",
+            replica,
+            "--reuse-port",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         yield proc
@@ -228,8 +268,10 @@ def conversation() -> list[str]:
 def interactions_end(settings: Settings) -> dict[int, int]:
     c = Consumer(settings.kafka_client_config(**{"group.id": "replicas-probe"}))
     parts = c.list_topics(names.INTERACTIONS, timeout=10).topics[names.INTERACTIONS].partitions
-    ends = {p: c.get_watermark_offsets(TopicPartition(names.INTERACTIONS, p), timeout=10)[1]
-            for p in parts}
+    ends = {
+        p: c.get_watermark_offsets(TopicPartition(names.INTERACTIONS, p), timeout=10)[1]
+        for p in parts
+    }
     c.close()
     return ends
 
@@ -283,8 +325,13 @@ def test_two_replicas_in_turn_pair_and_sample_like_one_gateway(
     tiny = ensure_tiny_model(tmp_path / "tiny")
 
     def gateway(replica: str):  # type: ignore[no-untyped-def]
-        cfg = ServeSettings(reload=False, replica_id=replica, spool_dir=tmp_path / replica,
-                            delivery_timeout_s=5.0, turn_recovery_s=0)
+        cfg = ServeSettings(
+            reload=False,
+            replica_id=replica,
+            spool_dir=tmp_path / replica,
+            delivery_timeout_s=5.0,
+            turn_recovery_s=0,
+        )
         backend = HFBackend(tiny, policy_id="liverl-tiny-v1", workers=1)
         return build_app(cfg, kafka_settings, backend)
 
@@ -300,10 +347,16 @@ def test_two_replicas_in_turn_pair_and_sample_like_one_gateway(
                 last = t == len(conversation()) - 1
                 resp = client.post(
                     f"{replicas[t % len(replicas)]}/v1/chat/completions",
-                    json={"model": "liverl-tiny-v1", "messages": messages, "max_tokens": 4,
-                          "temperature": 0},
-                    headers={"X-Session-Id": session,
-                             **({"X-Session-Done": "true"} if last else {})},
+                    json={
+                        "model": "liverl-tiny-v1",
+                        "messages": messages,
+                        "max_tokens": 4,
+                        "temperature": 0,
+                    },
+                    headers={
+                        "X-Session-Id": session,
+                        **({"X-Session-Done": "true"} if last else {}),
+                    },
                 )
                 assert resp.status_code == 200, resp.text
                 served[session].append(
@@ -349,24 +402,41 @@ def test_two_replicas_in_turn_pair_and_sample_like_one_gateway(
     ids = {s: [e.event_id for e in evs] for s, evs in logged.items()}
 
     def pairing(session: str) -> list[tuple]:
-        out = {e.event_id: e for e in by_topic[names.NEXT_STATES]
-               if e.session_id == session and e.source == "pairing"}
+        out = {
+            e.event_id: e
+            for e in by_topic[names.NEXT_STATES]
+            if e.session_id == session and e.source == "pairing"
+        }
         pos = {eid: i for i, eid in enumerate(ids[session])}
-        return sorted((e.turn, e.kind, e.role, e.content, [pos[p] for p in e.parents])
-                      for e in out.values())
+        return sorted(
+            (e.turn, e.kind, e.role, e.content, [pos[p] for p in e.parents]) for e in out.values()
+        )
 
     def samples(session: str) -> list[tuple]:
         out = {e.event_id: e for e in by_topic[names.SAMPLES] if e.session_id == session}
         return sorted(
-            (s.turn, s.step_index, s.prompt_token_ids, s.response_token_ids, s.loss_mask,
-             s.opd_mask, s.masked, s.reward, s.penalty, [round(x, 5) for x in s.behavior_logprobs],
-             s.parents[0] == ids[session][s.turn])
+            (
+                s.turn,
+                s.step_index,
+                s.prompt_token_ids,
+                s.response_token_ids,
+                s.loss_mask,
+                s.opd_mask,
+                s.masked,
+                s.reward,
+                s.penalty,
+                [round(x, 5) for x in s.behavior_logprobs],
+                s.parents[0] == ids[session][s.turn],
+            )
             for s in out.values()
         )
 
     assert pairing(replicated) == pairing(single)
     assert [p[:2] for p in pairing(single)] == [
-        (0, "user_reply"), (1, "user_reply"), (2, "user_reply"), (3, "session_end")
+        (0, "user_reply"),
+        (1, "user_reply"),
+        (2, "user_reply"),
+        (3, "session_end"),
     ]
     assert [p[4] for p in pairing(single)] == [[0, 1], [1, 2], [2, 3], [3]]
     assert samples(replicated) == samples(single)

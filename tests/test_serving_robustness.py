@@ -48,13 +48,18 @@ MODEL = "liverl-tiny-v1"
 
 
 def body(text: str = "hi", **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": text}],
-            **extra}
+    return {
+        "model": MODEL,
+        "max_tokens": 3,
+        "messages": [{"role": "user", "content": text}],
+        **extra,
+    }
 
 
 def gateway_cfg(tmp_path: Path, **extra: Any) -> ServeSettings:
-    return ServeSettings(model_path="tiny", spool_dir=tmp_path / "spool", reload=False,
-                         turn_recovery_s=0, **extra)
+    return ServeSettings(
+        model_path="tiny", spool_dir=tmp_path / "spool", reload=False, turn_recovery_s=0, **extra
+    )
 
 
 def nested(depth: int) -> Any:
@@ -131,11 +136,15 @@ def test_deep_json_is_400_and_limit_is_inclusive(fake_served: tuple[str, FakeRec
         assert r.json()["error"]["code"] == "json_too_deep"
         # body(1) > messages(2) > message(3) > meta: 61 more levels reach the limit of 64
         msg["meta"] = nested(61)
-        assert c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]}
-                      ).status_code == 200
+        assert (
+            c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]}).status_code
+            == 200
+        )
         msg["meta"] = nested(62)
-        assert c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]}
-                      ).status_code == 400
+        assert (
+            c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [msg]}).status_code
+            == 400
+        )
     assert len(rec.interactions()) == 1
 
 
@@ -152,8 +161,11 @@ def test_deep_json_then_20_requests_all_recorded(
         r = c.post(f"{url}/v1/chat/completions", json={**body(), "messages": [deep]})
         assert r.status_code == 400, r.text
         for i in range(20):
-            r = c.post(f"{url}/v1/chat/completions", json=body(f"q{i}"),
-                       headers={"X-Session-Id": f"s-{unique}"})
+            r = c.post(
+                f"{url}/v1/chat/completions",
+                json=body(f"q{i}"),
+                headers={"X-Session-Id": f"s-{unique}"},
+            )
             assert r.status_code == 200, r.text
         assert wait(lambda: app.state.recorder.backlog == 0, 30)
         assert c.get(f"{url}/healthz").json()["status"] == "ok"
@@ -266,8 +278,12 @@ def test_unwritable_spool_and_kafka_down_degrade_and_refuse(tmp_path: Path) -> N
         gw.cfg.serve_without_training = True  # the explicit choice: serve, say it, count it
         assert turn("served unrecorded").status_code == 200
         assert answered["served unrecorded"] == ""
-        with c.stream("POST", chat, json=body("streamed unrecorded", stream=True),
-                      headers={"X-Session-Id": "streamed unrecorded"}) as streamed:
+        with c.stream(
+            "POST",
+            chat,
+            json=body("streamed unrecorded", stream=True),
+            headers={"X-Session-Id": "streamed unrecorded"},
+        ) as streamed:
             assert streamed.status_code == 200
             answered["streamed unrecorded"] = streamed.headers["x-liverl-recorded"]
             assert "[DONE]" in streamed.read().decode()
@@ -346,15 +362,20 @@ def own_broker(tmp_path: Path) -> Iterator[tuple[Settings, Any]]:
     from pipeline.kafka.broker import LocalBroker
     from pipeline.settings import BrokerSettings
 
-    settings = Settings(state_dir=tmp_path / "state",
-                        broker=BrokerSettings(port=free_port(), controller_port=free_port()))
+    settings = Settings(
+        state_dir=tmp_path / "state",
+        broker=BrokerSettings(port=free_port(), controller_port=free_port()),
+    )
     settings.kafka.bootstrap = None  # its own broker, even when LIVERL_KAFKA_BOOTSTRAP is set
     local = LocalBroker(settings)
     try:
         local.up(quiet=True)
         admin = AdminClient(settings.kafka_client_config())
-        specs = [s for s in topics.load_specs(settings.topics.specs_dir)
-                 if s.name in (names.INTERACTIONS, names.DLQ)]
+        specs = [
+            s
+            for s in topics.load_specs(settings.topics.specs_dir)
+            if s.name in (names.INTERACTIONS, names.DLQ)
+        ]
         topics.apply(admin, topics.plan(admin, specs))
         yield settings, local
     finally:
@@ -637,8 +658,11 @@ def test_slow_headers_and_bodies_are_closed(tiny: HFBackend, parser: str) -> Non
         results.append((kind, *dribble(port, head, drip, 8.0)))
 
     with served_with_timeouts(app, cfg, **fallback) as port:
-        threads = [threading.Thread(target=one, args=(k, port))
-                   for k in ("header", "body") for _ in range(4)]
+        threads = [
+            threading.Thread(target=one, args=(k, port))
+            for k in ("header", "body")
+            for _ in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -110,17 +110,33 @@ def test_mallorys_key_is_refused_as_bob_and_forget_finds_only_bobs_turns() -> No
     backend = HFBackend(ensure_tiny_model(), workers=1, context_length=64)
     rec = ListRecorder()
     c = keyed(backend, rec)
-    body = {"model": "liverl-tiny-v1", "max_tokens": 2,
-            "messages": [{"role": "user", "content": "hi"}]}
-    e = err(c.post("/v1/chat/completions", json=body,
-                   headers={"X-Session-Id": "m-1", "X-Liverl-User": "bob", **bearer(MALLORY)}),
-            403, "X-Liverl-User")
+    body = {
+        "model": "liverl-tiny-v1",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    e = err(
+        c.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={"X-Session-Id": "m-1", "X-Liverl-User": "bob", **bearer(MALLORY)},
+        ),
+        403,
+        "X-Liverl-User",
+    )
     assert e["code"] == "user_mismatch" and rec.records == []
     chat(c, "p-1", **{"X-Liverl-User": "bob", **bearer(OPS)})
     chat(c, "m-2", **bearer(MALLORY))
     users = {ev.session_id: ev.user_id for _, ev in rec.records}  # type: ignore[attr-defined]
     assert users == {"p-1": "bob", "m-2": "mallory"}
-    assert c.post("/v1/feedback", json={"session_id": "p-1", "thumbs": "up"},
-                  headers=bearer(BOB)).status_code == 200
-    err(c.post("/v1/feedback", json={"session_id": "p-1", "thumbs": "up"},
-               headers=bearer(MALLORY)), 403, "session_id")
+    assert (
+        c.post(
+            "/v1/feedback", json={"session_id": "p-1", "thumbs": "up"}, headers=bearer(BOB)
+        ).status_code
+        == 200
+    )
+    err(
+        c.post("/v1/feedback", json={"session_id": "p-1", "thumbs": "up"}, headers=bearer(MALLORY)),
+        403,
+        "session_id",
+    )

@@ -23,8 +23,14 @@ from .test_serving_hf import FakeRecorder
 
 def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
     """Answers /generate with fixed tokens and the current weight version, like SGLang."""
-    state: dict[str, Any] = {"version": "0", "requests": [], "reloads": [], "fail": False,
-                             "adapters": {}, "lora_calls": []}
+    state: dict[str, Any] = {
+        "version": "0",
+        "requests": [],
+        "reloads": [],
+        "fail": False,
+        "adapters": {},
+        "lora_calls": [],
+    }
     answer = tokenizer("Paris is the capital.", add_special_tokens=False)["input_ids"]
     answer = [*answer, tokenizer.eos_token_id]
     app = FastAPI()
@@ -41,8 +47,9 @@ def fake_sglang(tokenizer: Any) -> tuple[FastAPI, dict[str, Any]]:
             "output_ids": out[start:],
             "meta_info": {
                 "finish_reason": reason,
-                "output_token_logprobs": [[-0.5 - i / 10, t, None]
-                                          for i, t in enumerate(out)][start:],
+                "output_token_logprobs": [[-0.5 - i / 10, t, None] for i, t in enumerate(out)][
+                    start:
+                ],
                 "weight_version": state["version"],
             },
         }
@@ -146,8 +153,11 @@ def test_gateway_over_sglang_records_engine_tokens(sglang) -> None:  # type: ign
             f"{gw_url}/v1/chat/completions", json={**body, "stream": True}, timeout=30
         )
         assert state["requests"][-1]["stream"] is True and state["info_calls"] == 1
-        deltas = [orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-                  for line in streamed.text.splitlines() if line.startswith("data: {")]
+        deltas = [
+            orjson.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+            for line in streamed.text.splitlines()
+            if line.startswith("data: {")
+        ]
         assert "".join(deltas) == "Paris is the capital."  # one token per chunk now
         assert streamed.text.rstrip().endswith("[DONE]")
     sent = state["requests"][0]
@@ -256,8 +266,16 @@ def test_lora_versions_use_dynamic_adapter_loading(sglang, tmp_path: Path) -> No
 def test_env_proxy_is_read_once_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.serving.backends.sglang import env_proxy
 
-    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                 "NO_PROXY", "all_proxy", "ALL_PROXY"):
+    for name in (
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "all_proxy",
+        "ALL_PROXY",
+    ):
         monkeypatch.delenv(name, raising=False)
     assert env_proxy("http://sglang:30000") is None
     monkeypatch.setenv("http_proxy", "http://proxy.internal:3128")
@@ -287,7 +305,8 @@ def collect(backend: SGLangBackend, on_first: Any = None) -> list[Any]:
 
 @pytest.mark.parametrize("incremental", [False, True])
 def test_answers_stream_one_token_per_event_with_the_same_ids_and_logprobs(
-    sglang, incremental: bool  # type: ignore[no-untyped-def]
+    sglang,
+    incremental: bool,  # type: ignore[no-untyped-def]
 ) -> None:
     """Both of SGLang's streaming forms (cumulative by default, incremental with
     --incremental-streaming-output; "auto" asks /server_info once) give the tokens and
@@ -309,8 +328,11 @@ def test_answers_stream_one_token_per_event_with_the_same_ids_and_logprobs(
     assert [t for p in tokens for t in p.token_ids] == whole[0].token_ids
     assert [x for p in tokens for x in p.logprobs] == pytest.approx(whole[0].logprobs)
     assert tokens[1].logprobs == [pytest.approx(-0.6)]
-    assert (done.finish_reason, done.weight_version) == ("stop", 0) == (
-        whole[1].finish_reason, whole[1].weight_version)
+    assert (
+        (done.finish_reason, done.weight_version)
+        == ("stop", 0)
+        == (whole[1].finish_reason, whole[1].weight_version)
+    )
     collect(backend)
     assert state["info_calls"] == 1  # asked once per backend
 
@@ -324,8 +346,10 @@ def test_a_cumulative_event_that_does_not_extend_the_tokens_so_far_is_an_error(
     from pipeline.serving.backends.sglang import StreamDecoder
 
     def event(ids: list[int]) -> dict[str, Any]:
-        return {"output_ids": ids,
-                "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in ids]}}
+        return {
+            "output_ids": ids,
+            "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in ids]},
+        }
 
     decoder = StreamDecoder("cumulative")
     assert decoder.feed(event([5])).token_ids == [5]  # type: ignore[union-attr]
@@ -359,11 +383,16 @@ def test_the_gateway_streams_sglang_tokens_to_the_client_as_they_come(sglang) ->
     backend = SGLangBackend(url, path, policy_id="pol")
     rec = FakeRecorder()
     gw = Gateway(ServeSettings(record=False, reload=False), backend, rec)  # type: ignore[arg-type]
-    body = {"model": "pol", "messages": [{"role": "user", "content": "capital?"}],
-            "max_tokens": 50, "stream": True}
-    with running(create_app(gw)) as gw_url, httpx.stream(
-        "POST", f"{gw_url}/v1/chat/completions", json=body, timeout=30
-    ) as resp:
+    body = {
+        "model": "pol",
+        "messages": [{"role": "user", "content": "capital?"}],
+        "max_tokens": 50,
+        "stream": True,
+    }
+    with (
+        running(create_app(gw)) as gw_url,
+        httpx.stream("POST", f"{gw_url}/v1/chat/completions", json=body, timeout=30) as resp,
+    ):
         text = []
         for line in resp.iter_lines():
             if line.startswith("data: {") and '"content"' in line:
@@ -403,6 +432,10 @@ def test_an_adapter_unloaded_while_a_rollback_loads_it_again_is_loaded_after(
         return name
 
     assert asyncio.run(race()) == "pol-v4"
-    assert calls == ["/unload_lora_adapter pol-v4 start", "/unload_lora_adapter pol-v4 end",
-                     "/load_lora_adapter pol-v4 start", "/load_lora_adapter pol-v4 end"]
+    assert calls == [
+        "/unload_lora_adapter pol-v4 start",
+        "/unload_lora_adapter pol-v4 end",
+        "/load_lora_adapter pol-v4 start",
+        "/load_lora_adapter pol-v4 end",
+    ]
     assert backend._loaded == {"pol-v4"}

@@ -93,8 +93,8 @@ def test_frames_after_a_damaged_region_are_found_and_erased(tmp_path: Path) -> N
     (seg,) = path.glob("*.log")
     data = seg.read_bytes()
     first_end = 8 + int.from_bytes(data[:4], "big")
-    second_end = first_end + 8 + int.from_bytes(data[first_end:first_end + 4], "big")
-    damaged = data[:first_end + 9] + b"\xff" + data[first_end + 10:]  # b's payload
+    second_end = first_end + 8 + int.from_bytes(data[first_end : first_end + 4], "big")
+    damaged = data[: first_end + 9] + b"\xff" + data[first_end + 10 :]  # b's payload
     seg.write_bytes(damaged)
     hit = spool_forget.survey(path, ["a"], live=False)
     assert (hit.pending, hit.delivered) == (2, 0)

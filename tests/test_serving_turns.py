@@ -27,9 +27,18 @@ def _doc(session: str, turn: int, done: bool = False) -> dict:
 
 def test_ledger_keeps_open_sessions_only() -> None:
     ledger = TurnLedger()
-    for doc in [_doc("a", 0), _doc("a", 2), _doc("a", 1), _doc("b", 0), _doc("b", 1, done=True),
-                _doc("b", 0), {"type": "next_state", "session_id": "c", "turn": 5},
-                _doc("d", True), {"oops": 1}, "not a dict"]:
+    for doc in [
+        _doc("a", 0),
+        _doc("a", 2),
+        _doc("a", 1),
+        _doc("b", 0),
+        _doc("b", 1, done=True),
+        _doc("b", 0),
+        {"type": "next_state", "session_id": "c", "turn": 5},
+        _doc("d", True),
+        {"oops": 1},
+        "not a dict",
+    ]:
         ledger.add(doc)
     ledger.add_values([b"{not json", b'{"type": "interaction", "session_id": "e", "turn": 4}'])
     # a: highest turn 2 -> next 3; b closed (a stray later turn does not reopen it);
@@ -43,9 +52,13 @@ def test_the_log_says_who_owns_each_session_closed_ones_included() -> None:
     from pipeline.serving.auth import Caller
 
     ledger = TurnLedger()
-    for doc in [{**_doc("a", 0), "user_id": "bob"}, {**_doc("a", 1), "user_id": "mallory"},
-                {**_doc("b", 0, done=True), "user_id": "carol"}, _doc("c", 0),
-                {**_doc("d", 0), "user_id": 7}]:
+    for doc in [
+        {**_doc("a", 0), "user_id": "bob"},
+        {**_doc("a", 1), "user_id": "mallory"},
+        {**_doc("b", 0, done=True), "user_id": "carol"},
+        _doc("c", 0),
+        {**_doc("d", 0), "user_id": 7},
+    ]:
         ledger.add(doc)
     assert ledger.owners == {"a": "bob", "b": "carol"}  # older events carry no user_id
     sessions = Sessions()
@@ -91,18 +104,26 @@ def test_restarted_gateway_continues_turns(
     topic = f"test.turns.{unique}"
     create_topic(admin, topic, 6)
     session = f"restart-{unique}"
-    body = {"model": "liverl-tiny-v1", "max_tokens": 2,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": "liverl-tiny-v1",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
 
     def serve_turns(spool: str, count: int) -> None:
-        cfg = ServeSettings(interactions_topic=topic, reload=False,
-                            spool_dir=tmp_path / spool, delivery_timeout_s=5.0)
+        cfg = ServeSettings(
+            interactions_topic=topic,
+            reload=False,
+            spool_dir=tmp_path / spool,
+            delivery_timeout_s=5.0,
+        )
         backend = HFBackend(ensure_tiny_model(), workers=1)
         app = build_app(cfg, kafka_settings, backend)
         with running(app) as url, httpx.Client(timeout=60) as client:
             for _ in range(count):
-                resp = client.post(f"{url}/v1/chat/completions", json=body,
-                                   headers={"X-Session-Id": session})
+                resp = client.post(
+                    f"{url}/v1/chat/completions", json=body, headers={"X-Session-Id": session}
+                )
                 assert resp.status_code == 200, resp.text
 
     serve_turns("first", 3)  # shutdown flushes the recorder

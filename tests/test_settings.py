@@ -57,17 +57,23 @@ def test_the_kafka_layer_does_not_load_the_composed_settings() -> None:
     import sys
 
     modules = [
-        "pipeline.kafka.connection", "pipeline.kafka.producer", "pipeline.kafka.consumer",
-        "pipeline.kafka.broker", "pipeline.kafka.topics", "pipeline.kafka.inspect",
-        "pipeline.kafka.tap", "pipeline.processors.config", "pipeline.serving.settings",
-        "pipeline.trainer.config", "pipeline.versions.config",
+        "pipeline.kafka.connection",
+        "pipeline.kafka.producer",
+        "pipeline.kafka.consumer",
+        "pipeline.kafka.broker",
+        "pipeline.kafka.topics",
+        "pipeline.kafka.inspect",
+        "pipeline.kafka.tap",
+        "pipeline.processors.config",
+        "pipeline.serving.settings",
+        "pipeline.trainer.config",
+        "pipeline.versions.config",
     ]
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
         "print('pipeline.settings' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
 
 
@@ -93,16 +99,23 @@ def test_connection_resolves_the_bootstrap_and_carries_the_kafka_section(
     settings = Settings()
     conn = settings.connection
     assert conn.bootstrap == "kafka-1:9092"
-    assert conn.client_config(**{"group.id": "g"}) == settings.kafka_client_config(
-        **{"group.id": "g"}
-    ) == {"bootstrap.servers": "kafka-1:9092", "security.protocol": "SASL_SSL", "group.id": "g"}
+    assert (
+        conn.client_config(**{"group.id": "g"})
+        == settings.kafka_client_config(**{"group.id": "g"})
+        == {"bootstrap.servers": "kafka-1:9092", "security.protocol": "SASL_SSL", "group.id": "g"}
+    )
 
     confs: list[dict] = []
     monkeypatch.setattr(producer_mod, "Producer", lambda conf: confs.append(conf))
     EventProducer(settings, client_id="a")
-    EventProducer(ConnectionSettings(bootstrap="kafka-1:9092",
-                                     client={"security.protocol": "SASL_SSL"},
-                                     max_event_bytes=2**20), client_id="a")
+    EventProducer(
+        ConnectionSettings(
+            bootstrap="kafka-1:9092",
+            client={"security.protocol": "SASL_SSL"},
+            max_event_bytes=2**20,
+        ),
+        client_id="a",
+    )
     for conf in confs:
         conf.pop("error_cb")
     assert confs[0] == confs[1]
@@ -135,15 +148,19 @@ def test_unknown_keys_in_the_file_are_refused_with_the_key_and_its_section(
 
     _clean_env(monkeypatch)
     toml = tmp_path / "liverl.toml"
-    toml.write_text('statedir = "/srv"\n[trainer]\nlr = 1e-4\ngate_budget_fluencyy = 0.5\n'
-                    "[broker]\nport = 19092\n[bogus]\nx = 1\n")
+    toml.write_text(
+        'statedir = "/srv"\n[trainer]\nlr = 1e-4\ngate_budget_fluencyy = 0.5\n'
+        "[broker]\nport = 19092\n[bogus]\nx = 1\n"
+    )
     with pytest.raises(ValueError) as err:
         load_settings(toml)
     said = str(err.value)
-    assert said.startswith(f"{toml}: unknown key 'statedir' in the top level; did you mean "
-                           "'state_dir'?")
-    assert ("unknown key 'gate_budget_fluencyy' in [trainer]; did you mean "
-            "'gate_budget_fluency'?") in said
+    assert said.startswith(
+        f"{toml}: unknown key 'statedir' in the top level; did you mean 'state_dir'?"
+    )
+    assert (
+        "unknown key 'gate_budget_fluencyy' in [trainer]; did you mean 'gate_budget_fluency'?"
+    ) in said
     assert "unknown key 'bogus' in the top level" in said and "lr" not in said.split(";")[0]
     assert "\n" not in said
     out = CliRunner().invoke(cli, ["--config", str(toml), "status"])
@@ -152,9 +169,11 @@ def test_unknown_keys_in_the_file_are_refused_with_the_key_and_its_section(
 
     # What every section takes still loads: nested sections, dict fields with any key, and
     # LIVERL_* variables that are no setting (only the file is checked).
-    toml.write_text('state_dir = "/srv"\n[trainer]\nlr = 1e-4\n[trainer.gate_judge_weights]\n'
-                    'anything = 2.0\n[kafka.client]\n"sasl.mechanism" = "PLAIN"\n'
-                    "[canary]\nmin_sessions = 5\n")
+    toml.write_text(
+        'state_dir = "/srv"\n[trainer]\nlr = 1e-4\n[trainer.gate_judge_weights]\n'
+        'anything = 2.0\n[kafka.client]\n"sasl.mechanism" = "PLAIN"\n'
+        "[canary]\nmin_sessions = 5\n"
+    )
     monkeypatch.setenv("LIVERL_TRAINER_CRASH_AT", "after_events")
     settings = load_settings(toml)
     assert settings.trainer.lr == 1e-4 and settings.canary.min_sessions == 5

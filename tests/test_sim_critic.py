@@ -91,7 +91,9 @@ def test_bounds_are_checked():
 
 @pytest.mark.integration
 def test_the_critic_changes_what_the_users_send_through_the_gateway(
-    kafka_settings, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """A real gateway (the tiny model, which never satisfies anyone) recording to the real
     broker: round 0 asks plainly; after it fails every session the critic moves to easy and
@@ -104,8 +106,7 @@ def test_the_critic_changes_what_the_users_send_through_the_gateway(
     from tests.test_processors_integration import input_ends
     from tests.test_serving_feedback import gateway_app
 
-    from_now = {p: o for (t, p), o in input_ends(kafka_settings).items()
-                if t == names.INTERACTIONS}
+    from_now = {p: o for (t, p), o in input_ends(kafka_settings).items() if t == names.INTERACTIONS}
     app = gateway_app(tmp_path, kafka_settings)
     cfg = DemoConfig(users=4, max_tokens=4, frontier=True, adapt=True, seed=5)
     with running(app) as url:

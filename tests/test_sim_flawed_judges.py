@@ -15,15 +15,23 @@ LONG = " ".join(["word"] * 26)
 
 
 def _state(text: str) -> NextState:
-    return NextState(event_id="e", session_id="s", turn=0, ts_ms=0, parents=[],
-                     kind="user_reply", role="user", content=text, source="pairing",
-                     producer=Producer(component="test", version="0"))
+    return NextState(
+        event_id="e",
+        session_id="s",
+        turn=0,
+        ts_ms=0,
+        parents=[],
+        kind="user_reply",
+        role="user",
+        content=text,
+        source="pairing",
+        producer=Producer(component="test", version="0"),
+    )
 
 
 def _judge(name: str, answer: str, reply: str, **options: object) -> tuple[int, list]:
     judge = make_judge(name, options)
-    v = asyncio.run(judge.judge(TurnContext("s", 0, "Capital of France?", answer),
-                                _state(reply)))
+    v = asyncio.run(judge.judge(TurnContext("s", 0, "Capital of France?", answer), _state(reply)))
     return v.score, v.votes
 
 

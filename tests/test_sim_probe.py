@@ -101,8 +101,9 @@ def test_chat_prompt_ids_uses_the_template_or_falls_back(tiny: tuple[Any, Any]) 
 
     _, tok = tiny
     ids = chat_prompt_ids(tok, "What do bees make?")
-    assert tok.decode(ids) == ("<|im_start|>user\nWhat do bees make?<|im_end|>\n"
-                               "<|im_start|>assistant\n")
+    assert tok.decode(ids) == (
+        "<|im_start|>user\nWhat do bees make?<|im_end|>\n<|im_start|>assistant\n"
+    )
     bare = copy.deepcopy(tok)
     bare.chat_template = None
     ids = chat_prompt_ids(bare, "What do bees make?")
@@ -130,7 +131,8 @@ def test_sampling_is_repeatable_and_leaves_the_model_and_rng_alone(
 
 
 def test_greedy_batches_with_left_padding_like_one_at_a_time(
-    sharp: Any, tiny: tuple[Any, Any],
+    sharp: Any,
+    tiny: tuple[Any, Any],
 ) -> None:
     tok = tiny[1]
     questions = ["What is 2 + 2?", "What is the capital of France? Answer in detail please."]
@@ -161,8 +163,7 @@ def test_fluency_matches_a_per_token_loop(sharp: Any, tiny: tuple[Any, Any]) -> 
     questions = ["What is the capital of France?", "Hi", "What do bees make?"]
     answers = ["The capital of France is Paris.", "", "Bees make honey, and wax too."]
     got = fluency(sharp, tok, questions, answers)
-    want = _fluency_by_hand(sharp, tok, [questions[0], questions[2]],
-                            [answers[0], answers[2]])
+    want = _fluency_by_hand(sharp, tok, [questions[0], questions[2]], [answers[0], answers[2]])
     assert got == pytest.approx(want, abs=1e-4)
     assert got < 0
     # a different answer scores differently: the figure depends on what was written
@@ -173,21 +174,20 @@ def test_fluency_matches_a_per_token_loop(sharp: Any, tiny: tuple[Any, Any]) -> 
         fluency(sharp, tok, ["Hi", "Hi"], ["a"])
 
 
-def test_probe_model_counts_greedy_and_scores_samples(sharp: Any,
-                                                      tiny: tuple[Any, Any]) -> None:
+def test_probe_model_counts_greedy_and_scores_samples(sharp: Any, tiny: tuple[Any, Any]) -> None:
     base, tok = tiny
     items = PROBE[:4]
     plain = probe_model(sharp, tok, items=items, max_new_tokens=6)
     assert plain.n == 4 and plain.fluency is None and plain.samples == []
-    assert plain.answers == generate(sharp, tok, [it.question for it in items],
-                                     max_new_tokens=6)
-    assert plain.correct == sum(is_correct(it, a) for it, a in zip(items, plain.answers,
-                                                                    strict=True))
-    scored = probe_model(sharp, tok, base_model=base, items=items, max_new_tokens=6,
-                         samples_per_item=2, seed=3)
+    assert plain.answers == generate(sharp, tok, [it.question for it in items], max_new_tokens=6)
+    assert plain.correct == sum(
+        is_correct(it, a) for it, a in zip(items, plain.answers, strict=True)
+    )
+    scored = probe_model(
+        sharp, tok, base_model=base, items=items, max_new_tokens=6, samples_per_item=2, seed=3
+    )
     asked = [it.question for it in items for _ in range(2)]
-    assert scored.samples == generate(sharp, tok, asked, max_new_tokens=6, temperature=0.7,
-                                      seed=3)
+    assert scored.samples == generate(sharp, tok, asked, max_new_tokens=6, temperature=0.7, seed=3)
     assert scored.fluency == pytest.approx(fluency(base, tok, asked, scored.samples))
 
 
@@ -229,6 +229,11 @@ def test_probe_package_does_not_load_torch_on_import(tmp_path: Path) -> None:
     import sys
 
     code = "import sys, pipeline.sim; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout.strip() == "False"

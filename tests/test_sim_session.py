@@ -44,8 +44,9 @@ def fake() -> Iterator[tuple[str, list[dict[str, Any]], dict[str, Any]]]:
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> dict[str, Any]:
-        seen.append({"headers": dict(request.headers), "body": await request.json(),
-                     "path": "/v1/feedback"})
+        seen.append(
+            {"headers": dict(request.headers), "body": await request.json(), "path": "/v1/feedback"}
+        )
         return {"object": "feedback", "recorded": True, "paired": True}
 
     with running(app) as url:
@@ -139,8 +140,10 @@ def test_weight_version_parsing() -> None:
 def test_thumbs_rate_the_answer_before_the_closing_reply(fake) -> None:
     url, seen, state = fake
     user = SimUser("u4", PREFERENCES["concise"])
-    for answer, thumbs in ((ANSWER, "up"), ("You are a helpful AI, trained by Hugging Face",
-                                             "down")):
+    for answer, thumbs in (
+        (ANSWER, "up"),
+        ("You are a helpful AI, trained by Hugging Face", "down"),
+    ):
         seen.clear()
         state.update(answer=answer, fingerprint="liverl-v1")
         result = run_session(_client(url), "m", user, SLEEP, session_id="s-4", thumbs=True)
@@ -156,7 +159,14 @@ def test_held_out_users_never_rate(fake) -> None:
     url, seen, state = fake
     seen.clear()
     state.update(answer=ANSWER, fingerprint="liverl-v1")
-    result = run_session(_client(url), "m", SimUser("u5", PREFERENCES["concise"]), SLEEP,
-                         session_id="s-5", train=False, thumbs=True)
+    result = run_session(
+        _client(url),
+        "m",
+        SimUser("u5", PREFERENCES["concise"]),
+        SLEEP,
+        session_id="s-5",
+        train=False,
+        thumbs=True,
+    )
     assert all(s.get("path") is None for s in seen) and len(seen) == 2
     assert result.thumbs is None

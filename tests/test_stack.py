@@ -119,8 +119,11 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         while verdict is None and time.monotonic() < deadline:
             time.sleep(2)
             if DeltaTable.is_deltatable(weights):
-                found = {r["status"] for r in DeltaTable(weights).to_pyarrow_table().to_pylist()
-                         if r["version"] == 1}
+                found = {
+                    r["status"]
+                    for r in DeltaTable(weights).to_pyarrow_table().to_pylist()
+                    if r["version"] == 1
+                }
                 verdict = next((v for v in ("promoted", "rejected") if v in found), None)
         trainer_log = (tmp_path / "state" / "logs" / "trainer.log").read_text()
         assert verdict is not None, trainer_log
@@ -191,14 +194,18 @@ def test_up_closes_the_loop_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
 def test_components_die_with_a_killed_up() -> None:
     """A SIGKILLed parent leaves no orphans: children get SIGTERM from the kernel."""
     parent = subprocess.Popen(
-        [sys.executable, "-c",
-         "import subprocess, sys, time\n"
-         "from pipeline.stack import _die_with_parent\n"
-         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
-         " start_new_session=True, preexec_fn=_die_with_parent)\n"
-         "print(c.pid, flush=True)\n"
-         "time.sleep(120)\n"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "from pipeline.stack import _die_with_parent\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+            " start_new_session=True, preexec_fn=_die_with_parent)\n"
+            "print(c.pid, flush=True)\n"
+            "time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert parent.stdout is not None
     child = int(parent.stdout.readline())

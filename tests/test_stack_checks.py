@@ -18,9 +18,12 @@ from pipeline.settings import Settings
 
 def env_for(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIVERL_")}
-    return {**env, "LIVERL_STATE_DIR": str(tmp_path / "state"),
-            "LIVERL_BROKER_PORT": str(stack.free_port()),
-            "LIVERL_BROKER_CONTROLLER_PORT": str(stack.free_port())}
+    return {
+        **env,
+        "LIVERL_STATE_DIR": str(tmp_path / "state"),
+        "LIVERL_BROKER_PORT": str(stack.free_port()),
+        "LIVERL_BROKER_CONTROLLER_PORT": str(stack.free_port()),
+    }
 
 
 def no_broker_started(env: dict[str, str]) -> bool:
@@ -42,7 +45,8 @@ def test_port_problem_names_a_taken_port_and_passes_a_free_one() -> None:
         assert problem is not None and problem.startswith(f"cannot listen on 127.0.0.1:{port}")
     assert stack.port_problem("127.0.0.1", stack.free_port()) is None
     assert (stack.port_problem("no-such-host.invalid", 8000) or "").startswith(
-        "cannot resolve --host no-such-host.invalid")
+        "cannot resolve --host no-such-host.invalid"
+    )
 
 
 def test_up_refuses_a_taken_port_before_it_starts_kafka(tmp_path: Path) -> None:
@@ -60,8 +64,11 @@ def test_up_refuses_a_taken_port_before_it_starts_kafka(tmp_path: Path) -> None:
 
 def test_up_refuses_an_unknown_model_before_it_starts_kafka(tmp_path: Path) -> None:
     env = env_for(tmp_path)
-    result = CliRunner().invoke(cli, ["up", "--port", str(stack.free_port()), "--model",
-                                      str(tmp_path / "no-such-model")], env=env)
+    result = CliRunner().invoke(
+        cli,
+        ["up", "--port", str(stack.free_port()), "--model", str(tmp_path / "no-such-model")],
+        env=env,
+    )
     assert result.exit_code == 1, result.output
     assert "no-such-model" in result.output and "Traceback" not in result.output
     assert "Kafka" not in result.output  # nothing about the broker: it was never started
@@ -69,16 +76,21 @@ def test_up_refuses_an_unknown_model_before_it_starts_kafka(tmp_path: Path) -> N
 
 
 def test_metrics_port_gives_trainer_canary_and_judges_fixed_ports() -> None:
-    comps = [stack.Component("workers", ["workers"]),
-             stack.Component("judges", ["judges", "watch"]),
-             stack.Component("trainer", ["train"]), stack.canary_component("p")]
+    comps = [
+        stack.Component("workers", ["workers"]),
+        stack.Component("judges", ["judges", "watch"]),
+        stack.Component("trainer", ["train"]),
+        stack.canary_component("p"),
+    ]
     assert stack.with_metrics(list(comps), None) == {}
     given = list(comps)
     assert stack.with_metrics(given, 9100) == {"judges": 9102, "trainer": 9100, "canary": 9101}
     assert [c.args for c in given] == [
-        ["workers"], ["judges", "watch", "--metrics-port", "9102"],
+        ["workers"],
+        ["judges", "watch", "--metrics-port", "9102"],
         ["train", "--metrics-port", "9100"],
-        ["versions", "canary", "--policy", "p", "--metrics-port", "9101"]]
+        ["versions", "canary", "--policy", "p", "--metrics-port", "9101"],
+    ]
     # --without trainer: the others keep their ports (a scrape config stays right)
     assert stack.with_metrics([comps[3]], 9100) == {"canary": 9101}
 
@@ -90,8 +102,18 @@ def test_up_refuses_a_taken_metrics_port_before_it_starts_kafka(tmp_path: Path) 
         taken.listen()
         port = taken.getsockname()[1]  # the canary decider's: --metrics-port port - 1
         result = CliRunner().invoke(
-            cli, ["up", "--port", str(stack.free_port()), "--metrics-port", str(port - 1),
-                  "--without", "trainer"], env=env)
+            cli,
+            [
+                "up",
+                "--port",
+                str(stack.free_port()),
+                "--metrics-port",
+                str(port - 1),
+                "--without",
+                "trainer",
+            ],
+            env=env,
+        )
     assert result.exit_code == 1, result.output
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
     assert "(canary metrics); pass another --metrics-port" in result.output

@@ -175,7 +175,8 @@ def test_gateway_workers_and_judges_stop_within_10s_with_the_broker_gone(
         deadline = time.monotonic() + 180
         while True:
             assert all(r.proc.poll() is None for r in running), [
-                stack.tail(r.log, 20) for r in running]
+                stack.tail(r.log, 20) for r in running
+            ]
             try:
                 if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                     break
@@ -183,8 +184,11 @@ def test_gateway_workers_and_judges_stop_within_10s_with_the_broker_gone(
                 pass
             assert time.monotonic() < deadline, stack.tail(running[-1].log, 40)
             time.sleep(0.5)
-        answer = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": "p", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+        answer = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "p", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert answer.status_code == 200, answer.text
         time.sleep(5)  # the workers and the watcher joined and read
         kill_broker_then_stop(local, running)

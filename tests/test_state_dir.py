@@ -33,8 +33,13 @@ def test_writable_problem_names_the_path(readonly: Path, tmp_path: Path) -> None
 def test_components_refuse_an_unwritable_state_dir(readonly: Path, args: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIVERL_")}
     env["LIVERL_STATE_DIR"] = str(readonly)
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert str(readonly) in proc.stderr and "not writable" in proc.stderr, proc.stderr[-800:]

@@ -36,29 +36,42 @@ PLUGINS = ["tests.toy_task_judges"]
 WORDS = {"word-a": {"word": "fixed"}, "word-b": {"word": "tests"}, "word-c": {"word": "refactor"}}
 
 
-def turn(sid: str, t: int, answer: str, prompt: str = "Fix the import error.",
-         side: bool = False) -> Interaction:
+def turn(
+    sid: str, t: int, answer: str, prompt: str = "Fix the import error.", side: bool = False
+) -> Interaction:
     return dataclasses.replace(
-        BASE, event_id=f"{sid}-i{t}", session_id=sid, turn=t, ts_ms=1000 + t,
-        messages=[{"role": "system", "content": "You are an agent."},
-                  {"role": "user", "content": prompt if t == 0 else f"and now step {t}"}],
-        response_text=answer, turn_type="side" if side else "main", tool_calls=[])
+        BASE,
+        event_id=f"{sid}-i{t}",
+        session_id=sid,
+        turn=t,
+        ts_ms=1000 + t,
+        messages=[
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": prompt if t == 0 else f"and now step {t}"},
+        ],
+        response_text=answer,
+        turn_type="side" if side else "main",
+        tool_calls=[],
+    )
 
 
 def passed(sid: str, turn_: int | None = None) -> NextState:
     return outcome_event(sid, True, turn=turn_)
 
 
-@pytest.mark.parametrize(("votes", "accepted"), [
-    ([1, 1, -1], True),   # 2 of 3
-    ([1, -1, -1], False),  # 1 of 3
-    ([1, 1, 0], True),
-    ([1, 0, 0], False),   # abstentions count against
-    ([1], True),
-    ([0], False),
-    ([1, 1, 1, -1, -1], True),  # 3 of 5
-    ([1, 1, 0, -1, 0], False),  # 2 of 5
-])
+@pytest.mark.parametrize(
+    ("votes", "accepted"),
+    [
+        ([1, 1, -1], True),  # 2 of 3
+        ([1, -1, -1], False),  # 1 of 3
+        ([1, 1, 0], True),
+        ([1, 0, 0], False),  # abstentions count against
+        ([1], True),
+        ([0], False),
+        ([1, 1, 1, -1, -1], True),  # 3 of 5
+        ([1, 1, 0, -1, 0], False),  # 2 of 5
+    ],
+)
 def test_a_strict_majority_of_all_votes_accepts(votes: list[int], accepted: bool) -> None:
     assert majority(votes) is accepted
 
@@ -92,14 +105,17 @@ def test_only_positive_verifiable_outcomes_of_the_prefix_count() -> None:
     (c,) = j.outcome(passed("t-1", turn_=1))  # turn-scoped: the turns up to it
     assert [t.turn for t in c.turns] == [0, 1]
     later = c.outcome.state.ts_ms + 1000
-    fb = dataclasses.replace(outcome_event("t-1", True, kind="feedback", ts_ms=later),
-                             exit_code=None, score=0.5)
+    fb = dataclasses.replace(
+        outcome_event("t-1", True, kind="feedback", ts_ms=later), exit_code=None, score=0.5
+    )
     # explicit positive feedback for the session: was a second task of all three turns; a
     # session is one task now, the feedback one more of its outcomes
     (c2,) = j.outcome(fb)
     assert c2.task_id == c.task_id and [t.turn for t in c2.turns] == [0, 1]
     assert [(r["outcome_id"], r["vote"], r["turn"]) for r in c2.record] == [
-        (c.outcome.state.event_id, 1, 1), (fb.event_id, 1, None)]
+        (c.outcome.state.event_id, 1, 1),
+        (fb.event_id, 1, None),
+    ]
     assert j.outcome(fb) == []  # the same outcome again: nothing
 
 
@@ -107,8 +123,9 @@ def test_three_judges_decide_the_task_and_it_carries_prompt_checker_provenance()
     judges = build_judges(["word-a", "word-b", "word-c"], WORDS, PLUGINS)
     j = TaskJoin()
     j.interaction(turn("s", 0, "Looking."), ("liverl.interactions.v1", 2, 40))
-    j.interaction(turn("s", 1, "Fixed the import; the tests pass."),
-                  ("liverl.interactions.v1", 2, 41))
+    j.interaction(
+        turn("s", 1, "Fixed the import; the tests pass."), ("liverl.interactions.v1", 2, 41)
+    )
     gate = gate_event("s", ["pytest", "-q"], GateResult(0, "3 passed", "", False, 1.5))
     (c,) = j.outcome(gate, ("liverl.next_states.v1", 2, 7))
     task = decide(c, judges)
@@ -116,17 +133,36 @@ def test_three_judges_decide_the_task_and_it_carries_prompt_checker_provenance()
     assert (task.status, task.k, task.task_id) == ("accepted", 3, c.task_id)
     assert task.prompt == "Fix the import error."  # the session's first user message
     assert task.answer == "Fixed the import; the tests pass."  # the final answer
-    assert task.checker == {"kind": "command", "command": "pytest -q", "exit_code": 0,
-                            "score": 1.0, "source": "record-outcome",
-                            "content": "$ pytest -q\n3 passed", "producer": "record-outcome"}
+    assert task.checker == {
+        "kind": "command",
+        "command": "pytest -q",
+        "exit_code": 0,
+        "score": 1.0,
+        "source": "record-outcome",
+        "content": "$ pytest -q\n3 passed",
+        "producer": "record-outcome",
+    }
     assert task.provenance == {
-        "session_id": "s", "outcome_id": gate.event_id,
+        "session_id": "s",
+        "outcome_id": gate.event_id,
         "outcome_at": {"topic": "liverl.next_states.v1", "partition": 2, "offset": 7},
         "interactions": [
-            {"event_id": "s-i0", "turn": 0, "topic": "liverl.interactions.v1",
-             "partition": 2, "offset": 40},
-            {"event_id": "s-i1", "turn": 1, "topic": "liverl.interactions.v1",
-             "partition": 2, "offset": 41}]}
+            {
+                "event_id": "s-i0",
+                "turn": 0,
+                "topic": "liverl.interactions.v1",
+                "partition": 2,
+                "offset": 40,
+            },
+            {
+                "event_id": "s-i1",
+                "turn": 1,
+                "topic": "liverl.interactions.v1",
+                "partition": 2,
+                "offset": 41,
+            },
+        ],
+    }
     assert events.decode(events.encode(task)) == task  # valid against its schema
     assert decide(c, judges).event_id == task.event_id  # deterministic
     # the same session answered otherwise: only "refactor" holds, 1 of 3
@@ -155,8 +191,9 @@ def _task(command: str | None) -> events.VerifiedTask:
 
 def ran(command: str | None) -> dict[str, object]:
     """A checker of a command liverl ran (record-outcome -- CMD, gates run)."""
-    return checker_of(gate_event("s", shlex.split(command) if command else [],
-                                 GateResult(0, "", "", False, 1.0))) | {"command": command}
+    return checker_of(
+        gate_event("s", shlex.split(command) if command else [], GateResult(0, "", "", False, 1.0))
+    ) | {"command": command}
 
 
 def test_allowed_commands_are_whole_argv_patterns() -> None:
@@ -165,8 +202,13 @@ def test_allowed_commands_are_whole_argv_patterns() -> None:
         allowed_argv(ran("rm -rf /tmp/x"), [])
     tests = ["pytest -q 'tests/*'"]  # one glob per argument
     assert allowed_argv(ran("pytest -q 'tests/a b.py'"), tests) == ["pytest", "-q", "tests/a b.py"]
-    for other in ("pytest -q tests/a.py -p evil", "pytest tests/a.py", "pytest -q src/a.py",
-                  "rm -rf /tmp/x", "pytest -q"):
+    for other in (
+        "pytest -q tests/a.py -p evil",
+        "pytest tests/a.py",
+        "pytest -q src/a.py",
+        "rm -rf /tmp/x",
+        "pytest -q",
+    ):
         with pytest.raises(click.UsageError, match="matches no pattern"):
             allowed_argv(ran(other), tests)  # an argument more, fewer, or another
     assert allowed_argv(ran("make check"), ["make check"]) == ["make", "check"]  # a whole line
@@ -194,11 +236,13 @@ def test_an_allowed_commands_pattern_must_split() -> None:
     with pytest.raises(ValueError, match="an empty pattern"):
         TaskSettings(allowed_commands=["pytest", "  "])
     assert TaskSettings(allowed_commands=["pytest -q 'tests/*'"]).allowed_commands == [
-        "pytest -q 'tests/*'"]
+        "pytest -q 'tests/*'"
+    ]
 
 
 def test_tasks_check_refuses_a_command_not_allowed_and_runs_one_that_is(
-    monkeypatch: pytest.MonkeyPatch, tmp_path  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
     from pipeline.cli import cli
     from pipeline.processors import task_commands
@@ -235,7 +279,8 @@ def posted(sid: str, command: str, source: str = "terminal") -> NextState:
 
 
 def test_a_command_posted_through_the_gateway_is_evidence_and_never_runs(
-    monkeypatch: pytest.MonkeyPatch, tmp_path  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
     """The issue's task: a terminal next state with a command, exit code 0, accepted 2 of 3;
     `liverl tasks check` with the interpreter allowed ran it and wrote the file."""
@@ -267,8 +312,17 @@ def test_a_command_posted_through_the_gateway_is_evidence_and_never_runs(
         assert events.decode(events.encode(task)) == task  # valid against its schema
     # the operator's own checker for it runs (an operator's, not the event's)
     mine = tmp_path / "mine"
-    res = CliRunner().invoke(cli, ["tasks", "check", task.task_id, "--command", shlex.join(
-        [sys.executable, "-c", f"open({str(mine)!r}, 'w').write('y')"])], env=env)
+    res = CliRunner().invoke(
+        cli,
+        [
+            "tasks",
+            "check",
+            task.task_id,
+            "--command",
+            shlex.join([sys.executable, "-c", f"open({str(mine)!r}, 'w').write('y')"]),
+        ],
+        env=env,
+    )
     assert res.exit_code == 0 and mine.read_text() == "y", res.output
     assert not marker.exists()
 
@@ -283,8 +337,9 @@ def test_a_command_checker_that_does_not_say_liverl_ran_it_is_not_run() -> None:
     with pytest.raises(click.UsageError, match="does not say liverl ran its command"):
         allowed_argv(gateway, ["pytest -q"])
     # record-outcome's own event, whatever its --source: the command liverl ran
-    labelled = gate_event("s", ["pytest", "-q"], GateResult(0, "", "", False, 1.0),
-                          source="terminal")
+    labelled = gate_event(
+        "s", ["pytest", "-q"], GateResult(0, "", "", False, 1.0), source="terminal"
+    )
     assert labelled.producer.component == "record-outcome" and labelled.source == "terminal"
     assert checker_of(labelled)["kind"] == "command"
     assert allowed_argv(checker_of(labelled), ["pytest -q"]) == ["pytest", "-q"]
@@ -301,14 +356,17 @@ def test_find_task_takes_a_unique_prefix() -> None:
         find_task(pool, "zzz")
 
 
-@pytest.mark.parametrize(("answer", "votes", "status", "why"), [
-    ("Fixed the import; the tests pass now.", [1, 1, 1], "accepted", "well-formed"),
-    ("1.1.1.1.1.1.1.1.1.1", [-1, -1, 1], "rejected", "degenerate"),
-    ("Fix the import error.", [-1, -1, 1], "rejected", "repeats the request"),
-    ("I'm sorry, but I can't help with that.", [-1, -1, 1], "rejected", "a refusal"),
-    # fluent but off the request's topic: one answer judge objects, the checker's vote stands
-    ("The weather in Paris is lovely in spring.", [1, -1, 1], "accepted", "well-formed"),
-])
+@pytest.mark.parametrize(
+    ("answer", "votes", "status", "why"),
+    [
+        ("Fixed the import; the tests pass now.", [1, 1, 1], "accepted", "well-formed"),
+        ("1.1.1.1.1.1.1.1.1.1", [-1, -1, 1], "rejected", "degenerate"),
+        ("Fix the import error.", [-1, -1, 1], "rejected", "repeats the request"),
+        ("I'm sorry, but I can't help with that.", [-1, -1, 1], "rejected", "a refusal"),
+        # fluent but off the request's topic: one answer judge objects, the checker's vote stands
+        ("The weather in Paris is lovely in spring.", [1, -1, 1], "accepted", "well-formed"),
+    ],
+)
 def test_the_default_judges_read_the_answer_and_outvote_a_checker_on_junk(
     answer: str, votes: list[int], status: str, why: str
 ) -> None:
@@ -346,8 +404,11 @@ def versioned(sid: str, t: int, version: int) -> Interaction:
 def test_a_session_that_passes_fails_then_passes_is_one_task_withdrawn_by_the_failure() -> None:
     judges = build_judges(["word-a", "word-b", "word-c"], WORDS, PLUGINS)
     inters = [(dataclasses.replace(versioned("s", 0, 3), response_text="fixed the tests"), None)]
-    sequence = [outcome_event("s", True, ts_ms=1), outcome_event("s", False, ts_ms=2),
-                outcome_event("s", True, ts_ms=3)]
+    sequence = [
+        outcome_event("s", True, ts_ms=1),
+        outcome_event("s", False, ts_ms=2),
+        outcome_event("s", True, ts_ms=3),
+    ]
     (batch,) = TaskJoin().feed(inters, [(o, None) for o in sequence])
     assert [r["vote"] for r in batch.record] == [1, -1, 1] and batch.withdrawn
     task = decide(batch, judges)
@@ -380,23 +441,33 @@ def test_a_tasks_success_rate_is_that_of_the_newest_policy_version() -> None:
     j = TaskJoin()
     for t, version in ((0, 1), (1, 2), (2, 2)):
         j.interaction(versioned("r", t, version))
-    outs = [outcome_event("r", True, turn=0, ts_ms=1),  # verifies: weights 1
-            outcome_event("r", False, turn=1, ts_ms=2),  # weights 2
-            outcome_event("r", True, turn=2, ts_ms=3),  # weights 2
-            outcome_event("r", True, ts_ms=4)]  # the session: its last turn, weights 2
+    outs = [
+        outcome_event("r", True, turn=0, ts_ms=1),  # verifies: weights 1
+        outcome_event("r", False, turn=1, ts_ms=2),  # weights 2
+        outcome_event("r", True, turn=2, ts_ms=3),  # weights 2
+        outcome_event("r", True, ts_ms=4),
+    ]  # the session: its last turn, weights 2
     cs = [c for o in outs for c in j.outcome(o)]
     task = dataclasses.replace(_task("pytest -q"), outcomes=list(cs[-1].record))
     assert [o["weight_version"] for o in task.outcomes] == [1, 2, 2, 2]
     # under weights 2: 2 passed of 3 (the pass under weights 1 is another policy's)
-    assert success_rate(task) == {"policy_id": BASE.policy_id, "weight_version": 2,
-                                  "passed": 2, "failed": 1, "rate": 2 / 3}
+    assert success_rate(task) == {
+        "policy_id": BASE.policy_id,
+        "weight_version": 2,
+        "passed": 2,
+        "failed": 1,
+        "rate": 2 / 3,
+    }
     assert success_rate(_task("pytest -q"))["rate"] is None  # an older task keeps none
 
 
 def _git(repo: object, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@example.com",
-                           "-c", "user.name=t", *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def test_tasks_check_runs_in_the_recorded_workspace_at_its_commit(
@@ -418,13 +489,20 @@ def test_tasks_check_runs_in_the_recorded_workspace_at_its_commit(
     flag.write_text("fail")
     _git(repo, "commit", "-q", "-am", "B")
     b = _git(repo, "rev-parse", "HEAD")
-    gate = shlex.join([sys.executable, "-c", "import pathlib, sys; "
-                       "sys.exit(pathlib.Path('flag.txt').read_text() != 'pass')"])
+    gate = shlex.join(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, sys; sys.exit(pathlib.Path('flag.txt').read_text() != 'pass')",
+        ]
+    )
     recorded = {"dir": str(repo / "sub"), "commit": a}
     task = dataclasses.replace(_task(gate), checker={**_task(gate).checker, "workspace": recorded})
     monkeypatch.setattr(task_commands, "_pool", lambda settings, ns: {task.task_id: task})
-    env = {"LIVERL_STATE_DIR": str(tmp_path / "state"),
-           "LIVERL_TASKS_ALLOWED_COMMANDS": json.dumps([shlex.join([sys.executable, "-c", "*"])])}
+    env = {
+        "LIVERL_STATE_DIR": str(tmp_path / "state"),
+        "LIVERL_TASKS_ALLOWED_COMMANDS": json.dumps([shlex.join([sys.executable, "-c", "*"])]),
+    }
     res = CliRunner().invoke(cli, ["tasks", "check", task.task_id], env=env)
     assert res.exit_code == 0 and "in a temporary worktree" in res.output, res.output
     assert f"{task.task_id}: passed" in res.output

@@ -41,17 +41,22 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
 ) -> None:
     p = f"tp{unique}-"
     ns = f"tp{unique}"
-    env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
-           "LIVERL_PROCESSORS_PLUGINS": json.dumps(PLUGINS),
-           "LIVERL_TASKS_JUDGES": json.dumps(sorted(WORDS)),
-           "LIVERL_TASKS_JUDGE_OPTIONS": json.dumps(WORDS)}
+    env = {
+        **os.environ,
+        **cli_env(tmp_path),
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "LIVERL_PROCESSORS_PLUGINS": json.dumps(PLUGINS),
+        "LIVERL_TASKS_JUDGES": json.dumps(sorted(WORDS)),
+        "LIVERL_TASKS_JUDGE_OPTIONS": json.dumps(WORDS),
+    }
     producer = EventProducer(kafka_settings, client_id="task-pool-test")
     gate = GateResult(0, "3 passed", "", False, 0.4)
 
     def send(*evs: events.Event) -> None:
         for ev in evs:
-            producer.send(names.INTERACTIONS if isinstance(ev, events.Interaction)
-                          else names.NEXT_STATES, ev)
+            producer.send(
+                names.INTERACTIONS if isinstance(ev, events.Interaction) else names.NEXT_STATES, ev
+            )
         producer.flush()
 
     # a: fixed + tests (2 of 3) -> accepted; b: only "refactor" (1 of 3) -> rejected;
@@ -59,9 +64,11 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     marker = tmp_path / "posted-command-ran"
     posted_command = shlex.join([sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
     send(turn(p + "e", 0, "Fixed the tests."), posted(p + "e", posted_command))
-    send(turn(p + "a", 0, "Looking at the import."),
-         turn(p + "a", 1, "Fixed the import; the tests pass."),
-         gate_event(p + "a", ["pytest", "-q"], gate))
+    send(
+        turn(p + "a", 0, "Looking at the import."),
+        turn(p + "a", 1, "Fixed the import; the tests pass."),
+        gate_event(p + "a", ["pytest", "-q"], gate),
+    )
     send(turn(p + "b", 0, "I refactored the module."), outcome_event(p + "b", True))
     send(turn(p + "c", 0, "Fixed it, tests pass."), outcome_event(p + "c", False))
     seen: list[events.VerifiedTask] = []
@@ -77,8 +84,10 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
             assert time.monotonic() < deadline and thread.is_alive(), seen
             time.sleep(0.2)
         # while it follows: d's outcome arrives before its turn
-        send(outcome_event(p + "d", True, kind="feedback"),
-             turn(p + "d", 0, "Fixed: the tests pass now."))
+        send(
+            outcome_event(p + "d", True, kind="feedback"),
+            turn(p + "d", 0, "Fixed: the tests pass now."),
+        )
         while len(seen) < 4:
             assert time.monotonic() < deadline and thread.is_alive(), seen
             time.sleep(0.2)
@@ -93,16 +102,22 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     assert d.status == "accepted" and d.checker["kind"] == "feedback"
     assert a.checker["command"] == "pytest -q" and a.prompt == "Fix the import error."
     assert a.checker["kind"] == "command" and a.checker["producer"] == "record-outcome"
-    assert e.status == "accepted" and (e.checker["kind"], e.checker["command"]) == ("reported",
-                                                                                   None)
+    assert e.status == "accepted" and (e.checker["kind"], e.checker["command"]) == (
+        "reported",
+        None,
+    )
     assert e.checker["producer"] == "gateway"
     assert [i["turn"] for i in a.provenance["interactions"]] == [0, 1]
-    assert all(i["topic"] == names.INTERACTIONS and i["offset"] >= 0
-               for i in a.provenance["interactions"])
+    assert all(
+        i["topic"] == names.INTERACTIONS and i["offset"] >= 0 for i in a.provenance["interactions"]
+    )
     assert a.provenance["outcome_at"]["topic"] == names.NEXT_STATES
     # the pool on the broker: each task once; a rerun from history publishes nothing
-    ours = {i: t for i, t in read_tasks(kafka_settings).items()
-            if t.provenance["session_id"].startswith(p)}
+    ours = {
+        i: t
+        for i, t in read_tasks(kafka_settings).items()
+        if t.provenance["session_id"].startswith(p)
+    }
     assert ours == {t.task_id: t for t in seen}
     res = invoke(["tasks", "watch", "--once", "--session-prefix", p], env)
     assert res.exit_code == 0 and "published 0 task(s)" in res.output, res.output
@@ -118,31 +133,42 @@ def test_a_verified_session_enters_the_pool_only_after_a_majority_of_judges(
     res = invoke(["tasks", "show", a.task_id[:12]], env)
     assert res.exit_code == 0 and orjson.loads(res.output)["votes"] == a.votes
     # the posted command never runs, whatever the operator allows
-    res = invoke(["tasks", "check", e.task_id], {
-        **env, "LIVERL_TASKS_ALLOWED_COMMANDS": json.dumps([sys.executable, posted_command])})
+    res = invoke(
+        ["tasks", "check", e.task_id],
+        {**env, "LIVERL_TASKS_ALLOWED_COMMANDS": json.dumps([sys.executable, posted_command])},
+    )
     assert res.exit_code == 2 and "reported by a client" in res.output, res.output
     assert not marker.exists()
     # the accepted tasks' sessions into a namespace, for its workers and trainer
     request.addfinalizer(lambda: drop(env, ns))
     res = invoke(["tasks", "replay", "--into", ns, "--session-prefix", p], env)
     assert res.exit_code == 0, res.output
-    replayed = [events.decode(m.value()) for topic in (names.INTERACTIONS, names.NEXT_STATES)
-                for msgs in read_topic(kafka_settings, names.resolve(topic, ns)).values()
-                for m in msgs]
+    replayed = [
+        events.decode(m.value())
+        for topic in (names.INTERACTIONS, names.NEXT_STATES)
+        for msgs in read_topic(kafka_settings, names.resolve(topic, ns)).values()
+        for m in msgs
+    ]
     # (live workers on this broker may have derived next states of these sessions: they are
     # the sessions' records too, and replayed with them)
-    got = {(e.session_id, e.type) for e in replayed  # type: ignore[attr-defined]
-           if getattr(e, "session_id", "").startswith(p)}
+    got = {
+        (e.session_id, e.type)
+        for e in replayed  # type: ignore[attr-defined]
+        if getattr(e, "session_id", "").startswith(p)
+    }
     assert got == {(p + s, t) for s in "ade" for t in ("interaction", "next_state")}
     ids = {ev.event_id for ev in replayed}
-    assert {*(i["event_id"] for t in (a, d, e) for i in t.provenance["interactions"]),
-            *(t.provenance["outcome_id"] for t in (a, d, e))} <= ids
+    assert {
+        *(i["event_id"] for t in (a, d, e) for i in t.provenance["interactions"]),
+        *(t.provenance["outcome_id"] for t in (a, d, e)),
+    } <= ids
     # a later failed outcome withdraws a's task; the watcher says so, and counts it
     send(outcome_event(p + "a", False))
     res = invoke(["tasks", "watch", "--once", "--session-prefix", p], env)
     assert res.exit_code == 0 and f"{a.task_id} withdrawn" in res.output, res.output
-    assert "1 accepted" not in res.output and "1 revised by later outcomes (1 withdrawn)" \
-        in res.output, res.output
+    assert (
+        "1 accepted" not in res.output and "1 revised by later outcomes (1 withdrawn)" in res.output
+    ), res.output
     # forgetting a session removes its task from the pool (a tombstone on the compacted topic)
     res = invoke(["forget", "--session", p + "a"], env)
     assert res.exit_code == 0 and f"{names.TASKS}: " in res.output, res.output
@@ -162,17 +188,27 @@ def test_the_accepted_pool_trains_offline_through_a_replay_namespace(
     from tests.test_replay import drop_worker_state, start, stop, wait_rewards
 
     p, ns, app_id, policy = f"to{unique}-", f"to{unique}", f"to-{unique}", f"top-{unique}"
-    env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
-           "PYTHONUNBUFFERED": "1", "LIVERL_PROCESSORS_SESSION_PREFIX": p,
-           "LIVERL_PROCESSORS_GRACE_S": "2", "LIVERL_PROCESSORS_SWEEP_INTERVAL_S": "1"}
+    env = {
+        **os.environ,
+        **cli_env(tmp_path),
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "PYTHONUNBUFFERED": "1",
+        "LIVERL_PROCESSORS_SESSION_PREFIX": p,
+        "LIVERL_PROCESSORS_GRACE_S": "2",
+        "LIVERL_PROCESSORS_SWEEP_INTERVAL_S": "1",
+    }
     producer = EventProducer(kafka_settings, client_id="task-offline-test")
 
     def session(sid: str, answer: str) -> None:
         for t in range(2):
             inter = dataclasses.replace(
-                turn(sid, t, answer if t == 1 else "Looking."), policy_id=policy,
-                prompt_token_ids=[t + 1, t + 2], response_token_ids=[10 + t, 20 + t],
-                response_logprobs=[-0.5, -0.25], session_done=t == 1)
+                turn(sid, t, answer if t == 1 else "Looking."),
+                policy_id=policy,
+                prompt_token_ids=[t + 1, t + 2],
+                response_token_ids=[10 + t, 20 + t],
+                response_logprobs=[-0.5, -0.25],
+                session_done=t == 1,
+            )
             producer.send(names.INTERACTIONS, inter)
         producer.send(names.NEXT_STATES, outcome_event(sid, True))
         producer.flush()
@@ -180,29 +216,46 @@ def test_the_accepted_pool_trains_offline_through_a_replay_namespace(
     session(p + "yes", "Fixed the import; the tests pass.")  # 2 of 3: accepted
     session(p + "no", "I refactored the module.")  # 1 of 3: rejected
     seen: list[events.VerifiedTask] = []
-    pool = TaskPool(kafka_settings, build_judges(sorted(WORDS), WORDS, PLUGINS),
-                    session_prefix=p, on_task=seen.append)
+    pool = TaskPool(
+        kafka_settings,
+        build_judges(sorted(WORDS), WORDS, PLUGINS),
+        session_prefix=p,
+        on_task=seen.append,
+    )
     request.addfinalizer(lambda: tombstones(kafka_settings, [t.task_id for t in seen]))
     pool.run(once=True)
     assert sorted((t.provenance["session_id"], t.status) for t in seen) == [
-        (p + "no", "rejected"), (p + "yes", "accepted")]
+        (p + "no", "rejected"),
+        (p + "yes", "accepted"),
+    ]
     request.addfinalizer(lambda: drop_worker_state(kafka_settings, app_id))
     request.addfinalizer(lambda: drop(env, ns))
     res = invoke(["tasks", "replay", "--into", ns, "--session-prefix", p], env)
     assert res.exit_code == 0 and "replaying 1 session(s)" in res.output, res.output
-    replayed = {m.key() for ms in read_topic(kafka_settings, names.resolve(names.INTERACTIONS, ns)
-                                              ).values() for m in ms}
+    replayed = {
+        m.key()
+        for ms in read_topic(kafka_settings, names.resolve(names.INTERACTIONS, ns)).values()
+        for m in ms
+    }
     assert replayed == {(p + "yes").encode()}
     log = tmp_path / "workers.log"
     proc = start(["workers", "--namespace", ns, "--app-id", app_id, "--no-web"], env, log)
     keys = {(p + "yes").encode(), (p + "no").encode()}
     try:
-        rewards = wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), keys, 2, proc,
-                               log)
+        rewards = wait_rewards(kafka_settings, names.resolve(names.REWARDS, ns), keys, 2, proc, log)
         samples = names.resolve(names.SAMPLES, ns)
         deadline = time.monotonic() + 60
-        while len(got := [m for ms in read_topic(kafka_settings, samples).values()
-                          for m in ms if m.key() in keys]) < 2:
+        while (
+            len(
+                got := [
+                    m
+                    for ms in read_topic(kafka_settings, samples).values()
+                    for m in ms
+                    if m.key() in keys
+                ]
+            )
+            < 2
+        ):
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
     finally:
@@ -211,9 +264,28 @@ def test_the_accepted_pool_trains_offline_through_a_replay_namespace(
     assert {m.key() for m in got} == {(p + "yes").encode()}
     train_log = tmp_path / "train.log"
     trainer = start(
-        ["train", "--namespace", ns, "--policy", policy, "--model", "tiny", "--device", "cpu",
-         "--batch-samples", "2", "--batch-wait", "0.05", "--publish-max-overhead", "1",
-         "--exit-when-idle", "2"], env, train_log)
+        [
+            "train",
+            "--namespace",
+            ns,
+            "--policy",
+            policy,
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--batch-samples",
+            "2",
+            "--batch-wait",
+            "0.05",
+            "--publish-max-overhead",
+            "1",
+            "--exit-when-idle",
+            "2",
+        ],
+        env,
+        train_log,
+    )
     try:
         assert trainer.wait(300) == 0, train_log.read_text()[-3000:]
     finally:

@@ -26,8 +26,11 @@ def test_repository_specs_cover_the_event_catalog() -> None:
     specs = topics.load_specs(Settings().topics.specs_dir)
     assert sorted(s.name for s in specs) == sorted(names.ALL)
     # every name constant code uses is a declared topic (ALL itself is read from topics/)
-    constants = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)
-                 and v.startswith("liverl.")}
+    constants = {
+        v
+        for k, v in vars(names).items()
+        if k.isupper() and isinstance(v, str) and v.startswith("liverl.")
+    }
     assert constants and constants <= set(names.ALL)
     # and every event type has its dataclass (EVENT_TYPES is found from the classes)
     from pipeline.events import EVENT_TYPES

@@ -250,8 +250,9 @@ def _own_logprobs(core: TrainerCore, batch: list[Sample]) -> list[list[float]]:
             core.model, [s.prompt_token_ids for s in batch], [s.response_token_ids for s in batch]
         )
         rmax = max(len(s.response_token_ids) for s in batch)
-        ids = torch.tensor([s.response_token_ids + [0] * (rmax - len(s.response_token_ids))
-                            for s in batch])
+        ids = torch.tensor(
+            [s.response_token_ids + [0] * (rmax - len(s.response_token_ids)) for s in batch]
+        )
         logp = L.token_logprobs(logits, ids)
     return [logp[b, : len(s.response_token_ids)].tolist() for b, s in enumerate(batch)]
 
@@ -320,8 +321,15 @@ def test_hf_backend_logprob_drift(tiny: Path) -> None:
     for i in range(8):
         prompt = [1] + [40 + (7 * i + j) % 300 for j in range(16 + 4 * i)]
         ids, lps = asyncio.run(gen(prompt, seed=i))
-        batch.append(sample(i, prompt_token_ids=prompt, response_token_ids=ids,
-                            loss_mask=[1] * len(ids), behavior_logprobs=lps))
+        batch.append(
+            sample(
+                i,
+                prompt_token_ids=prompt,
+                response_token_ids=ids,
+                loss_mask=[1] * len(ids),
+                behavior_logprobs=lps,
+            )
+        )
     asyncio.run(backend.close())
     m = make_core(tiny).train_step(batch, current_version=0).metrics
     n = m["logprob_drift_tokens"]
@@ -364,7 +372,8 @@ def test_kl_to_reference_is_zero_at_the_reference_then_positive(tiny: Path) -> N
     second = core.train_step([sample(1, reward=1.0)], current_version=0)
     assert second.metrics["kl_ref"] > 0
     assert second.losses["total"] == pytest.approx(
-        second.losses["rl"] + 0.5 * second.losses["kl"], rel=1e-5)
+        second.losses["rl"] + 0.5 * second.losses["kl"], rel=1e-5
+    )
 
 
 def test_all_negative_batch_gives_no_push_away_with_the_batch_baseline(tiny: Path) -> None:
@@ -381,8 +390,9 @@ def test_ppo_epochs_take_several_updates_on_one_batch(tiny: Path) -> None:
     """Two epochs: two Adam updates on one batch, the ratio taken against the sampling
     log-probs in both (the second epoch sees ρ ≠ 1); the step reports its first epoch."""
     batch = [sample(0, reward=1.0, behavior_logprobs=[-4.6] * 3), sample(1, reward=-1.0)]
-    core = make_core(tiny, ppo_epochs=2, lr_warmup_steps=0, rl_baseline="none",
-                     old_logprobs="trainer")
+    core = make_core(
+        tiny, ppo_epochs=2, lr_warmup_steps=0, rl_baseline="none", old_logprobs="trainer"
+    )
     result = core.train_step(batch, 0)
     assert core.updates_done() == 2 and core.step == 1
     assert result.metrics["epochs"] == 2.0
@@ -391,10 +401,18 @@ def test_ppo_epochs_take_several_updates_on_one_batch(tiny: Path) -> None:
 
 
 def test_lr_warm_up_scales_the_first_updates(tiny: Path) -> None:
-    core = TrainerCore.load(TrainerSettings(model=str(tiny), device="cpu", lr=1e-4,
-                                            method="rl", ppo_epochs=1, lr_warmup_steps=4,
-                                            rl_baseline="none",
-                                            old_logprobs="trainer"))
+    core = TrainerCore.load(
+        TrainerSettings(
+            model=str(tiny),
+            device="cpu",
+            lr=1e-4,
+            method="rl",
+            ppo_epochs=1,
+            lr_warmup_steps=4,
+            rl_baseline="none",
+            old_logprobs="trainer",
+        )
+    )
     lrs = []
     for v in range(5):
         result = core.train_step([sample(0, reward=1.0, behavior_weight_version=v)], v)

@@ -60,12 +60,17 @@ VERSION = 3  # the batches' current version: behavior version 0 is stale (> max_
 
 def sample(i: int, prompt: int, response: int, **kw: Any) -> Sample:
     fields: dict[str, Any] = dict(
-        event_id=f"s{i}", producer=Producer(component="t", version="0"), session_id="x",
-        turn=i, policy_id="p",
+        event_id=f"s{i}",
+        producer=Producer(component="t", version="0"),
+        session_id="x",
+        turn=i,
+        policy_id="p",
         prompt_token_ids=[1] + [40 + (7 * i + j) % 300 for j in range(prompt - 1)],
         response_token_ids=[100 + (11 * i + j) % 300 for j in range(response)],
-        loss_mask=[1] * response, behavior_logprobs=[-6.25 - 0.01 * j for j in range(response)],
-        reward=1.0 if i % 2 else -1.0, behavior_weight_version=VERSION,
+        loss_mask=[1] * response,
+        behavior_logprobs=[-6.25 - 0.01 * j for j in range(response)],
+        reward=1.0 if i % 2 else -1.0,
+        behavior_weight_version=VERSION,
     )
     fields.update(kw)
     return Sample(**fields)
@@ -90,20 +95,27 @@ def batches() -> list[list[Sample]]:
 
 
 def settings_for(model: Path, overrides: dict[str, Any]) -> TrainerSettings:
-    return TrainerSettings(model=str(model), device="cpu", lr=1e-3, teacher="reference",
-                           **overrides)
+    return TrainerSettings(
+        model=str(model), device="cpu", lr=1e-3, teacher="reference", **overrides
+    )
 
 
 def train(core: TrainerCore) -> list[dict[str, Any]]:
     out = []
     for batch in batches():
         r = core.train_step(batch, VERSION)
-        out.append({
-            "losses": r.losses, "trained_tokens": r.trained_tokens, "grad_norm": r.grad_norm,
-            "kl": r.kl, "clip_fraction": r.clip_fraction,
-            "status": [o.status for o in r.outcomes],
-            "hints": [o.selected_hint for o in r.outcomes], "metrics": r.metrics,
-        })
+        out.append(
+            {
+                "losses": r.losses,
+                "trained_tokens": r.trained_tokens,
+                "grad_norm": r.grad_norm,
+                "kl": r.kl,
+                "clip_fraction": r.clip_fraction,
+                "status": [o.status for o in r.outcomes],
+                "hints": [o.selected_hint for o in r.outcomes],
+                "metrics": r.metrics,
+            }
+        )
     return out
 
 
@@ -132,8 +144,9 @@ def _rank_main(rank: int, port: int, model: str, out: str) -> None:
 
 
 def run_two_ranks(model: Path, out: Path) -> None:
-    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=120))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=120)
+    )
     ctx = mp.spawn(_rank_main, args=(store.port, str(model), str(out)), nprocs=2, join=False)
     deadline = time.monotonic() + 600
     while not ctx.join(timeout=5):
@@ -252,7 +265,11 @@ def _check_published(root: Path, policy: str) -> list[dict[str, Any]]:
 
 @pytest.mark.integration
 def test_nproc_2_stops_on_sigterm_resumes_and_consumes_exactly_once(
-    kafka_settings: Settings, admin: Any, unique: str, tiny: Path, tmp_path: Path  # noqa: F811
+    kafka_settings: Settings,
+    admin: Any,
+    unique: str,
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     topic, policy = f"test.trainer.dist.{unique}", f"p-{unique}"
     create_topic(admin, topic, PARTITIONS)
@@ -289,7 +306,11 @@ def test_nproc_2_stops_on_sigterm_resumes_and_consumes_exactly_once(
 
 @pytest.mark.integration
 def test_a_killed_rank_stops_all_and_a_restart_trains_each_sample_once(
-    kafka_settings: Settings, admin: Any, unique: str, tiny: Path, tmp_path: Path  # noqa: F811
+    kafka_settings: Settings,
+    admin: Any,
+    unique: str,
+    tiny: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     topic, policy = f"test.trainer.distkill.{unique}", f"p-{unique}"
     create_topic(admin, topic, PARTITIONS)
@@ -298,8 +319,13 @@ def test_a_killed_rank_stops_all_and_a_restart_trains_each_sample_once(
     produce(kafka_settings, topic, samples)
     log = tmp_path / "trainer.log"
     # one update per step: the crash point counts the rank's updates
-    cmd = [*trainer_cmd(tiny, topic, policy, tmp_path, idle_s=2.0), "--nproc", "2",
-           "--ppo-epochs", "1"]
+    cmd = [
+        *trainer_cmd(tiny, topic, policy, tmp_path, idle_s=2.0),
+        "--nproc",
+        "2",
+        "--ppo-epochs",
+        "1",
+    ]
 
     # Rank 1 dies in its 4th step, between its backward pass and the all-reduce: rank 0 exits
     # too, and steps 1-3 are published whole (one version per step), step 4 not at all.
@@ -314,8 +340,11 @@ def test_a_killed_rank_stops_all_and_a_restart_trains_each_sample_once(
     assert _gone(pids)
     rows = _check_published(tmp_path, policy)
     assert ck.versions(tmp_path / "weights", policy) == [1, 2, 3]
-    assert len(rows) == len({r["event_id"] for r in rows}) == sum(
-        r["samples"] for r in read_table(tmp_path, "gradient_steps"))
+    assert (
+        len(rows)
+        == len({r["event_id"] for r in rows})
+        == sum(r["samples"] for r in read_table(tmp_path, "gradient_steps"))
+    )
 
     # SIGKILL rank 0 or rank 1 at random moments: the other one never outlives it.
     for kill in range(4):

@@ -31,8 +31,7 @@ def chain(n: int) -> dict[int, int | None]:
 def test_no_action_keeps_the_trainers_own_version() -> None:
     # v1..v3 promoted, v4 a candidate: the trainer is ahead of what serves by design
     log = log_of(*promoted(1, 2, 3), weights(4))
-    assert decide(log, 4, chain(4), require_promoted=True, while_pinned="pause") == \
-        Decision("keep")
+    assert decide(log, 4, chain(4), require_promoted=True, while_pinned="pause") == Decision("keep")
 
 
 def test_rollback_switches_to_the_version_rolled_back_to() -> None:
@@ -52,8 +51,10 @@ def test_a_version_trained_on_from_the_serving_one_after_the_action_is_kept() ->
     assert decide(log, 5, parents, require_promoted=True, while_pinned="pause").kind == "keep"
     log.add(weights(5, parent=2))  # now it is, after the rollback
     log.add(weights(6, parent=5))
-    assert decide(log, 6, {**parents, 6: 5}, require_promoted=True,
-                  while_pinned="pause").kind == "keep"
+    assert (
+        decide(log, 6, {**parents, 6: 5}, require_promoted=True, while_pinned="pause").kind
+        == "keep"
+    )
 
 
 def test_pending_steps_published_after_a_rollback_do_not_escape_it() -> None:
@@ -71,14 +72,15 @@ def test_pin_pauses_or_trains_from_the_pinned_version() -> None:
     act(log, "pin", 1, reason="bad answers")
     paused = decide(log, 3, chain(3), require_promoted=True, while_pinned="pause")
     assert (paused.kind, paused.version) == ("pause", 1)
-    assert "pinned at v1 after pin by alice (bad answers): training paused" in \
-        paused.line(POLICY)
+    assert "pinned at v1 after pin by alice (bad answers): training paused" in paused.line(POLICY)
     training = decide(log, 3, chain(3), require_promoted=True, while_pinned="train")
     assert (training.kind, training.version) == ("switch", 1)
     # the candidates trained from v1 while the pin holds do not move the trainer back
     log.add(weights(4, parent=1))
-    assert decide(log, 4, {**chain(3), 4: 1}, require_promoted=True,
-                  while_pinned="train").kind == "keep"
+    assert (
+        decide(log, 4, {**chain(3), 4: 1}, require_promoted=True, while_pinned="train").kind
+        == "keep"
+    )
 
 
 def test_unpin_goes_to_the_newest_servable_version() -> None:
@@ -90,8 +92,9 @@ def test_unpin_goes_to_the_newest_servable_version() -> None:
     d = decide(log, 4, {**chain(3), 4: 1}, require_promoted=True, while_pinned="train")
     assert (d.kind, d.version) == ("switch", 3)
     # a paused trainer still on v3 resumes where it was
-    assert decide(log, 3, chain(3), require_promoted=True, while_pinned="pause") == \
-        Decision("keep", 3, log.actions[-1])
+    assert decide(log, 3, chain(3), require_promoted=True, while_pinned="pause") == Decision(
+        "keep", 3, log.actions[-1]
+    )
 
 
 def test_promote_of_a_rejected_version_makes_it_the_parent() -> None:
@@ -114,10 +117,15 @@ def test_another_policys_actions_are_not_followed() -> None:
 
 
 @settings(max_examples=120, deadline=None)
-@given(n=st.integers(2, 7), to=st.integers(1, 6), trained=st.integers(0, 4),
-       mode=st.sampled_from(["pause", "train"]))
+@given(
+    n=st.integers(2, 7),
+    to=st.integers(1, 6),
+    trained=st.integers(0, 4),
+    mode=st.sampled_from(["pause", "train"]),
+)
 def test_after_a_rollback_and_the_follow_the_trainer_keeps_what_serves(
-        n: int, to: int, trained: int, mode: str) -> None:
+    n: int, to: int, trained: int, mode: str
+) -> None:
     """Invariant: after a rollback to T, deciding and doing what the decision says, then
     publishing ``trained`` versions in a line from there, every further decision is keep,
     and the newest version's lineage reaches T through versions published after the
@@ -135,8 +143,9 @@ def test_after_a_rollback_and_the_follow_the_trainer_keeps_what_serves(
         log.add(weights(v, parent=current))
         log.add(weights(v, "promoted"))
         current = v
-        assert decide(log, current, parents, require_promoted=True,
-                      while_pinned=mode).kind == "keep"
+        assert (
+            decide(log, current, parents, require_promoted=True, while_pinned=mode).kind == "keep"
+        )
     at: int | None = current
     while at is not None and at > n:
         at = parents[at]
@@ -145,8 +154,11 @@ def test_after_a_rollback_and_the_follow_the_trainer_keeps_what_serves(
 
 def canary(*versions: int, share: float = 0.1) -> list[events.WeightsPublished]:
     """Each version's candidate, then the gate's promotion stamped with a canary share."""
-    return [e for v in versions
-            for e in (weights(v), dataclasses.replace(weights(v, "promoted"), canary_share=share))]
+    return [
+        e
+        for v in versions
+        for e in (weights(v), dataclasses.replace(weights(v, "promoted"), canary_share=share))
+    ]
 
 
 def test_a_canary_rolled_out_keeps_the_versions_queued_behind_it() -> None:
@@ -156,8 +168,9 @@ def test_a_canary_rolled_out_keeps_the_versions_queued_behind_it() -> None:
     assert log.canary(True) == (2, 0.1) and log.live(True) == 1
     act(log, "rollout", 2, by="canary")
     assert log.live(True) == 2
-    assert decide(log, 4, chain(4), require_promoted=True, while_pinned="pause") == \
-        Decision("keep", 2, log.actions[-1])
+    assert decide(log, 4, chain(4), require_promoted=True, while_pinned="pause") == Decision(
+        "keep", 2, log.actions[-1]
+    )
 
 
 def test_a_withdrawn_canary_sends_the_trainer_back_to_the_stable_version() -> None:
@@ -205,8 +218,9 @@ def test_when_every_version_is_withdrawn_the_trainer_goes_back_to_the_base() -> 
     act(log, "withdraw", 1, by="canary")
     d = decide(log, 2, chain(2), require_promoted=True, while_pinned="pause")
     assert (d.kind, d.version) == ("switch", 0)
-    assert d.line(POLICY) == ("the base model serves after withdraw by canary: training goes "
-                              "on from the base")
+    assert d.line(POLICY) == (
+        "the base model serves after withdraw by canary: training goes on from the base"
+    )
     assert decide(log, 0, chain(2), require_promoted=True, while_pinned="pause").kind == "keep"
 
 

@@ -69,14 +69,25 @@ def test_rollback_pin_unpin_on_a_live_trainer(
     topic = f"test.follow.samples.{unique}"
     create_topic(admin, topic, 2)
     # the gate off: every candidate serves (the gateways' rule with trainer.gate = false)
-    settings = kafka_settings.model_copy(update={
-        "trainer": kafka_settings.trainer.model_copy(update={"gate": False})})
+    settings = kafka_settings.model_copy(
+        update={"trainer": kafka_settings.trainer.model_copy(update={"gate": False})}
+    )
     assert require_promoted(settings) is False
     cfg = TrainerSettings(
-        policy=policy, model=str(ensure_tiny_model(tmp_path / "tiny")), method="rl",
-        input_topic=topic, weights_root=tmp_path / "weights", lake_root=tmp_path / "lake",
-        device="cpu", gate=False, batch_max_samples=3, batch_max_wait_s=0.05,
-        publish_every_steps=1, publish_max_overhead=1.0, lr=1e-3, max_staleness=1000,
+        policy=policy,
+        model=str(ensure_tiny_model(tmp_path / "tiny")),
+        method="rl",
+        input_topic=topic,
+        weights_root=tmp_path / "weights",
+        lake_root=tmp_path / "lake",
+        device="cpu",
+        gate=False,
+        batch_max_samples=3,
+        batch_max_wait_s=0.05,
+        publish_every_steps=1,
+        publish_max_overhead=1.0,
+        lr=1e-3,
+        max_staleness=1000,
         progress_every_s=0.5,
         canary_share=0.0,  # every version serves everyone once servable: following is tested
     )
@@ -101,8 +112,7 @@ def test_rollback_pin_unpin_on_a_live_trainer(
 
         act(settings, "rollback", "--to", "1", "--policy", policy, "--reason", "regressed")
         said = wait_line(lines, "serves after rollback")
-        assert said == ("v1 serves after rollback by tester (regressed): training goes on "
-                        "from v1")
+        assert said == ("v1 serves after rollback by tester (regressed): training goes on from v1")
         produce(settings, topic, samples[9:12])
         while loop.stats.samples < 12 and time.monotonic() < deadline + 60:
             time.sleep(0.1)
@@ -129,13 +139,16 @@ def test_rollback_pin_unpin_on_a_live_trainer(
         loop.stop()
         thread.join(timeout=60)
     assert not thread.is_alive()
-    rows = DeltaTable(str(tmp_path / "lake" / "trajectories")).to_pyarrow_table(
-        columns=["event_id", "weight_version"]).to_pylist()
+    rows = (
+        DeltaTable(str(tmp_path / "lake" / "trajectories"))
+        .to_pyarrow_table(columns=["event_id", "weight_version"])
+        .to_pylist()
+    )
     ids = sorted(r["event_id"] for r in rows)
     assert ids == sorted(s.event_id for s in samples)  # every sample once, none twice
     log = reading.weights_log(settings, policy)
     pin = next(i for i, ev in enumerate(log.events) if (ev.action or {}).get("kind") == "pin")
     unpin = next(i for i, ev in enumerate(log.events) if (ev.action or {}).get("kind") == "unpin")
-    assert all(ev.action is not None for ev in log.events[pin:unpin + 1])  # nothing published
+    assert all(ev.action is not None for ev in log.events[pin : unpin + 1])  # nothing published
     statuses = trainer_statuses(settings, policy)
     assert statuses[-1].state == "stopped" and statuses[-1].samples == 18

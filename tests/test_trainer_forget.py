@@ -25,17 +25,35 @@ def _traj(session: str, i: int) -> dict[str, Any]:
 
 
 def _version(root: Path, policy: str, version: int, sessions: list[str]) -> Path:
-    step = {"policy_id": policy, "step": version, "weight_version": version, "loss": 0.5,
-            "samples": 2, "tokens": 4, "ts_ms": 1}
+    step = {
+        "policy_id": policy,
+        "step": version,
+        "weight_version": version,
+        "loss": 0.5,
+        "samples": 2,
+        "tokens": 4,
+        "ts_ms": 1,
+    }
 
     def files(tmp: Path) -> None:
         (tmp / "adapter.bin").write_bytes(b"weights")
         rows = [_traj(s, i) for s in sessions for i in range(2)]
-        write_folder_rows(tmp / ck.TRAINER_DIR, T.to_table(T.TRAJECTORIES, rows),
-                          T.to_table(T.GRADIENT_STEPS, [step]))
+        write_folder_rows(
+            tmp / ck.TRAINER_DIR,
+            T.to_table(T.TRAJECTORIES, rows),
+            T.to_table(T.GRADIENT_STEPS, [step]),
+        )
 
-    manifest = ck.Manifest(policy_id=policy, version=version, parent=None, step=version,
-                           created_ms=0, input_topic="in", consumed_offsets={}, files=[])
+    manifest = ck.Manifest(
+        policy_id=policy,
+        version=version,
+        parent=None,
+        step=version,
+        created_ms=0,
+        input_topic="in",
+        consumed_offsets={},
+        files=[],
+    )
     return ck.write_version(root, manifest, files)
 
 

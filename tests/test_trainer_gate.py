@@ -59,8 +59,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def settings(tiny: Path, tmp_path: Path, **kw: Any) -> TrainerSettings:
     base: dict[str, Any] = dict(
-        policy="p", model=str(tiny), weights_root=tmp_path / "w", lake_root=tmp_path / "lake",
-        input_topic="in", device="cpu", gate=True, method="rl",  # the toy task has no hints
+        policy="p",
+        model=str(tiny),
+        weights_root=tmp_path / "w",
+        lake_root=tmp_path / "lake",
+        input_topic="in",
+        device="cpu",
+        gate=True,
+        method="rl",  # the toy task has no hints
     )
     return TrainerSettings(**{**base, **kw})
 
@@ -70,7 +76,10 @@ def table(cfg: TrainerSettings, name: str) -> list[dict]:  # type: ignore[type-a
 
 
 def publish(
-    cfg: TrainerSettings, core: TrainerCore, pub: Publisher, version: int,
+    cfg: TrainerSettings,
+    core: TrainerCore,
+    pub: Publisher,
+    version: int,
     batches: list[list[Record]],
 ) -> ck.Manifest:
     traj, steps = [], []
@@ -79,8 +88,13 @@ def publish(
         traj += trajectory_rows(recs, result, core.tokenizer)
         steps.append(step_row(cfg, result, {0: recs[-1].offset + 1}, 1))
     return pub.publish(
-        core, version=version, parent=version - 1 or None,
-        offsets={0: batches[-1][-1].offset + 1}, trajectories=traj, steps=steps, created_ms=7,
+        core,
+        version=version,
+        parent=version - 1 or None,
+        offsets={0: batches[-1][-1].offset + 1},
+        trajectories=traj,
+        steps=steps,
+        created_ms=7,
     )
 
 
@@ -97,10 +111,19 @@ def test_held_out_samples_are_never_trained(tiny: Path, tmp_path: Path) -> None:
     core = TrainerCore.load(cfg)
     ids = [f"h{i}" for i in range(200) if is_held_out(f"h{i}", 0.5)][:4]
     batch = [
-        Sample(event_id=i, producer=Producer(component="t", version="0"), session_id="x",
-               turn=0, policy_id="p", prompt_token_ids=[1, 50, 2], response_token_ids=[70, 80],
-               loss_mask=[1, 1], behavior_logprobs=[-5.0, -5.0], reward=1.0,
-               behavior_weight_version=0)
+        Sample(
+            event_id=i,
+            producer=Producer(component="t", version="0"),
+            session_id="x",
+            turn=0,
+            policy_id="p",
+            prompt_token_ids=[1, 50, 2],
+            response_token_ids=[70, 80],
+            loss_mask=[1, 1],
+            behavior_logprobs=[-5.0, -5.0],
+            reward=1.0,
+            behavior_weight_version=0,
+        )
         for i in ids
     ]
     before = [p.detach().clone() for p in core.model.parameters()]
@@ -134,10 +157,17 @@ def toy_batches(
             true = reward(r, set(digits))
             flip = invert and not is_held_out(eid, core.cfg.gate_holdout)
             s = Sample(
-                event_id=eid, producer=Producer(component="t", version="0"),
-                session_id=f"s{offset}", turn=0, policy_id="p", prompt_token_ids=prompt,
-                response_token_ids=r, loss_mask=[1] * len(r), behavior_logprobs=lp,
-                reward=-true if flip else true, behavior_weight_version=0,
+                event_id=eid,
+                producer=Producer(component="t", version="0"),
+                session_id=f"s{offset}",
+                turn=0,
+                policy_id="p",
+                prompt_token_ids=prompt,
+                response_token_ids=r,
+                loss_mask=[1] * len(r),
+                behavior_logprobs=lp,
+                reward=-true if flip else true,
+                behavior_weight_version=0,
             )
             recs.append(Record("in", 0, offset, None, 0, s))
             offset += 1
@@ -157,24 +187,39 @@ def test_votes_and_verdict_by_hand(tiny: Path, tmp_path: Path) -> None:
     assert (G.vote(1.0, 0.5, 0.1), G.vote(0.5, 1.0, 0.1), G.vote(1.0, 0.95, 0.1)) == (1, -1, 0)
     assert G.vote(None, 1.0, 0.0) == 0  # a missing score abstains
     assert (G.tally([1, 0]), G.tally([-1, -1, 1]), G.tally([0, 0]), G.tally([1, -1])) == (
-        1, -1, 0, 0)
+        1,
+        -1,
+        0,
+        0,
+    )
 
     def v(pid: str, vote: int, judge: str = "fluency", source: str = "held_out") -> dict:  # type: ignore[type-arg]
         return {"prompt_id": pid, "vote": vote, "judge": judge, "source": source}
 
-    votes = [v("a", 1), v("a", 0, "hint"), v("b", -1), v("b", -1, "reward"), v("b", 1, "hint"),
-             v("c", 0), v("a", 1, "capability", "probe")]
+    votes = [
+        v("a", 1),
+        v("a", 0, "hint"),
+        v("b", -1),
+        v("b", -1, "reward"),
+        v("b", 1, "hint"),
+        v("c", 0),
+        v("a", 1, "capability", "probe"),
+    ]
     # a: +1, b: -1, c: 0, (probe, a): +1 -> won 2, lost 1, tied 1: promoted
     status, fig = G.decide(votes, (12, 12), (-1.0, -1.1), cfg)
     assert status == "promoted" and (fig["gate_won"], fig["gate_lost"], fig["gate_tied"]) == (
-        2, 1, 1)
+        2,
+        1,
+        1,
+    )
     assert (fig["gate_fluency_for"], fig["gate_fluency_against"]) == (1, 1)
     assert (fig["gate_hint_for"], fig["gate_reward_against"]) == (1, 1)
     # a majority against rejects: b and d against, a for
     ok = (-1.0, -1.0)  # fluency measured on both sides, equal
     status, fig = G.decide([v("a", 1), v("b", -1), v("d", -1)], (12, 12), ok, cfg)
-    assert status == "rejected" and fig["gate_reasons"] == ["live preferred on 2 of 3 prompts "
-                                                            "(candidate on 1)"]
+    assert status == "rejected" and fig["gate_reasons"] == [
+        "live preferred on 2 of 3 prompts (candidate on 1)"
+    ]
     # ... of all prompts: lost 2, won 0, tied 3 is no majority against (the ties are decided:
     # real ties, not abstentions)
     five = [v("a", -1), v("b", -1), v("c", 0), v("d", 0), v("e", 0)]
@@ -183,8 +228,9 @@ def test_votes_and_verdict_by_hand(tiny: Path, tmp_path: Path) -> None:
     # capability: one question fewer is within the tolerance of 1, two are not
     assert G.decide(one, (11, 12), ok, cfg)[0] == "promoted"
     status, fig = G.decide(one, (10, 12), ok, cfg)
-    assert status == "rejected" and "capability probe 10 correct vs live 12" in fig[
-        "gate_reasons"][0]
+    assert (
+        status == "rejected" and "capability probe 10 correct vs live 12" in fig["gate_reasons"][0]
+    )
     # fluency: 0.3 nats per token below live is the limit
     assert G.decide(one, (12, 12), (-1.29, -1.0), cfg)[0] == "promoted"
     assert G.decide(one, (12, 12), (-1.31, -1.0), cfg)[0] == "rejected"
@@ -240,8 +286,12 @@ def test_rollouts_are_deterministic(tiny: Path, tmp_path: Path) -> None:
     for recs in toy_batches(core, 3, 0, random.Random(0)):  # move off the all-whitespace base
         core.train_step([r.event for r in recs], 0)
     prompts = [prompt_ids(core.tokenizer), [1, 50, 60, 2], [1, 70, 2]]
-    kw: dict[str, Any] = dict(pad_id=core.pad_id, eos_ids=[core.tokenizer.eos_token_id],
-                              device=core.device, max_new_tokens=6)
+    kw: dict[str, Any] = dict(
+        pad_id=core.pad_id,
+        eos_ids=[core.tokenizer.eos_token_id],
+        device=core.device,
+        max_new_tokens=6,
+    )
     sampled = R.generate(core.model, prompts, temperature=0.7, seed=3, **kw)
     assert sampled == R.generate(core.model, prompts, temperature=0.7, seed=3, **kw)
     assert sampled != R.generate(core.model, prompts, temperature=0.7, seed=4, **kw)
@@ -257,8 +307,9 @@ def test_rollouts_are_deterministic(tiny: Path, tmp_path: Path) -> None:
             continue
         with torch.no_grad():
             logits = core.model(input_ids=torch.tensor([p + a])).logits[0].float()
-        want = sum(torch.log_softmax(logits[len(p) - 1 + t], -1)[tok].item()
-                   for t, tok in enumerate(a)) / len(a)
+        want = sum(
+            torch.log_softmax(logits[len(p) - 1 + t], -1)[tok].item() for t, tok in enumerate(a)
+        ) / len(a)
         assert lp == pytest.approx(want, abs=1e-4)
     assert R.mean_logprobs(core.model, [[1, 2]], [[]], pad_id=0, device=core.device) == [None]
 
@@ -266,8 +317,14 @@ def test_rollouts_are_deterministic(tiny: Path, tmp_path: Path) -> None:
 def test_improving_candidate_promoted_probe_breaking_one_rejected(
     tiny: Path, tmp_path: Path
 ) -> None:
-    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
-                   gate_probe_tolerance=0)
+    cfg = settings(
+        tiny,
+        tmp_path,
+        lr=2e-2,
+        gate_holdout=0.3,
+        gate_probe_file=digit_probe(tmp_path),
+        gate_probe_tolerance=0,
+    )
     core = TrainerCore.load(cfg)
     producer = Recorder()
     pub = Publisher(cfg, producer, gate=G.Gate(cfg))  # type: ignore[arg-type]
@@ -339,8 +396,14 @@ def test_a_rejected_candidate_is_not_the_parent_of_the_next(tiny: Path, tmp_path
     from pipeline.settings import Settings
     from pipeline.trainer.loop import TrainerLoop
 
-    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
-                   gate_probe_tolerance=0)
+    cfg = settings(
+        tiny,
+        tmp_path,
+        lr=2e-2,
+        gate_holdout=0.3,
+        gate_probe_file=digit_probe(tmp_path),
+        gate_probe_tolerance=0,
+    )
     core = TrainerCore.load(cfg)
     pub = Publisher(cfg, Recorder(), gate=G.Gate(cfg))  # type: ignore[arg-type]
     rng = random.Random(1)
@@ -352,8 +415,7 @@ def test_a_rejected_candidate_is_not_the_parent_of_the_next(tiny: Path, tmp_path
     back, version = loop._after_verdict(core, 2, pub)
     assert version == 1 and back is not core and back.step == step
     v1 = TrainerCore.load(cfg, ck.version_dir(cfg.weights_root, "p", 1), step=step)
-    for a, b in zip(back.model.state_dict().values(), v1.model.state_dict().values(),
-                    strict=True):
+    for a, b in zip(back.model.state_dict().values(), v1.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # the live version's weights ...
     saved = back.optimizer.state_dict()["state"]
     assert saved and all(  # ... and its optimizer state, not the rejected candidate's
@@ -362,32 +424,59 @@ def test_a_rejected_candidate_is_not_the_parent_of_the_next(tiny: Path, tmp_path
     )
     # a promoted version, or the operator's "continue", keeps the core as it is
     assert loop._after_verdict(back, 1, pub) == (back, 1)
-    keep = TrainerLoop(Settings(), cfg.model_copy(update={"gate_on_reject": "continue"}),
-                       echo=lambda _m: None)
+    keep = TrainerLoop(
+        Settings(), cfg.model_copy(update={"gate_on_reject": "continue"}), echo=lambda _m: None
+    )
     assert keep._after_verdict(core, 2, pub) == (core, 2)
 
 
 def few(n: int, start: int) -> list[Record]:
     rng = random.Random(start)
     return [
-        Record("in", 0, i, None, 0, Sample(
-            event_id=f"s{i}", producer=Producer(component="t", version="0"), session_id="x",
-            turn=i, policy_id="p", prompt_token_ids=[1, 50, 60, 2],
-            response_token_ids=[rng.randrange(10, 300) for _ in range(3)], loss_mask=[1, 1, 1],
-            behavior_logprobs=[-5.0] * 3, reward=rng.choice([-1.0, 1.0]),
-            behavior_weight_version=0, ts_ms=1_790_000_000_000,
-        ))
+        Record(
+            "in",
+            0,
+            i,
+            None,
+            0,
+            Sample(
+                event_id=f"s{i}",
+                producer=Producer(component="t", version="0"),
+                session_id="x",
+                turn=i,
+                policy_id="p",
+                prompt_token_ids=[1, 50, 60, 2],
+                response_token_ids=[rng.randrange(10, 300) for _ in range(3)],
+                loss_mask=[1, 1, 1],
+                behavior_logprobs=[-5.0] * 3,
+                reward=rng.choice([-1.0, 1.0]),
+                behavior_weight_version=0,
+                ts_ms=1_790_000_000_000,
+            ),
+        )
         for i in range(start, start + n)
     ]
 
 
 @pytest.mark.parametrize(
-    "stage", ["after_events", "after_verdict_file", "after_delta_votes", "after_delta_verdict",
-              "after_verdict_event"]
+    "stage",
+    [
+        "after_events",
+        "after_verdict_file",
+        "after_delta_votes",
+        "after_delta_verdict",
+        "after_verdict_event",
+    ],
 )
 def test_crash_between_candidate_and_verdict(tiny: Path, tmp_path: Path, stage: str) -> None:
-    cfg = settings(tiny, tmp_path, gate_holdout=0.5, gate_min_samples=1, lr=1e-3,
-                   gate_probe_file=digit_probe(tmp_path))
+    cfg = settings(
+        tiny,
+        tmp_path,
+        gate_holdout=0.5,
+        gate_min_samples=1,
+        lr=1e-3,
+        gate_probe_file=digit_probe(tmp_path),
+    )
     core = TrainerCore.load(cfg)
     producer = Recorder()
     publish(cfg, core, Publisher(cfg, producer, gate=G.Gate(cfg)), 1, [few(6, 0)])  # type: ignore[arg-type]
@@ -412,7 +501,10 @@ def test_crash_between_candidate_and_verdict(tiny: Path, tmp_path: Path, stage: 
 
     weights = table(cfg, "weights")
     assert sorted((r["version"], r["status"] == "candidate") for r in weights) == [
-        (1, False), (1, True), (2, False), (2, True)
+        (1, False),
+        (1, True),
+        (2, False),
+        (2, True),
     ]
     stored = G.read_verdict(ck.version_dir(cfg.weights_root, "p", 2))
     assert stored is not None
@@ -448,10 +540,21 @@ def test_staleness_counts_the_lineage_not_rejected_versions(tiny: Path, tmp_path
     assert loop._staleness(7, 9) == 2  # outside the known lineage: by number
     # the step uses it: a sample 3 versions old by number but 1 by lineage trains
     core = TrainerCore.load(settings(tiny, tmp_path, max_staleness=2, gate=False))
-    batch = [Sample(event_id="old", producer=Producer(component="t", version="0"),
-                    session_id="x", turn=0, policy_id="p", prompt_token_ids=[1, 50, 2],
-                    response_token_ids=[70, 80], loss_mask=[1, 1], behavior_logprobs=[-5.0] * 2,
-                    reward=1.0, behavior_weight_version=1)]
+    batch = [
+        Sample(
+            event_id="old",
+            producer=Producer(component="t", version="0"),
+            session_id="x",
+            turn=0,
+            policy_id="p",
+            prompt_token_ids=[1, 50, 2],
+            response_token_ids=[70, 80],
+            loss_mask=[1, 1],
+            behavior_logprobs=[-5.0] * 2,
+            reward=1.0,
+            behavior_weight_version=1,
+        )
+    ]
     by_number = core.train_step(batch, 4)
     by_lineage = core.train_step(batch, 4, [loop._staleness(1, 4)])
     assert [(o.status, o.staleness) for o in by_number.outcomes] == [("stale_dropped", 3)]
@@ -475,39 +578,60 @@ def test_judge_weights_from_a_consistency_file_decide_a_split_prompt(
     assert G.tally([1, -1], [0.8, 0.3]) == 1 and G.tally([1, -1], [0.3, 0.8]) == -1
     assert G.tally([1, -1], [0.5, 0.5]) == 0
     path = tmp_path / "consistency.json"
-    path.write_text(json.dumps({"judges": [
-        {"judge_id": "llm", "judge_version": "a", "agree": 1, "disagree": 0, "consistency": 0.9},
-        {"judge_id": "llm", "judge_version": "b", "agree": 30, "disagree": 20,
-         "consistency": 31 / 52},
-    ]}))
-    cfg = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.5},
-                   gate_consistency_file=path)
+    path.write_text(
+        json.dumps(
+            {
+                "judges": [
+                    {
+                        "judge_id": "llm",
+                        "judge_version": "a",
+                        "agree": 1,
+                        "disagree": 0,
+                        "consistency": 0.9,
+                    },
+                    {
+                        "judge_id": "llm",
+                        "judge_version": "b",
+                        "agree": 30,
+                        "disagree": 20,
+                        "consistency": 31 / 52,
+                    },
+                ]
+            }
+        )
+    )
+    cfg = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.5}, gate_consistency_file=path)
     # log-odds of the row with the most decided verdicts: log((31/52) / (21/52)) = 0.3895
     assert G.judge_weights(cfg) == {"fluency": 0.5, "llm": pytest.approx(0.3895, abs=1e-4)}
     # the reward judge's votes rest on the reward pipeline's judge: its row weights them
     rows = json.loads(path.read_text())["judges"]
-    rows.append({"judge_id": "replies", "judge_version": "r", "agree": 6, "disagree": 2,
-                 "consistency": 0.7})
+    rows.append(
+        {"judge_id": "replies", "judge_version": "r", "agree": 6, "disagree": 2, "consistency": 0.7}
+    )
     withrep = tmp_path / "with-replies.json"
     withrep.write_text(json.dumps({"judges": rows}))
     got = G.judge_weights(settings(tiny, tmp_path, gate_consistency_file=withrep))
     assert got["reward"] == got["replies"] == pytest.approx(0.8473, abs=1e-4)  # log(7/3)
     off = settings(tiny, tmp_path, gate_consistency_file=withrep, gate_reward_judge=None)
     assert "reward" not in G.judge_weights(off)
-    votes = [{"prompt_id": "a", "vote": 1, "judge": "fluency", "source": "held_out"},
-             {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"}]
+    votes = [
+        {"prompt_id": "a", "vote": 1, "judge": "fluency", "source": "held_out"},
+        {"prompt_id": "a", "vote": -1, "judge": "llm", "source": "held_out"},
+    ]
     # By consistency llm weighed 31/52 = 0.596 > 0.5 and the prompt was lost; by log-odds it
     # weighs 0.3895 < 0.5 (a judge barely better than a coin): fluency's +1 wins the prompt.
     status, fig = G.decide(votes, (12, 12), (-1.0, -1.0), cfg)
     assert (status, fig["gate_won"], fig["gate_reasons"]) == ("promoted", 1, [])
-    cfg2 = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.3},
-                    gate_consistency_file=path)
+    cfg2 = settings(tiny, tmp_path, gate_judge_weights={"fluency": 0.3}, gate_consistency_file=path)
     status, fig = G.decide(votes, (12, 12), (-1.0, -1.0), cfg2)  # 0.3 - 0.3895 < 0: lost
-    assert (status, fig["gate_reasons"]) == ("rejected", ["live preferred on 1 of 1 prompts "
-                                                         "(candidate on 0)"])
+    assert (status, fig["gate_reasons"]) == (
+        "rejected",
+        ["live preferred on 1 of 1 prompts (candidate on 0)"],
+    )
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"judges": [{"judge_id": "llm", "judge_version": "a",
-                                           "consistency": 1.5}]}))
+    bad.write_text(
+        json.dumps({"judges": [{"judge_id": "llm", "judge_version": "a", "consistency": 1.5}]})
+    )
     with pytest.raises(ValueError, match="consistency 1.5 of llm is not in"):
         G.Gate(settings(tiny, tmp_path, gate_consistency_file=bad))  # at start, not a verdict
 
@@ -523,20 +647,49 @@ def test_live_consistency_weights_the_gate_over_the_file(tiny: Path, tmp_path: P
             return self._rows
 
     path = tmp_path / "consistency.json"
-    path.write_text(json.dumps({"judges": [
-        {"judge_id": "llm", "judge_version": "a", "agree": 9, "disagree": 0, "consistency": 0.9},
-        {"judge_id": "replies", "judge_version": "r", "agree": 9, "disagree": 0,
-         "consistency": 0.9}]}))
-    cfg = settings(tiny, tmp_path, gate_consistency_file=path, gate_consistency_live=True,
-                   gate_judge_weights={"fluency": 0.5})
+    path.write_text(
+        json.dumps(
+            {
+                "judges": [
+                    {
+                        "judge_id": "llm",
+                        "judge_version": "a",
+                        "agree": 9,
+                        "disagree": 0,
+                        "consistency": 0.9,
+                    },
+                    {
+                        "judge_id": "replies",
+                        "judge_version": "r",
+                        "agree": 9,
+                        "disagree": 0,
+                        "consistency": 0.9,
+                    },
+                ]
+            }
+        )
+    )
+    cfg = settings(
+        tiny,
+        tmp_path,
+        gate_consistency_file=path,
+        gate_consistency_live=True,
+        gate_judge_weights={"fluency": 0.5},
+    )
     # the topic has since seen llm contradicted (2 agree, 6 disagree: 3/10, log-odds < 0 -> 0);
     # the version with the most decided verdicts speaks for the judge; the file's 0.9 -> log 9
     live = Live([JudgeRow("llm", "a", 0.3, 8), JudgeRow("llm", "old", 0.95, 2)])
     log9 = pytest.approx(2.1972, abs=1e-4)
-    assert G.judge_weights(cfg, live) == {"fluency": 0.5, "llm": 0.0, "replies": log9,
-                                          "reward": log9}
-    votes = [{"prompt_id": "a", "vote": 1, "judge": "llm", "source": "held_out"},
-             {"prompt_id": "a", "vote": -1, "judge": "fluency", "source": "held_out"}]
+    assert G.judge_weights(cfg, live) == {
+        "fluency": 0.5,
+        "llm": 0.0,
+        "replies": log9,
+        "reward": log9,
+    }
+    votes = [
+        {"prompt_id": "a", "vote": 1, "judge": "llm", "source": "held_out"},
+        {"prompt_id": "a", "vote": -1, "judge": "fluency", "source": "held_out"},
+    ]
     ok = (-1.0, -1.0)  # fluency measured on both sides, equal
     assert G.decide(votes, (12, 12), ok, cfg)[0] == "promoted"  # file: 2.1972 > 0.5
     status, fig = G.decide(votes, (12, 12), ok, cfg, live)  # live: 0 < 0.5
@@ -560,24 +713,38 @@ def test_live_consistency_weights_the_gate_over_the_file(tiny: Path, tmp_path: P
 LIVE_ANSWER = "Bread goes stale as its starch crystallises."
 
 
-def fixed_scores(prompts: list[G.EvalPrompt], *, text: str, fluency: float | None,
-                 right: int, ids: list[int] | None = None) -> G.Scored:
+def fixed_scores(
+    prompts: list[G.EvalPrompt],
+    *,
+    text: str,
+    fluency: float | None,
+    right: int,
+    ids: list[int] | None = None,
+) -> G.Scored:
     """The same answer (greedy and sampled) on every prompt; the first ``right`` probe
     questions answered right."""
     probe_at = [i for i, p in enumerate(prompts) if p.item is not None]
     n = len(prompts)
     return G.Scored(
-        greedy=[list(ids) if ids else [] for _ in prompts], text=[text] * n,
+        greedy=[list(ids) if ids else [] for _ in prompts],
+        text=[text] * n,
         sampled_text=[text] * n,
-        correct=[None if p.item is None else i in probe_at[:right]
-                 for i, p in enumerate(prompts)],
-        fluency=[fluency] * n, hint=[None] * n, recorded=[None] * n,
+        correct=[None if p.item is None else i in probe_at[:right] for i, p in enumerate(prompts)],
+        fluency=[fluency] * n,
+        hint=[None] * n,
+        recorded=[None] * n,
     )
 
 
-def verdict_against_weak_live(tiny: Path, tmp_path: Path, *, text: str,
-                              fluency: float | None, ids: list[int] | None = None,
-                              right: int = 0) -> dict[str, Any]:
+def verdict_against_weak_live(
+    tiny: Path,
+    tmp_path: Path,
+    *,
+    text: str,
+    fluency: float | None,
+    ids: list[int] | None = None,
+    right: int = 0,
+) -> dict[str, Any]:
     """Gate.evaluate on the issue's 12 prompts with both sides' answers fixed (no model)."""
     from types import SimpleNamespace
 
@@ -585,16 +752,31 @@ def verdict_against_weak_live(tiny: Path, tmp_path: Path, *, text: str,
 
     cfg = settings(tiny, tmp_path)  # defaults: 4 held-out prompts, 8 probe questions
     gate = G.Gate(cfg)
-    gate.add([{"status": "held_out", "prompt_token_ids": [1, 40 + k, 2], "reward": 0.0,
-               "response_token_ids": [70, 80], "hints": [], "session_id": f"s{k}",
-               "weight_version": 0, "step": k, "source_partition": 0, "source_offset": k}
-              for k in range(4)])
+    gate.add(
+        [
+            {
+                "status": "held_out",
+                "prompt_token_ids": [1, 40 + k, 2],
+                "reward": 0.0,
+                "response_token_ids": [70, 80],
+                "hints": [],
+                "session_id": f"s{k}",
+                "weight_version": 0,
+                "step": k,
+                "source_partition": 0,
+                "source_offset": k,
+            }
+            for k in range(4)
+        ]
+    )
     gate.baseline = object()
     core = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(tiny), model=object())
     gate._live_scores = lambda _core, ps: fixed_scores(  # type: ignore[method-assign]
-        ps, text=LIVE_ANSWER, fluency=-1.0, right=1)
+        ps, text=LIVE_ANSWER, fluency=-1.0, right=1
+    )
     gate._score = lambda _core, _model, ps: fixed_scores(  # type: ignore[method-assign]
-        ps, text=text, fluency=fluency, ids=ids, right=right)
+        ps, text=text, fluency=fluency, ids=ids, right=right
+    )
     out = gate.evaluate(core, 1)
     assert out is not None and out["metrics"]["gate_prompts"] == 12
     return out
@@ -618,13 +800,13 @@ def test_whitespace_answers_lose_every_prompt(tiny: Path, tmp_path: Path) -> Non
     m = out["metrics"]
     assert out["status"] == "rejected" and (m["gate_won"], m["gate_lost"]) == (0, 12)
     assert {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"} == {
-        "sampled answer: whitespace"}
+        "sampled answer: whitespace"
+    }
 
 
 def test_nan_fluency_is_a_failed_check(tiny: Path, tmp_path: Path) -> None:
     # The same answers as the live version (one probe question right), but fluency NaN.
-    out = verdict_against_weak_live(tiny, tmp_path, text=LIVE_ANSWER, fluency=float("nan"),
-                                    right=1)
+    out = verdict_against_weak_live(tiny, tmp_path, text=LIVE_ANSWER, fluency=float("nan"), right=1)
     m = out["metrics"]
     assert out["status"] == "rejected" and m["gate_lost"] == 12
     assert any("fluency not measured: candidate nan" in r for r in m["gate_reasons"])
@@ -637,33 +819,42 @@ def test_missing_fluency_is_a_failed_check(tiny: Path, tmp_path: Path) -> None:
     assert out["status"] == "rejected" and m["gate_lost"] == 12
     assert any("fluency not measured: candidate None" in r for r in m["gate_reasons"])
     assert {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"} == {
-        "no fluency"}
+        "no fluency"
+    }
 
 
 def test_degenerate_answers_lose_every_prompt(tiny: Path, tmp_path: Path) -> None:
     # One word looped: highly predictable, so its fluency beats the live version's by more
     # than the margin (-0.3 vs -1.0: a fluency vote *for* it on 7ed65b3).
-    out = verdict_against_weak_live(tiny, tmp_path, text="the " * 12, fluency=-0.3,
-                                    ids=[5] * 16)
+    out = verdict_against_weak_live(tiny, tmp_path, text="the " * 12, fluency=-0.3, ids=[5] * 16)
     m = out["metrics"]
     assert out["status"] == "rejected" and (m["gate_won"], m["gate_lost"]) == (0, 12)
     assert {v["detail"]["candidate"] for v in out["votes"] if v["judge"] == "validity"} == {
-        "sampled answer: degenerate"}
+        "sampled answer: degenerate"
+    }
 
 
 def test_answer_defects_by_hand() -> None:
     d = G.answer_defect
     assert (d(""), d("  \n"), d("?!..."), d("the the the the")) == (
-        "empty", "whitespace", "no words", "degenerate")
+        "empty",
+        "whitespace",
+        "no words",
+        "degenerate",
+    )
     assert d("ok", [7, 7, 7, 7]) == "degenerate"  # one token repeated 4 times
     assert d("aaaaaa") == "degenerate" and d("a b a b a b a b") == "degenerate"  # 2 of 8 words
     # answers, however short: the probe accepts "4"; a long number is still one
     assert [d(t) for t in ("4", "Paris", "1000000000", "the the the", "a b c a b c a b")] == [
-        None] * 5
+        None
+    ] * 5
     assert d("1000000000", [16, 15, 15, 15, 15, 15, 15, 15, 15, 15]) is None
-    assert (G.fluency_defect(None), G.fluency_defect(float("nan")),
-            G.fluency_defect(float("-inf")), G.fluency_defect(-1.2)) == (
-        "no fluency", "fluency NaN", "fluency infinite", None)
+    assert (
+        G.fluency_defect(None),
+        G.fluency_defect(float("nan")),
+        G.fluency_defect(float("-inf")),
+        G.fluency_defect(-1.2),
+    ) == ("no fluency", "fluency NaN", "fluency infinite", None)
 
 
 def test_too_few_decided_prompts_is_no_decision(tiny: Path, tmp_path: Path) -> None:
@@ -671,15 +862,19 @@ def test_too_few_decided_prompts_is_no_decision(tiny: Path, tmp_path: Path) -> N
     # 12 prompts: the capability judge decides one (lost); on the other 11 every judge
     # abstained (an LLM judge that could not be reached, scores that could not be compared).
     votes = [{"prompt_id": "q0", "source": "probe", "judge": "capability", "vote": -1}]
-    votes += [{"prompt_id": f"h{k}", "source": "held_out", "judge": j, "vote": 0,
-               "abstained": True} for k in range(11) for j in ("fluency", "llm")]
+    votes += [
+        {"prompt_id": f"h{k}", "source": "held_out", "judge": j, "vote": 0, "abstained": True}
+        for k in range(11)
+        for j in ("fluency", "llm")
+    ]
     status, fig = G.decide(votes, (0, 1), (-1.0, -1.0), cfg)
     assert status == "candidate"  # G.NO_DECISION: never promoted
     assert (fig["gate_decided"], fig["gate_min_decided"]) == (1, 6)  # ceil(0.5 * 12) = 6
     assert "1 of 12 prompts decided" in fig["gate_no_decision"]
     # six decided prompts (ties within the margin are decisions) are enough ...
-    ties = [{**v, "abstained": False} for v in votes if v["prompt_id"] in {"h0", "h1", "h2",
-                                                                           "h3", "h4"}]
+    ties = [
+        {**v, "abstained": False} for v in votes if v["prompt_id"] in {"h0", "h1", "h2", "h3", "h4"}
+    ]
     assert G.decide(votes + ties, (0, 1), (-1.0, -1.0), cfg)[0] == "promoted"
     # ... and no votes at all are never a decision, whatever the setting
     none = settings(tiny, tmp_path, gate_min_decided=0.0)
@@ -695,8 +890,12 @@ def test_generate_tells_each_answer_end_once(tiny: Path, tmp_path: Path) -> None
     core = TrainerCore.load(settings(tiny, tmp_path))
     prompts = [prompt_ids(core.tokenizer), [1, 50, 60, 2], [1, 70, 2], [1, 80, 2], [1, 90, 2]]
     told: list[int] = []
-    kw: dict[str, Any] = dict(pad_id=core.pad_id, eos_ids=[core.tokenizer.eos_token_id],
-                              device=core.device, max_new_tokens=5)
+    kw: dict[str, Any] = dict(
+        pad_id=core.pad_id,
+        eos_ids=[core.tokenizer.eos_token_id],
+        device=core.device,
+        max_new_tokens=5,
+    )
     # batches of 2: three chunks; every prompt's end is told once, in chunk order
     got = R.generate(core.model, prompts, batch=2, on_finished=told.extend, **kw)
     assert sorted(told) == [0, 1, 2, 3, 4] and told[:2] in ([0, 1], [1, 0])
@@ -704,8 +903,14 @@ def test_generate_tells_each_answer_end_once(tiny: Path, tmp_path: Path) -> None
 
 
 def test_evaluation_progress_counts_every_prompt_it_answers(tiny: Path, tmp_path: Path) -> None:
-    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
-                   gate_probe_tolerance=0)
+    cfg = settings(
+        tiny,
+        tmp_path,
+        lr=2e-2,
+        gate_holdout=0.3,
+        gate_probe_file=digit_probe(tmp_path),
+        gate_probe_tolerance=0,
+    )
     core = TrainerCore.load(cfg)
     calls: list[tuple[int, int, str]] = []
     gate = G.Gate(cfg, on_progress=lambda d, t, w: calls.append((d, t, w)))
@@ -716,18 +921,26 @@ def test_evaluation_progress_counts_every_prompt_it_answers(tiny: Path, tmp_path
     # v1 against the base: the base's n answers (live, computed here) then the candidate's n;
     # the base is the reference too, nothing more to answer
     assert n > 0 and calls == [(i, 2 * n, "live") for i in range(1, n + 1)] + [
-        (i, 2 * n, "candidate") for i in range(n + 1, 2 * n + 1)]
+        (i, 2 * n, "candidate") for i in range(n + 1, 2 * n + 1)
+    ]
 
 
 def test_following_the_serving_version_loads_its_weights_and_optimizer(
-        tiny: Path, tmp_path: Path) -> None:
+    tiny: Path, tmp_path: Path
+) -> None:
     from pipeline.settings import Settings
     from pipeline.trainer.follow import Decision
     from pipeline.trainer.loop import TrainerLoop
     from pipeline.versions.table import Action
 
-    cfg = settings(tiny, tmp_path, lr=2e-2, gate_holdout=0.3, gate_probe_file=digit_probe(tmp_path),
-                   gate_probe_tolerance=0)
+    cfg = settings(
+        tiny,
+        tmp_path,
+        lr=2e-2,
+        gate_holdout=0.3,
+        gate_probe_file=digit_probe(tmp_path),
+        gate_probe_tolerance=0,
+    )
     core = TrainerCore.load(cfg)
     gate = G.Gate(cfg)
     pub = Publisher(cfg, Recorder(), gate=gate)  # type: ignore[arg-type]
@@ -741,16 +954,19 @@ def test_following_the_serving_version_loads_its_weights_and_optimizer(
     back, version = loop._follow(rollback, core, 2, pub)
     assert version == 1 and back is not core and back.step == step  # step numbers go on
     v1 = TrainerCore.load(cfg, ck.version_dir(cfg.weights_root, "p", 1), step=step)
-    for a, b in zip(back.model.state_dict().values(), v1.model.state_dict().values(),
-                    strict=True):
+    for a, b in zip(back.model.state_dict().values(), v1.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     saved = back.optimizer.state_dict()["state"]
-    assert saved and all(torch.equal(x["exp_avg"], y["exp_avg"]) for x, y in zip(
-        saved.values(), v1.optimizer.state_dict()["state"].values(), strict=True))
+    assert saved and all(
+        torch.equal(x["exp_avg"], y["exp_avg"])
+        for x, y in zip(saved.values(), v1.optimizer.state_dict()["state"].values(), strict=True)
+    )
     assert gate.baseline_version == 1 and gate.live_dir() == ck.version_dir(
-        cfg.weights_root, "p", 1)
-    assert lines[-1] == ("v1 serves after rollback by alice (v2 talks French): training goes "
-                         "on from v1")
+        cfg.weights_root, "p", 1
+    )
+    assert lines[-1] == (
+        "v1 serves after rollback by alice (v2 talks French): training goes on from v1"
+    )
     assert (loop.progress.version, loop.progress.detail) == (1, lines[-1])
     # pinned with while_pinned = "pause": the weights stay, the loop pauses; then resumes
     pin = Decision("pause", 1, Action("pin", 1, "bob", None, 6, "e2"))

@@ -42,10 +42,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def read_all(settings: Settings, topic: str, policy: str) -> list[events.Event]:
     """Every event of ``policy`` on ``topic``, read committed from the beginning."""
-    c = Consumer(settings.kafka_client_config(**{
-        "group.id": f"gate-read-{time.time_ns()}", "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-    }))
+    c = Consumer(
+        settings.kafka_client_config(
+            **{
+                "group.id": f"gate-read-{time.time_ns()}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+    )
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in parts}
@@ -66,7 +71,11 @@ def read_all(settings: Settings, topic: str, policy: str) -> list[events.Event]:
 
 
 def test_rejected_candidate_is_never_served(
-    kafka_settings: Settings, admin, tiny: Path, tmp_path: Path, unique: str  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    tiny: Path,
+    tmp_path: Path,
+    unique: str,  # type: ignore[no-untyped-def]
 ) -> None:
     policy, topic = f"gate-{unique}", f"test.samples.gate.{unique}"
     create_topic(admin, topic)
@@ -90,16 +99,51 @@ def test_rejected_candidate_is_never_served(
     rec = FakeRecorder()
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    reloader = Reloader(kafka_settings, backend, loop, replica_id=f"r-{unique}",
-                        require_promoted=kafka_settings.trainer.gate, emit=rec.record)
+    reloader = Reloader(
+        kafka_settings,
+        backend,
+        loop,
+        replica_id=f"r-{unique}",
+        require_promoted=kafka_settings.trainer.gate,
+        emit=rec.record,
+    )
     reloader.start()
     cmd = [
-        sys.executable, "-m", "pipeline.trainer.commands", "--policy", policy, "--model",
-        str(tiny), "--topic", topic, "--weights-root", str(tmp_path / "weights"),
-        "--lake-root", str(tmp_path / "lake"), "--batch-samples", "16", "--batch-wait", "0.05",
-        "--publish-every-steps", "6", "--publish-max-overhead", "1", "--lr", "2e-2",
-        "--device", "cpu", "--method", "rl", "--gate-holdout", "0.3",
-        "--gate-probe-file", str(probe), "--gate-probe-tolerance", "0", "--exit-when-idle", "25",
+        sys.executable,
+        "-m",
+        "pipeline.trainer.commands",
+        "--policy",
+        policy,
+        "--model",
+        str(tiny),
+        "--topic",
+        topic,
+        "--weights-root",
+        str(tmp_path / "weights"),
+        "--lake-root",
+        str(tmp_path / "lake"),
+        "--batch-samples",
+        "16",
+        "--batch-wait",
+        "0.05",
+        "--publish-every-steps",
+        "6",
+        "--publish-max-overhead",
+        "1",
+        "--lr",
+        "2e-2",
+        "--device",
+        "cpu",
+        "--method",
+        "rl",
+        "--gate-holdout",
+        "0.3",
+        "--gate-probe-file",
+        str(probe),
+        "--gate-probe-tolerance",
+        "0",
+        "--exit-when-idle",
+        "25",
     ]
     log = (tmp_path / "trainer.log").open("wb")  # noqa: SIM115 - the child writes it throughout
     try:
@@ -119,8 +163,11 @@ def test_rejected_candidate_is_never_served(
         loop.call_soon_threadsafe(loop.stop)
         log.close()
 
-    weights = [e for e in read_all(kafka_settings, names.WEIGHTS, policy)
-               if isinstance(e, events.WeightsPublished)]
+    weights = [
+        e
+        for e in read_all(kafka_settings, names.WEIGHTS, policy)
+        if isinstance(e, events.WeightsPublished)
+    ]
     status = {(e.version, e.status) for e in weights}
     assert (1, "promoted") in status and (2, "rejected") in status, status
     assert backend.version == 1  # v2 was rejected: never loaded
@@ -128,8 +175,11 @@ def test_rejected_candidate_is_never_served(
     assert 2 not in loaded and loaded == [1]
     text = (tmp_path / "trainer.log").read_text()
     assert "v2 rejected: training goes on from live v1" in text
-    votes = [e for e in read_all(kafka_settings, names.GATE_VOTES, policy)
-             if isinstance(e, events.GateVote)]
+    votes = [
+        e
+        for e in read_all(kafka_settings, names.GATE_VOTES, policy)
+        if isinstance(e, events.GateVote)
+    ]
     v2 = [e for e in votes if e.version == 2]
     assert v2 and len(v2) == len({e.event_id for e in v2})  # once each, by id
     assert any(e.judge == "capability" and e.vote == -1 for e in v2)

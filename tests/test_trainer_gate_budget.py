@@ -26,10 +26,12 @@ from pipeline.trainer.config import TrainerSettings
 # Four held-out requests and an answer on each one's topic (content words mentioned, and
 # words of its own), and one answer on none of their topics.
 ON_TOPIC = {
-    "How can I drink more water during the day?":
-        "Keep a water bottle on your desk and refill it often.",
-    "Give me a tip for sleeping better.":
-        "Keep a fixed bedtime and a dark, cool room for sleeping.",
+    "How can I drink more water during the day?": (
+        "Keep a water bottle on your desk and refill it often."
+    ),
+    "Give me a tip for sleeping better.": (
+        "Keep a fixed bedtime and a dark, cool room for sleeping."
+    ),
     "What is a good way to start running?": "Start running slowly, with short easy jogs.",
     "How do I keep houseplants alive?": "Water houseplants when the soil is dry; give them light.",
 }
@@ -44,8 +46,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def settings(tiny: Path, tmp_path: Path, **kw: Any) -> TrainerSettings:
     base: dict[str, Any] = dict(
-        policy="p", model=str(tiny), weights_root=tmp_path / "w", lake_root=tmp_path / "lake",
-        input_topic="in", device="cpu", gate=True, method="rl",
+        policy="p",
+        model=str(tiny),
+        weights_root=tmp_path / "w",
+        lake_root=tmp_path / "lake",
+        input_topic="in",
+        device="cpu",
+        gate=True,
+        method="rl",
     )
     return TrainerSettings(**{**base, **kw})
 
@@ -56,15 +64,18 @@ def test_relevance_reads_the_on_topic_rule() -> None:
         assert G.relevant(request, OFF_TOPIC) == 0.0
     assert G.relevant("", OFF_TOPIC) is None  # a probe question: no request to hold it to
     assert G.relevant("Hi!", OFF_TOPIC) is None  # no content words: nothing to check
-    assert G.relevant("How can I drink more water during the day?", "water water water "
-                      "water") == 0.0  # degenerate: no substance
+    assert (
+        G.relevant("How can I drink more water during the day?", "water water water water") == 0.0
+    )  # degenerate: no substance
 
 
 # ---- the budget by hand ------------------------------------------------------------------------
 
+
 def test_budget_edges_by_hand(tiny: Path, tmp_path: Path) -> None:
-    cfg = settings(tiny, tmp_path, gate_budget_probe=2, gate_budget_fluency=0.3,
-                   gate_budget_relevance=0.25)
+    cfg = settings(
+        tiny, tmp_path, gate_budget_probe=2, gate_budget_fluency=0.3, gate_budget_relevance=0.25
+    )
     ref = G.Figures(probe=6, fluency=-1.0, relevance=0.75)
     # exactly at every budget: 6 - 4 = 2 questions, -1.0 - -1.3 = 0.30000000000000004 in
     # floats (0.3 exactly), 0.75 - 0.5 = 0.25: passes, nothing left
@@ -72,10 +83,17 @@ def test_budget_edges_by_hand(tiny: Path, tmp_path: Path) -> None:
     assert reasons == [] and fig["gate_budget_unknown"] == []
     assert (fig["gate_budget_probe_left"], fig["gate_budget_relevance_left"]) == (0, 0.0)
     assert fig["gate_budget_fluency_left"] == pytest.approx(0.0, abs=1e-9)
-    assert (fig["gate_reference_probe"], fig["gate_reference_fluency"],
-            fig["gate_reference_relevance"], fig["gate_reference"]) == (6, -1.0, 0.75, "base")
-    assert (fig["gate_budget_probe"], fig["gate_budget_fluency"],
-            fig["gate_budget_relevance"]) == (2, 0.3, 0.25)
+    assert (
+        fig["gate_reference_probe"],
+        fig["gate_reference_fluency"],
+        fig["gate_reference_relevance"],
+        fig["gate_reference"],
+    ) == (6, -1.0, 0.75, "base")
+    assert (fig["gate_budget_probe"], fig["gate_budget_fluency"], fig["gate_budget_relevance"]) == (
+        2,
+        0.3,
+        0.25,
+    )
     # just over each one
     reasons, fig = G.budget(G.Figures(3, -1.31, 0.49), ref, cfg)
     assert reasons == [
@@ -86,51 +104,81 @@ def test_budget_edges_by_hand(tiny: Path, tmp_path: Path) -> None:
         "relevance 0.49 vs reference (base) 0.75 share of held-out answers on topic: lost "
         "0.26, over the budget of 0.25 (gate_budget_relevance)",
     ]
-    assert (fig["gate_budget_probe_left"], fig["gate_budget_fluency_left"],
-            fig["gate_budget_relevance_left"]) == (-1, -0.01, -0.01)
+    assert (
+        fig["gate_budget_probe_left"],
+        fig["gate_budget_fluency_left"],
+        fig["gate_budget_relevance_left"],
+    ) == (-1, -0.01, -0.01)
     # better than the base: more than the whole budget left
     reasons, fig = G.budget(G.Figures(8, -0.9, 1.0), ref, cfg)
-    assert reasons == [] and (fig["gate_budget_probe_left"], fig["gate_budget_fluency_left"],
-                              fig["gate_budget_relevance_left"]) == (4, 0.4, 0.5)
+    assert reasons == [] and (
+        fig["gate_budget_probe_left"],
+        fig["gate_budget_fluency_left"],
+        fig["gate_budget_relevance_left"],
+    ) == (4, 0.4, 0.5)
 
 
 def test_the_budget_rejects_whatever_the_live_comparison_says(tiny: Path, tmp_path: Path) -> None:
     cfg = settings(tiny, tmp_path, gate_budget_fluency=0.5)
     tie = [{"prompt_id": "a", "source": "held_out", "judge": "fluency", "vote": 0}]
     # the same as live on every check, 0.6 nats/token below the base: rejected
-    status, fig = G.decide(tie, (4, 4), (-1.6, -1.6), cfg, candidate=G.Figures(4, -1.6, 1.0),
-                           reference=G.Figures(4, -1.0, 1.0))
+    status, fig = G.decide(
+        tie,
+        (4, 4),
+        (-1.6, -1.6),
+        cfg,
+        candidate=G.Figures(4, -1.6, 1.0),
+        reference=G.Figures(4, -1.0, 1.0),
+    )
     assert status == "rejected" and fig["gate_reasons"] == [
         "fluency -1.6 vs reference (base) -1 nats/token: lost 0.6, over the budget of 0.5 "
-        "(gate_budget_fluency)"]
+        "(gate_budget_fluency)"
+    ]
     assert fig["gate_budget_fluency_left"] == pytest.approx(-0.1)
     # without a reference the verdict is the live comparison's, as before
     assert G.decide(tie, (4, 4), (-1.6, -1.6), cfg)[0] == "promoted"
 
 
 @pytest.mark.parametrize("unknown", [None, float("nan"), float("inf")])
-def test_an_unknown_reference_figure_is_not_checked(tiny: Path, tmp_path: Path,
-                                                    unknown: float | None) -> None:
+def test_an_unknown_reference_figure_is_not_checked(
+    tiny: Path, tmp_path: Path, unknown: float | None
+) -> None:
     cfg = settings(tiny, tmp_path)
     tie = [{"prompt_id": "a", "source": "held_out", "judge": "fluency", "vote": 0}]
     # far below any budget on every metric, but nothing known to hold it against
-    status, fig = G.decide(tie, (0, 0), (-5.0, -5.0), cfg, candidate=G.Figures(0, -5.0, 0.0),
-                           reference=G.Figures(None, unknown, unknown))
+    status, fig = G.decide(
+        tie,
+        (0, 0),
+        (-5.0, -5.0),
+        cfg,
+        candidate=G.Figures(0, -5.0, 0.0),
+        reference=G.Figures(None, unknown, unknown),
+    )
     assert status == "promoted" and fig["gate_reasons"] == []
     assert [u.split(":")[0] for u in fig["gate_budget_unknown"]] == [
-        "probe", "fluency", "relevance"]
+        "probe",
+        "fluency",
+        "relevance",
+    ]
     assert all(u.endswith("not checked") for u in fig["gate_budget_unknown"])
     for name in G.BUDGETS:
         assert fig[f"gate_reference_{name}"] is None and fig[f"gate_budget_{name}_left"] is None
     orjson.dumps(fig)  # the verdict file takes it as it is
     # one unknown metric leaves the others checked
-    status, fig = G.decide(tie, (0, 0), (-5.0, -5.0), cfg, candidate=G.Figures(0, -5.0, 0.0),
-                           reference=G.Figures(None, unknown, 1.0))
+    status, fig = G.decide(
+        tie,
+        (0, 0),
+        (-5.0, -5.0),
+        cfg,
+        candidate=G.Figures(0, -5.0, 0.0),
+        reference=G.Figures(None, unknown, 1.0),
+    )
     assert status == "rejected" and len(fig["gate_reasons"]) == 1
     assert fig["gate_reasons"][0].startswith("relevance 0 vs reference (base) 1")
 
 
 # ---- the gate without a model ------------------------------------------------------------------
+
 
 class Fake:
     """Stands in for a model: ``promote`` copies the candidate's state into the live one."""
@@ -145,20 +193,29 @@ class Fake:
         self.name = state["name"]
 
 
-def answers(prompts: list[G.EvalPrompt], *, fluency: float, right: int,
-            off_topic: int) -> G.Scored:
+def answers(prompts: list[G.EvalPrompt], *, fluency: float, right: int, off_topic: int) -> G.Scored:
     """Fixed answers: the first ``right`` probe questions right, the first ``off_topic``
     held-out prompts answered off topic (the rest on topic), ``fluency`` everywhere."""
     held = [i for i, p in enumerate(prompts) if p.source == "held_out"]
     probe = [i for i, p in enumerate(prompts) if p.item is not None]
-    text = [PROBE_ANSWER if p.item is not None
-            else OFF_TOPIC if held.index(i) < off_topic else ON_TOPIC[p.request]
-            for i, p in enumerate(prompts)]
+    text = [
+        PROBE_ANSWER
+        if p.item is not None
+        else OFF_TOPIC
+        if held.index(i) < off_topic
+        else ON_TOPIC[p.request]
+        for i, p in enumerate(prompts)
+    ]
     n = len(prompts)
-    return G.Scored(greedy=[[] for _ in prompts], text=text, sampled_text=text,
-                    correct=[None if p.item is None else i in probe[:right]
-                             for i, p in enumerate(prompts)],
-                    fluency=[fluency] * n, hint=[None] * n, recorded=[None] * n)
+    return G.Scored(
+        greedy=[[] for _ in prompts],
+        text=text,
+        sampled_text=text,
+        correct=[None if p.item is None else i in probe[:right] for i, p in enumerate(prompts)],
+        fluency=[fluency] * n,
+        hint=[None] * n,
+        recorded=[None] * n,
+    )
 
 
 class Harness:
@@ -171,19 +228,31 @@ class Harness:
         self.figures: dict[str, tuple[float, int, int]] = {}
         self.scored: list[tuple[str, int]] = []  # (model, prompts) of every _score call
         self.gate = self.new_gate()
-        self.gate.add([
-            {"status": "held_out", "prompt_token_ids": P.chat_prompt_ids(self.tok, q),
-             "reward": 0.0, "response_token_ids": [70, 80], "hints": [],
-             "session_id": f"s{k}", "weight_version": 0, "step": k, "source_partition": 0,
-             "source_offset": k}
-            for k, q in enumerate(ON_TOPIC)])
+        self.gate.add(
+            [
+                {
+                    "status": "held_out",
+                    "prompt_token_ids": P.chat_prompt_ids(self.tok, q),
+                    "reward": 0.0,
+                    "response_token_ids": [70, 80],
+                    "hints": [],
+                    "session_id": f"s{k}",
+                    "weight_version": 0,
+                    "step": k,
+                    "source_partition": 0,
+                    "source_offset": k,
+                }
+                for k, q in enumerate(ON_TOPIC)
+            ]
+        )
         self.gate.baseline = Fake("base")
 
     def new_gate(self) -> G.Gate:
         gate = G.Gate(self.cfg)
 
-        def score(_core: Any, model: Fake, ps: list[G.EvalPrompt],
-                  _whose: str = "candidate") -> G.Scored:
+        def score(
+            _core: Any, model: Fake, ps: list[G.EvalPrompt], _whose: str = "candidate"
+        ) -> G.Scored:
             self.scored.append((model.name, len(ps)))
             f, right, off = self.figures[model.name]
             return answers(ps, fluency=f, right=right, off_topic=off)
@@ -209,12 +278,15 @@ class Harness:
 # or one lost prompt of 12 in the votes); the budget allows two such steps.
 CHAINS = {
     # metric: (settings, the chain's (fluency, probe right, off topic) per version)
-    "fluency": ({"gate_fluency_tolerance": 0.3, "gate_budget_fluency": 0.5},
-                [(-1.25, 6, 0), (-1.5, 6, 0), (-1.75, 6, 0)]),
-    "probe": ({"gate_probe_tolerance": 1, "gate_budget_probe": 2},
-              [(-1.0, 5, 0), (-1.0, 4, 0), (-1.0, 3, 0)]),
-    "relevance": ({"gate_budget_relevance": 0.5},
-                  [(-1.0, 6, 1), (-1.0, 6, 2), (-1.0, 6, 3)]),
+    "fluency": (
+        {"gate_fluency_tolerance": 0.3, "gate_budget_fluency": 0.5},
+        [(-1.25, 6, 0), (-1.5, 6, 0), (-1.75, 6, 0)],
+    ),
+    "probe": (
+        {"gate_probe_tolerance": 1, "gate_budget_probe": 2},
+        [(-1.0, 5, 0), (-1.0, 4, 0), (-1.0, 3, 0)],
+    ),
+    "relevance": ({"gate_budget_relevance": 0.5}, [(-1.0, 6, 1), (-1.0, 6, 2), (-1.0, 6, 3)]),
 }
 BASE = (-1.0, 6, 0)
 
@@ -238,16 +310,19 @@ def test_a_chain_of_small_losses_stops_when_the_budget_is_spent(
     assert m["gate_live_version"] == 2 and h.gate.baseline_version == 2
     want = {
         "fluency": "fluency -1.75 vs reference (base) -1 nats/token: lost 0.75, over the budget "
-                   "of 0.5 (gate_budget_fluency)",
+        "of 0.5 (gate_budget_fluency)",
         "probe": "probe 3 vs reference (base) 6 questions right: lost 3, over the budget of 2 "
-                 "(gate_budget_probe)",
+        "(gate_budget_probe)",
         "relevance": "relevance 0.25 vs reference (base) 1 share of held-out answers on topic: "
-                     "lost 0.75, over the budget of 0.5 (gate_budget_relevance)",
+        "lost 0.75, over the budget of 0.5 (gate_budget_relevance)",
     }
     assert m["gate_reasons"] == [want[metric]]
     assert m["gate_lost"] <= 1  # one prompt of 12 against it at most: no majority
-    assert (m["gate_reference_probe"], m["gate_reference_fluency"],
-            m["gate_reference_relevance"]) == (6, -1.0, 1.0)
+    assert (
+        m["gate_reference_probe"],
+        m["gate_reference_fluency"],
+        m["gate_reference_relevance"],
+    ) == (6, -1.0, 1.0)
     # The base was scored once, as the first live version; later versions read the reference
     # from the cache and the live answers from the promoted candidate's.
     assert h.scored == [("base", 12), ("v1", 12), ("v2", 12), ("v3", 12)]
@@ -274,9 +349,13 @@ def test_the_issue_chain_with_the_default_budgets(tiny: Path, tmp_path: Path) ->
     rel = [v for v in second["votes"] if v["judge"] == "relevance"]
     assert len(rel) == 4 and sorted(v["vote"] for v in rel) == [-1, 0, 0, 0]
     assert (second["metrics"]["gate_relevance"], second["metrics"]["gate_live_relevance"]) == (
-        0.5, 0.75)
-    assert (second["metrics"]["gate_relevance_for"],
-            second["metrics"]["gate_relevance_against"]) == (0, 1)
+        0.5,
+        0.75,
+    )
+    assert (
+        second["metrics"]["gate_relevance_for"],
+        second["metrics"]["gate_relevance_against"],
+    ) == (0, 1)
 
 
 def test_relevance_votes_per_held_out_prompt(tiny: Path, tmp_path: Path) -> None:
@@ -289,8 +368,12 @@ def test_relevance_votes_per_held_out_prompt(tiny: Path, tmp_path: Path) -> None
     live.sampled_text[prompts.index(held[3])] = OFF_TOPIC  # live off topic on held[3]
     votes = [v for v in h.gate.votes(prompts, cand, live) if v["judge"] == "relevance"]
     by = {v["prompt_id"]: (v["vote"], v["candidate_score"], v["live_score"]) for v in votes}
-    assert [by[p.prompt_id] for p in held] == [(-1, 0.0, 1.0), (0, 1.0, 1.0), (0, 1.0, 1.0),
-                                              (1, 1.0, 0.0)]
+    assert [by[p.prompt_id] for p in held] == [
+        (-1, 0.0, 1.0),
+        (0, 1.0, 1.0),
+        (0, 1.0, 1.0),
+        (1, 1.0, 0.0),
+    ]
     assert not any(v["abstained"] for v in votes)  # ties are decisions
     assert all(v["source"] == "held_out" for v in votes)  # the probe has no request to read
 
@@ -312,11 +395,22 @@ def test_the_reference_is_cached_in_the_policy_folder(tiny: Path, tmp_path: Path
     assert out["status"] == "promoted" and out["metrics"]["gate_reference_fluency"] == -1.0
     assert h.scored == [("v1", 12), ("v2", 12)]
     # ... only a prompt it has not seen (the newest held-out request replaces the oldest)
-    h.gate.add([{"status": "held_out", "reward": 0.0, "response_token_ids": [70, 80],
-                 "prompt_token_ids": P.chat_prompt_ids(h.tok, "Which bread keeps fresh "
-                                                                "longest?"),
-                 "hints": [], "session_id": "s9", "weight_version": 2, "step": 9,
-                 "source_partition": 0, "source_offset": 9}])
+    h.gate.add(
+        [
+            {
+                "status": "held_out",
+                "reward": 0.0,
+                "response_token_ids": [70, 80],
+                "prompt_token_ids": P.chat_prompt_ids(h.tok, "Which bread keeps fresh longest?"),
+                "hints": [],
+                "session_id": "s9",
+                "weight_version": 2,
+                "step": 9,
+                "source_partition": 0,
+                "source_offset": 9,
+            }
+        ]
+    )
     ON_TOPIC["Which bread keeps fresh longest?"] = "Sourdough bread keeps fresh for days."
     try:
         h.scored = []

@@ -31,24 +31,38 @@ pytestmark = pytest.mark.integration
 def offline_cmd(tiny: Path, policy: str, root: Path, where: str) -> list[str]:
     cmd = trainer_cmd(tiny, "unused", policy, root, idle_s=1.0)
     i = cmd.index("--topic")
-    return [*cmd[:i], *cmd[i + 2:], "--from-delta", "trajectories", "--where", where]
+    return [*cmd[:i], *cmd[i + 2 :], "--from-delta", "trajectories", "--where", where]
 
 
 def run(cmd: list[str], settings: Settings, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1",
-                                   LIVERL_KAFKA_BOOTSTRAP=settings.bootstrap, **env))
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(
+            os.environ, PYTHONUNBUFFERED="1", LIVERL_KAFKA_BOOTSTRAP=settings.bootstrap, **env
+        ),
+    )
 
 
 def rows_of(lake: Path, policy: str) -> list[str]:
     table = DeltaTable(str(lake / "trajectories")).to_pyarrow_table(
-        columns=["policy_id", "event_id"])
-    return table.filter(pc.equal(table.column("policy_id"), policy)).column(
-        "event_id").to_pylist()
+        columns=["policy_id", "event_id"]
+    )
+    return table.filter(pc.equal(table.column("policy_id"), policy)).column("event_id").to_pylist()
 
 
-def live_history(settings: Settings, admin, tmp_path: Path, topic: str,  # type: ignore[no-untyped-def]
-                 live: str, *, seed: int) -> Path:
+def live_history(
+    settings: Settings,
+    admin,
+    tmp_path: Path,
+    topic: str,  # type: ignore[no-untyped-def]
+    live: str,
+    *,
+    seed: int,
+) -> Path:
     """12 samples trained live by policy ``live`` into the lake; returns the tiny model."""
     create_topic(admin, topic, 1)
     rng = random.Random(seed)
@@ -60,7 +74,10 @@ def live_history(settings: Settings, admin, tmp_path: Path, topic: str,  # type:
 
 
 def test_offline_retrain_trains_each_selected_row_once_across_a_crash(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     topic, live, again = f"test.trainer.offline.{unique}", f"live-{unique}", f"off-{unique}"
     tiny = live_history(kafka_settings, admin, tmp_path, topic, live, seed=5)
@@ -100,7 +117,10 @@ def test_offline_retrain_trains_each_selected_row_once_across_a_crash(
 
 
 def test_offline_rows_are_never_dropped_as_stale(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """One poll reads four batches (3 samples each here) stamped with the poll's version; a
     version is published after every step, so the fourth batch trains three versions later.
@@ -110,7 +130,8 @@ def test_offline_rows_are_never_dropped_as_stale(
     done = run(offline_cmd(tiny, again, tmp_path, f"policy_id = '{live}'"), kafka_settings)
     assert done.returncode == 0, done.stderr[-3000:]
     table = DeltaTable(str(tmp_path / "lake" / "trajectories")).to_pyarrow_table(
-        columns=["policy_id", "status"])
+        columns=["policy_id", "status"]
+    )
     mine = table.filter(pc.equal(table.column("policy_id"), again)).column("status")
     assert mine.to_pylist() == ["trained"] * 12, done.stdout
 
@@ -119,14 +140,22 @@ def test_duplicate_event_ids_train_once_newest_row_wins(tmp_path: Path) -> None:
     from tests.test_report import traj_row, write
 
     lake = tmp_path / "lake"
-    rows = [traj_row(1, 1, "trained", 1.0, 0, i=0), traj_row(2, 2, "trained", -1.0, 5, i=0),
-            traj_row(1, 1, "trained", 0.5, 10, i=1)]
+    rows = [
+        traj_row(1, 1, "trained", 1.0, 0, i=0),
+        traj_row(2, 2, "trained", -1.0, 5, i=0),
+        traj_row(1, 1, "trained", 0.5, 10, i=1),
+    ]
     rows[1]["event_id"] = rows[0]["event_id"]  # trained again after a fallback
     write(lake, "trajectories", rows)
     sel = offline.select(lake, "trajectories", None)
     assert sel.rows.num_rows == 2
-    by_id = dict(zip(sel.rows.column("event_id").to_pylist(), sel.rows.column("reward")
-                     .to_pylist(), strict=True))
+    by_id = dict(
+        zip(
+            sel.rows.column("event_id").to_pylist(),
+            sel.rows.column("reward").to_pylist(),
+            strict=True,
+        )
+    )
     assert by_id[rows[0]["event_id"]] == -1.0  # the v2 row
     source = offline.DeltaSource(sel, "new")
     source.behavior_version = 4
@@ -155,8 +184,17 @@ def test_bad_offline_arguments_are_usage_errors(
         write(tmp_path / "lake", "trajectories", [traj_row(1, 1, "trained", 1.0, 0)])
     result = CliRunner().invoke(
         train,
-        ["--model", "tiny", "--policy", "p", "--lake-root", str(tmp_path / "lake"),
-         "--weights-root", str(tmp_path / "w"), *args],
+        [
+            "--model",
+            "tiny",
+            "--policy",
+            "p",
+            "--lake-root",
+            str(tmp_path / "lake"),
+            "--weights-root",
+            str(tmp_path / "w"),
+            *args,
+        ],
         obj={"settings": kafka_settings},
     )
     assert result.exit_code == 2, result.output
@@ -165,7 +203,10 @@ def test_bad_offline_arguments_are_usage_errors(
 
 
 def test_frontier_allocation_spends_the_budget_near_half_success_and_records_each_row(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Three tasks of 4 sessions each (one prompt per task): always solved, solved half the
     time, never solved. Rates (s + 1) / (n + 2): 5/6, 1/2, 1/6; weights 0.05 + 0.95 * 4p(1-p):
@@ -214,7 +255,10 @@ def test_frontier_allocation_spends_the_budget_near_half_success_and_records_eac
 
 
 def test_offline_run_pauses_while_its_policy_is_pinned_and_finishes_after_unpin(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """An offline policy's versions serve like any other's, so its trainer follows the
     operator too (issue 39 item 1): pinned, the run consumes no row and publishes nothing."""
@@ -236,7 +280,8 @@ def test_offline_run_pauses_while_its_policy_is_pinned_and_finishes_after_unpin(
     proc, lines = start(cmd, kafka_settings, tmp_path / "offline.log")
     try:
         assert wait_for(lines, "training paused", proc, 120), (
-            tmp_path / "offline.log").read_text()[-3000:]
+            tmp_path / "offline.log"
+        ).read_text()[-3000:]
         time.sleep(3.0)  # room for a run that did not pause to train on
         assert proc.poll() is None, "a paused run is not idle: it waits"
         assert ck.latest_manifest(tmp_path / "weights", again).version == 1  # type: ignore[union-attr]

@@ -28,8 +28,15 @@ class Clock:
 def progress(clock: Clock, **kw: Any) -> tuple[Progress, list[str], list[events.TrainerStatus]]:
     lines: list[str] = []
     sent: list[events.TrainerStatus] = []
-    p = Progress("p", echo=lines.append, emit=sent.append, every_s=10.0, clock=clock,
-                 wall_ms=lambda: int(clock.t * 1000), **kw)
+    p = Progress(
+        "p",
+        echo=lines.append,
+        emit=sent.append,
+        every_s=10.0,
+        clock=clock,
+        wall_ms=lambda: int(clock.t * 1000),
+        **kw,
+    )
     return p, lines, sent
 
 
@@ -40,8 +47,11 @@ def test_eta_by_hand() -> None:
     assert eta_s(30.0, 20, 20) == 0.0
 
 
-@given(elapsed=st.one_of(st.just(0.0), st.floats(1e-3, 1e5)), done=st.integers(1, 500),
-       extra=st.integers(0, 500))
+@given(
+    elapsed=st.one_of(st.just(0.0), st.floats(1e-3, 1e5)),
+    done=st.integers(1, 500),
+    extra=st.integers(0, 500),
+)
 def test_eta_is_never_negative_and_zero_when_done(elapsed: float, done: int, extra: int) -> None:
     eta = eta_s(elapsed, done, done + extra)
     assert eta is not None and eta >= 0.0
@@ -56,8 +66,10 @@ def test_each_step_is_a_line_and_events_are_rate_limited() -> None:
     p.stepped(step=41, samples=8, loss=0.25, seconds=0.5, version=3)
     clock.t += 4.0
     p.stepped(step=42, samples=6, loss=0.125, seconds=0.75, version=3)
-    assert lines == ["step 41: loss 0.2500, 8 samples, 0.50 s (on v3)",
-                     "step 42: loss 0.1250, 6 samples, 0.75 s (on v3)"]
+    assert lines == [
+        "step 41: loss 0.2500, 8 samples, 0.50 s (on v3)",
+        "step 42: loss 0.1250, 6 samples, 0.75 s (on v3)",
+    ]
     assert len(sent) == 1  # the announcement 4 s ago: no event yet
     clock.t += 6.0  # 10 s since it
     p.stepped(step=43, samples=2, loss=0.5, seconds=0.25, version=3)
@@ -84,17 +96,29 @@ def test_gate_progress_at_most_every_ten_seconds_then_the_verdict() -> None:
     clock.t += 5.0
     p.answered(6, 12, "candidate")
     assert len(lines) == n  # 5 s after the last line
-    verdict = {"status": "rejected", "metrics": {
-        "gate_live_version": 4, "gate_won": 1, "gate_lost": 9, "gate_tied": 2,
-        "gate_prompts": 12, "gate_probe_correct": 5, "gate_probe_n": 8,
-        "gate_live_probe_correct": 7, "gate_fluency": -1.5, "gate_live_fluency": -1.25,
-        "gate_eval_s": 20.0,
-        "gate_reasons": ["live preferred on 9 of 12 prompts (candidate on 1)"]}}
+    verdict = {
+        "status": "rejected",
+        "metrics": {
+            "gate_live_version": 4,
+            "gate_won": 1,
+            "gate_lost": 9,
+            "gate_tied": 2,
+            "gate_prompts": 12,
+            "gate_probe_correct": 5,
+            "gate_probe_n": 8,
+            "gate_live_probe_correct": 7,
+            "gate_fluency": -1.5,
+            "gate_live_fluency": -1.25,
+            "gate_eval_s": 20.0,
+            "gate_reasons": ["live preferred on 9 of 12 prompts (candidate on 1)"],
+        },
+    }
     p.judged(5, verdict, None)
     assert lines[-1] == (
         "gate v5: rejected against live v4 (1 won, 9 lost, 2 tied of 12 prompts; probe 5/8 "
         "vs 7; fluency -1.50 vs -1.25) in 20.00 s: live preferred on 9 of 12 prompts "
-        "(candidate on 1)")
+        "(candidate on 1)"
+    )
     last = sent[-1]
     assert last.state == "training" and last.judging_version is None
     assert last.detail == lines[-1]
@@ -104,13 +128,21 @@ def test_no_verdict_says_why() -> None:
     p, lines, _ = progress(Clock())
     p.judging(2)
     p.judged(2, None, "1 held-out prompt(s), fewer than gate_min_samples (2)")
-    assert lines[-1] == ("gate v2: no verdict: 1 held-out prompt(s), fewer than "
-                         "gate_min_samples (2)")
+    assert lines[-1] == (
+        "gate v2: no verdict: 1 held-out prompt(s), fewer than gate_min_samples (2)"
+    )
 
 
 def test_no_decision_reason_in_the_verdict_line() -> None:
-    line = verdict_line(3, {"status": "candidate", "metrics": {
-        "gate_no_decision": "1 of 12 prompts decided, fewer than 6 (gate_min_decided)"}})
+    line = verdict_line(
+        3,
+        {
+            "status": "candidate",
+            "metrics": {
+                "gate_no_decision": "1 of 12 prompts decided, fewer than 6 (gate_min_decided)"
+            },
+        },
+    )
     assert line.startswith("gate v3: candidate against live v0 (0 won")
     assert line.endswith(": 1 of 12 prompts decided, fewer than 6 (gate_min_decided)")
 
@@ -121,8 +153,10 @@ def test_pause_and_resume_are_events_with_the_pin() -> None:
     assert (sent[-1].state, sent[-1].pinned_version) == ("paused", 2)
     p.resumed("p unpinned: v4 serves; training resumes")
     assert (sent[-1].state, sent[-1].pinned_version) == ("training", None)
-    assert lines == ["p pinned at v2 after pin by alice: training paused",
-                     "p unpinned: v4 serves; training resumes"]
+    assert lines == [
+        "p pinned at v2 after pin by alice: training paused",
+        "p unpinned: v4 serves; training resumes",
+    ]
 
 
 def test_a_failed_send_never_stops_the_trainer() -> None:

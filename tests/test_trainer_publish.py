@@ -63,7 +63,8 @@ def records(n: int, start: int = 0) -> list[Record]:
 def setup(tiny: Path, tmp_path: Path) -> tuple[TrainerSettings, TrainerCore]:
     cfg = TrainerSettings(
         policy="p",
-        method="rl", rl_baseline="none",  # the old defaults: A = r, so an all +1 batch moves
+        method="rl",
+        rl_baseline="none",  # the old defaults: A = r, so an all +1 batch moves
         model=str(tiny),
         weights_root=tmp_path / "w",
         lake_root=tmp_path / "lake",

@@ -32,15 +32,22 @@ def run_to_idle(cmd: list[str], settings: Settings, log: Path) -> str:
 
 
 def corrupt(directory: Path) -> None:
-    path = directory / ck.read_manifest(directory.parent.parent, directory.parent.name,
-                                        int(directory.name[1:])).files[0]["path"]
+    path = (
+        directory
+        / ck.read_manifest(
+            directory.parent.parent, directory.parent.name, int(directory.name[1:])
+        ).files[0]["path"]
+    )
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2 : len(raw) // 2 + 8] = b"\x7f" * 8
     path.write_bytes(bytes(raw))
 
 
 def test_corrupt_newest_version_resumes_from_newest_valid(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     topic, policy = f"test.trainer.resume.{unique}", f"p-{unique}"
     create_topic(admin, topic, 1)
@@ -73,15 +80,17 @@ def test_corrupt_newest_version_resumes_from_newest_valid(
 
 
 def test_steps_that_train_nothing_do_not_make_versions(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Masked samples are consumed and recorded, but an identical version is published only
     when the trainer stops (to keep their bookkeeping), not once per step."""
     topic, policy = f"test.trainer.noop.{unique}", f"p-{unique}"
     create_topic(admin, topic, 1)
     rng = random.Random(5)
-    masked = [make_sample(i, policy, rng, masked=True, loss_mask=[0, 0, 0, 0])
-              for i in range(6)]
+    masked = [make_sample(i, policy, rng, masked=True, loss_mask=[0, 0, 0, 0]) for i in range(6)]
     produce(kafka_settings, topic, masked)
     tiny = ensure_tiny_model(tmp_path / "model" / "tiny")
     cmd = trainer_cmd(tiny, topic, policy, tmp_path, idle_s=1.5)
@@ -96,7 +105,10 @@ def test_steps_that_train_nothing_do_not_make_versions(
 
 
 def test_a_sample_sent_twice_is_trained_once_across_restarts(
-    kafka_settings: Settings, admin, unique: str, tmp_path: Path  # type: ignore[no-untyped-def]
+    kafka_settings: Settings,
+    admin,
+    unique: str,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Processors run at-least-once (``--at-least-once``, or a reader of uncommitted records)
     can re-send a session's samples with the same ids; the trainer trains each id once, also

@@ -67,13 +67,32 @@ def test_sigterm_with_the_broker_gone_exits_within_the_bound(tmp_path: Path) -> 
         produce(settings, names.SAMPLES, [*good, bad])
         weights = tmp_path / "weights"
         cmd = [
-            sys.executable, "-m", "pipeline.trainer.commands", "--policy", "p",
-            "--method", "rl",  # the old default: these samples carry rewards, not hints
-            "--model", str(ensure_tiny_model(tmp_path / "tiny")), "--device", "cpu",
-            "--weights-root", str(weights), "--lake-root", str(tmp_path / "lake"),
-            "--batch-samples", "3", "--batch-wait", "0.05", "--lr", "1e-3",
+            sys.executable,
+            "-m",
+            "pipeline.trainer.commands",
+            "--policy",
+            "p",
+            "--method",
+            "rl",  # the old default: these samples carry rewards, not hints
+            "--model",
+            str(ensure_tiny_model(tmp_path / "tiny")),
+            "--device",
+            "cpu",
+            "--weights-root",
+            str(weights),
+            "--lake-root",
+            str(tmp_path / "lake"),
+            "--batch-samples",
+            "3",
+            "--batch-wait",
+            "0.05",
+            "--lr",
+            "1e-3",
             # nothing is published until the stop: the stop's publish finds Kafka gone
-            "--publish-every-steps", "1000", "--publish-every-s", "1000",
+            "--publish-every-steps",
+            "1000",
+            "--publish-every-s",
+            "1000",
         ]
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("LIVERL_")},
@@ -83,8 +102,9 @@ def test_sigterm_with_the_broker_gone_exits_within_the_bound(tmp_path: Path) -> 
         }
         log = tmp_path / "trainer.err"
         with open(log, "wb") as err:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
-                                    text=True)
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+            )
         lines: queue.Queue[str] = queue.Queue()
         out = proc.stdout
         assert out is not None
@@ -131,8 +151,13 @@ while True:
 
 
 def stuck_trainer(bound: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", STUCK, str(bound)], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK, str(bound)],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     return proc
 
@@ -150,8 +175,9 @@ def test_a_stop_that_hangs_ends_at_the_bound_or_a_second_signal() -> None:
     assert "not stopped after a second signal" in err, err
 
 
-def test_a_bad_shutdown_bound_is_a_usage_error(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_shutdown_bound_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LIVERL_TRAINER_SHUTDOWN_S", "soon")
     roots = ["--weights-root", str(tmp_path / "w"), "--lake-root", str(tmp_path / "l")]
     result = CliRunner().invoke(train, roots, obj={"settings": Settings()})

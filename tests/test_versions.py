@@ -35,9 +35,16 @@ POLICY = "p"
 TRAINER = events.Producer(component="trainer", version="test")
 
 
-def weights(version: int, status: str = "candidate", *, parent: int | None = None,
-            step: int | None = None, metrics: dict | None = None, policy: str = POLICY,
-            ts: int | None = None) -> events.WeightsPublished:
+def weights(
+    version: int,
+    status: str = "candidate",
+    *,
+    parent: int | None = None,
+    step: int | None = None,
+    metrics: dict | None = None,
+    policy: str = POLICY,
+    ts: int | None = None,
+) -> events.WeightsPublished:
     kind = "weights" if status == "candidate" else "weights_verdict"
     return events.WeightsPublished(
         event_id=events.derive_event_id(kind, [], "t", policy, version),
@@ -47,8 +54,10 @@ def weights(version: int, status: str = "candidate", *, parent: int | None = Non
         version=version,
         parent=(version - 1 or None) if parent is None else parent,
         uri=f"file:///w/{policy}/v{version}/",
-        files=[{"path": "adapter.safetensors", "sha256": "a" * 64, "bytes": 100 * version},
-               {"path": "config.json", "sha256": "b" * 64, "bytes": 10}],
+        files=[
+            {"path": "adapter.safetensors", "sha256": "a" * 64, "bytes": 100 * version},
+            {"path": "config.json", "sha256": "b" * 64, "bytes": 10},
+        ],
         step=10 * version if step is None else step,
         status=status,  # type: ignore[arg-type]
         consumed_offsets={"0": version},
@@ -61,10 +70,17 @@ def promoted(*versions: int) -> list[events.WeightsPublished]:
     return [e for v in versions for e in (weights(v), weights(v, "promoted"))]
 
 
-def act(log: VersionLog, kind: str, asked: int | None, by: str = "alice", reason: str | None = None,
-        require_promoted: bool = True) -> events.WeightsPublished:
-    ev = A.action_event(log, kind, asked, by=by, reason=reason,
-                        require_promoted=require_promoted, ts_ms=99_000)
+def act(
+    log: VersionLog,
+    kind: str,
+    asked: int | None,
+    by: str = "alice",
+    reason: str | None = None,
+    require_promoted: bool = True,
+) -> events.WeightsPublished:
+    ev = A.action_event(
+        log, kind, asked, by=by, reason=reason, require_promoted=require_promoted, ts_ms=99_000
+    )
     assert ev is not None
     log.add(ev)
     return ev
@@ -73,17 +89,19 @@ def act(log: VersionLog, kind: str, asked: int | None, by: str = "alice", reason
 # ---- Wilson interval ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("passed", "total", "lo", "hi"), [
-    # by hand: z = 1.96, z² = 3.8415; 0/10: hi = (z²/n) / (1 + z²/n) = 0.38415 / 1.38415
-    (0, 10, 0.0, 0.277533),
-    # 5/10: centre 0.5, half = 1.96·√(0.025 + 0.0096)/1.38415 = 0.263408
-    (5, 10, 0.236592, 0.763408),
-    (10, 10, 0.722467, 1.0),
-    # 1/1: centre (1 + 1.92)/4.84 = 0.60331, half = 1.96·√(0.96037)/4.84 = 0.39686 (lo .20645)
-    (1, 1, 0.206549, 1.0),
-])
-def test_wilson_matches_hand_computed_values(passed: int, total: int, lo: float,
-                                             hi: float) -> None:
+@pytest.mark.parametrize(
+    ("passed", "total", "lo", "hi"),
+    [
+        # by hand: z = 1.96, z² = 3.8415; 0/10: hi = (z²/n) / (1 + z²/n) = 0.38415 / 1.38415
+        (0, 10, 0.0, 0.277533),
+        # 5/10: centre 0.5, half = 1.96·√(0.025 + 0.0096)/1.38415 = 0.263408
+        (5, 10, 0.236592, 0.763408),
+        (10, 10, 0.722467, 1.0),
+        # 1/1: centre (1 + 1.92)/4.84 = 0.60331, half = 1.96·√(0.96037)/4.84 = 0.39686 (lo .20645)
+        (1, 1, 0.206549, 1.0),
+    ],
+)
+def test_wilson_matches_hand_computed_values(passed: int, total: int, lo: float, hi: float) -> None:
     got = wilson(passed, total)
     assert got is not None
     assert got[0] == pytest.approx(lo, abs=2e-5) and got[1] == pytest.approx(hi, abs=2e-5)
@@ -119,8 +137,11 @@ def test_pin_holds_until_unpin_and_never_falls_back() -> None:
 def test_rollback_withdraws_newer_versions_until_a_later_one() -> None:
     log = fold(POLICY, [*promoted(1, 2, 3), weights(4)])
     ev = act(log, "rollback", None, reason="bad answers")
-    assert ev.version == 2 and ev.action == {"kind": "rollback", "by": "alice",
-                                             "reason": "bad answers"}
+    assert ev.version == 2 and ev.action == {
+        "kind": "rollback",
+        "by": "alice",
+        "reason": "bad answers",
+    }
     assert log.live(True) == 2 and log.withdrawn == {3, 4}
     log.add(weights(4, "promoted"))
     assert log.live(True) == 2, "a verdict on a withdrawn version does not bring it back"
@@ -153,10 +174,15 @@ def test_a_retried_command_is_not_a_second_action() -> None:
     log = fold(POLICY, promoted(1, 2, 3))
     first = act(log, "pin", 2, reason="why")
     log.add(weights(4))  # the trainer publishes in between: not the basis
-    assert A.action_event(log, "pin", 2, by="alice", reason="why",
-                          require_promoted=True) is None
-    again = A.action_event(fold(POLICY, [*promoted(1, 2, 3)]), "pin", 2, by="alice",
-                           reason="why", require_promoted=True)
+    assert A.action_event(log, "pin", 2, by="alice", reason="why", require_promoted=True) is None
+    again = A.action_event(
+        fold(POLICY, [*promoted(1, 2, 3)]),
+        "pin",
+        2,
+        by="alice",
+        reason="why",
+        require_promoted=True,
+    )
     assert again is not None and again.event_id == first.event_id, "deterministic id"
     act(log, "unpin", None)
     second = act(log, "pin", 2, reason="why")
@@ -180,17 +206,19 @@ def test_the_action_event_is_valid_on_the_wire() -> None:
     assert back == ev and back.files == log.manifests[1].files and back.step == 10
 
 
-@pytest.mark.parametrize(("history", "kind", "asked", "message"), [
-    (promoted(1, 2), "pin", 9, "has no version 9"),
-    ([], "promote", 1, "none yet"),
-    (promoted(1, 2), "unpin", None, "is not pinned"),
-    ([*promoted(1), weights(2), weights(2, "rejected")], "pin", 2, "rejected"),
-    (promoted(1), "rollback", None, "no servable version older"),
-    (promoted(1, 2), "rollback", 2, "not older than the live v2"),
-    ([*promoted(1), weights(2), *promoted(3)], "rollback", 2, "is candidate"),
-])
-def test_refusals_say_what_to_do(history: list, kind: str, asked: int | None,
-                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("history", "kind", "asked", "message"),
+    [
+        (promoted(1, 2), "pin", 9, "has no version 9"),
+        ([], "promote", 1, "none yet"),
+        (promoted(1, 2), "unpin", None, "is not pinned"),
+        ([*promoted(1), weights(2), weights(2, "rejected")], "pin", 2, "rejected"),
+        (promoted(1), "rollback", None, "no servable version older"),
+        (promoted(1, 2), "rollback", 2, "not older than the live v2"),
+        ([*promoted(1), weights(2), *promoted(3)], "rollback", 2, "is candidate"),
+    ],
+)
+def test_refusals_say_what_to_do(history: list, kind: str, asked: int | None, message: str) -> None:
     log = fold(POLICY, history)
     with pytest.raises(VersionError, match=message) as info:
         A.action_event(log, kind, asked, by="a", reason=None, require_promoted=True)
@@ -209,52 +237,91 @@ def test_rollback_while_pinned_is_refused() -> None:
 
 def status(replica: str, version: int, ts: int, ok: bool = True) -> events.ServingStatus:
     return events.ServingStatus(
-        event_id=f"s-{replica}-{version}-{ts}", ts_ms=ts, producer=TRAINER, replica_id=replica,
-        policy_id=POLICY, version=version, reload_ms=1.0, ok=ok)
+        event_id=f"s-{replica}-{version}-{ts}",
+        ts_ms=ts,
+        producer=TRAINER,
+        replica_id=replica,
+        policy_id=POLICY,
+        version=version,
+        reload_ms=1.0,
+        ok=ok,
+    )
 
 
 def test_served_since_and_until_from_reload_reports() -> None:
-    got = served(POLICY, [
-        status("r0", 1, 100), status("r1", 1, 110),
-        status("r0", 2, 200), status("r1", 2, 205),
-        status("r1", 3, 300, ok=False),  # a failed reload changes nothing
-    ])
+    got = served(
+        POLICY,
+        [
+            status("r0", 1, 100),
+            status("r1", 1, 110),
+            status("r0", 2, 200),
+            status("r1", 2, 205),
+            status("r1", 3, 300, ok=False),  # a failed reload changes nothing
+        ],
+    )
     assert got[1].since_ms == 100 and got[1].until_ms == 200 and got[1].replicas == ()
     assert got[2].since_ms == 200 and got[2].until_ms is None
     assert got[2].replicas == ("r0", "r1") and 3 not in got
 
 
 def test_outcome_rate_counts_a_session_once_per_version() -> None:
-    got = outcome_rates(POLICY, [
-        (POLICY, 1, "s1", 1.0), (POLICY, 1, "s1", 1.0),  # two turns of one session
-        (POLICY, 1, "s2", -1.0), (POLICY, 1, "s3", None),  # s3 has no outcome
-        (POLICY, 2, "s4", 0.0), (POLICY, 2, "s5", math.nan), ("other", 2, "s6", 1.0),
-    ])
+    got = outcome_rates(
+        POLICY,
+        [
+            (POLICY, 1, "s1", 1.0),
+            (POLICY, 1, "s1", 1.0),  # two turns of one session
+            (POLICY, 1, "s2", -1.0),
+            (POLICY, 1, "s3", None),  # s3 has no outcome
+            (POLICY, 2, "s4", 0.0),
+            (POLICY, 2, "s5", math.nan),
+            ("other", 2, "s6", 1.0),
+        ],
+    )
     assert got[1] == OutcomeRate(1, 2) and got[2] == OutcomeRate(0, 1)
 
 
 def test_rows_carry_the_manifest_verdict_serving_and_outcomes() -> None:
-    gate = {"gate_won": 5, "gate_lost": 1, "gate_tied": 2, "gate_probe_correct": 7,
-            "gate_probe_n": 8, "gate_fluency": 0.9, "gate_live_fluency": 0.85,
-            "gate_reasons": ["x"]}
-    log = fold(POLICY, [
-        weights(1, metrics={"samples": 12, "reward_mean": 0.1, "method": "opd"}),
-        weights(1, "promoted", metrics=gate),
-        weights(2, metrics={"samples": 3}), weights(2, "rejected"),
-    ])
+    gate = {
+        "gate_won": 5,
+        "gate_lost": 1,
+        "gate_tied": 2,
+        "gate_probe_correct": 7,
+        "gate_probe_n": 8,
+        "gate_fluency": 0.9,
+        "gate_live_fluency": 0.85,
+        "gate_reasons": ["x"],
+    }
+    log = fold(
+        POLICY,
+        [
+            weights(1, metrics={"samples": 12, "reward_mean": 0.1, "method": "opd"}),
+            weights(1, "promoted", metrics=gate),
+            weights(2, metrics={"samples": 3}),
+            weights(2, "rejected"),
+        ],
+    )
     act(log, "pin", 1, by="ops", reason="freeze")
-    table = rows(log, served(POLICY, [status("r0", 1, 1_500)]),
-                 {1: OutcomeRate(5, 10)}, require_promoted=True)
+    table = rows(
+        log,
+        served(POLICY, [status("r0", 1, 1_500)]),
+        {1: OutcomeRate(5, 10)},
+        require_promoted=True,
+    )
     one, two = table
     assert (one["version"], one["parent"], one["step"], one["steps"]) == (1, None, 10, 10)
     assert (one["samples"], one["method"], one["status"]) == (12, "opd", "promoted")
     assert one["gate"]["gate_won"] == 5 and "gate_reasons" not in one["gate"]
     assert one["served_since_ms"] == 1_500 and one["replicas"] == ["r0"]
     assert one["outcomes"]["rate"] == 0.5 and one["outcomes"]["ci95"][0] == pytest.approx(
-        0.236592, abs=2e-5)
+        0.236592, abs=2e-5
+    )
     assert one["size_bytes"] == 110 and one["live"] and one["pinned"]
     assert (two["steps"], two["status"], two["outcomes"], two["live"]) == (
-        10, "rejected", None, False)
+        10,
+        "rejected",
+        None,
+        False,
+    )
     assert lineage(log, 2) == [2, 1]
     assert [(a.kind, a.by, a.reason) for a in log.actions] == [("pin", "ops", "freeze")]
 
@@ -286,8 +353,9 @@ def on_disk(root: Path, ev: events.WeightsPublished) -> events.WeightsPublished:
     for i in range(2):
         data = f"v{ev.version} file {i}".encode()
         (folder / f"f{i}").write_bytes(data)
-        files.append({"path": f"f{i}", "sha256": hashlib.sha256(data).hexdigest(),
-                      "bytes": len(data)})
+        files.append(
+            {"path": f"f{i}", "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        )
     ev.uri, ev.files = folder.as_uri() + "/", files  # type: ignore[assignment]
     return ev
 
@@ -310,8 +378,14 @@ def test_the_reloader_follows_pin_unpin_rollback_and_reports_each_load(
 
     backend = FakeBackend()
     statuses: list[events.ServingStatus] = []
-    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0",
-                 require_promoted=True, emit=lambda _topic, ev: statuses.append(ev))
+    r = Reloader(
+        Settings(),
+        cast("Backend", backend),
+        running_loop,
+        replica_id="r0",
+        require_promoted=True,
+        emit=lambda _topic, ev: statuses.append(ev),
+    )
     for ev in promoted(1, 2, 3):
         r.log.add(on_disk(tmp_path, ev))
     assert r.load_newest() == 3
@@ -359,14 +433,23 @@ def test_the_gateway_counts_each_operator_action_it_folds_once(
 
     metrics = Metrics()
     backend = FakeBackend()
-    r = Reloader(Settings(), cast("Backend", backend), running_loop, replica_id="r0",
-                 on_action=lambda kind: metrics.actions.labels(kind).inc())
+    r = Reloader(
+        Settings(),
+        cast("Backend", backend),
+        running_loop,
+        replica_id="r0",
+        on_action=lambda kind: metrics.actions.labels(kind).inc(),
+    )
     log = VersionLog(POLICY)
     evs = [on_disk(tmp_path, ev) for ev in promoted(1, 2, 3)]
     for ev in evs:
         log.add(ev)
-    evs += [act(log, "rollback", 1), act(log, "pin", 2), act(log, "unpin", None),
-            act(log, "pin", 3)]
+    evs += [
+        act(log, "rollback", 1),
+        act(log, "pin", 2),
+        act(log, "unpin", None),
+        act(log, "pin", 3),
+    ]
 
     class Batch:
         def __init__(self, records: list[Record[events.Event]]) -> None:
@@ -394,11 +477,24 @@ def cli_log(monkeypatch: pytest.MonkeyPatch) -> tuple[VersionLog, list[events.We
     """``liverl versions`` over a hand-built log: reads return it, sends land in it."""
     from pipeline.versions import commands, reading
 
-    gate = {"gate_won": 4, "gate_lost": 1, "gate_tied": 0, "gate_probe_correct": 6,
-            "gate_probe_n": 8, "gate_live_probe_correct": 5, "gate_fluency": 0.91,
-            "gate_live_fluency": 0.9}
-    log = fold(POLICY, [weights(1, metrics={"samples": 4, "method": "opd"}),
-                        weights(1, "promoted", metrics=gate), *promoted(2)])
+    gate = {
+        "gate_won": 4,
+        "gate_lost": 1,
+        "gate_tied": 0,
+        "gate_probe_correct": 6,
+        "gate_probe_n": 8,
+        "gate_live_probe_correct": 5,
+        "gate_fluency": 0.91,
+        "gate_live_fluency": 0.9,
+    }
+    log = fold(
+        POLICY,
+        [
+            weights(1, metrics={"samples": 4, "method": "opd"}),
+            weights(1, "promoted", metrics=gate),
+            *promoted(2),
+        ],
+    )
     sent: list[events.WeightsPublished] = []
 
     def produce(_settings: object, ev: events.WeightsPublished) -> None:
@@ -407,10 +503,16 @@ def cli_log(monkeypatch: pytest.MonkeyPatch) -> tuple[VersionLog, list[events.We
 
     # the readers' last argument (a timeout) is optional
     monkeypatch.setattr(reading, "weights_log", lambda _s, policy, *_t: log)
-    monkeypatch.setattr(reading, "serving_statuses", lambda _s, *_t: [
-        status("r0", 1, 1_000), status("r0", 2, 2_000)])
-    monkeypatch.setattr(reading, "sample_outcomes", lambda _s, policy, *_t: [
-        (POLICY, 1, "s1", 1.0), (POLICY, 1, "s2", -1.0)])
+    monkeypatch.setattr(
+        reading,
+        "serving_statuses",
+        lambda _s, *_t: [status("r0", 1, 1_000), status("r0", 2, 2_000)],
+    )
+    monkeypatch.setattr(
+        reading,
+        "sample_outcomes",
+        lambda _s, policy, *_t: [(POLICY, 1, "s1", 1.0), (POLICY, 1, "s2", -1.0)],
+    )
     monkeypatch.setattr(commands, "_produce", produce)
     return log, sent
 
@@ -467,12 +569,15 @@ def test_actions_are_sent_once_with_who_and_why(cli_log: Any) -> None:
     assert log.withdrawn == {2}
 
 
-@pytest.mark.parametrize("action", [
-    {"kind": "delete", "by": "a"},  # not an action
-    {"kind": "pin"},  # who is required
-    {"kind": "pin", "by": ""},
-    {"kind": "pin", "by": "a", "when": 1},  # no other fields
-])
+@pytest.mark.parametrize(
+    "action",
+    [
+        {"kind": "delete", "by": "a"},  # not an action
+        {"kind": "pin"},  # who is required
+        {"kind": "pin", "by": ""},
+        {"kind": "pin", "by": "a", "when": 1},  # no other fields
+    ],
+)
 def test_the_schema_refuses_a_malformed_action(action: dict[str, Any]) -> None:
     import orjson
 

@@ -34,8 +34,9 @@ def test_pin_is_one_event_followed_by_every_replica(
     producer = EventProducer(kafka_settings, client_id=f"test-versions-{unique}")
     for v in (1, 2):
         for status in ("candidate", "promoted"):
-            producer.send(names.WEIGHTS, on_disk(tmp_path, weights(v, status, policy=policy)),
-                          key=policy)
+            producer.send(
+                names.WEIGHTS, on_disk(tmp_path, weights(v, status, policy=policy)), key=policy
+            )
     producer.flush()
 
     loop = asyncio.new_event_loop()
@@ -46,8 +47,13 @@ def test_pin_is_one_event_followed_by_every_replica(
         for i in range(2):
             backend = FakeBackend()
             backend.policy_id = policy
-            r = Reloader(kafka_settings, cast("Backend", backend), loop,
-                         replica_id=f"r{i}-{unique}", require_promoted=True)
+            r = Reloader(
+                kafka_settings,
+                cast("Backend", backend),
+                loop,
+                replica_id=f"r{i}-{unique}",
+                require_promoted=True,
+            )
             r.start()
             replicas.append((r, backend))
         deadline = time.monotonic() + 60
@@ -70,7 +76,8 @@ def test_pin_is_one_event_followed_by_every_replica(
         assert again.exit_code == 0 and "already in the log" in again.output, again.output
         log = reading.weights_log(kafka_settings, policy)
         assert [(a.kind, a.version, a.by, a.reason) for a in log.actions] == [
-            ("pin", 1, "it", "regressed")]
+            ("pin", 1, "it", "regressed")
+        ]
         pin = next(e for e in log.events if e.action is not None)
         assert pin.event_id in out.output and pin.files == log.manifests[1].files
         assert isinstance(pin, events.WeightsPublished) and pin.producer.component == "versions"
@@ -82,7 +89,8 @@ def test_pin_is_one_event_followed_by_every_replica(
             time.sleep(0.01)
         assert [b.version for _, b in replicas] == [2, 2]
         listed = CliRunner().invoke(
-            versions, ["list", "--policy", policy, "--format", "json", "--no-outcomes"], obj=obj)
+            versions, ["list", "--policy", policy, "--format", "json", "--no-outcomes"], obj=obj
+        )
         assert listed.exit_code == 0, listed.output
         assert '"pinned": true' not in listed.output and '"version": 2' in listed.output
     finally:

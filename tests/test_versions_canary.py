@@ -25,12 +25,12 @@ def with_share(ev: events.WeightsPublished, share: float | None) -> events.Weigh
     return ev
 
 
-def promoted_canary(v: int, share: float = 0.1, *,
-                    parent: int | None = None) -> list[events.WeightsPublished]:
+def promoted_canary(
+    v: int, share: float = 0.1, *, parent: int | None = None
+) -> list[events.WeightsPublished]:
     """v's candidate, then the gate's promotion stamped with a canary share (the trainer's
     servable event when the gate is on)."""
-    return [weights(v, parent=parent),
-            with_share(weights(v, "promoted", parent=parent), share)]
+    return [weights(v, parent=parent), with_share(weights(v, "promoted", parent=parent), share)]
 
 
 def promoted(*versions: int) -> list[events.WeightsPublished]:
@@ -40,19 +40,22 @@ def promoted(*versions: int) -> list[events.WeightsPublished]:
 # ---- arm_fraction and routing ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "fraction"), [
-    # sha256("alice") = 2bd806c97f0e00af 1a1f...; 0x2bd806c97f0e00af = 3159282601090220207,
-    # / 2**64 (18446744073709551616) = 0.171265053...
-    ("alice", 3159282601090220207 / 2**64),
-    # sha256("bob") = 81b637d8fcd2c6da 6359...; 0x81b637d8fcd2c6da = 9346719481748178650,
-    # / 2**64 = 0.506686678...
-    ("bob", 9346719481748178650 / 2**64),
-])
-def test_arm_fraction_is_the_first_8_bytes_of_sha256_over_2_to_the_64(key: str,
-                                                                      fraction: float) -> None:
+@pytest.mark.parametrize(
+    ("key", "fraction"),
+    [
+        # sha256("alice") = 2bd806c97f0e00af 1a1f...; 0x2bd806c97f0e00af = 3159282601090220207,
+        # / 2**64 (18446744073709551616) = 0.171265053...
+        ("alice", 3159282601090220207 / 2**64),
+        # sha256("bob") = 81b637d8fcd2c6da 6359...; 0x81b637d8fcd2c6da = 9346719481748178650,
+        # / 2**64 = 0.506686678...
+        ("bob", 9346719481748178650 / 2**64),
+    ],
+)
+def test_arm_fraction_is_the_first_8_bytes_of_sha256_over_2_to_the_64(
+    key: str, fraction: float
+) -> None:
     assert arm_fraction(key) == fraction
-    assert arm_fraction(key) == pytest.approx({"alice": 0.171265, "bob": 0.506687}[key],
-                                              abs=1e-6)
+    assert arm_fraction(key) == pytest.approx({"alice": 0.171265, "bob": 0.506687}[key], abs=1e-6)
 
 
 def test_alice_is_in_a_20_percent_canary_and_bob_is_not() -> None:
@@ -118,8 +121,17 @@ def test_a_late_rollout_does_not_bring_back_a_withdrawn_version() -> None:
     """The watch withdrew v2 just before the decider's rollout landed: the log's order rules."""
     log = fold(POLICY, [*promoted(1), *promoted_canary(2)])
     act(log, "withdraw", 2, by="watch")
-    log.add(A.action_event(fold(POLICY, [*promoted(1), *promoted_canary(2)]), "rollout", 2,
-                           by="canary", reason=None, require_promoted=True, ts_ms=1))  # type: ignore[arg-type]
+    log.add(
+        A.action_event(
+            fold(POLICY, [*promoted(1), *promoted_canary(2)]),
+            "rollout",
+            2,
+            by="canary",
+            reason=None,
+            require_promoted=True,
+            ts_ms=1,
+        )
+    )  # type: ignore[arg-type]
     assert log.live(True) == 1 and log.canary(True) is None and 2 in log.withdrawn
 
 
@@ -160,7 +172,8 @@ def test_the_servable_event_decides_with_and_without_the_gate() -> None:
     assert gate_off.live(True) is None and gate_off.canary(True) is None
     gate_on = fold(POLICY, [*promoted(1), *promoted_canary(2, 0.3)])
     assert gate_on.live(False) == 2 and gate_on.canary(False) is None, (
-        "candidates serve at once when only the verdict carries the share")
+        "candidates serve at once when only the verdict carries the share"
+    )
     assert gate_on.canary(True) == (2, 0.3)
 
 
@@ -203,26 +216,51 @@ def test_figures_ride_on_the_event_and_a_restarted_decider_sends_nothing_twice()
     history = [*promoted(1), *promoted_canary(2)]
     log = fold(POLICY, history)
     figures = {"sessions_canary": 40, "successes_canary": 31, "p_better": 0.97}
-    ev = A.action_event(log, "rollout", 2, by="canary", reason="canary won",
-                        require_promoted=True, ts_ms=5, figures=figures)
-    assert ev is not None and ev.action == {"kind": "rollout", "by": "canary",
-                                            "reason": "canary won", "figures": figures}
+    ev = A.action_event(
+        log,
+        "rollout",
+        2,
+        by="canary",
+        reason="canary won",
+        require_promoted=True,
+        ts_ms=5,
+        figures=figures,
+    )
+    assert ev is not None and ev.action == {
+        "kind": "rollout",
+        "by": "canary",
+        "reason": "canary won",
+        "figures": figures,
+    }
     back = events.decode(events.encode(ev), expected_type="weights")
     assert back == ev
     log.add(ev)
     assert log.actions[-1].figures == figures
     # restarted: more outcomes, other figures, the same decision: found in the log
-    assert A.action_event(log, "rollout", 2, by="canary", reason="canary won",
-                          require_promoted=True, figures={"p_better": 0.99}) is None
+    assert (
+        A.action_event(
+            log,
+            "rollout",
+            2,
+            by="canary",
+            reason="canary won",
+            require_promoted=True,
+            figures={"p_better": 0.99},
+        )
+        is None
+    )
 
 
-@pytest.mark.parametrize("patch", [
-    {"canary_share": 1.5},
-    {"canary_share": -0.1},
-    {"canary_share": "10%"},
-    {"action": {"kind": "rollout", "by": "c", "figures": [1, 2]}},
-    {"action": {"kind": "retire", "by": "c"}},
-])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"canary_share": 1.5},
+        {"canary_share": -0.1},
+        {"canary_share": "10%"},
+        {"action": {"kind": "rollout", "by": "c", "figures": [1, 2]}},
+        {"action": {"kind": "retire", "by": "c"}},
+    ],
+)
 def test_the_schema_refuses_a_malformed_share_or_decision(patch: dict[str, Any]) -> None:
     doc = {**events.to_dict(weights(1)), **patch}
     with pytest.raises(events.EventValidationError):
@@ -240,8 +278,12 @@ def test_rows_and_served_mark_the_canary_and_each_arm() -> None:
         s.arm = which  # type: ignore[assignment]
         return s
 
-    reports = [arm("r0", 1, 100, "stable"), arm("r0", 2, 110, "canary"),
-               arm("r1", 1, 105, "stable"), arm("r1", 2, 120, "canary")]
+    reports = [
+        arm("r0", 1, 100, "stable"),
+        arm("r0", 2, 110, "canary"),
+        arm("r1", 1, 105, "stable"),
+        arm("r1", 2, 120, "canary"),
+    ]
     got = served(POLICY, reports)
     assert got[1].replicas == ("r0", "r1") and got[1].canary_on == ()
     assert got[2].replicas == ("r0", "r1") and got[2].canary_on == ("r0", "r1")
@@ -288,8 +330,10 @@ def test_list_and_show_mark_the_canary_and_rollout_withdraw_are_commands(cli: An
     assert out.exit_code == 0, out.output
     assert "canary v2 at 10%" in out.output and "canary 10%" in out.output
     doc = json.loads(run_cli("list", "--format", "json").output)
-    assert [(r["version"], r["live"], r["canary"]) for r in doc] == [(1, True, None),
-                                                                     (2, False, 0.1)]
+    assert [(r["version"], r["live"], r["canary"]) for r in doc] == [
+        (1, True, None),
+        (2, False, 0.1),
+    ]
     bad = run_cli("rollout", "1")
     assert bad.exit_code == 2 and "not a canary" in bad.output and "Traceback" not in bad.output
     out = run_cli("rollout", "2", "--by", "ops", "--reason", "looks good")
@@ -306,11 +350,16 @@ def test_list_and_show_mark_the_canary_and_rollout_withdraw_are_commands(cli: An
 
 Op = tuple[Any, ...]
 OPS = st.one_of(
-    st.tuples(st.just("publish"), st.sampled_from([None, 0.0, 0.1, 0.5]),
-              st.sampled_from(["promoted", "rejected", "none"])),
-    st.tuples(st.just("act"), st.sampled_from(["promote", "pin", "unpin", "rollback",
-                                               "rollout", "withdraw"]),
-              st.integers(min_value=0, max_value=8)),
+    st.tuples(
+        st.just("publish"),
+        st.sampled_from([None, 0.0, 0.1, 0.5]),
+        st.sampled_from(["promoted", "rejected", "none"]),
+    ),
+    st.tuples(
+        st.just("act"),
+        st.sampled_from(["promote", "pin", "unpin", "rollback", "rollout", "withdraw"]),
+        st.integers(min_value=0, max_value=8),
+    ),
 )
 
 
@@ -318,8 +367,14 @@ class Step:
     """One op's effect: the action it sent (kind, version) if any, the versions known
     then, the stable version and the canary after it."""
 
-    def __init__(self, sent: tuple[str, int] | None, known: set[int], stable: int | None,
-                 canary: tuple[int, float] | None, pinned: int | None = None) -> None:
+    def __init__(
+        self,
+        sent: tuple[str, int] | None,
+        known: set[int],
+        stable: int | None,
+        canary: tuple[int, float] | None,
+        pinned: int | None = None,
+    ) -> None:
         self.sent, self.known, self.stable, self.canary = sent, known, stable, canary
         self.pinned = pinned  # the pin in force after it
 
@@ -340,15 +395,15 @@ def replay(ops: list[Op], *, shares: bool) -> tuple[VersionLog, list[Step]]:
         else:
             asked = None if op[1] in ("unpin", "rollback") and op[2] == 0 else op[2]
             try:
-                ev = A.action_event(log, op[1], asked, by="h", reason=str(len(steps)),
-                                    require_promoted=True)
+                ev = A.action_event(
+                    log, op[1], asked, by="h", reason=str(len(steps)), require_promoted=True
+                )
             except VersionError:
                 ev = None
             if ev is not None:
                 log.add(ev)
                 sent = (op[1], ev.version)
-        steps.append(Step(sent, set(log.manifests), log.live(True), log.canary(True),
-                          log.pinned))
+        steps.append(Step(sent, set(log.manifests), log.live(True), log.canary(True), log.pinned))
     return log, steps
 
 

@@ -46,8 +46,13 @@ def test_a_bad_canary_is_withdrawn_a_good_one_rolled_out_and_a_restart_decides_n
     kafka_settings: Settings, unique: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     ns = f"cn{unique}"
-    env = {**os.environ, **cli_env(tmp_path), "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
-           "LIVERL_CANARY_MIN_SESSIONS": "10", "LIVERL_CANARY_MAX_SESSIONS": "100"}
+    env = {
+        **os.environ,
+        **cli_env(tmp_path),
+        "LIVERL_KAFKA_BOOTSTRAP": kafka_settings.bootstrap,
+        "LIVERL_CANARY_MIN_SESSIONS": "10",
+        "LIVERL_CANARY_MAX_SESSIONS": "100",
+    }
     request.addfinalizer(lambda: drop(env, ns))
     assert invoke(["topics", "apply", "--namespace", ns], env).exit_code == 0
     w, s = names.resolve(names.WEIGHTS, ns), names.resolve(names.SAMPLES, ns)
@@ -62,10 +67,14 @@ def test_a_bad_canary_is_withdrawn_a_good_one_rolled_out_and_a_restart_decides_n
     # v1 serves everyone; v2 enters as a 10 % canary and fails all of its 12 users while v1
     # passes 18 of 20 in the same period
     send(w, *servable(1, None), *servable(2, 0.1))
-    send(s, *[sample(1, f"a{i}", 1.0 if i < 18 else -1.0, 20_000 + i) for i in range(20)],
-         *[sample(2, f"b{i}", -1.0, 20_000 + i) for i in range(12)])
-    runner = CanaryRunner(kafka_settings, CFG, policy_id=POLICY, require_promoted=True,
-                          namespace=ns)
+    send(
+        s,
+        *[sample(1, f"a{i}", 1.0 if i < 18 else -1.0, 20_000 + i) for i in range(20)],
+        *[sample(2, f"b{i}", -1.0, 20_000 + i) for i in range(12)],
+    )
+    runner = CanaryRunner(
+        kafka_settings, CFG, policy_id=POLICY, require_promoted=True, namespace=ns
+    )
     stop = threading.Event()
     thread = threading.Thread(target=runner.run, args=(stop,), daemon=True)
     thread.start()
@@ -75,8 +84,11 @@ def test_a_bad_canary_is_withdrawn_a_good_one_rolled_out_and_a_restart_decides_n
         # parent is withdrawn would be withdrawn too), becomes the canary and its 12 users all
         # pass, against v1's 7 of 14 since v3 became servable
         send(w, *servable(3, 0.2, parent=1, ts=30_000))
-        send(s, *[sample(3, f"c{i}", 1.0, 40_000 + i) for i in range(12)],
-             *[sample(1, f"d{i}", 1.0 if i % 2 else -1.0, 40_000 + i) for i in range(14)])
+        send(
+            s,
+            *[sample(3, f"c{i}", 1.0, 40_000 + i) for i in range(12)],
+            *[sample(1, f"d{i}", 1.0 if i % 2 else -1.0, 40_000 + i) for i in range(14)],
+        )
         wait_for(runner, thread, 2)
     finally:
         stop.set()
@@ -84,12 +96,18 @@ def test_a_bad_canary_is_withdrawn_a_good_one_rolled_out_and_a_restart_decides_n
     withdrawn, rolled_out = runner.sent
     log = weights_log(kafka_settings, w)
     decisions = [e for e in log.events if e.action is not None]
-    assert [(e.action["kind"], e.action["by"], e.version) for e in decisions  # type: ignore[index]
-            ] == [("withdraw", "canary", 2), ("rollout", "canary", 3)]
+    assert [
+        (e.action["kind"], e.action["by"], e.version)
+        for e in decisions  # type: ignore[index]
+    ] == [("withdraw", "canary", 2), ("rollout", "canary", 3)]
     assert [e.event_id for e in decisions] == [withdrawn.event_id, rolled_out.event_id]
     f = decisions[0].action["figures"]  # type: ignore[index]
-    assert (f["canary_sessions"], f["canary_passed"], f["stable_sessions"],
-            f["stable_passed"]) == (12, 0, 20, 18)
+    assert (f["canary_sessions"], f["canary_passed"], f["stable_sessions"], f["stable_passed"]) == (
+        12,
+        0,
+        20,
+        18,
+    )
     f = decisions[1].action["figures"]  # type: ignore[index]
     assert (f["canary_version"], f["stable_version"], f["canary_share"]) == (3, 1, 0.2)
     assert (f["canary_sessions"], f["stable_sessions"], f["stable_passed"]) == (12, 14, 7)

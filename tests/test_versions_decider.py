@@ -25,12 +25,17 @@ from pipeline.versions.runner import CanaryRunner
 from .test_versions import weights
 
 POLICY = "p"
-CFG = CanarySettings(min_sessions=10, max_sessions=100, watch_min_sessions=10,
-                     watch_window=20)
+CFG = CanarySettings(min_sessions=10, max_sessions=100, watch_min_sessions=10, watch_window=20)
 
 
-def servable(version: int, share: float | None = 0.1, *, policy: str = POLICY,
-             ts: int | None = None, parent: int | None = None) -> list[events.WeightsPublished]:
+def servable(
+    version: int,
+    share: float | None = 0.1,
+    *,
+    policy: str = POLICY,
+    ts: int | None = None,
+    parent: int | None = None,
+) -> list[events.WeightsPublished]:
     """A version's candidate, then the gate's promotion carrying ``canary_share`` (the
     interface: the event that makes it servable)."""
     promoted = weights(version, "promoted", policy=policy, ts=ts, parent=parent)
@@ -46,8 +51,9 @@ def decider(*evs: events.WeightsPublished, cfg: CanarySettings = CFG) -> Decider
     return d
 
 
-def sessions(d: Decider, version: int, passed: int, failed: int, *, ts: int = 10_000,
-             tag: str = "") -> None:
+def sessions(
+    d: Decider, version: int, passed: int, failed: int, *, ts: int = 10_000, tag: str = ""
+) -> None:
     for i in range(passed + failed):
         d.add_sample(version, f"v{version}{tag}-s{i}", 1.0 if i < passed else -1.0, ts + i)
 
@@ -64,18 +70,30 @@ def test_a_canary_that_fails_its_users_is_withdrawn_with_its_figures() -> None:
     # the stable arm counts its sessions since the canary became servable (v2's promoted
     # verdict at ts 2,000): 18/20, not 18/70
     assert (step.verdict.figures["stable_sessions"], step.verdict.figures["since_ms"]) == (
-        20, 2_000)
+        20,
+        2_000,
+    )
     d.add_sample(2, "v2-s9", -1.0, 10_009)  # 4/10 against 18/20
     step = d.evaluate(ts_ms=5)
     assert step.verdict is not None and step.verdict.kind == "withdraw"
     ev = step.event
     assert ev is not None and ev.action is not None
     assert (ev.version, ev.action["kind"], ev.action["by"], ev.ts_ms) == (
-        2, "withdraw", "canary", 5)
+        2,
+        "withdraw",
+        "canary",
+        5,
+    )
     f = ev.action["figures"]
-    assert (f["canary_sessions"], f["canary_passed"], f["stable_sessions"], f["stable_passed"],
-            f["canary_version"], f["stable_version"], f["canary_share"]) == (
-        10, 4, 20, 18, 2, 1, 0.1)
+    assert (
+        f["canary_sessions"],
+        f["canary_passed"],
+        f["stable_sessions"],
+        f["stable_passed"],
+        f["canary_version"],
+        f["stable_version"],
+        f["canary_share"],
+    ) == (10, 4, 20, 18, 2, 1, 0.1)
     assert f["p_worse"] >= CFG.withdraw_probability and f["rule"] == "withdraw_probability"
     assert ev.parents == [d.log.manifests[2].event_id] and ev.files == d.log.manifests[2].files
     assert events.decode(events.encode(ev, validate=True)) == ev  # the schema takes it
@@ -146,8 +164,7 @@ def test_an_operator_promote_of_a_pending_version_ends_its_canary() -> None:
     from pipeline.versions import actions
 
     d = decider(*servable(1, None), *servable(2))
-    ev = actions.action_event(d.log, "promote", 2, by="alice", reason=None,
-                              require_promoted=True)
+    ev = actions.action_event(d.log, "promote", 2, by="alice", reason=None, require_promoted=True)
     assert ev is not None
     d.add_weights(ev)
     assert arms(d.log, True) == (2, None)
@@ -167,8 +184,9 @@ def test_the_watch_withdraws_a_serving_version_that_drops_against_its_parent() -
 
 
 def test_with_alert_the_watch_reports_a_drop_once_and_sends_nothing() -> None:
-    d = decider(*servable(1, None), *servable(2, None),
-                cfg=CFG.model_copy(update={"watch_action": "alert"}))
+    d = decider(
+        *servable(1, None), *servable(2, None), cfg=CFG.model_copy(update={"watch_action": "alert"})
+    )
     sessions(d, 1, 18, 2)
     sessions(d, 2, 3, 7)
     first, second = d.evaluate(), d.evaluate()
@@ -219,21 +237,39 @@ class FakeProducer:
 SAMPLE: events.Sample = examples()["sample"]  # type: ignore[assignment]
 
 
-def sample(version: int, session: str, outcome: float | None, ts: int,
-           policy: str = POLICY, reward: float = 0.0, penalty: float = 0.0,
-           normalized: bool = False, turn: int = 0) -> events.Sample:
+def sample(
+    version: int,
+    session: str,
+    outcome: float | None,
+    ts: int,
+    policy: str = POLICY,
+    reward: float = 0.0,
+    penalty: float = 0.0,
+    normalized: bool = False,
+    turn: int = 0,
+) -> events.Sample:
     """A sample whose judged score (reward - penalty) is 0 unless given: only its verified
     outcome counts then."""
-    return dataclasses.replace(SAMPLE, event_id=f"{session}-{version}-{ts}", policy_id=policy,
-                               session_id=session, behavior_weight_version=version,
-                               outcome=outcome, ts_ms=ts, reward=reward, penalty=penalty,
-                               normalized=normalized, turn=turn)
+    return dataclasses.replace(
+        SAMPLE,
+        event_id=f"{session}-{version}-{ts}",
+        policy_id=policy,
+        session_id=session,
+        behavior_weight_version=version,
+        outcome=outcome,
+        ts_ms=ts,
+        reward=reward,
+        penalty=penalty,
+        normalized=normalized,
+        turn=turn,
+    )
 
 
 def runner(cfg: CanarySettings = CFG) -> tuple[CanaryRunner, FakeProducer, CollectorRegistry]:
     registry = CollectorRegistry()
-    r = CanaryRunner(Settings(), cfg, policy_id=POLICY, require_promoted=True,
-                     metrics=DecisionMetrics(registry))
+    r = CanaryRunner(
+        Settings(), cfg, policy_id=POLICY, require_promoted=True, metrics=DecisionMetrics(registry)
+    )
     fake = FakeProducer()
     r._producer = fake
     return r, fake, registry
@@ -245,7 +281,7 @@ def feed(r: CanaryRunner, *evs: events.Event) -> int:
 
 
 def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
-    caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     r, fake, reg = runner()
     assert feed(r, *servable(1, None), *servable(2, 0.25)) == 4
@@ -261,8 +297,7 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
     assert reg.get_sample_value("liverl_canary_version", {"policy": POLICY}) == 2
     # the stable arm counts from v2's promoted verdict (ts 2,000): all 20, before any canary
     # session
-    assert reg.get_sample_value("liverl_canary_sessions", {"policy": POLICY, "arm": "stable"}) \
-        == 20
+    assert reg.get_sample_value("liverl_canary_sessions", {"policy": POLICY, "arm": "stable"}) == 20
     # the canary's 12 sessions, all failed, against the stable arm's 20 (10 passed)
     feed(r, *[sample(2, f"c{i}", -1.0, 10_010 + i) for i in range(12)])
     steps = r.evaluate()
@@ -274,18 +309,32 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
     assert (topic, key, ev.version) == (names.WEIGHTS, POLICY, 2)
     assert ev.action is not None and ev.action["kind"] == "withdraw"
     assert (ev.action["figures"]["stable_sessions"], ev.action["figures"]["stable_passed"]) == (
-        20, 10)
+        20,
+        10,
+    )
     assert r.sent == [ev]
-    assert reg.get_sample_value("liverl_canary_decisions_total",
-                                {"policy": POLICY, "kind": "withdraw"}) == 1
-    assert reg.get_sample_value("liverl_canary_decisions_total",
-                                {"policy": POLICY, "kind": "wait"}) == 1
+    assert (
+        reg.get_sample_value(
+            "liverl_canary_decisions_total", {"policy": POLICY, "kind": "withdraw"}
+        )
+        == 1
+    )
+    assert (
+        reg.get_sample_value("liverl_canary_decisions_total", {"policy": POLICY, "kind": "wait"})
+        == 1
+    )
     assert reg.get_sample_value("liverl_canary_share", {"policy": POLICY}) == 0
     assert r.evaluate() and len(fake.sent) == 1  # nothing more to decide
     # a restart folds the log with the decision in it and sends nothing
     again, fake2, _ = runner()
-    feed(again, *servable(1, None), *servable(2, 0.25), ev, *stable,
-         *[sample(2, f"c{i}", -1.0, 10_010 + i) for i in range(12)])
+    feed(
+        again,
+        *servable(1, None),
+        *servable(2, 0.25),
+        ev,
+        *stable,
+        *[sample(2, f"c{i}", -1.0, 10_010 + i) for i in range(12)],
+    )
     again.evaluate()
     assert fake2.sent == []
 
@@ -293,9 +342,13 @@ def test_the_runner_sends_one_decision_and_serves_its_figures_as_metrics(
 def test_the_runner_counts_watch_withdrawals_and_alerts(caplog: pytest.LogCaptureFixture) -> None:
     for action in ("withdraw", "alert"):
         r, fake, reg = runner(CFG.model_copy(update={"watch_action": action}))
-        feed(r, *servable(1, None), *servable(2, None),
-             *[sample(1, f"a{i}", 1.0, 1_000 + i) for i in range(10)],
-             *[sample(2, f"b{i}", -1.0, 2_000 + i) for i in range(10)])
+        feed(
+            r,
+            *servable(1, None),
+            *servable(2, None),
+            *[sample(1, f"a{i}", 1.0, 1_000 + i) for i in range(10)],
+            *[sample(2, f"b{i}", -1.0, 2_000 + i) for i in range(10)],
+        )
         with caplog.at_level(logging.WARNING, logger="pipeline.versions.runner"):
             r.evaluate()
             for _topic, ev, _key in fake.sent:  # the decision, read back from the topic
@@ -303,15 +356,18 @@ def test_the_runner_counts_watch_withdrawals_and_alerts(caplog: pytest.LogCaptur
             r.evaluate()
         labels = {"policy": POLICY}
         assert reg.get_sample_value("liverl_watch_withdrawals_total", labels) == (
-            1 if action == "withdraw" else None)
+            1 if action == "withdraw" else None
+        )
         assert reg.get_sample_value("liverl_watch_alerts_total", labels) == (
-            1 if action == "alert" else None)
+            1 if action == "alert" else None
+        )
         assert len(fake.sent) == (1 if action == "withdraw" else 0)
         # alert: v2 still serves (0 of 10) against v1 (10 of 10); withdraw: v1 serves now,
         # judged against the base, which has no session (NaN)
-        rates = [reg.get_sample_value("liverl_watch_outcome_rate", {"policy": POLICY,
-                                                                    "side": side})
-                 for side in ("serving", "parent")]
+        rates = [
+            reg.get_sample_value("liverl_watch_outcome_rate", {"policy": POLICY, "side": side})
+            for side in ("serving", "parent")
+        ]
         assert rates == [0.0, 1.0] if action == "alert" else rates[0] == 1.0 and rates[1] != 1.0
     assert "alert only" in caplog.text and "watch withdraw v2" in caplog.text
 
@@ -348,19 +404,25 @@ def test_a_session_without_a_verified_outcome_counts_by_its_judged_turns() -> No
     feed(r, *servable(1, None))
     evs = [
         # verified wins over the judged turns: +1 although the turns read 0.9 - 1.0 = -0.1
-        sample(1, "v", None, 1, reward=0.9, penalty=1.0), sample(1, "v", 1.0, 2),
+        sample(1, "v", None, 1, reward=0.9, penalty=1.0),
+        sample(1, "v", 1.0, 2),
         # judged only: (0.5 + (-0.2)) / 2 = 0.15 > 0, passed
-        sample(1, "j", None, 3, reward=0.5), sample(1, "j", None, 4, reward=-0.2, turn=1),
+        sample(1, "j", None, 3, reward=0.5),
+        sample(1, "j", None, 4, reward=-0.2, turn=1),
         # judged only: 0.3 - 0.7 = -0.4, failed
         sample(1, "f", None, 5, reward=0.3, penalty=0.7),
         # a neutral session (mean 0) and a normalised advantage: no outcome
-        sample(1, "n", None, 6, reward=0.0), sample(1, "z", None, 7, reward=2.0, normalized=True),
+        sample(1, "n", None, 6, reward=0.0),
+        sample(1, "z", None, 7, reward=2.0, normalized=True),
     ]
     feed(r, *evs)
     book = r.decider.book
     # (first counted sample's time, outcome)
     assert {sid: (t, round(o, 9)) for sid, (t, o) in book.by_version[1].items()} == {
-        "v": (1, 1.0), "j": (3, 0.15), "f": (5, -0.4)}
+        "v": (1, 1.0),
+        "j": (3, 0.15),
+        "f": (5, -0.4),
+    }
     rate = book.rate(1)
     assert (rate.passed, rate.total) == (2, 3)  # v and j passed, f failed
     # a sample read twice (the catch-up overlapping the follow) counts its turn once: j's
@@ -377,8 +439,9 @@ def test_sessions_served_while_the_canary_was_pinned_belong_to_no_arm() -> None:
     sessions(d, 2, 3, 0, ts=10_000)  # the canary's own 3 sessions
     sessions(d, 1, 20, 7, ts=10_000, tag="s")  # the stable arm's 27
     for kind, asked, ts in (("pin", 2, 20_000), ("unpin", None, 30_000)):
-        ev = A.action_event(d.log, kind, asked, by="op", reason=None, require_promoted=True,
-                            ts_ms=ts)
+        ev = A.action_event(
+            d.log, kind, asked, by="op", reason=None, require_promoted=True, ts_ms=ts
+        )
         assert ev is not None
         d.add_weights(ev)
     assert pinned_periods(d.log) == [(20_000, 30_000)]
@@ -395,8 +458,9 @@ def test_sessions_served_while_the_canary_was_pinned_belong_to_no_arm() -> None:
 
 
 def test_the_book_forgets_versions_no_evaluation_looks_at_again() -> None:
-    d = decider(*servable(1, None), *servable(2, None), *servable(3, None), *servable(4),
-                *servable(5))
+    d = decider(
+        *servable(1, None), *servable(2, None), *servable(3, None), *servable(4), *servable(5)
+    )
     for v in (1, 2, 3, 4, 5, 9):  # 9: its samples came before its weights event
         sessions(d, v, 2, 1, ts=10_000 * v)
     assert arms(d.log, True) == (3, (4, 0.1))

@@ -27,20 +27,24 @@ def cfg(**kw: object) -> CanarySettings:
 # ---- posterior arithmetic ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("a1", "b1", "a2", "b2", "m", "expected"), [
-    # X, Y ~ U(0,1): P(X < Y - m) = area of the triangle y - x > m = (1 - m)² / 2
-    (1, 1, 1, 1, 0.0, 0.5),
-    (1, 1, 1, 1, 0.1, 0.405),
-    # X ~ Beta(2,1) (F = x²), Y ~ U: ∫_m^1 (y - m)² dy = (1 - m)³ / 3
-    (2, 1, 1, 1, 0.0, 1 / 3),
-    (2, 1, 1, 1, 0.2, 0.8**3 / 3),
-    # X ~ U, Y ~ Beta(2,1) (f = 2y): ∫_m^1 2y (y - m) dy = 2/3 - m + m³/3
-    (1, 1, 2, 1, 0.1, 2 / 3 - 0.1 + 0.001 / 3),
-    # X ~ Beta(1,2) (F = 1 - (1-x)²), Y ~ U, m = 0: ∫_0^1 1 - (1-y)² dy = 1 - 1/3
-    (1, 2, 1, 1, 0.0, 2 / 3),
-])
-def test_probability_worse_matches_integrals_by_hand(a1: int, b1: int, a2: int, b2: int,
-                                                     m: float, expected: float) -> None:
+@pytest.mark.parametrize(
+    ("a1", "b1", "a2", "b2", "m", "expected"),
+    [
+        # X, Y ~ U(0,1): P(X < Y - m) = area of the triangle y - x > m = (1 - m)² / 2
+        (1, 1, 1, 1, 0.0, 0.5),
+        (1, 1, 1, 1, 0.1, 0.405),
+        # X ~ Beta(2,1) (F = x²), Y ~ U: ∫_m^1 (y - m)² dy = (1 - m)³ / 3
+        (2, 1, 1, 1, 0.0, 1 / 3),
+        (2, 1, 1, 1, 0.2, 0.8**3 / 3),
+        # X ~ U, Y ~ Beta(2,1) (f = 2y): ∫_m^1 2y (y - m) dy = 2/3 - m + m³/3
+        (1, 1, 2, 1, 0.1, 2 / 3 - 0.1 + 0.001 / 3),
+        # X ~ Beta(1,2) (F = 1 - (1-x)²), Y ~ U, m = 0: ∫_0^1 1 - (1-y)² dy = 1 - 1/3
+        (1, 2, 1, 1, 0.0, 2 / 3),
+    ],
+)
+def test_probability_worse_matches_integrals_by_hand(
+    a1: int, b1: int, a2: int, b2: int, m: float, expected: float
+) -> None:
     assert posterior.prob_worse(a1, b1, a2, b2, m) == pytest.approx(expected, abs=1e-9)
 
 
@@ -57,8 +61,10 @@ def closed_form_worse(a1: int, b1: int, a2: int, b2: int) -> float:
     sum Σ_{i<a2} B(a1+i, b1+b2) / ((b2+i) B(1+i, b2) B(a1, b1)) (Evan Miller's formula for
     P(p_B > p_A)), an independent method."""
     lb = posterior.log_beta
-    return sum(math.exp(lb(a1 + i, b1 + b2) - math.log(b2 + i) - lb(1 + i, b2) - lb(a1, b1))
-               for i in range(a2))
+    return sum(
+        math.exp(lb(a1 + i, b1 + b2) - math.log(b2 + i) - lb(1 + i, b2) - lb(a1, b1))
+        for i in range(a2)
+    )
 
 
 def grid_worse(a1: float, b1: float, a2: float, b2: float, m: float, n: int = 3000) -> float:
@@ -75,25 +81,42 @@ def grid_worse(a1: float, b1: float, a2: float, b2: float, m: float, n: int = 30
     return float(density(a1, b1) @ weight @ density(a2, b2))
 
 
-@pytest.mark.parametrize(("a1", "b1", "a2", "b2"), [
-    (3, 8, 5, 6), (20, 10, 25, 6), (2, 1, 40, 60), (101, 101, 11, 11), (11, 11, 101, 101),
-    (1, 30, 2, 29),
-])
-def test_probability_worse_at_margin_zero_matches_the_closed_form(a1: int, b1: int, a2: int,
-                                                                  b2: int) -> None:
+@pytest.mark.parametrize(
+    ("a1", "b1", "a2", "b2"),
+    [
+        (3, 8, 5, 6),
+        (20, 10, 25, 6),
+        (2, 1, 40, 60),
+        (101, 101, 11, 11),
+        (11, 11, 101, 101),
+        (1, 30, 2, 29),
+    ],
+)
+def test_probability_worse_at_margin_zero_matches_the_closed_form(
+    a1: int, b1: int, a2: int, b2: int
+) -> None:
     assert posterior.prob_worse(a1, b1, a2, b2) == pytest.approx(
-        closed_form_worse(a1, b1, a2, b2), abs=1e-7)
+        closed_form_worse(a1, b1, a2, b2), abs=1e-7
+    )
 
 
-@pytest.mark.parametrize(("a1", "b1", "a2", "b2", "m"), [
-    (3, 8, 5, 6, 0.05), (20, 10, 25, 6, 0.1), (2, 1, 40, 60, 0.0), (101, 101, 11, 11, 0.02),
-    (11, 11, 101, 101, 0.02), (15, 45, 60, 40, 0.05),
-])
+@pytest.mark.parametrize(
+    ("a1", "b1", "a2", "b2", "m"),
+    [
+        (3, 8, 5, 6, 0.05),
+        (20, 10, 25, 6, 0.1),
+        (2, 1, 40, 60, 0.0),
+        (101, 101, 11, 11, 0.02),
+        (11, 11, 101, 101, 0.02),
+        (15, 45, 60, 40, 0.05),
+    ],
+)
 def test_probability_worse_with_a_margin_matches_a_brute_force_grid(
     a1: int, b1: int, a2: int, b2: int, m: float
 ) -> None:
     assert posterior.prob_worse(a1, b1, a2, b2, m) == pytest.approx(
-        grid_worse(a1, b1, a2, b2, m), abs=1e-4)
+        grid_worse(a1, b1, a2, b2, m), abs=1e-4
+    )
 
 
 def test_probability_worse_with_many_sessions_on_one_side() -> None:
@@ -108,11 +131,13 @@ def test_probability_worse_with_many_sessions_on_one_side() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 60), st.integers(0, 60), st.integers(0, 60), st.integers(0, 60))
-def test_the_two_directions_add_up_to_one_at_margin_zero(s1: int, f1: int, s2: int,
-                                                        f2: int) -> None:
+def test_the_two_directions_add_up_to_one_at_margin_zero(
+    s1: int, f1: int, s2: int, f2: int
+) -> None:
     """P(X < Y) + P(Y < X) = 1 (ties have probability 0)."""
-    total = (posterior.prob_worse(1 + s1, 1 + f1, 1 + s2, 1 + f2)
-             + posterior.prob_worse(1 + s2, 1 + f2, 1 + s1, 1 + f1))
+    total = posterior.prob_worse(1 + s1, 1 + f1, 1 + s2, 1 + f2) + posterior.prob_worse(
+        1 + s2, 1 + f2, 1 + s1, 1 + f1
+    )
     assert total == pytest.approx(1.0, abs=1e-6)
 
 
@@ -135,8 +160,12 @@ def test_a_clearly_worse_canary_is_withdrawn_and_a_good_one_rolled_out() -> None
     bad = decide(rate(5, 40), rate(80, 100), cfg())
     assert (bad.kind, bad.figures["rule"]) == ("withdraw", "withdraw_probability")
     assert bad.figures["p_worse"] > 0.9999  # means 6/42 = 0.14 vs 81/102 = 0.79
-    assert (bad.figures["canary_sessions"], bad.figures["canary_passed"],
-            bad.figures["stable_sessions"], bad.figures["stable_passed"]) == (40, 5, 100, 80)
+    assert (
+        bad.figures["canary_sessions"],
+        bad.figures["canary_passed"],
+        bad.figures["stable_sessions"],
+        bad.figures["stable_passed"],
+    ) == (40, 5, 100, 80)
     assert bad.figures["canary_rate"] == 0.125 and bad.figures["stable_mean"] == round(81 / 102, 6)
     good = decide(rate(38, 40), rate(50, 100), cfg())
     assert (good.kind, good.figures["rule"]) == ("rollout", "rollout_probability")
@@ -177,8 +206,10 @@ def test_one_more_failed_canary_session_never_makes_rollout_more_likely(
     passed = data.draw(st.integers(1, total))
     n_s = data.draw(st.integers(0, 300))
     stable = rate(data.draw(st.integers(0, n_s)), n_s)
-    better, worse_one = decide(rate(passed, total), stable, c), decide(rate(passed - 1, total),
-                                                                       stable, c)
+    better, worse_one = (
+        decide(rate(passed, total), stable, c),
+        decide(rate(passed - 1, total), stable, c),
+    )
     assert ORDER[worse_one.kind] <= ORDER[better.kind], (better.reason, worse_one.reason)
 
 
@@ -196,8 +227,9 @@ def test_symmetric_arms_never_withdraw_and_wait_below_min_sessions(
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 80), st.integers(0, 80), st.integers(0, 80), st.integers(0, 80))
-def test_a_wider_margin_never_makes_the_canary_more_likely_worse(s1: int, f1: int, s2: int,
-                                                                f2: int) -> None:
+def test_a_wider_margin_never_makes_the_canary_more_likely_worse(
+    s1: int, f1: int, s2: int, f2: int
+) -> None:
     ps = [worse(rate(s1, s1 + f1), rate(s2, s2 + f2), m) for m in (0.0, 0.05, 0.2)]
     assert ps[0] + 1e-9 >= ps[1] and ps[1] + 1e-9 >= ps[2]
 
@@ -243,7 +275,7 @@ def test_the_book_counts_a_session_once_with_its_last_outcome_and_first_time() -
 
 
 def test_canary_settings_come_from_the_environment_and_are_checked(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("LIVERL_CANARY_MARGIN", "0.1")
     monkeypatch.setenv("LIVERL_CANARY_WATCH_ACTION", "alert")
@@ -283,5 +315,6 @@ def test_a_canary_no_replica_serves_is_withdrawn_once_the_stable_arm_shows_it() 
     assert (v.kind, v.figures["rule"]) == ("withdraw", "no_canary_traffic")
     assert C.decide(none, OutcomeRate(539, 899), cfg, share=0.1).kind == "wait"
     assert C.decide(none, stable, cfg).kind == "wait"  # no share given: the old rules
-    assert C.decide(OutcomeRate(12, 20), stable, cfg, share=0.1).figures["rule"] != \
-        "no_canary_traffic"  # 20 canary sessions: it is served, the usual rules decide
+    assert (
+        C.decide(OutcomeRate(12, 20), stable, cfg, share=0.1).figures["rule"] != "no_canary_traffic"
+    )  # 20 canary sessions: it is served, the usual rules decide

@@ -37,13 +37,19 @@ class CiSource:
     def next_states(self, request: SourceRequest) -> list[Any]:
         post = validated(CiPost, request.body)
         ok = post.status == "success"
-        return [events.NextState(
-            event_id=events.new_event_id(),
-            producer=events.Producer(component="toy-ci", version="1"),
-            session_id=post.session_id, turn=post.turn, kind="test_result",
-            content=post.status, exit_code=0 if ok else 1,
-            score=1.0 if ok else self.options.failure_score, source="toy-ci",
-        )]
+        return [
+            events.NextState(
+                event_id=events.new_event_id(),
+                producer=events.Producer(component="toy-ci", version="1"),
+                session_id=post.session_id,
+                turn=post.turn,
+                kind="test_result",
+                content=post.status,
+                exit_code=0 if ok else 1,
+                score=1.0 if ok else self.options.failure_score,
+                source="toy-ci",
+            )
+        ]
 
 
 register("toy-ci", CiSource, CiOptions)

@@ -53,8 +53,15 @@ FRENCH: dict[str, str] = {
 DECISIONS = ("rollout", "withdraw")
 
 
-def fit(model: Any, tokenizer: Any, answers: Mapping[str, str], *, steps: int = 80,
-        lr: float = 1e-2, seed: int = 0) -> float:
+def fit(
+    model: Any,
+    tokenizer: Any,
+    answers: Mapping[str, str],
+    *,
+    steps: int = 80,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> float:
     """Teach ``model`` (in place) to answer each question with its answer: full-batch Adam
     on the answer tokens' cross-entropy. Returns the last loss (≈0.01 after 80 steps on the
     tiny model: greedy decoding then reproduces every answer)."""
@@ -63,9 +70,12 @@ def fit(model: Any, tokenizer: Any, answers: Mapping[str, str], *, steps: int = 
     torch.manual_seed(seed)
     rows = []
     for question, answer in answers.items():
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                               add_generation_prompt=True, tokenize=True,
-                                               return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         target = tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
         rows.append((list(prompt) + target, [-100] * len(prompt) + target))
     width = max(len(ids) for ids, _ in rows)
@@ -90,16 +100,28 @@ class DrillVersions:
     the loop's trainer settings (its weights and lake roots); the policy, the model, full
     weights, the gate off and ``share`` are set here."""
 
-    def __init__(self, connection: Connectable, trainer: TrainerSettings, policy: str,
-                 model_dir: Path, share: float) -> None:
+    def __init__(
+        self,
+        connection: Connectable,
+        trainer: TrainerSettings,
+        policy: str,
+        model_dir: Path,
+        share: float,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from pipeline.kafka import EventProducer
         from pipeline.trainer.publish import Publisher
 
         self.cfg = trainer.model_copy(
-            update={"policy": policy, "model": str(model_dir), "adapter": "full",
-                    "gate": False, "canary_share": share})
+            update={
+                "policy": policy,
+                "model": str(model_dir),
+                "adapter": "full",
+                "gate": False,
+                "canary_share": share,
+            }
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.models: dict[int, Any] = {0: AutoModelForCausalLM.from_pretrained(model_dir)}
         self.producer = EventProducer(connection, client_id=f"canary-drill-{policy}")
@@ -115,8 +137,15 @@ class DrillVersions:
         self.models[version] = model
         core = TrainerCore(self.cfg, model, self.tokenizer, step=version)
         sent = time.time()
-        self.publisher.publish(core, version=version, parent=parent or None, offsets={},
-                               trajectories=[], steps=[], created_ms=int(sent * 1000))
+        self.publisher.publish(
+            core,
+            version=version,
+            parent=parent or None,
+            offsets={},
+            trajectories=[],
+            steps=[],
+            created_ms=int(sent * 1000),
+        )
         return sent
 
     def close(self) -> None:
@@ -186,13 +215,22 @@ class DrillUsers:
         """(start wall time, the version that answered, whether the user was satisfied)."""
         i = self.count
         self.count += 1
-        user = SimUser(f"{self.policy}-user-{self.seed}-{i}", PREFERENCES["english"],
-                       hint_rate=0.0, seed=self.seed)
+        user = SimUser(
+            f"{self.policy}-user-{self.seed}-{i}",
+            PREFERENCES["english"],
+            hint_rate=0.0,
+            seed=self.seed,
+        )
         started = time.time()
-        turn = run_session(self.client, self.policy, user,
-                           DRILL_QUESTIONS[i % len(DRILL_QUESTIONS)],
-                           session_id=f"{self.policy}-s{self.seed}-{i}", max_tokens=48,
-                           temperature=0.0)
+        turn = run_session(
+            self.client,
+            self.policy,
+            user,
+            DRILL_QUESTIONS[i % len(DRILL_QUESTIONS)],
+            session_id=f"{self.policy}-s{self.seed}-{i}",
+            max_tokens=48,
+            temperature=0.0,
+        )
         return started, turn.weight_version, turn.judgement.satisfied
 
     def paced(self) -> Iterator[tuple[float, int | None, bool]]:
@@ -203,8 +241,16 @@ class DrillUsers:
             time.sleep(max(0.0, 1.0 / self.rate - (time.monotonic() - t0)))
 
 
-def run_phase(users: DrillUsers, watch: DecisionWatch, version: int, published_s: float,
-              *, max_sessions: int = 600, after: int = 12, settle_s: float = 2.0) -> Phase:
+def run_phase(
+    users: DrillUsers,
+    watch: DecisionWatch,
+    version: int,
+    published_s: float,
+    *,
+    max_sessions: int = 600,
+    after: int = 12,
+    settle_s: float = 2.0,
+) -> Phase:
     """Send sessions until ``version``'s decision is on the log (or ``max_sessions``), then
     ``after`` more once the gateways had ``settle_s`` to follow it."""
     started: list[tuple[float, int | None, bool]] = []
@@ -213,8 +259,9 @@ def run_phase(users: DrillUsers, watch: DecisionWatch, version: int, published_s
         if version in watch.found or len(started) >= max_sessions:
             break
     deadline = time.monotonic() + 30  # the last sessions' outcomes may still be on the way
-    while version not in watch.found and time.monotonic() < deadline \
-            and len(started) >= max_sessions:
+    while (
+        version not in watch.found and time.monotonic() < deadline and len(started) >= max_sessions
+    ):
         time.sleep(0.5)
     action = watch.found.get(version)
     cut = action.ts_ms / 1000 if action is not None else float("inf")
@@ -249,19 +296,30 @@ class DrillResult:
     actions: Counter[tuple[str, int]]  # (kind, version) -> events on the weights topic
 
 
-def run_drill(connection: Connectable, trainer: TrainerSettings, url: str, policy: str,
-              model_dir: Path, *, share: float, rate: float = 4.0, seed: int = 0,
-              max_sessions: int = 600) -> DrillResult:
+def run_drill(
+    connection: Connectable,
+    trainer: TrainerSettings,
+    url: str,
+    policy: str,
+    model_dir: Path,
+    *,
+    share: float,
+    rate: float = 4.0,
+    seed: int = 0,
+    max_sessions: int = 600,
+) -> DrillResult:
     """Both phases against the loop serving ``policy`` at ``url`` (its OpenAI base URL);
     ``trainer``: the loop's trainer settings, resolved under its state dir."""
     versions = DrillVersions(connection, trainer, policy, model_dir, share)
     users = DrillUsers(url, policy, rate=rate, seed=seed)
     watch = DecisionWatch(connection, policy)
     try:
-        good = run_phase(users, watch, 1, versions.publish(1, 0, ENGLISH),
-                         max_sessions=max_sessions)
-        harmful = run_phase(users, watch, 2, versions.publish(2, 1, FRENCH),
-                            max_sessions=max_sessions)
+        good = run_phase(
+            users, watch, 1, versions.publish(1, 0, ENGLISH), max_sessions=max_sessions
+        )
+        harmful = run_phase(
+            users, watch, 2, versions.publish(2, 1, FRENCH), max_sessions=max_sessions
+        )
         watch.refresh()
         return DrillResult(good, harmful, watch.counts)
     finally:

@@ -68,13 +68,16 @@ class Display:
         elif kind == "eval":
             self.evals[data["label"]] = data["eval"]
             ev = data["eval"]
-            self._line(f"held-out {data['label']}: v{ev.version} {ev.satisfied:.0%} satisfied, "
-                       f"{ev.meets_preference:.0%} meet the preference, "
-                       f"{ev.quality_ok:.0%} answer the question (n={ev.n})")
+            self._line(
+                f"held-out {data['label']}: v{ev.version} {ev.satisfied:.0%} satisfied, "
+                f"{ev.meets_preference:.0%} meet the preference, "
+                f"{ev.quality_ok:.0%} answer the question (n={ev.n})"
+            )
         elif kind == "capability":
             self.capabilities[data["label"]] = data["capability"]
-            self._line(f"capability probe {data['label']}: "
-                       f"{describe_capability(data['capability'])}")
+            self._line(
+                f"capability probe {data['label']}: {describe_capability(data['capability'])}"
+            )
         elif kind == "note":
             self._line(data["text"])
         elif kind == "pace":
@@ -92,8 +95,10 @@ class Display:
     def _status(self) -> str:
         flags = [s.satisfied for s in self.sessions]
         share = moving_share(flags, self.cfg.window)[-1] if flags else 0.0
-        return (f"[{time.monotonic() - self.started:6.0f}s] sessions {len(self.sessions):3d}  "
-                f"satisfied (last {self.cfg.window}) {share:4.0%}  live v{self.version or 0}")
+        return (
+            f"[{time.monotonic() - self.started:6.0f}s] sessions {len(self.sessions):3d}  "
+            f"satisfied (last {self.cfg.window}) {share:4.0%}  live v{self.version or 0}"
+        )
 
     def render(self) -> Group:
         flags = [s.satisfied for s in self.sessions]
@@ -101,25 +106,30 @@ class Display:
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
-        table.add_row("policy", f"{self.policy} ({self.cfg.method}, preference "
-                                f"'{self.cfg.preference}', hint rate {self.cfg.hint_rate:g})")
+        table.add_row(
+            "policy",
+            f"{self.policy} ({self.cfg.method}, preference "
+            f"'{self.cfg.preference}', hint rate {self.cfg.hint_rate:g})",
+        )
         table.add_row("stage", self.stage)
         table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
         table.add_row("sessions", str(len(self.sessions)))
         table.add_row("live weights", f"v{self.version or 0}")
-        table.add_row(f"satisfied (last {self.cfg.window})",
-                      f"{moving[-1]:.0%}" if moving else "-")
+        table.add_row(f"satisfied (last {self.cfg.window})", f"{moving[-1]:.0%}" if moving else "-")
         table.add_row("curve", sparkline(moving) or "-")
         for label, ev in self.evals.items():
-            table.add_row(f"held-out {label}",
-                          f"v{ev.version}: {ev.satisfied:.0%} satisfied, "
-                          f"{ev.quality_ok:.0%} on topic")
+            table.add_row(
+                f"held-out {label}",
+                f"v{ev.version}: {ev.satisfied:.0%} satisfied, {ev.quality_ok:.0%} on topic",
+            )
         for label, cap in self.capabilities.items():
             table.add_row(f"probe {label}", describe_capability(cap))
         last = self.sessions[-1] if self.sessions else None
         tail = Text("")
         if last is not None:
             mark = "✓" if last.satisfied else "✗"
-            tail = Text(f"{mark} Q: {last.question}\n  A: {last.answer[:160]!r}\n"
-                        f"  user: {last.reply}", style="dim")
+            tail = Text(
+                f"{mark} Q: {last.question}\n  A: {last.answer[:160]!r}\n  user: {last.reply}",
+                style="dim",
+            )
         return Group(table, tail)

@@ -53,18 +53,20 @@ class Loop:
 
 def _env(cfg: LoopConfig, state_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "LIVERL_STATE_DIR": str(state_dir),
-        "LIVERL_TRAINER_BATCH_MAX_SAMPLES": str(cfg.batch_samples),
-        "LIVERL_TRAINER_BATCH_MAX_WAIT_S": str(cfg.batch_wait_s),
-        # One step per round: the users wait for it (--pace), so no early partial batches.
-        "LIVERL_TRAINER_BATCH_IDLE_S": "0",
-        "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "1.0",  # a version after every step
-        # The demo (and bench/learning.py, which runs this loop) measures learning, not
-        # rollout: every user must meet each promoted version at once, not 10 % of them
-        # while a canary waits for outcomes (cfg.extra_env may still set a share).
-        "LIVERL_TRAINER_CANARY_SHARE": "0",
-    })
+    env.update(
+        {
+            "LIVERL_STATE_DIR": str(state_dir),
+            "LIVERL_TRAINER_BATCH_MAX_SAMPLES": str(cfg.batch_samples),
+            "LIVERL_TRAINER_BATCH_MAX_WAIT_S": str(cfg.batch_wait_s),
+            # One step per round: the users wait for it (--pace), so no early partial batches.
+            "LIVERL_TRAINER_BATCH_IDLE_S": "0",
+            "LIVERL_TRAINER_PUBLISH_MAX_OVERHEAD": "1.0",  # a version after every step
+            # The demo (and bench/learning.py, which runs this loop) measures learning, not
+            # rollout: every user must meet each promoted version at once, not 10 % of them
+            # while a canary waits for outcomes (cfg.extra_env may still set a share).
+            "LIVERL_TRAINER_CANARY_SHARE": "0",
+        }
+    )
     if cfg.lr is not None:
         env["LIVERL_TRAINER_LR"] = str(cfg.lr)
     env.update(cfg.extra_env)
@@ -78,8 +80,15 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], trainer_log: Path | None,
-                offset: int, policy: str, timeout_s: float, up_log: Path) -> None:
+def _wait_ready(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    trainer_log: Path | None,
+    offset: int,
+    policy: str,
+    timeout_s: float,
+    up_log: Path,
+) -> None:
     """Gateway answers /healthz and (unless ``trainer_log`` is None: no trainer) the trainer
     printed ``trainer ready`` for our policy."""
     deadline = time.monotonic() + timeout_s
@@ -114,8 +123,18 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
     trainer_log = logs / "trainer.log"
     offset = trainer_log.stat().st_size if trainer_log.exists() else 0
     port = cfg.port or free_port()
-    args = [sys.executable, "-m", "pipeline.cli", "up", "--port", str(port),
-            "--policy", cfg.policy, "--method", cfg.method]
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "up",
+        "--port",
+        str(port),
+        "--policy",
+        cfg.policy,
+        "--method",
+        cfg.method,
+    ]
     if cfg.model:
         args += ["--model", cfg.model]
     for name in cfg.without:
@@ -125,9 +144,14 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
     args += cfg.extra_args
     up_log = logs / f"demo-up-{cfg.policy}.log"
     with open(up_log, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=_env(cfg, state_dir),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_env(cfg, state_dir),
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}/v1"
     # `up` runs in its own session, so a SIGTERM to this process would leave it serving, and
     # later stopping the broker under the next run: turn SIGTERM into an exit that cleans up.
@@ -135,8 +159,15 @@ def running_loop(cfg: LoopConfig) -> Iterator[Loop]:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        _wait_ready(url, proc, None if "trainer" in cfg.without else trainer_log, offset,
-                    cfg.policy, cfg.start_timeout_s, up_log)
+        _wait_ready(
+            url,
+            proc,
+            None if "trainer" in cfg.without else trainer_log,
+            offset,
+            cfg.policy,
+            cfg.start_timeout_s,
+            up_log,
+        )
         yield Loop(url=url, policy=cfg.policy, logs=logs, proc=proc)
     finally:
         if previous is not None:

@@ -21,10 +21,21 @@ def write_outputs(result: DemoResult, out: Path) -> tuple[Path, Path]:
     plot(result, png)
     doc = result.summary()
     doc["sessions_detail"] = [
-        {"index": s.index, "round": s.round, "user": s.user_id, "question": s.question,
-         "answer": s.answer, "satisfied": s.satisfied, "meets_preference": s.meets_preference,
-         "quality_ok": s.quality_ok, "reply": s.reply, "version": s.version,
-         "session_id": s.session_id, "prompt": s.prompt, "allocation": s.allocation}
+        {
+            "index": s.index,
+            "round": s.round,
+            "user": s.user_id,
+            "question": s.question,
+            "answer": s.answer,
+            "satisfied": s.satisfied,
+            "meets_preference": s.meets_preference,
+            "quality_ok": s.quality_ok,
+            "reply": s.reply,
+            "version": s.version,
+            "session_id": s.session_id,
+            "prompt": s.prompt,
+            "allocation": s.allocation,
+        }
         for s in result.sessions
     ]
     doc["heldout_answers"] = {"before": result.before.answers, "after": result.after.answers}
@@ -64,21 +75,36 @@ def plot(result: DemoResult, path: Path) -> None:
         if s.version is not None and s.version > 0 and s.version not in shown:
             shown.add(s.version)
             ax.axvline(s.index + 1, color="#bbbbbb", lw=0.8, zorder=0)
-            ax.text(s.index + 1, 1.03, f"v{s.version}", fontsize=7, ha="center",
-                    color="#777777")
+            ax.text(s.index + 1, 1.03, f"v{s.version}", fontsize=7, ha="center", color="#777777")
     end = max(x, default=1)
     # Held-out evaluations (greedy, nothing recorded) as points before and after training.
-    for ev, at, label, color in ((result.before, 0, "held-out, initial", "#d62728"),
-                                 (result.after, end + 1, "held-out, final", "#006d2c")):
-        ax.scatter([at], [ev.satisfied], s=90, marker="D", color=color, zorder=5,
-                   label=f"{label} v{ev.version}: {ev.satisfied:.0%} satisfied, "
-                         f"{ev.quality_ok:.0%} answer the question (n={ev.n})")
-        ax.annotate(f"v{ev.version}: {ev.satisfied:.0%}", (at, ev.satisfied),
-                    textcoords="offset points", xytext=(0, 9), ha="center", fontsize=9,
-                    color=color)
+    for ev, at, label, color in (
+        (result.before, 0, "held-out, initial", "#d62728"),
+        (result.after, end + 1, "held-out, final", "#006d2c"),
+    ):
+        ax.scatter(
+            [at],
+            [ev.satisfied],
+            s=90,
+            marker="D",
+            color=color,
+            zorder=5,
+            label=f"{label} v{ev.version}: {ev.satisfied:.0%} satisfied, "
+            f"{ev.quality_ok:.0%} answer the question (n={ev.n})",
+        )
+        ax.annotate(
+            f"v{ev.version}: {ev.satisfied:.0%}",
+            (at, ev.satisfied),
+            textcoords="offset points",
+            xytext=(0, 9),
+            ha="center",
+            fontsize=9,
+            color=color,
+        )
     fresh = result.freshness_s
-    fresh_txt = (f"freshness p50 {sorted(fresh)[len(fresh) // 2]:.1f} s" if fresh
-                 else "freshness: n/a")
+    fresh_txt = (
+        f"freshness p50 {sorted(fresh)[len(fresh) // 2]:.1f} s" if fresh else "freshness: n/a"
+    )
     ax.set_title(
         f"liverl demo — {result.policy}: method {cfg.method}, preference '{cfg.preference}', "
         f"hint rate {cfg.hint_rate:g}, {len(sessions)} sessions, {fresh_txt}",
@@ -96,23 +122,43 @@ def plot(result: DemoResult, path: Path) -> None:
 
 def _plot_probe(ax: Any, before: Capability, after: Capability, note: str | None) -> None:
     """Greedy correct share as bars, fluency written on them, initial vs final version."""
-    for i, (label, cap, color) in enumerate((("initial", before, "#d62728"),
-                                             ("final", after, "#006d2c"))):
+    for i, (label, cap, color) in enumerate(
+        (("initial", before, "#d62728"), ("final", after, "#006d2c"))
+    ):
         r = cap.result
         share = r.correct / r.n if r.n else 0.0
         ax.bar(i, share, color=color, alpha=0.75, width=0.6)
         flu = f"{r.fluency:.2f}" if r.fluency is not None else "n/a"
-        ax.text(i, share + 0.02, f"{r.correct}/{r.n}\nfluency {flu}", ha="center",
-                va="bottom", fontsize=9, color=color)
-        ax.text(i, 0.02, f"{label}\nv{cap.version}", ha="center", va="bottom", fontsize=8,
-                color="white")
+        ax.text(
+            i,
+            share + 0.02,
+            f"{r.correct}/{r.n}\nfluency {flu}",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            color=color,
+        )
+        ax.text(
+            i, 0.02, f"{label}\nv{cap.version}", ha="center", va="bottom", fontsize=8, color="white"
+        )
     ax.set_xticks([])
     ax.set_xlim(-0.6, 1.6)
     ax.set_ylim(0, 1.25)
     ax.set_ylabel("probe answers correct (greedy)")
-    ax.set_title(f"capability probe, {after.result.n} fixed questions\nfluency: base "
-                 "log-prob/token\nof sampled answers", fontsize=9)
+    ax.set_title(
+        f"capability probe, {after.result.n} fixed questions\nfluency: base "
+        "log-prob/token\nof sampled answers",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3, axis="y")
     if note:
-        ax.text(0.5, -0.04, "fluency n/a: base model not loaded", transform=ax.transAxes,
-                ha="center", va="top", fontsize=7, color="#777777")
+        ax.text(
+            0.5,
+            -0.04,
+            "fluency n/a: base model not loaded",
+            transform=ax.transAxes,
+            ha="center",
+            va="top",
+            fontsize=7,
+            color="#777777",
+        )

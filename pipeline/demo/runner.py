@@ -162,13 +162,18 @@ class DemoResult:
             "gate": {
                 "promoted": sum(v == "promoted" for v in self.gate.values()),
                 "rejected": sum(v == "rejected" for v in self.gate.values()),
-                "reject_share": (sum(v == "rejected" for v in self.gate.values())
-                                 / len(self.gate) if self.gate else None),
+                "reject_share": (
+                    sum(v == "rejected" for v in self.gate.values()) / len(self.gate)
+                    if self.gate
+                    else None
+                ),
             },
             "critic": _critic_summary(self.sessions) if self.critic_levels else None,
-            "feedback": {"share": self.config.feedback,
-                         "up": sum(s.thumbs == "up" for s in self.sessions),
-                         "down": sum(s.thumbs == "down" for s in self.sessions)},
+            "feedback": {
+                "share": self.config.feedback,
+                "up": sum(s.thumbs == "up" for s in self.sessions),
+                "down": sum(s.thumbs == "down" for s in self.sessions),
+            },
             "wall_s": round(self.wall_s, 1),
             "config": asdict(self.config),
         }
@@ -186,9 +191,13 @@ def _critic_summary(sessions: list[Session]) -> dict[str, Any]:
     for s in sessions:
         if s.allocation:
             rounds.setdefault(s.round, []).append(s.allocation["level"])
-    return {"levels": levels, "drawn": draws,
-            "per_round": {r: {lv: v.count(lv) for lv in sorted(set(v))}
-                          for r, v in sorted(rounds.items())}}
+    return {
+        "levels": levels,
+        "drawn": draws,
+        "per_round": {
+            r: {lv: v.count(lv) for lv in sorted(set(v))} for r, v in sorted(rounds.items())
+        },
+    }
 
 
 def _share(flags: list[bool]) -> float | None:
@@ -196,8 +205,13 @@ def _share(flags: list[bool]) -> float | None:
 
 
 def _eval_dict(e: Evaluation) -> dict[str, Any]:
-    return {"version": e.version, "satisfied": e.satisfied, "meets_preference": e.meets_preference,
-            "quality_ok": e.quality_ok, "n": e.n}
+    return {
+        "version": e.version,
+        "satisfied": e.satisfied,
+        "meets_preference": e.meets_preference,
+        "quality_ok": e.quality_ok,
+        "n": e.n,
+    }
 
 
 def moving_share(flags: list[bool], window: int) -> list[float]:
@@ -238,8 +252,9 @@ Progress = Callable[[str, dict[str, Any]], None]
 class DemoRunner:
     """Drives simulated users through the gateway at ``url`` serving ``policy``."""
 
-    def __init__(self, url: str, policy: str, cfg: DemoConfig, *,
-                 on_progress: Progress | None = None) -> None:
+    def __init__(
+        self, url: str, policy: str, cfg: DemoConfig, *, on_progress: Progress | None = None
+    ) -> None:
         from openai import OpenAI
 
         self.url = url
@@ -253,14 +268,16 @@ class DemoRunner:
         self.heldout_questions: list[Question] = held_q[: cfg.eval_questions]
         # One repetition memory across users: the same stock answer to different users'
         # questions is caught at once (the pilot's "You are a helpful AI…" hack).
-        self.users = make_users(cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed,
-                                shared_history=True)
+        self.users = make_users(
+            cfg.users, (cfg.preference,), cfg.hint_rate, cfg.seed, shared_history=True
+        )
         self.rng = random.Random(cfg.seed)
         self.feedback_rng = random.Random(f"feedback-{cfg.seed}")
         self.critic: Critic | None = None
         if cfg.frontier or cfg.adapt:
-            self.critic = Critic(train_q, (cfg.preference,), seed=cfg.seed,
-                                 frontier=cfg.frontier, adapt=cfg.adapt)
+            self.critic = Critic(
+                train_q, (cfg.preference,), seed=cfg.seed, frontier=cfg.frontier, adapt=cfg.adapt
+            )
         self._scorer: tuple[Any, Any] | None = None  # (base model, tokenizer), loaded once
         self.probe_note: str | None = None
 
@@ -275,14 +292,24 @@ class DemoRunner:
     def evaluate(self, label: str) -> Evaluation:
         """Held-out users on held-out questions, nothing recorded; fresh users each time so
         the repetition check starts empty."""
-        users = make_users(len(self.heldout_questions), (self.cfg.preference,),
-                           self.cfg.hint_rate, self.cfg.seed + 10_000, shared_history=True)
+        users = make_users(
+            len(self.heldout_questions),
+            (self.cfg.preference,),
+            self.cfg.hint_rate,
+            self.cfg.seed + 10_000,
+            shared_history=True,
+        )
         run = f"eval-{label}-{int(time.time() * 1000)}"
 
         def one(i: int) -> TurnResult:
             return run_session(
-                self.client, self.policy, users[i], self.heldout_questions[i],
-                session_id=f"{run}-{i}", max_tokens=self.cfg.max_tokens, temperature=0.0,
+                self.client,
+                self.policy,
+                users[i],
+                self.heldout_questions[i],
+                session_id=f"{run}-{i}",
+                max_tokens=self.cfg.max_tokens,
+                temperature=0.0,
                 train=False,
             )
 
@@ -298,9 +325,15 @@ class DemoRunner:
             meets_preference=sum(r.judgement.meets_preference for r in results) / n,
             quality_ok=sum(r.judgement.quality.ok for r in results) / n,
             n=n,
-            answers=[{"question": r.question.text, "answer": r.answer,
-                      "satisfied": r.judgement.satisfied,
-                      "reasons": r.judgement.quality.reasons} for r in results],
+            answers=[
+                {
+                    "question": r.question.text,
+                    "answer": r.answer,
+                    "satisfied": r.judgement.satisfied,
+                    "reasons": r.judgement.quality.reasons,
+                }
+                for r in results
+            ],
         )
         self.on_progress("eval", {"label": label, "eval": ev})
         return ev
@@ -320,8 +353,10 @@ class DemoRunner:
                 self._scorer = (model, AutoTokenizer.from_pretrained(path))
             except Exception as exc:  # an optional figure: report it missing, go on
                 self._scorer = (None, None)
-                self.probe_note = (f"fluency not measured: the base model "
-                                   f"{self.cfg.model or 'default'} could not be loaded ({exc})")
+                self.probe_note = (
+                    f"fluency not measured: the base model "
+                    f"{self.cfg.model or 'default'} could not be loaded ({exc})"
+                )
                 self.on_progress("note", {"text": self.probe_note})
         return self._scorer
 
@@ -332,8 +367,11 @@ class DemoRunner:
 
         def ask(question: str, temperature: float) -> str:
             reply = self.client.chat.completions.create(
-                model=self.policy, messages=[{"role": "user", "content": question}],
-                max_tokens=PROBE_MAX_TOKENS, temperature=temperature, seed=self.cfg.seed,
+                model=self.policy,
+                messages=[{"role": "user", "content": question}],
+                max_tokens=PROBE_MAX_TOKENS,
+                temperature=temperature,
+                seed=self.cfg.seed,
                 extra_headers={"X-Liverl-Train": "false"},
             )
             v = weight_version(reply.system_fingerprint)
@@ -343,8 +381,9 @@ class DemoRunner:
             return reply.choices[0].message.content or ""
 
         base, tokenizer = self.scorer()
-        result = probe_endpoint(ask, base_model=base, tokenizer=tokenizer,
-                                temperature=self.cfg.temperature)
+        result = probe_endpoint(
+            ask, base_model=base, tokenizer=tokenizer, temperature=self.cfg.temperature
+        )
         cap = Capability(max(versions, default=None), result)
         self.on_progress("capability", {"label": label, "capability": cap})
         return cap
@@ -366,22 +405,39 @@ class DemoRunner:
 
         def one(i: int) -> Session:
             asked = time.monotonic()
-            r = run_session(self.client, self.policy, self.users[i], questions[i],
-                            session_id=f"{run}-u{i}", max_tokens=self.cfg.max_tokens,
-                            temperature=self.cfg.temperature, train=True, prompt=prompts[i],
-                            thumbs=rates[i])
+            r = run_session(
+                self.client,
+                self.policy,
+                self.users[i],
+                questions[i],
+                session_id=f"{run}-u{i}",
+                max_tokens=self.cfg.max_tokens,
+                temperature=self.cfg.temperature,
+                train=True,
+                prompt=prompts[i],
+                thumbs=rates[i],
+            )
             # The reply request answers within a token, so its end stands for when the
             # user's reply was recorded (freshness is measured from there).
             replied = time.monotonic()
             self._seen(r, replied)
             return Session(
-                index=start_index + i, round=round_no, user_id=r.user_id,
-                session_id=r.session_id, question=r.question.text, answer=r.answer,
+                index=start_index + i,
+                round=round_no,
+                user_id=r.user_id,
+                session_id=r.session_id,
+                question=r.question.text,
+                answer=r.answer,
                 satisfied=r.judgement.satisfied,
                 meets_preference=r.judgement.meets_preference,
-                quality_ok=r.judgement.quality.ok, reply=r.reply, version=r.weight_version,
-                asked_at=asked, replied_at=replied, prompt=r.prompt,
-                allocation=plan[i].record() if plan else None, thumbs=r.thumbs,
+                quality_ok=r.judgement.quality.ok,
+                reply=r.reply,
+                version=r.weight_version,
+                asked_at=asked,
+                replied_at=replied,
+                prompt=r.prompt,
+                allocation=plan[i].record() if plan else None,
+                thumbs=r.thumbs,
             )
 
         with ThreadPoolExecutor(max_workers=len(self.users)) as pool:
@@ -396,7 +452,9 @@ class DemoRunner:
     def probe(self) -> int | None:
         """One tiny unrecorded request: which version serves now (and note when first seen)."""
         reply = self.client.chat.completions.create(
-            model=self.policy, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+            model=self.policy,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=1,
             extra_headers={"X-Liverl-Train": "false"},
         )
         fp = reply.system_fingerprint or ""
@@ -420,10 +478,21 @@ class DemoRunner:
         after = self.evaluate("after")
         probe_after = self.capability("after") if self.cfg.probe else None
         fresh = freshness(lake, self.policy, sessions, self.first_seen)
-        return DemoResult(self.cfg, self.policy, before, after, sessions, dict(self.first_seen),
-                          fresh, time.monotonic() - start, probe_before, probe_after,
-                          self.probe_note, verdicts(lake, self.policy),
-                          list(self.critic.levels) if self.critic else [])
+        return DemoResult(
+            self.cfg,
+            self.policy,
+            before,
+            after,
+            sessions,
+            dict(self.first_seen),
+            fresh,
+            time.monotonic() - start,
+            probe_before,
+            probe_after,
+            self.probe_note,
+            verdicts(lake, self.policy),
+            list(self.critic.levels) if self.critic else [],
+        )
 
     def _wait_for_newer(self, live: int, lake: Path, round_sessions: list[Session]) -> None:
         """Until a version newer than ``live`` serves, or the version trained on this round
@@ -451,8 +520,13 @@ class DemoRunner:
             newest = max((consumed[s] for s in done), default=None)
             version = self.probe()
             self.on_progress("settle", {"trained": len(done), "of": len(wanted)})
-            if len(done) == len(wanted) and newest is not None and (
-                (version or 0) >= newest or verdicts(lake, self.policy).get(newest) == "rejected"
+            if (
+                len(done) == len(wanted)
+                and newest is not None
+                and (
+                    (version or 0) >= newest
+                    or verdicts(lake, self.policy).get(newest) == "rejected"
+                )
             ):
                 return
             time.sleep(2)
@@ -500,8 +574,9 @@ def consumed_versions(lake: Path, policy: str) -> dict[str, int]:
     return {r["session_id"]: r["weight_version"] for r in rows if r["weight_version"] is not None}
 
 
-def freshness(lake: Path, policy: str, sessions: list[Session],
-              first_seen: dict[int, float]) -> list[float]:
+def freshness(
+    lake: Path, policy: str, sessions: list[Session], first_seen: dict[int, float]
+) -> list[float]:
     """Seconds from each user's reply to the first answer from the version trained on it."""
     consumed = consumed_versions(lake, policy)
     out = []

@@ -308,24 +308,48 @@ def examples() -> dict[str, Event]:
             prompt=_USER,
             answer="Renamed the import to `load_config`; `pytest -q` passes.",
             messages=[{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _USER}],
-            checker={"kind": "command", "command": "pytest -q", "exit_code": 0, "score": 1.0,
-                     "source": "record-outcome", "content": "$ pytest -q\n42 passed",
-                     "producer": "record-outcome"},
+            checker={
+                "kind": "command",
+                "command": "pytest -q",
+                "exit_code": 0,
+                "score": 1.0,
+                "source": "record-outcome",
+                "content": "$ pytest -q\n42 passed",
+                "producer": "record-outcome",
+            },
             provenance={
                 "session_id": _SESSION,
                 "outcome_id": "ns-gate-1",
                 "outcome_at": {"topic": "liverl.next_states.v1", "partition": 2, "offset": 90_305},
-                "interactions": [{"event_id": _INTERACTION_ID, "turn": 3,
-                                  "topic": "liverl.interactions.v1", "partition": 2,
-                                  "offset": 90_211}],
+                "interactions": [
+                    {
+                        "event_id": _INTERACTION_ID,
+                        "turn": 3,
+                        "topic": "liverl.interactions.v1",
+                        "partition": 2,
+                        "offset": 90_211,
+                    }
+                ],
             },
             votes=[
-                {"judge_id": "rules", "judge_version": "rules-judge-2", "vote": 1,
-                 "rationale": "exit code 0"},
-                {"judge_id": "replies", "judge_version": "replies-judge-2/replies-3", "vote": 1,
-                 "rationale": "exit code 0"},
-                {"judge_id": "llm", "judge_version": "llm-judge-1/judge", "vote": -1,
-                 "rationale": "the fix renames the caller, not the function"},
+                {
+                    "judge_id": "rules",
+                    "judge_version": "rules-judge-2",
+                    "vote": 1,
+                    "rationale": "exit code 0",
+                },
+                {
+                    "judge_id": "replies",
+                    "judge_version": "replies-judge-2/replies-3",
+                    "vote": 1,
+                    "rationale": "exit code 0",
+                },
+                {
+                    "judge_id": "llm",
+                    "judge_version": "llm-judge-1/judge",
+                    "vote": -1,
+                    "rationale": "the fix renames the caller, not the function",
+                },
             ],
         ),
         DeadLetter.wrap(
@@ -386,5 +410,8 @@ def _instance(schema: dict[str, Any]) -> Any:
         return None
     size = schema.get("minLength", 0)
     pattern = re.compile(schema.get("pattern", ""))
-    return next(c for c in ("x" * max(size, 1), "0" * max(size, 64), "")
-                if len(c) >= size and pattern.search(c))
+    return next(
+        c
+        for c in ("x" * max(size, 1), "0" * max(size, 64), "")
+        if len(c) >= size and pattern.search(c)
+    )

@@ -317,8 +317,7 @@ class LocalBroker:
                     out = open(node.stdout_file, "ab")  # noqa: SIM115 - closed right below
                 with out:
                     procs[node] = subprocess.Popen(
-                        [*self._node_jvm(jvm, node, lib), "kafka.Kafka",
-                         str(props[node.node_id])],
+                        [*self._node_jvm(jvm, node, lib), "kafka.Kafka", str(props[node.node_id])],
                         stdout=out,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,

@@ -25,8 +25,9 @@ TRANSIENT = {
 }
 
 
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float,
-               patience_s: float = 30.0) -> tuple[int, int]:
+def watermarks(
+    consumer: Consumer, tp: TopicPartition, timeout: float, patience_s: float = 30.0
+) -> tuple[int, int]:
     """A partition's low and high offsets. Right after topics are created (``liverl up`` on
     a fresh broker) a partition may have no leader yet: that is retried for ``patience_s``
     instead of failing a component's start."""

@@ -31,8 +31,7 @@ SPECS_DIR = contracts_dir("topics")
 def _declared(specs_dir: Path = SPECS_DIR) -> tuple[str, ...]:
     import yaml
 
-    return tuple(sorted(yaml.safe_load(p.read_text())["name"]
-                        for p in specs_dir.glob("*.yaml")))
+    return tuple(sorted(yaml.safe_load(p.read_text())["name"] for p in specs_dir.glob("*.yaml")))
 
 
 ALL = _declared()

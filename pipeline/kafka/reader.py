@@ -162,8 +162,11 @@ def watermarks(consumer: Any, tp: Any, timeout_s: float) -> tuple[int, int]:
     leader" for a moment, which must not kill a reader at start."""
     from confluent_kafka import KafkaError, KafkaException
 
-    electing = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                KafkaError.UNKNOWN_TOPIC_OR_PART}
+    electing = {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -171,8 +174,10 @@ def watermarks(consumer: Any, tp: Any, timeout_s: float) -> tuple[int, int]:
             return int(low), int(high)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
-            retry = getattr(err, "retriable", lambda: False)() or getattr(
-                err, "code", lambda: None)() in electing
+            retry = (
+                getattr(err, "retriable", lambda: False)()
+                or getattr(err, "code", lambda: None)() in electing
+            )
             if not retry or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)

@@ -190,8 +190,11 @@ def summary(row: TapRow) -> str:
         state = "ok" if e.ok else f"error: {_head(e.error, 40)}"
         return f"{e.replica_id} {e.policy_id} v{e.version} {state} ({_num(e.reload_ms)} ms)"
     if t == "trainer_status":
-        judging = (f" judging v{e.judging_version} {e.prompts_done}/{e.prompts_total}"
-                   if e.judging_version is not None else "")
+        judging = (
+            f" judging v{e.judging_version} {e.prompts_done}/{e.prompts_total}"
+            if e.judging_version is not None
+            else ""
+        )
         return f"{e.policy_id} {e.state} v{e.version} step {e.step}{judging}"
     if t == "gate_vote":
         scores = f" ({_num(e.candidate_score)} vs {_num(e.live_score)})"

@@ -81,8 +81,11 @@ class Plan:
 
     def differences(self, topic: str) -> list[str]:
         """What differs for ``topic``: its changes' and refusals' details (empty: in line)."""
-        out = [c.detail if c.action != "create" else "missing" for c in self.changes
-               if c.topic == topic]
+        out = [
+            c.detail if c.action != "create" else "missing"
+            for c in self.changes
+            if c.topic == topic
+        ]
         out += [r.split(": ", 1)[1] for r in self.refusals if r.startswith(topic + ": ")]
         return out
 
@@ -311,6 +314,8 @@ def session_partitions(specs: list[TopicSpec]) -> int:
     co-partitioned with them."""
     counts = {s.partitions for s in specs if s.key == SESSION_KEY}
     if len(counts) != 1:
-        raise TopicSpecError(f"expected one partition count for topics keyed by {SESSION_KEY}, "
-                             f"found {sorted(counts) or 'none'}")
+        raise TopicSpecError(
+            f"expected one partition count for topics keyed by {SESSION_KEY}, "
+            f"found {sorted(counts) or 'none'}"
+        )
     return counts.pop()

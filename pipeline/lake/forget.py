@@ -114,8 +114,11 @@ def survey(lakes: Iterable[tuple[str, Path]], sessions: list[str]) -> list[Delta
             if {"topic", "timestamp_ms"} <= set(rows.column_names) and rows.num_rows:
                 newest = rows.group_by("topic").aggregate([("timestamp_ms", "max")])
                 hit.newest_ms = dict(
-                    zip(newest["topic"].to_pylist(), newest["timestamp_ms_max"].to_pylist(),
-                        strict=True)
+                    zip(
+                        newest["topic"].to_pylist(),
+                        newest["timestamp_ms_max"].to_pylist(),
+                        strict=True,
+                    )
                 )
             hits.append(hit)
     return hits
@@ -136,9 +139,12 @@ def user_sessions(lakes: Iterable[tuple[str, Path]], user: str) -> set[str]:
                 continue
             scanner = dataset.scanner(columns=["event_type", "session_id", "payload"])
             for batch in scanner.to_batches():
-                rows = zip(batch.column("event_type").to_pylist(),
-                           batch.column("session_id").to_pylist(),
-                           batch.column("payload").to_pylist(), strict=True)
+                rows = zip(
+                    batch.column("event_type").to_pylist(),
+                    batch.column("session_id").to_pylist(),
+                    batch.column("payload").to_pylist(),
+                    strict=True,
+                )
                 for kind, sid, raw in rows:
                     if kind != "interaction" or sid is None or raw is None or needle not in raw:
                         continue
@@ -201,7 +207,9 @@ def erase(hit: DeltaHit, sessions: list[str]) -> int:
         reader = pa.RecordBatchReader.from_batches(dataset.schema, kept)
         try:
             write_deltalake(
-                str(hit.path), reader, mode="overwrite",
+                str(hit.path),
+                reader,
+                mode="overwrite",
                 predicate=partition_predicate(parts, combos) if parts else None,
             )
         except CommitFailedError as exc:

@@ -58,7 +58,7 @@ def list_models(no_verify: bool) -> None:
             status, cached, size = "not pulled", "-", "-"
         else:
             cached, size = str(m.path), f"{m.bytes / 1e6:.0f} MB"
-            status = ("[green]verified[/]" if m.problem is None else f"[red]{m.problem}[/]")
+            status = "[green]verified[/]" if m.problem is None else f"[red]{m.problem}[/]"
             if no_verify:
                 status = "not checked"
         default = " (default)" if name == store.DEFAULT_MODEL else ""

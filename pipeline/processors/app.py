@@ -60,8 +60,13 @@ from .transactions import SCHEME, Transaction, commit_on_revoke, transactional_i
 log = logging.getLogger(__name__)
 
 # The topics the agents read; what each carries comes from topics/ (kafka.topics.event_types).
-INPUTS = (names.INTERACTIONS, names.NEXT_STATES, names.PRM_SCORES, names.PATH_PENALTIES,
-          names.HINTS)
+INPUTS = (
+    names.INTERACTIONS,
+    names.NEXT_STATES,
+    names.PRM_SCORES,
+    names.PATH_PENALTIES,
+    names.HINTS,
+)
 
 
 LIVE_CATCH_UP_S = 30.0  # a live panel's worker waits this long for the consistency history
@@ -152,7 +157,9 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
     app.liverl_redeliver_after_s = cfg.redeliver_after_s
     if cfg.exactly_once:
         app.liverl_transaction = Transaction(
-            transactional_id(cfg.app_id, cfg.worker_index), cfg.app_id, cfg.transaction_timeout_s,
+            transactional_id(cfg.app_id, cfg.worker_index),
+            cfg.app_id,
+            cfg.transaction_timeout_s,
             idle_commit_s=cfg.commit_idle_s,
         )
         commit_on_revoke(app)
@@ -173,8 +180,12 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         app.liverl_consistency = LiveConsistency(conn, ns).start(wait_s=LIVE_CATCH_UP_S)
         judge.use_live(app.liverl_consistency)  # type: ignore[attr-defined]
     inline = bool(getattr(judge, "inline", True))
-    pairer = Pairer(load_rules(cfg.rules_path), cfg.pairing_version,
-                    text_chars=cfg.state_text_chars, max_bytes=part_bytes)
+    pairer = Pairer(
+        load_rules(cfg.rules_path),
+        cfg.pairing_version,
+        text_chars=cfg.state_text_chars,
+        max_bytes=part_bytes,
+    )
     assembler = Assembler(
         cfg.reward_version,
         cfg.sample_version,
@@ -184,8 +195,13 @@ def create_app(kafka: Connectable, cfg: ProcessorSettings, state_dir: Path) -> P
         voters_per_turn=cfg.feedback_voters_per_turn,
         posted_per_turn=cfg.posted_per_turn,
     )
-    stage = SessionStage(pairer, assembler, judge_inline=inline,
-                         text_chars=cfg.state_text_chars, judge_max_bytes=part_bytes)
+    stage = SessionStage(
+        pairer,
+        assembler,
+        judge_inline=inline,
+        text_chars=cfg.state_text_chars,
+        judge_max_bytes=part_bytes,
+    )
     group_topic = app.topic(
         f"{cfg.app_id}-groups",
         internal=True,

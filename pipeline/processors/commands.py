@@ -38,30 +38,66 @@ def _settings(ctx: click.Context) -> Settings:
 
 @click.command("workers")
 @field_option(ProcessorSettings, "app_id", "--app-id", help="Faust app id = consumer group.")
-@field_option(ProcessorSettings, "web_enabled", "--web/--no-web",
-              help="Faust's web server with the workers' /metrics (off by default).")
-@field_option(ProcessorSettings, "web_host", "--web-host",
-              help="Interface the web server binds to.")
-@field_option(ProcessorSettings, "web_port", "--web-port",
-              help="Web server port; 0: a free one (--processes: each child its own).")
-@field_option(ProcessorSettings, "plugins", "--plugin", multiple=True, show_default=False,
-              help="Python module imported before the judge is looked up; it may register "
-              "judges (pipeline.processors.judges.register). Repeatable.")
-@field_option(ProcessorSettings, "judge", "--judge",
-              help="Judge name: replies (reply patterns + sentiment, with hints), "
-              "rules (phrase lists), llm (PRM behind an OpenAI-compatible API), or one a "
-              "--plugin module registers; its options: [processors.judge_options].")
-@field_option(ProcessorSettings, "exactly_once", "--exactly-once/--at-least-once",
-              help="Commit each worker's outputs, state and input offsets in one Kafka "
-              "transaction (derived records visible to read_committed readers at each commit), "
-              "or send them at once and let consumers deduplicate by event id.")
-@field_option(ProcessorSettings, "worker_index", "--worker-index",
-              help="This worker's number within its app (its transactional id); --processes "
-              "numbers its children itself.")
-@field_option(ProcessorSettings, "rules_path", "--rules", show_default=False,
-              help="Path-penalty rules YAML (default: the built-in rules/default.yaml).")
-@click.option("--namespace", default=None, help="Run in replay namespace NAME: its topics, app "
-              "id and state (<state_dir>/replay/NAME/); never the live ones.")
+@field_option(
+    ProcessorSettings,
+    "web_enabled",
+    "--web/--no-web",
+    help="Faust's web server with the workers' /metrics (off by default).",
+)
+@field_option(
+    ProcessorSettings, "web_host", "--web-host", help="Interface the web server binds to."
+)
+@field_option(
+    ProcessorSettings,
+    "web_port",
+    "--web-port",
+    help="Web server port; 0: a free one (--processes: each child its own).",
+)
+@field_option(
+    ProcessorSettings,
+    "plugins",
+    "--plugin",
+    multiple=True,
+    show_default=False,
+    help="Python module imported before the judge is looked up; it may register "
+    "judges (pipeline.processors.judges.register). Repeatable.",
+)
+@field_option(
+    ProcessorSettings,
+    "judge",
+    "--judge",
+    help="Judge name: replies (reply patterns + sentiment, with hints), "
+    "rules (phrase lists), llm (PRM behind an OpenAI-compatible API), or one a "
+    "--plugin module registers; its options: [processors.judge_options].",
+)
+@field_option(
+    ProcessorSettings,
+    "exactly_once",
+    "--exactly-once/--at-least-once",
+    help="Commit each worker's outputs, state and input offsets in one Kafka "
+    "transaction (derived records visible to read_committed readers at each commit), "
+    "or send them at once and let consumers deduplicate by event id.",
+)
+@field_option(
+    ProcessorSettings,
+    "worker_index",
+    "--worker-index",
+    help="This worker's number within its app (its transactional id); --processes "
+    "numbers its children itself.",
+)
+@field_option(
+    ProcessorSettings,
+    "rules_path",
+    "--rules",
+    show_default=False,
+    help="Path-penalty rules YAML (default: the built-in rules/default.yaml).",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    help="Run in replay namespace NAME: its topics, app "
+    "id and state (<state_dir>/replay/NAME/); never the live ones.",
+)
 @click.option(
     "-l",
     "--loglevel",
@@ -69,7 +105,10 @@ def _settings(ctx: click.Context) -> Settings:
     type=click.Choice(["crit", "error", "warn", "info", "debug"]),
 )
 @click.option(
-    "--processes", default=1, show_default=True, type=click.IntRange(1, MAX_PROCESSES),
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, MAX_PROCESSES),
     help="Worker processes on this machine (one core each), one consumer group: Kafka "
     "spreads the partitions over them; beyond the partition count the rest stay idle. A "
     "child that dies is restarted; after 5 deaths within 60 s all stop (exit 1). With "
@@ -118,7 +157,6 @@ def workers(
 
     worker = BoundedShutdownWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
-
 
 
 def web_listen(cfg: ProcessorSettings, ports: int = 1) -> ProcessorSettings:
@@ -190,8 +228,11 @@ def _supervise(ctx: click.Context, processes: int, options: dict[str, object]) -
         raise click.ClickException(f"{problem}; set state_dir (LIVERL_STATE_DIR or --config)")
     partitions = cfg.partitions or _session_partitions(settings)
     if partitions is not None and processes > partitions:
-        click.echo(f"note: {processes} processes for {partitions} partitions: "
-                   f"{processes - partitions} will stay idle", err=True)
+        click.echo(
+            f"note: {processes} processes for {partitions} partitions: "
+            f"{processes - partitions} will stay idle",
+            err=True,
+        )
     config = ctx.find_root().params.get("config")  # `liverl --config F workers`: children too
     argvs = child_argvs(
         forwarded_options(ctx, skip=("processes", "web_port", "worker_index")),
@@ -209,8 +250,9 @@ def _session_partitions(settings: Settings) -> int | None:
     from pipeline.kafka import topics as kafka_topics
 
     try:
-        specs = kafka_topics.load_specs(settings.topics.specs_dir,
-                                        max_record_bytes=settings.kafka.max_record_bytes)
+        specs = kafka_topics.load_specs(
+            settings.topics.specs_dir, max_record_bytes=settings.kafka.max_record_bytes
+        )
         return kafka_topics.session_partitions(specs)
     except Exception:  # noqa: BLE001 - only a note depends on it; the children will say
         return None
@@ -218,11 +260,15 @@ def _session_partitions(settings: Settings) -> int | None:
 
 @click.command("record-outcome")
 @click.option(
-    "--session", "session_id", required=True, envvar="LIVERL_SESSION_ID",
+    "--session",
+    "session_id",
+    required=True,
+    envvar="LIVERL_SESSION_ID",
     help="Session id (env LIVERL_SESSION_ID).",
 )
 @click.option(
-    "--passed/--failed", default=None,
+    "--passed/--failed",
+    default=None,
     help="Outcome of the gate; omit it when a command after -- decides it.",
 )
 @click.option("--turn", type=int, default=None, help="Attach to one turn (default: the session).")
@@ -235,12 +281,20 @@ def _session_partitions(settings: Settings) -> int | None:
 @click.option("--detail", default="", help="Free text (e.g. the failing test names).")
 @click.option("--source", default="record-outcome", show_default=True)
 @click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=1800.0,
-    show_default=True, help="Seconds the command may run; then it is killed (exit 124).",
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1800.0,
+    show_default=True,
+    help="Seconds the command may run; then it is killed (exit 124).",
 )
 @click.option(
-    "--tail", "tail_chars", type=click.IntRange(1, 100_000), default=TAIL_CHARS,
-    show_default=True, help="Characters kept of the end of the command's stdout and stderr.",
+    "--tail",
+    "tail_chars",
+    type=click.IntRange(1, 100_000),
+    default=TAIL_CHARS,
+    show_default=True,
+    help="Characters kept of the end of the command's stdout and stderr.",
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -273,14 +327,28 @@ def record_outcome(
     gate = None
     if command:
         gate = run_gate(list(command), timeout_s, tail_chars)
-        event = gate_event(session_id, list(command), gate, turn=turn, kind=kind,
-                           detail=detail, source=source, workspace=workspace_of())
+        event = gate_event(
+            session_id,
+            list(command),
+            gate,
+            turn=turn,
+            kind=kind,
+            detail=detail,
+            source=source,
+            workspace=workspace_of(),
+        )
     else:
         assert passed is not None
-        event = outcome_event(session_id, passed, turn=turn, kind=kind, detail=detail,
-                              source=source)
-    said = ("no outcome" if event.score is None and gate is not None
-            else "passed" if event.exit_code == 0 else "failed")
+        event = outcome_event(
+            session_id, passed, turn=turn, kind=kind, detail=detail, source=source
+        )
+    said = (
+        "no outcome"
+        if event.score is None and gate is not None
+        else "passed"
+        if event.exit_code == 0
+        else "failed"
+    )
     try:
         producer = EventProducer(settings, client_id="liverl-record-outcome")
         producer.send(names.NEXT_STATES, event)
@@ -302,8 +370,12 @@ def gates() -> None:
 
 
 _GATES_FILE = click.option(
-    "--file", "path", type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_GATES_FILE, show_default=True, envvar="LIVERL_GATES_FILE",
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_GATES_FILE,
+    show_default=True,
+    envvar="LIVERL_GATES_FILE",
     help="The gates file (env LIVERL_GATES_FILE); see `liverl gates check --help`.",
 )
 
@@ -335,17 +407,31 @@ def gates_check(path: Path) -> None:
 
 @gates.command("run")
 @click.option(
-    "--session", "session_id", required=True, envvar="LIVERL_SESSION_ID",
+    "--session",
+    "session_id",
+    required=True,
+    envvar="LIVERL_SESSION_ID",
     help="Session id (env LIVERL_SESSION_ID).",
 )
 @_GATES_FILE
-@click.option("--turn", type=int, default=None,
-              help="Attach outcomes to one turn (default: the session; a gate's turn wins).")
-@click.option("--fail-fast/--no-fail-fast", default=None,
-              help="Stop at the first failing gate (default: the file's fail_fast).")
 @click.option(
-    "--tail", "tail_chars", type=click.IntRange(1, 100_000), default=TAIL_CHARS,
-    show_default=True, help="Characters kept of the end of each command's stdout and stderr.",
+    "--turn",
+    type=int,
+    default=None,
+    help="Attach outcomes to one turn (default: the session; a gate's turn wins).",
+)
+@click.option(
+    "--fail-fast/--no-fail-fast",
+    default=None,
+    help="Stop at the first failing gate (default: the file's fail_fast).",
+)
+@click.option(
+    "--tail",
+    "tail_chars",
+    type=click.IntRange(1, 100_000),
+    default=TAIL_CHARS,
+    show_default=True,
+    help="Characters kept of the end of each command's stdout and stderr.",
 )
 @click.pass_context
 def gates_run(

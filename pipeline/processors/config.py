@@ -34,6 +34,7 @@ def port_problem(host: str, port: int) -> str | None:
         return exc.strerror or str(exc)
     return None
 
+
 JUDGE_AGENT_HINT_WAIT_S = 1.0  # hint_wait_s default with a judge agent (LLM)
 
 
@@ -190,10 +191,16 @@ class ProcessorSettings(BaseSettings):
         ``judge_options`` over them."""
         base: dict[str, Any] = {}
         if self.judge == "llm":
-            base = {"base_url": self.llm_base_url, "model": self.llm_model,
-                    "api_key": self.llm_api_key, "votes": self.llm_votes,
-                    "timeout_s": self.llm_timeout_s, "retries": self.llm_retries,
-                    "concurrency": self.llm_concurrency, "hints": self.llm_hints}
+            base = {
+                "base_url": self.llm_base_url,
+                "model": self.llm_model,
+                "api_key": self.llm_api_key,
+                "votes": self.llm_votes,
+                "timeout_s": self.llm_timeout_s,
+                "retries": self.llm_retries,
+                "concurrency": self.llm_concurrency,
+                "hints": self.llm_hints,
+            }
         return {**base, **self.judge_options}
 
     @model_validator(mode="after")
@@ -246,8 +253,9 @@ class TaskSettings(BaseSettings):
     # judges of the answer itself (well-formed; on the request's topic: answer_judges.py) and
     # one of the verifying outcome (replies): an empty, degenerate, echoed or refused answer
     # is rejected whatever its checker said. Add llm (or a plug-in) to read meaning.
-    judges: list[str] = Field(default_factory=lambda: ["answer", "on_topic", "replies"],
-                              min_length=1, max_length=15)
+    judges: list[str] = Field(
+        default_factory=lambda: ["answer", "on_topic", "replies"], min_length=1, max_length=15
+    )
     # Per judge name, its options (validated by the options model it registered with).
     judge_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # Gate commands `liverl tasks check` may run again (only ones liverl ran: record-outcome,
@@ -276,8 +284,9 @@ class TaskSettings(BaseSettings):
     @classmethod
     def _odd_and_distinct(cls, judges: list[str]) -> list[str]:
         if len(judges) % 2 == 0:
-            raise ValueError(f"k = {len(judges)} judges: k must be odd, so a strict majority "
-                             "always decides")
+            raise ValueError(
+                f"k = {len(judges)} judges: k must be odd, so a strict majority always decides"
+            )
         if len(set(judges)) != len(judges):
             raise ValueError(f"a judge is named twice in {judges}")
         return judges

@@ -121,8 +121,14 @@ class Tally:
             self.disagree += n
 
     def copy(self) -> Tally:
-        return Tally(self.agree, self.disagree, self.abstain, self.contradicted, self.window,
-                     deque(self.recent))
+        return Tally(
+            self.agree,
+            self.disagree,
+            self.abstain,
+            self.contradicted,
+            self.window,
+            deque(self.recent),
+        )
 
     @property
     def decided(self) -> int:
@@ -291,8 +297,11 @@ class ConsistencyTracker:
             vid = member_verdict_id(prm.event_id, str(m["judge_id"]))
             if vid not in self._seen:
                 self._touch(prm.session_id, prm.ts_ms, vid)
-                mine.append(_Verdict((str(m["judge_id"]), str(m["judge_version"])),
-                                     m["vote"], vid, evidence))
+                mine.append(
+                    _Verdict(
+                        (str(m["judge_id"]), str(m["judge_version"])), m["vote"], vid, evidence
+                    )
+                )
         self._verdicts.setdefault(prm.session_id, {}).setdefault(prm.turn, []).extend(mine)
         return self._match_all(prm.session_id, prm.turn, mine)
 
@@ -305,8 +314,11 @@ class ConsistencyTracker:
         out = self._contradict(state.session_id, *recorded)
         turns = self._verdicts.get(state.session_id, {})
         if is_session_outcome(state):
-            return out + [m for turn, verdicts in turns.items()
-                          for m in self._match_all(state.session_id, turn, verdicts)]
+            return out + [
+                m
+                for turn, verdicts in turns.items()
+                for m in self._match_all(state.session_id, turn, verdicts)
+            ]
         return out + self._match_all(state.session_id, state.turn, turns.get(state.turn, []))
 
     def feed(self, verdicts: Iterable[PrmScore], states: Iterable[NextState]) -> list[Match]:
@@ -348,8 +360,9 @@ class ConsistencyTracker:
             return self._session_outcomes.get(key)
         return self._turn_outcomes.get(key)
 
-    def _outcome_for(self, sid: str, turn: int, v: _Verdict
-                     ) -> tuple[_Key, _Outcomes, _Outcome] | None:
+    def _outcome_for(
+        self, sid: str, turn: int, v: _Verdict
+    ) -> tuple[_Key, _Outcomes, _Outcome] | None:
         for key in ((sid, turn), sid):
             outcomes = self._outcomes(key)
             o = outcomes.against(v) if outcomes is not None else None
@@ -394,10 +407,12 @@ class ConsistencyTracker:
                     out.append(self._match(sid, turn, v, key, o, True))
         return out
 
-    def _match(self, sid: str, turn: int, v: _Verdict, key: _Key, o: _Outcome,
-               contradicted: bool) -> Match:
-        m = Match(v.judge, sid, turn, v.score, o.vote, v.event_id, o.event_id,
-                  contradicted=contradicted)
+    def _match(
+        self, sid: str, turn: int, v: _Verdict, key: _Key, o: _Outcome, contradicted: bool
+    ) -> Match:
+        m = Match(
+            v.judge, sid, turn, v.score, o.vote, v.event_id, o.event_id, contradicted=contradicted
+        )
         v.status = "contradicted" if contradicted else "matched"
         v.source, v.agrees = key, m.agrees
         t = self.tallies.setdefault(v.judge, Tally(window=self.window))

@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 class LiveConsistency:
     """The newest tally of every judge (and version) on the consistency topic."""
 
-    def __init__(self, settings: Connectable, namespace: str | None = None, *,
-                 retry_s: float = 10.0) -> None:
+    def __init__(
+        self, settings: Connectable, namespace: str | None = None, *, retry_s: float = 10.0
+    ) -> None:
         self.settings = settings
         if namespace is None:  # the connection's own (a replay namespace's trainer)
             namespace = connection_of(settings).namespace
@@ -53,8 +54,14 @@ class LiveConsistency:
     def apply(self, ev: events.JudgeConsistency) -> None:
         """Take one published match: its tally is the judge's newest."""
         recent = None if ev.recent_consistency is None else float(ev.recent_consistency)
-        row = JudgeRow(ev.judge_id, ev.judge_version, float(ev.consistency),
-                       int(ev.agree) + int(ev.disagree), bool(ev.excluded), recent)
+        row = JudgeRow(
+            ev.judge_id,
+            ev.judge_version,
+            float(ev.consistency),
+            int(ev.agree) + int(ev.disagree),
+            bool(ev.excluded),
+            recent,
+        )
         with self._lock:
             self._rows[(ev.judge_id, ev.judge_version)] = row
 
@@ -82,12 +89,17 @@ class LiveConsistency:
         """Start reading; wait up to ``wait_s`` for the catch-up (a verdict made before it
         uses the caller's static weights)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="liverl-consistency-live",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="liverl-consistency-live", daemon=True
+            )
             self._thread.start()
         if wait_s > 0 and not self.ready.wait(wait_s):
-            log.warning("live consistency: %s not read within %.0f s (%s); static weights "
-                        "until it is", self.topic, wait_s, self.error or "still reading")
+            log.warning(
+                "live consistency: %s not read within %.0f s (%s); static weights until it is",
+                self.topic,
+                wait_s,
+                self.error or "still reading",
+            )
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -106,20 +118,40 @@ class LiveConsistency:
 
         while not self._stop.is_set():
             try:
-                ends = end_offsets(self.settings, [self.topic],
-                                   group_prefix="liverl-consistency-live",
-                                   hint="liverl topics apply")
-                read_to_end(self.settings, [self.topic], lambda m: self._take([m]),
-                            group_prefix="liverl-consistency-live")
+                ends = end_offsets(
+                    self.settings,
+                    [self.topic],
+                    group_prefix="liverl-consistency-live",
+                    hint="liverl topics apply",
+                )
+                read_to_end(
+                    self.settings,
+                    [self.topic],
+                    lambda m: self._take([m]),
+                    group_prefix="liverl-consistency-live",
+                )
                 self.error = None
                 self.ready.set()
-                log.info("live consistency: %d judge version(s) read from %s",
-                         len(self._rows), self.topic)
-                follow(self.settings, ends, self._take, self._stop,
-                       group_prefix="liverl-consistency-live", label="live consistency")
+                log.info(
+                    "live consistency: %d judge version(s) read from %s",
+                    len(self._rows),
+                    self.topic,
+                )
+                follow(
+                    self.settings,
+                    ends,
+                    self._take,
+                    self._stop,
+                    group_prefix="liverl-consistency-live",
+                    label="live consistency",
+                )
                 return
             except Exception as exc:  # noqa: BLE001 - weights fall back; never kill the user
                 self.error = f"{type(exc).__name__}: {exc}"
-                log.warning("live consistency: cannot read %s (%s); retrying in %.0f s",
-                            self.topic, self.error, self.retry_s)
+                log.warning(
+                    "live consistency: cannot read %s (%s); retrying in %.0f s",
+                    self.topic,
+                    self.error,
+                    self.retry_s,
+                )
                 self._stop.wait(self.retry_s)

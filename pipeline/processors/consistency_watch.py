@@ -56,8 +56,9 @@ class History:
     undecodable: int = 0
 
 
-def read_history(settings: Connectable, namespace: str | None,
-                 idle_timeout_s: float = 30.0) -> History:
+def read_history(
+    settings: Connectable, namespace: str | None, idle_timeout_s: float = 30.0
+) -> History:
     """Every verdict and every outcome-carrying next state of the namespace (None: live),
     from the topics' beginning to their ends now, with assign only."""
     from pipeline.kafka.reader import read_to_end
@@ -75,14 +76,19 @@ def read_history(settings: Connectable, namespace: str | None,
         elif isinstance(ev, events.NextState) and outcome_vote(ev) is not None:
             found.outcomes.append(ev)
 
-    read_to_end(settings, [names.resolve(names.PRM_SCORES, namespace),
-                           names.resolve(names.NEXT_STATES, namespace)],
-                collect, group_prefix="liverl-consistency", idle_timeout_s=idle_timeout_s)
+    read_to_end(
+        settings,
+        [names.resolve(names.PRM_SCORES, namespace), names.resolve(names.NEXT_STATES, namespace)],
+        collect,
+        group_prefix="liverl-consistency",
+        idle_timeout_s=idle_timeout_s,
+    )
     return found
 
 
-def match_event(m: Match, change: Change | None = None, excluded: bool = False
-                ) -> events.JudgeConsistency:
+def match_event(
+    m: Match, change: Change | None = None, excluded: bool = False
+) -> events.JudgeConsistency:
     """The event of one match, with the judge's tally as it stood right after it, the change
     of its state this match made (if any) and whether it stands excluded after it."""
     assert m.tally is not None  # a match the tracker made
@@ -90,9 +96,11 @@ def match_event(m: Match, change: Change | None = None, excluded: bool = False
     parents = [m.verdict_id, m.outcome_id]
     # A verdict is contradicted once, by whichever outcome: one id (a rebuild at a restart
     # may name another outcome than the live run did).
-    event_id = (events.derive_event_id("judge_consistency", [m.verdict_id], VERSION,
-                                       "contradicted") if m.contradicted  # fmt: skip
-                else events.derive_event_id("judge_consistency", parents, VERSION))
+    event_id = (
+        events.derive_event_id("judge_consistency", [m.verdict_id], VERSION, "contradicted")
+        if m.contradicted  # fmt: skip
+        else events.derive_event_id("judge_consistency", parents, VERSION)
+    )
     return events.JudgeConsistency(
         event_id=event_id,
         producer=PRODUCER,
@@ -143,9 +151,11 @@ class Flagger:
         assert m.tally is not None
         t = m.tally
         recent = t.recent_consistency
-        figures = (f"recent {recent:.3f} over the last {len(t.recent)} decided "
-                   f"({t.recent_agree} agree), cumulative {t.consistency:.3f} after "
-                   f"{t.decided} ({t.agree} agree, {t.disagree} disagree)")
+        figures = (
+            f"recent {recent:.3f} over the last {len(t.recent)} decided "
+            f"({t.recent_agree} agree), cumulative {t.consistency:.3f} after "
+            f"{t.decided} ({t.agree} agree, {t.disagree} disagree)"
+        )
         if m.judge in self.flagged:
             back = self.flag_below + FLAG_HYSTERESIS
             if recent >= back:
@@ -162,17 +172,25 @@ class ConsistencyWatcher:
     """One process's join. ``run(stop)`` catches up, then follows until ``stop`` is set
     (``once``: returns after the catch-up)."""
 
-    def __init__(self, settings: Connectable, *, namespace: str | None = None,
-                 flag_below: float = 0.5, min_decided: int = 10,
-                 window: int = RECENT_WINDOW,
-                 on_event: Callable[[events.JudgeConsistency], None] | None = None,
-                 horizon_s: float = 7 * 86_400.0) -> None:
+    def __init__(
+        self,
+        settings: Connectable,
+        *,
+        namespace: str | None = None,
+        flag_below: float = 0.5,
+        min_decided: int = 10,
+        window: int = RECENT_WINDOW,
+        on_event: Callable[[events.JudgeConsistency], None] | None = None,
+        horizon_s: float = 7 * 86_400.0,
+    ) -> None:
         self.settings = settings
         self.namespace = namespace
         self.tracker = ConsistencyTracker(window=window)
         self.flagger = Flagger(flag_below, min_decided)
-        self.inputs = [names.resolve(names.PRM_SCORES, namespace),
-                       names.resolve(names.NEXT_STATES, namespace)]
+        self.inputs = [
+            names.resolve(names.PRM_SCORES, namespace),
+            names.resolve(names.NEXT_STATES, namespace),
+        ]
         self.output = names.resolve(names.JUDGE_CONSISTENCY, namespace)
         self.published: set[str] = set()
         self.sent = 0
@@ -188,8 +206,9 @@ class ConsistencyWatcher:
         from pipeline.kafka.reader import end_offsets
 
         hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace else "")
-        return end_offsets(self.settings, self.inputs, group_prefix="liverl-consistency-ends",
-                           hint=hint)
+        return end_offsets(
+            self.settings, self.inputs, group_prefix="liverl-consistency-ends", hint=hint
+        )
 
     def catch_up(self) -> dict[tuple[str, int], int]:
         """Rebuild the join from history; publish what was never published. Returns the
@@ -197,9 +216,12 @@ class ConsistencyWatcher:
         from pipeline.kafka.reader import read_to_end
 
         ends = self._ends()
-        read_to_end(self.settings, [self.output],
-                    lambda m: self.published.add(_event_id(m.value())),
-                    group_prefix="liverl-consistency-published")
+        read_to_end(
+            self.settings,
+            [self.output],
+            lambda m: self.published.add(_event_id(m.value())),
+            group_prefix="liverl-consistency-published",
+        )
         history = read_history(self.settings, self.namespace)
         self._publish(self.tracker.feed(history.verdicts, history.outcomes))
         # From here every match involves an event past the ends: none was published before.
@@ -214,8 +236,12 @@ class ConsistencyWatcher:
         self._forgot_at = time.monotonic()
         dropped = self.tracker.forget_before(events.now_ms() - self.horizon_ms)
         if dropped:
-            log.info("consistency: forgot %d session(s) quiet for over %.0f h; %d kept",
-                     dropped, self.horizon_ms / 3_600_000, self.tracker.sessions)
+            log.info(
+                "consistency: forgot %d session(s) quiet for over %.0f h; %d kept",
+                dropped,
+                self.horizon_ms / 3_600_000,
+                self.tracker.sessions,
+            )
 
     # -- following -----------------------------------------------------------------------
 
@@ -239,8 +265,14 @@ class ConsistencyWatcher:
             self._forget()
 
         try:
-            follow(self.settings, ends, batch, stop or threading.Event(),
-                   group_prefix="liverl-consistency-follow", label="consistency reader")
+            follow(
+                self.settings,
+                ends,
+                batch,
+                stop or threading.Event(),
+                group_prefix="liverl-consistency-follow",
+                label="consistency reader",
+            )
         finally:
             self.close()
 
@@ -258,8 +290,13 @@ class ConsistencyWatcher:
             if ev.event_id in self.published:
                 continue  # published (and said) before a restart: said once
             if ev.flagged or ev.recovered:
-                log.warning("judge %s (%s) %s: %s", ev.judge_id, ev.judge_version,
-                            "flagged" if ev.flagged else "recovered", ev.reason)
+                log.warning(
+                    "judge %s (%s) %s: %s",
+                    ev.judge_id,
+                    ev.judge_version,
+                    "flagged" if ev.flagged else "recovered",
+                    ev.reason,
+                )
             self._producer.send(self.output, ev, key=ev.judge_id)
             self.published.add(ev.event_id)
             self.sent += 1
@@ -308,18 +345,32 @@ def _metrics(ev: events.JudgeConsistency) -> None:
     from prometheus_client import Counter, Gauge
 
     if _GAUGE is None:
-        _GAUGE = Gauge("liverl_judge_consistency", "A judge's agreement with outcomes: "
-                       "(agree + 1) / (agree + disagree + 2)", ["judge_id", "judge_version"])
-        _RECENT = Gauge("liverl_judge_recent_consistency", "The same over the judge's last "
-                        "window decided matches (what flagging reads)",
-                        ["judge_id", "judge_version"])
-        _EXCLUDED = Gauge("liverl_judge_excluded", "1 while a judge is flagged: out of panels "
-                          "and the promotion gate", ["judge_id", "judge_version"])
-        _FLAGS = Counter("liverl_judge_flags", "Times a judge fell below the flag threshold",
-                         ["judge_id", "judge_version"])
-        _CONTRADICTED = Gauge("liverl_judge_contradicted", "A judge's verdicts on turns whose "
-                              "outcomes disagree with each other (counted neither way)",
-                              ["judge_id", "judge_version"])
+        _GAUGE = Gauge(
+            "liverl_judge_consistency",
+            "A judge's agreement with outcomes: (agree + 1) / (agree + disagree + 2)",
+            ["judge_id", "judge_version"],
+        )
+        _RECENT = Gauge(
+            "liverl_judge_recent_consistency",
+            "The same over the judge's last window decided matches (what flagging reads)",
+            ["judge_id", "judge_version"],
+        )
+        _EXCLUDED = Gauge(
+            "liverl_judge_excluded",
+            "1 while a judge is flagged: out of panels and the promotion gate",
+            ["judge_id", "judge_version"],
+        )
+        _FLAGS = Counter(
+            "liverl_judge_flags",
+            "Times a judge fell below the flag threshold",
+            ["judge_id", "judge_version"],
+        )
+        _CONTRADICTED = Gauge(
+            "liverl_judge_contradicted",
+            "A judge's verdicts on turns whose "
+            "outcomes disagree with each other (counted neither way)",
+            ["judge_id", "judge_version"],
+        )
     _GAUGE.labels(ev.judge_id, ev.judge_version).set(ev.consistency)
     if ev.recent_consistency is not None:
         _RECENT.labels(ev.judge_id, ev.judge_version).set(ev.recent_consistency)

@@ -95,8 +95,9 @@ def erase(connection: Connectable, hits: list[ChangelogHit], timeout_s: float = 
     sent = 0
     for hit in hits:
         for partition, key in hit.keys:
-            producer.produce(hit.topic, key=key, value=None, partition=partition,
-                             on_delivery=delivered)
+            producer.produce(
+                hit.topic, key=key, value=None, partition=partition, on_delivery=delivered
+            )
             producer.poll(0)
             sent += 1
     left = producer.flush(timeout_s)

@@ -148,8 +148,10 @@ def load_gates(path: Path) -> GatesFile:
         doc = _load_yaml(path.read_text("utf-8"))
     except _AnchorRefused as exc:
         at = f"line {exc.line}: " if exc.line else ""
-        raise GatesFileError(f"{path}: {at}{exc.what}: YAML anchors and aliases are not "
-                             "allowed in a gates file (write each value out)") from exc
+        raise GatesFileError(
+            f"{path}: {at}{exc.what}: YAML anchors and aliases are not "
+            "allowed in a gates file (write each value out)"
+        ) from exc
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
         raise GatesFileError(f"{path}: not valid YAML: {exc}") from exc
     if _depth(doc) > MAX_DEPTH:
@@ -213,9 +215,15 @@ def run_gates(
     sent: dict[int, tuple[NextState, str | None]] = {}
     for (at, kind, source), members in groups.items():
         detail = "\n\n".join(g.detail for g, _ in members if g.detail)
-        event = gates_event(session_id, [(g.argv, r, g.name) for g, r in members], turn=at,
-                            kind=kind, detail=detail, source=source,  # type: ignore[arg-type]
-                            workspace=workspace_of())
+        event = gates_event(
+            session_id,
+            [(g.argv, r, g.name) for g, r in members],
+            turn=at,
+            kind=kind,  # type: ignore[arg-type]
+            detail=detail,
+            source=source,
+            workspace=workspace_of(),
+        )
         error = None
         try:
             record(event)
@@ -224,6 +232,8 @@ def run_gates(
         for g, _ in members:
             sent[id(g)] = (event, error)
     return [GateRun(g, r, *sent.get(id(g), (None, None))) for g, r in ran]
+
+
 def exit_code(runs: list[GateRun]) -> int:
     """The first failing gate's exit code; 1 when all passed but one was not recorded."""
     for run in runs:

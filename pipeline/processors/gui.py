@@ -31,11 +31,34 @@ from pipeline.events.types import Vote
 WORD = re.compile(r"\w+")
 MAX_QUOTED = 48  # characters of posted text (a target, an error's name) a hint quotes
 # Words of a goal that name no element: articles, prepositions and the actions themselves.
-STOP_WORDS = frozenset({
-    "the", "and", "for", "with", "into", "onto", "from", "then", "this", "that", "please",
-    "click", "press", "type", "enter", "select", "open", "set", "make", "find", "use", "show",
-    "new", "your",
-})  # words under 3 characters never count
+STOP_WORDS = frozenset(
+    {
+        "the",
+        "and",
+        "for",
+        "with",
+        "into",
+        "onto",
+        "from",
+        "then",
+        "this",
+        "that",
+        "please",
+        "click",
+        "press",
+        "type",
+        "enter",
+        "select",
+        "open",
+        "set",
+        "make",
+        "find",
+        "use",
+        "show",
+        "new",
+        "your",
+    }
+)  # words under 3 characters never count
 
 
 @dataclass(frozen=True)
@@ -77,17 +100,25 @@ def gui_vote(gui: Mapping[str, Any], goal: str) -> GuiReading:
     error = gui.get("error")
     if isinstance(error, Mapping):
         name = str(error.get("name") or error.get("role") or "")
-        return GuiReading(-1, f"error dialog appeared: {name!r}",
-                          [f"{did[0].upper()}{did[1:]} raised an error: {quoted(name)}."])
+        return GuiReading(
+            -1,
+            f"error dialog appeared: {name!r}",
+            [f"{did[0].upper()}{did[1:]} raised an error: {quoted(name)}."],
+        )
     if gui.get("first"):
         return GuiReading(0, "first screen of the session: no diff")
     if gui.get("no_op"):
-        return GuiReading(0, f"{did} changed nothing",
-                          [f"{did[0].upper()}{did[1:]} changed nothing; try another element."])
+        return GuiReading(
+            0,
+            f"{did} changed nothing",
+            [f"{did[0].upper()}{did[1:]} changed nothing; try another element."],
+        )
     words = goal_words(goal)
     for what, texts in (
-        ("appeared", [f"{e.get('name', '')} {e.get('value', '')}"
-                      for e in gui.get("appeared") or []]),
+        (
+            "appeared",
+            [f"{e.get('name', '')} {e.get('value', '')}" for e in gui.get("appeared") or []],
+        ),
         ("changed to", [str(e.get("value", "")) for e in gui.get("changed") or []]),
     ):
         for text in texts:
@@ -98,6 +129,9 @@ def gui_vote(gui: Mapping[str, Any], goal: str) -> GuiReading:
     if isinstance(focused, Mapping) and focused.get("filled"):
         hit = _hits(str(focused.get("value", "")), words)
         if hit:
-            return GuiReading(1, f"focused {focused.get('role')} {focused.get('name')!r} "
-                                 f"filled with goal words {sorted(hit)}")
+            return GuiReading(
+                1,
+                f"focused {focused.get('role')} {focused.get('name')!r} "
+                f"filled with goal words {sorted(hit)}",
+            )
     return GuiReading(0, "the screen changed, nothing of the goal appeared")

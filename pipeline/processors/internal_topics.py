@@ -105,5 +105,9 @@ def _set_compaction(admin: Any, names_: list[str], timeout: float) -> None:
         try:
             fut.result(timeout)
         except Exception as exc:  # noqa: BLE001 - restarts get slower, nothing breaks
-            log.warning("cannot set compaction settings of %s (%s): a restarted worker will "
-                        "read more of it back", res.name, exc)
+            log.warning(
+                "cannot set compaction settings of %s (%s): a restarted worker will "
+                "read more of it back",
+                res.name,
+                exc,
+            )

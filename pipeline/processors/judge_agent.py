@@ -106,9 +106,7 @@ class JudgeAgent:
                             unparked.append((key, nid))
                             batch.append(work)
                 elif isinstance(ev, events.NextState):
-                    state.judging, todo = judging.on_next_state(
-                        state.judging, ev, runtime.now_ms()
-                    )
+                    state.judging, todo = judging.on_next_state(state.judging, ev, runtime.now_ms())
                     for nxt in todo:
                         work = judging.take_ready(state.judging, nxt)
                         if work:
@@ -129,7 +127,8 @@ class JudgeAgent:
         for key in list(self.states.keys()):
             state = await self.load(key)
             gone = [
-                n for n in judging.expired(state.judging, runtime.now_ms(), int(grace_s * 1000))
+                n
+                for n in judging.expired(state.judging, runtime.now_ms(), int(grace_s * 1000))
                 if n not in self.in_flight
             ]
             if not gone:

@@ -47,16 +47,22 @@ class Comparison:
         ]
 
 
-def compare(settings: Connectable, namespace: str | None, idle_timeout_s: float = 30.0
-            ) -> Comparison:
+def compare(
+    settings: Connectable, namespace: str | None, idle_timeout_s: float = 30.0
+) -> Comparison:
     """Join every verdict of the namespace (None: the live topics) to its outcomes."""
     from .consistency_watch import read_history
 
     history = read_history(settings, namespace, idle_timeout_s)
     tracker = ConsistencyTracker()
     tracker.feed(history.verdicts, history.outcomes)
-    return Comparison(tracker.tallies, len(history.verdicts), len(history.outcomes),
-                      history.undecodable, tracker.contradictory)
+    return Comparison(
+        tracker.tallies,
+        len(history.verdicts),
+        len(history.outcomes),
+        history.undecodable,
+        tracker.contradictory,
+    )
 
 
 @click.group("judges")
@@ -66,8 +72,9 @@ def judges() -> None:
 
 @judges.command("compare")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-              show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 @click.pass_context
 def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
     """Each judge's agreement with the outcomes recorded in replay namespace NAME.
@@ -99,55 +106,117 @@ def compare_command(ctx: click.Context, name: str, fmt: str) -> None:
         )
     result = compare(settings, name)
     if fmt == "json":
-        doc = {"namespace": name, "judges": result.rows(), "verdicts": result.verdicts,
-               "outcomes": result.outcomes, "undecodable": result.undecodable,
-               "contradictory_turns": result.contradictory}
+        doc = {
+            "namespace": name,
+            "judges": result.rows(),
+            "verdicts": result.verdicts,
+            "outcomes": result.outcomes,
+            "undecodable": result.undecodable,
+            "contradictory_turns": result.contradictory,
+        }
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
     console = Console(width=None if sys.stdout.isatty() else 200)
     table = Table(title=f"judges vs outcomes in {name}")
-    for col in ("judge", "version", "agree", "disagree", "abstain", "contradicted",
-                "agreement", "consistency"):
+    for col in (
+        "judge",
+        "version",
+        "agree",
+        "disagree",
+        "abstain",
+        "contradicted",
+        "agreement",
+        "consistency",
+    ):
         table.add_column(col, justify="left" if col in ("judge", "version") else "right")
     for r in result.rows():
         share = "-" if r["agreement"] is None else f"{r['agreement']:.0%}"
-        table.add_row(r["judge_id"], r["judge_version"], str(r["agree"]), str(r["disagree"]),
-                      str(r["abstain"]), str(r["contradicted"]), share,
-                      f"{r['consistency']:.3f}")
+        table.add_row(
+            r["judge_id"],
+            r["judge_version"],
+            str(r["agree"]),
+            str(r["disagree"]),
+            str(r["abstain"]),
+            str(r["contradicted"]),
+            share,
+            f"{r['consistency']:.3f}",
+        )
     console.print(table)
-    console.print(f"{result.verdicts} verdicts, {result.outcomes} outcomes"
-                  + (f", {result.undecodable} undecodable" if result.undecodable else "")
-                  + (f", {result.contradictory} turn(s) with contradictory outcomes"
-                     if result.contradictory else ""))
+    console.print(
+        f"{result.verdicts} verdicts, {result.outcomes} outcomes"
+        + (f", {result.undecodable} undecodable" if result.undecodable else "")
+        + (
+            f", {result.contradictory} turn(s) with contradictory outcomes"
+            if result.contradictory
+            else ""
+        )
+    )
     if not result.tallies:
-        console.print("no verdict met an outcome: record outcomes (liverl record-outcome, "
-                      "feedback) for the sessions replayed")
+        console.print(
+            "no verdict met an outcome: record outcomes (liverl record-outcome, "
+            "feedback) for the sessions replayed"
+        )
 
 
 @judges.command("watch")
 @click.option("--namespace", default=None, help="Watch replay namespace NAME, not live.")
-@click.option("--flag-below", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Flag a judge whose consistency falls below this...")
-@click.option("--min-decided", type=click.IntRange(1), default=10, show_default=True,
-              help="...once it has this many verdicts that agreed or disagreed.")
-@click.option("--window", type=click.IntRange(1, 100_000), default=None,
-              help="Flag by the consistency of each judge's last this many decided matches. "
-              "Default: processors.consistency_window (20).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve liverl_judge_consistency, liverl_judge_recent_consistency, "
-              "liverl_judge_excluded, liverl_judge_contradicted and liverl_judge_flags_total "
-              "here (no authentication).")
-@click.option("--metrics-host", default=None, show_default=False,
-              help="Interface the metrics server binds to. Default: processors.web_host, "
-              "the workers' (127.0.0.1).")
-@click.option("--horizon-h", type=click.FloatRange(0, min_open=True), default=168.0,
-              show_default=True, help="Forget sessions quiet for this long (memory bound; "
-              "an outcome after that matches nothing). Default: the topics' 7-day retention.")
+@click.option(
+    "--flag-below",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Flag a judge whose consistency falls below this...",
+)
+@click.option(
+    "--min-decided",
+    type=click.IntRange(1),
+    default=10,
+    show_default=True,
+    help="...once it has this many verdicts that agreed or disagreed.",
+)
+@click.option(
+    "--window",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    help="Flag by the consistency of each judge's last this many decided matches. "
+    "Default: processors.consistency_window (20).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve liverl_judge_consistency, liverl_judge_recent_consistency, "
+    "liverl_judge_excluded, liverl_judge_contradicted and liverl_judge_flags_total "
+    "here (no authentication).",
+)
+@click.option(
+    "--metrics-host",
+    default=None,
+    show_default=False,
+    help="Interface the metrics server binds to. Default: processors.web_host, "
+    "the workers' (127.0.0.1).",
+)
+@click.option(
+    "--horizon-h",
+    type=click.FloatRange(0, min_open=True),
+    default=168.0,
+    show_default=True,
+    help="Forget sessions quiet for this long (memory bound; "
+    "an outcome after that matches nothing). Default: the topics' 7-day retention.",
+)
 @click.option("--once", is_flag=True, help="Catch up to the topics' ends, publish, and exit.")
 @click.pass_context
-def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
-                  min_decided: int, window: int | None, metrics_port: int | None,
-                  metrics_host: str | None, horizon_h: float, once: bool) -> None:
+def watch_command(
+    ctx: click.Context,
+    namespace: str | None,
+    flag_below: float,
+    min_decided: int,
+    window: int | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
+    horizon_h: float,
+    once: bool,
+) -> None:
     """Join verdicts to outcomes as they arrive; publish each match on judge_consistency.
 
     Runs beside the workers. At start it rebuilds the join from the topics' history and
@@ -179,20 +248,29 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
         except OSError as exc:
             raise click.ClickException(
                 f"metrics server: cannot listen on {host}:{metrics_port} "
-                f"({exc.strerror or exc}); pass another --metrics-port") from exc
+                f"({exc.strerror or exc}); pass another --metrics-port"
+            ) from exc
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     def say(ev: events.JudgeConsistency) -> None:
         if ev.flagged or ev.recovered:
-            click.echo(f"{'flagged' if ev.flagged else 'recovered'} {ev.judge_id} "
-                       f"({ev.judge_version}): {ev.reason}", err=True)
+            click.echo(
+                f"{'flagged' if ev.flagged else 'recovered'} {ev.judge_id} "
+                f"({ev.judge_version}): {ev.reason}",
+                err=True,
+            )
 
-    watcher = ConsistencyWatcher(settings, namespace=namespace, flag_below=flag_below,
-                                 min_decided=min_decided, on_event=say,
-                                 window=window or settings.processors.consistency_window,
-                                 horizon_s=horizon_h * 3600)
+    watcher = ConsistencyWatcher(
+        settings,
+        namespace=namespace,
+        flag_below=flag_below,
+        min_decided=min_decided,
+        on_event=say,
+        window=window or settings.processors.consistency_window,
+        horizon_s=horizon_h * 3600,
+    )
     try:
         watcher.run(stop, once=once)
     except LookupError as exc:
@@ -201,8 +279,12 @@ def watch_command(ctx: click.Context, namespace: str | None, flag_below: float,
         if server is not None:
             server.shutdown()
             server.server_close()
-    click.echo(f"published {watcher.sent} match(es) on {watcher.output}"
-               + (f", {watcher.contradicted} contradicted" if watcher.contradicted else ""))
+    click.echo(
+        f"published {watcher.sent} match(es) on {watcher.output}"
+        + (f", {watcher.contradicted} contradicted" if watcher.contradicted else "")
+    )
     if watcher.tracker.contradictory:
-        click.echo(f"{watcher.tracker.contradictory} turn(s) with contradictory outcomes: "
-                   "their verdicts count neither way")
+        click.echo(
+            f"{watcher.tracker.contradictory} turn(s) with contradictory outcomes: "
+            "their verdicts count neither way"
+        )

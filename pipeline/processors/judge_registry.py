@@ -104,4 +104,3 @@ def _panel(options: BaseModel) -> Any:
 
 
 register("panel", _panel, PanelOptions)
-

@@ -110,7 +110,10 @@ def _newest_that_fit(turns: dict[int, JudgeTurn], budget: int, inter: Interactio
         if t == inter.turn:
             log.warning(
                 "turn %s of session %r alone exceeds the judge state bound (%d bytes): "
-                "not kept, its next states will be dead-lettered", t, inter.session_id, budget
+                "not kept, its next states will be dead-lettered",
+                t,
+                inter.session_id,
+                budget,
             )
 
 

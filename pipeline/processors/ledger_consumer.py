@@ -167,8 +167,10 @@ class LedgerConsumer(faust_aiokafka.Consumer):
         unknown = [tp for tp, offset in partitions.items()
                    if not isinstance(offset, int) or offset < 0]  # fmt: skip
         if unknown:
-            log.info("seeking %s from the beginning: no start offset known",
-                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unknown)))
+            log.info(
+                "seeking %s from the beginning: no start offset known",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(unknown)),
+            )
         known: dict[TP, int] = {tp: 0 if tp in unknown else cast(int, offset)
                                 for tp, offset in partitions.items()}  # fmt: skip
         await super().seek_wait(known)
@@ -220,7 +222,9 @@ class LedgerConsumer(faust_aiokafka.Consumer):
                     "%s offset %d was handed %.0f s ago and no unit acknowledged it (while "
                     "later records were, or for twice processors.redeliver_after_s): handing "
                     "it again (liverl_workers_records_redelivered)",
-                    stalled.tp, stalled.offset, stalled.waited_s,
+                    stalled.tp,
+                    stalled.offset,
+                    stalled.waited_s,
                 )
                 self.ledger.redelivered += 1
                 self._seek_now(stalled.tp, stalled.offset)
@@ -236,20 +240,30 @@ def watched(app: Any) -> Iterable[tuple[str, str, Any]]:
                 return 0.0
             got = getattr(ledger, attr)
             return float(got() if callable(got) else got)
+
         return value
 
     return (
-        ("liverl_workers_records_pending", "Input records handed to units, not acknowledged",
-         read("pending")),
-        ("liverl_workers_records_stale_dropped",
-         "Records of a batch fetched before a seek, not handed (fetched again)",
-         read("stale_dropped")),
-        ("liverl_workers_records_redelivered",
-         "Records no unit acknowledged while later ones were, handed again",
-         read("redelivered")),
-        ("liverl_workers_records_dropped_refetched",
-         "Records fetched and not handed on (a rebalance began mid-batch), fetched again",
-         read("dropped_refetched")),
+        (
+            "liverl_workers_records_pending",
+            "Input records handed to units, not acknowledged",
+            read("pending"),
+        ),
+        (
+            "liverl_workers_records_stale_dropped",
+            "Records of a batch fetched before a seek, not handed (fetched again)",
+            read("stale_dropped"),
+        ),
+        (
+            "liverl_workers_records_redelivered",
+            "Records no unit acknowledged while later ones were, handed again",
+            read("redelivered"),
+        ),
+        (
+            "liverl_workers_records_dropped_refetched",
+            "Records fetched and not handed on (a rebalance began mid-batch), fetched again",
+            read("dropped_refetched"),
+        ),
     )
 
 

@@ -170,8 +170,13 @@ def workspace_of(directory: str | os.PathLike[str] | None = None) -> dict[str, A
     where = Path(directory or os.getcwd()).resolve()
     commit: str | None = None
     try:
-        res = subprocess.run(["git", "-C", str(where), "rev-parse", "--verify", "-q", "HEAD"],
-                             capture_output=True, text=True, timeout=10, check=False)
+        res = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--verify", "-q", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
         commit = (res.stdout.strip() or None) if res.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         commit = None  # no git here: the directory alone
@@ -304,19 +309,24 @@ def gates_event(
     silent = [c for c, v in zip(codes, signs, strict=True) if v is None]
     code = failed[0] if failed else silent[0] if silent else 0
     text = "\n\n".join(_text(r) for r in records)
-    event = outcome_event(session_id, sign == 1, turn=turn, kind=kind, detail=detail or text,
-                          source=source)
+    event = outcome_event(
+        session_id, sign == 1, turn=turn, kind=kind, detail=detail or text, source=source
+    )
     event.producer = Producer(component=GATE_RUNNER, version="1")
     event.exit_code = code
     event.score = None if sign is None else float(sign)
     if sign is None:
         event.content = detail or f"no outcome\n{text}"
-    top: dict[str, Any] = dict(records[0]) if len(records) == 1 else {
-        "passed": None if sign is None else sign == 1,
-        "exit_code": code,
-        "timed_out": any(g.timed_out for _, g, _ in gates),
-        "duration_s": round(sum(g.duration_s for _, g, _ in gates), 3),
-    }
+    top: dict[str, Any] = (
+        dict(records[0])
+        if len(records) == 1
+        else {
+            "passed": None if sign is None else sign == 1,
+            "exit_code": code,
+            "timed_out": any(g.timed_out for _, g, _ in gates),
+            "duration_s": round(sum(g.duration_s for _, g, _ in gates), 3),
+        }
+    )
     top["passed"] = None if sign is None else sign == 1
     if len(records) > 1:
         top["gates"] = records
@@ -341,5 +351,12 @@ def gate_event(
     """The outcome of a gate command: pass/fail from its exit code (no outcome for 124, 126,
     127), the judges' text from the ends of its output (or ``detail`` when given), the rest in
     ``detail``."""
-    return gates_event(session_id, [(argv, gate, None)], turn=turn, kind=kind, detail=detail,
-                       source=source, workspace=workspace)
+    return gates_event(
+        session_id,
+        [(argv, gate, None)],
+        turn=turn,
+        kind=kind,
+        detail=detail,
+        source=source,
+        workspace=workspace,
+    )

@@ -224,7 +224,9 @@ class Pairer:
                 log.warning(
                     "session %r: turn %d (event %s) reached pairing after a later turn of the "
                     "session; not paired (its replica recorded it late)",
-                    inter.session_id, inter.turn, inter.event_id,
+                    inter.session_id,
+                    inter.turn,
+                    inter.event_id,
                 )
             return out  # duplicate or out-of-order redelivery: already paired
         state.session_id = inter.session_id
@@ -235,7 +237,7 @@ class Pairer:
             out.penalties.append(self._penalty(state, prev, added))
         state.closed = False
         # The last few turns' ids: a redelivery is told apart from a turn that arrived late.
-        state.seen = [*state.seen[-(SEEN - 1):], inter.event_id]
+        state.seen = [*state.seen[-(SEEN - 1) :], inter.event_id]
         state.prev = PrevTurn(
             event_id=inter.event_id,
             turn=inter.turn,
@@ -260,7 +262,10 @@ class Pairer:
                 log.warning(
                     "turn %d of session %r: %d of its %d tool calls exceed the pairing state "
                     "bound and are left out of its path penalty",
-                    inter.turn, inter.session_id, len(calls) - len(kept), len(calls),
+                    inter.turn,
+                    inter.session_id,
+                    len(calls) - len(kept),
+                    len(calls),
                 )
                 break
             kept.append(stored)
@@ -296,9 +301,7 @@ class Pairer:
         )
         out.penalties.append(self._penalty(state, prev, []))
 
-    def _paired(
-        self, prev: PrevTurn, inter: Interaction, added: list[dict[str, Any]]
-    ) -> NextState:
+    def _paired(self, prev: PrevTurn, inter: Interaction, added: list[dict[str, Any]]) -> NextState:
         roles = [m.get("role") for m in added]
         kind: NextStateKind = "user_reply" if "user" in roles or not roles else "tool_result"
         role = "user" if "user" in roles else (roles[0] if roles else None)
@@ -315,7 +318,8 @@ class Pairer:
             commands = {c[0]: c[3] for c in prev.tool_calls}  # stored id -> command
             shells = [
                 replace(r, command=commands.get(bounded_id(str(m.get("tool_call_id")), _ID_CHARS)))
-                for m in added if (r := parse_tool_message(m)) is not None
+                for m in added
+                if (r := parse_tool_message(m)) is not None
             ]
             if shells:
                 # Terminal even when nothing counts (read-only commands, exit 124/126/127):

@@ -82,15 +82,18 @@ class PanelJudge:
                 weights.append(round(log_odds_weight(live), 2))
                 continue
             known = self._file.get((j.judge_id, j.version))
-            weights.append(log_odds_weight(known) if known is not None else self._fixed.get(
-                n, log_odds_weight(NO_EVIDENCE) if self.live else 1.0))
-        spec = ";".join(f"{j.version}={w:.6f}" for (_, j), w in zip(self.members, weights,
-                                                                   strict=True))
+            weights.append(
+                log_odds_weight(known)
+                if known is not None
+                else self._fixed.get(n, log_odds_weight(NO_EVIDENCE) if self.live else 1.0)
+            )
+        spec = ";".join(
+            f"{j.version}={w:.6f}" for (_, j), w in zip(self.members, weights, strict=True)
+        )
         return weights, f"panel-1/{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
     async def judge(self, ctx: TurnContext, state: NextState) -> Verdict:
-        weights, version = self.weigh() if self.source is not None else (self.weights,
-                                                                          self.version)
+        weights, version = self.weigh() if self.source is not None else (self.weights, self.version)
         verdicts = await asyncio.gather(*(j.judge(ctx, state) for _, j in self.members))
         # A failed member has no vote (None): its 0 would count against the others' verdict
         # in the plurality and in the turn's mean vote. The panel fails only if all do.
@@ -105,12 +108,14 @@ class PanelJudge:
                                  f"{v.score:+d}: {v.rationale}")
             for (n, _), v, w in zip(self.members, verdicts, weights, strict=True)
         )  # fmt: skip
-        errors = [f"{n}: {v.error}" for (n, _), v in zip(self.members, verdicts, strict=True)
-                  if v.error]
-        members = [{"judge_id": j.judge_id, "judge_version": j.version, "vote": v.score,
-                    "weight": w}
-                   for (_, j), v, w in zip(self.members, verdicts, weights, strict=True)
-                   if not v.error]  # a failed member's 0 is no verdict to tally
+        errors = [
+            f"{n}: {v.error}" for (n, _), v in zip(self.members, verdicts, strict=True) if v.error
+        ]
+        members = [
+            {"judge_id": j.judge_id, "judge_version": j.version, "vote": v.score, "weight": w}
+            for (_, j), v, w in zip(self.members, verdicts, weights, strict=True)
+            if not v.error
+        ]  # a failed member's 0 is no verdict to tally
         failed = len(errors) == len(verdicts)
         return Verdict(score, votes, why[:2000], hints,
                        "; ".join(errors)[:500] if failed else None, members=members,

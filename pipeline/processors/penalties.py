@@ -59,7 +59,10 @@ a long session in debt would earn a growing total, so the bound would not hold."
 NO_OUTCOME_CODES = frozenset({124, 126, 127})
 """Timeout, not executable, not found: the environment's result, not the agent's."""
 VERIFIABLE_KINDS = (
-    "repeated_failing_call", "forbidden_pattern", "required_step", "repeated_noop_action"
+    "repeated_failing_call",
+    "forbidden_pattern",
+    "required_step",
+    "repeated_noop_action",
 )
 # Kinds people reach for that reward or punish (lack of) progress: rule (1) forbids them.
 PROGRESS_KINDS = ("no_progress", "idle", "too_many_turns", "slow", "length", "inaction")
@@ -72,11 +75,36 @@ _SEPARATORS = SEPARATORS
 _WRAPPERS = frozenset({"env", "time", "nice", "nohup", "sudo", "command", "exec", "timeout"})
 _RUNNERS = frozenset({"uv", "poetry", "pipenv", "pdm", "hatch"})  # `<runner> run <command>`
 # Programs whose first argument says what they do: a script, or a subcommand.
-_INTERPRETERS = frozenset({"python", "node", "bash", "sh", "zsh", "ruby", "perl", "php", "deno",
-                           "bun"})
-_SUBCOMMANDS = frozenset({"git", "npm", "yarn", "pnpm", "cargo", "go", "make", "docker", "pip",
-                          "uv", "poetry", "kubectl", "gh", "dotnet", "mvn", "gradle", "bundle",
-                          "rake", "just", "npx", "apt", "apt-get", "brew"})
+_INTERPRETERS = frozenset(
+    {"python", "node", "bash", "sh", "zsh", "ruby", "perl", "php", "deno", "bun"}
+)
+_SUBCOMMANDS = frozenset(
+    {
+        "git",
+        "npm",
+        "yarn",
+        "pnpm",
+        "cargo",
+        "go",
+        "make",
+        "docker",
+        "pip",
+        "uv",
+        "poetry",
+        "kubectl",
+        "gh",
+        "dotnet",
+        "mvn",
+        "gradle",
+        "bundle",
+        "rake",
+        "just",
+        "npx",
+        "apt",
+        "apt-get",
+        "brew",
+    }
+)
 _MAX_FAILURES, _MAX_PENALISED, _MAX_CREDITED = 200, 50, 200
 
 
@@ -325,14 +353,16 @@ class RuleSet:
         """Phi(s) = P(s) - min(D(s), -phi_min), in [phi_min, phi_max] (module doc)."""
         progress = sum(
             r.compliance * ((r.id in history.passing) + (r.id in history.done))
-            for r in self.spec.rules if r.kind == "required_step"
+            for r in self.spec.rules
+            if r.kind == "required_step"
         )
         return progress - min(self._debt(history), -self.phi_min)
 
     def _debt(self, history: PathHistory) -> float:
         return sum(
             r.penalty * v - r.compliance * min(f, v)
-            for rid, (v, f) in history.debt.items() if (r := self._by_id.get(rid)) is not None
+            for rid, (v, f) in history.debt.items()
+            if (r := self._by_id.get(rid)) is not None
         )
 
     def _parts(self, call: ToolCall) -> list[_Part]:
@@ -340,21 +370,43 @@ class RuleSet:
         call that is no shell command is one part, which runs no requirement or trigger)."""
         code = exit_code(call.result) if call.result is not None else None
         if call.command == call.arguments:
-            return [_Part(call.command, "", call.key, False, code == 0,
-                          code is not None and code != 0 and code not in NO_OUTCOME_CODES)]
+            return [
+                _Part(
+                    call.command,
+                    "",
+                    call.key,
+                    False,
+                    code == 0,
+                    code is not None and code != 0 and code not in NO_OUTCOME_CODES,
+                )
+            ]
         pieces = shell_parts(call.command)
         out = []
         for i, (raw, _) in enumerate(pieces):
             after = [sep for _, sep in pieces[i:]]
             last = i == len(pieces) - 1
             passed = code == 0 and all(s == "&&" for s in after[:-1]) and after[-1] == ""
-            failed = (code is not None and code != 0 and code not in NO_OUTCOME_CODES and last
-                      and after[-1] == "" and (i == 0 or pieces[i - 1][1] != "&&"))
+            failed = (
+                code is not None
+                and code != 0
+                and code not in NO_OUTCOME_CODES
+                and last
+                and after[-1] == ""
+                and (i == 0 or pieces[i - 1][1] != "&&")
+            )
             words = command_words(raw)  # `env X=1 pytest` runs pytest: not read-only
             text = " ".join(words)
             read_only = not text or self.is_read_only(text)
-            out.append(_Part(raw, text, part_intent(call.name, raw, words, read_only), read_only,
-                             passed, failed))
+            out.append(
+                _Part(
+                    raw,
+                    text,
+                    part_intent(call.name, raw, words, read_only),
+                    read_only,
+                    passed,
+                    failed,
+                )
+            )
         return out
 
     def _succeeded(self, call: ToolCall, parts: list[_Part]) -> list[list[_Part]]:
@@ -404,8 +456,9 @@ class RuleSet:
                     history.credited.append(tag)
                     t.violate(rule, f"{action_key[:160]} changed nothing {run} times")
             elif no_op is False and count > rule.max_repeats:
-                t.refund(rule, f"after {key[:120]} changed nothing {count} times, "
-                               f"{action_key[:120]} did")
+                t.refund(
+                    rule, f"after {key[:120]} changed nothing {count} times, {action_key[:120]} did"
+                )
         if no_op:
             history.noops = [action_key, count + 1 if key == action_key else 1]
         elif no_op is False:
@@ -441,8 +494,12 @@ class RuleSet:
                     t.violate(rule, p.raw[:200])
                     continue
                 unit = unit_of.get(id(p))
-                if (unit is not None and unit not in repaid and not p.read_only
-                        and any(alt.search(p.raw) for alt in c.alternatives)):
+                if (
+                    unit is not None
+                    and unit not in repaid
+                    and not p.read_only
+                    and any(alt.search(p.raw) for alt in c.alternatives)
+                ):
                     repaid.add(unit)
                     t.refund(rule, f"compliant alternative: {p.raw[:160]}")
 
@@ -492,12 +549,14 @@ class RuleSet:
                     h.ran[rule.id] = turn
                     if part.passed and rule.id not in h.passing:
                         h.passing.append(rule.id)
-                        t.hits.append({"rule_id": rule.id,
-                                       "detail": f"compliance: passed: {part.text[:160]}"})
+                        t.hits.append(
+                            {"rule_id": rule.id, "detail": f"compliance: passed: {part.text[:160]}"}
+                        )
                     elif part.failed and rule.id in h.passing:
                         h.passing.remove(rule.id)
-                        t.hits.append({"rule_id": rule.id,
-                                       "detail": f"no longer passes: {part.text[:160]}"})
+                        t.hits.append(
+                            {"rule_id": rule.id, "detail": f"no longer passes: {part.text[:160]}"}
+                        )
                 elif c.trigger.match(part.text):
                     last = h.ran.get(rule.id)
                     window = rule.within_turns
@@ -505,8 +564,13 @@ class RuleSet:
                         t.violate(rule, part.text[:200])
                     elif part.passed and rule.id in h.passing and rule.id not in h.done:
                         h.done.append(rule.id)
-                        t.hits.append({"rule_id": rule.id, "detail": "compliance: done after "
-                                       f"a passing run: {part.text[:160]}"})
+                        t.hits.append(
+                            {
+                                "rule_id": rule.id,
+                                "detail": "compliance: done after "
+                                f"a passing run: {part.text[:160]}",
+                            }
+                        )
 
 
 @functools.lru_cache(maxsize=8)  # a call's result is read several times in one evaluation
@@ -595,8 +659,7 @@ def command_words(part: str) -> list[str]:
         prog = words[0].rsplit("/", 1)[-1]
         if prog in _WRAPPERS:
             words = words[1:]
-            while words and (words[0].startswith("-") or re.fullmatch(r"[\d.]+[smhd]?",
-                                                                      words[0])):
+            while words and (words[0].startswith("-") or re.fullmatch(r"[\d.]+[smhd]?", words[0])):
                 words = words[1:]
         elif (prog in _RUNNERS and words[1:2] == ["run"]) or (
             re.fullmatch(r"python[\d.]*", prog) and len(words) > 2 and words[1] == "-m"
@@ -626,8 +689,10 @@ def part_intent(name: str, raw: str, words: list[str], read_only: bool) -> str:
 
 def _line_intent(call: ToolCall, parts: list[_Part]) -> str:
     """The intent of a line (or unit): that of its first part that is not a ``cd``."""
-    return next((p.intent for p in parts if not re.match(r"^cd(\s|$)", p.text)),
-                parts[0].intent if parts else call.key)
+    return next(
+        (p.intent for p in parts if not re.match(r"^cd(\s|$)", p.text)),
+        parts[0].intent if parts else call.key,
+    )
 
 
 def intent_of(call: ToolCall, rules: RuleSet | None = None) -> str:
@@ -641,8 +706,9 @@ def intent_of(call: ToolCall, rules: RuleSet | None = None) -> str:
 def phi_bounds(spec: RuleSetSpec) -> tuple[float, float]:
     """(phi_min, phi_max) of a rule set: the floor (``phi_min``, default minus the sum of the
     penalties) and the sum of the progress facts (two per required step: mu each)."""
-    floor = spec.phi_min if spec.phi_min is not None else -sum(
-        max(r.penalty, 0.0) for r in spec.rules)
+    floor = (
+        spec.phi_min if spec.phi_min is not None else -sum(max(r.penalty, 0.0) for r in spec.rules)
+    )
     top = sum(2 * max(r.compliance, 0.0) for r in spec.rules if r.kind == "required_step")
     return round(floor, 10), round(top, 10)
 

@@ -189,9 +189,7 @@ def has_real_signal(prm: float, outcome: float | None) -> bool:
     return outcome is not None or prm != 0
 
 
-def mask_turns(
-    has_signal: dict[int, bool], keepable: set[int] | None = None
-) -> dict[int, bool]:
+def mask_turns(has_signal: dict[int, bool], keepable: set[int] | None = None) -> dict[int, bool]:
     """turn -> masked. Turns without signal are masked; if all are, the last ``keepable`` one
     (default: any) is kept. Only a judged turn is keepable: an unjudged one has no reward, and
     training it at 0 would rank it above a judged failure in its group."""
@@ -586,8 +584,9 @@ class Assembler:
         (:func:`foreign_poster`), or one over the turn's cap for its source. None: it may."""
         if state.done:
             return None
-        where = (f"next state {ns.event_id} ({ns.kind}) for turn {ns.turn} of session "
-                 f"{ns.session_id}")
+        where = (
+            f"next state {ns.event_id} ({ns.kind}) for turn {ns.turn} of session {ns.session_id}"
+        )
         foreign = foreign_poster(ns, state.owner)
         if foreign is not None:
             return LeftOut(
@@ -644,8 +643,9 @@ class Assembler:
             key = verification.outcome_key(ns)
             if key not in state.outcomes and len(state.outcomes) >= MAX_OUTCOME_CHECKS:
                 return  # a client names its check (its source): their number is bounded
-            verification.keep_latest(state.outcomes, key,
-                                     Outcome(event_id=ns.event_id, ts_ms=ns.ts_ms, value=value))
+            verification.keep_latest(
+                state.outcomes, key, Outcome(event_id=ns.event_id, ts_ms=ns.ts_ms, value=value)
+            )
             state.outcome = verification.all_must_pass(state.outcomes.values())
             return
         if state.done:
@@ -655,9 +655,7 @@ class Assembler:
             state.closed_at_ms = now_ms
             state.last_turn = ns.turn
 
-    def on_prm(
-        self, state: AssemblyState | None, prm: PrmScore, now_ms: int = 0
-    ) -> AssemblyState:
+    def on_prm(self, state: AssemblyState | None, prm: PrmScore, now_ms: int = 0) -> AssemblyState:
         state = state if state is not None else AssemblyState()
         if state.done:
             return state
@@ -665,7 +663,9 @@ class Assembler:
         # parents are [interaction id, next state id]: key the verdict by its next state.
         info = self._turn(state, prm.session_id, prm.turn)
         info.prm[prm.parents[-1]] = PrmEntry(
-            event_id=prm.event_id, score=prm.score, votes=list(prm.votes),
+            event_id=prm.event_id,
+            score=prm.score,
+            votes=list(prm.votes),
             no_verdict=is_no_verdict(prm),
         )
         # A judge agent's verdict may come before its next state, so one without its next
@@ -686,8 +686,8 @@ class Assembler:
     def on_action_penalty(self, state: AssemblyState | None, pen: PathPenalty) -> AssemblyState:
         """An action's penalty (a gui next state's), added to its turn's path part."""
         state = state if state is not None else AssemblyState()
-        self._turn(state, pen.session_id, pen.turn).action_penalties[pen.event_id] = (
-            PenaltyEntry(event_id=pen.event_id, phi=pen.penalty, beta=pen.beta)
+        self._turn(state, pen.session_id, pen.turn).action_penalties[pen.event_id] = PenaltyEntry(
+            event_id=pen.event_id, phi=pen.penalty, beta=pen.beta
         )
         return state
 
@@ -759,8 +759,7 @@ class Assembler:
         # In a group a zero score is a value to rank against the other attempts (RLAnything's
         # step-wise z-score over [1, 0, 0, -1] is [1.41, 0, 0, -1.41], not ±1 of two samples).
         grouped = state.group_id is not None or any(
-            v.interaction is not None and v.interaction.group_id is not None
-            for v in turns.values()
+            v.interaction is not None and v.interaction.group_id is not None for v in turns.values()
         )
         # The path part of turns without a real signal, carried to the next turn with one
         # (and the ids of the penalties it comes from): see the module docstring.
@@ -802,9 +801,12 @@ class Assembler:
             if not shaped:
                 # Shaping modifies a real signal, never makes one (nor does an overflow).
                 penalty, total = 0.0, o + prm
-            parents = [j.event_id for j in judged] + [
-                x for x in (pen and pen.event_id, outcome and outcome.event_id) if x
-            ] + [a.event_id for a in actions] + (before if shaped else [])
+            parents = (
+                [j.event_id for j in judged]
+                + [x for x in (pen and pen.event_id, outcome and outcome.event_id) if x]
+                + [a.event_id for a in actions]
+                + (before if shaped else [])
+            )
             rewards[t] = Reward(
                 event_id=derive_event_id("reward", parents, self.reward_version),
                 ts_ms=now_ms,

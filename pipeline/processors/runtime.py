@@ -74,14 +74,21 @@ class WorkerMetrics:
         it): what it holds in memory and what it had to read back from the interactions
         topic."""
         for name, doc, read in (
-            ("liverl_workers_token_payloads_held", "Turns whose tokens are held in memory",
-             lambda: len(store())),
-            ("liverl_workers_token_payloads_read_back",
-             "Turns whose tokens were read back from their interaction (restart, rebalance)",
-             lambda: store().read_back),
-            ("liverl_workers_token_payloads_not_found",
-             "Reads back that found no such interaction at the kept coordinates",
-             lambda: store().not_found),
+            (
+                "liverl_workers_token_payloads_held",
+                "Turns whose tokens are held in memory",
+                lambda: len(store()),
+            ),
+            (
+                "liverl_workers_token_payloads_read_back",
+                "Turns whose tokens were read back from their interaction (restart, rebalance)",
+                lambda: store().read_back,
+            ),
+            (
+                "liverl_workers_token_payloads_not_found",
+                "Reads back that found no such interaction at the kept coordinates",
+                lambda: store().not_found,
+            ),
         ):
             Gauge(name, doc, registry=self.registry).set_function(read)
 
@@ -214,9 +221,7 @@ class Runtime:
         during recovery once saw a session without its token payloads and killed the worker)."""
         # Faust's TableManagerT omits recovery, which its TableManager has.
         recovery = self.app.tables.recovery  # type: ignore[attr-defined]
-        return (
-            recovery.completed.is_set() and not recovery.in_recovery and not self.app.rebalancing
-        )
+        return recovery.completed.is_set() and not recovery.in_recovery and not self.app.rebalancing
 
     def every(self, interval: float, fn: Timer) -> None:
         """``app.timer`` that also keeps the bare coroutine function under its name (unit
@@ -243,11 +248,20 @@ class Runtime:
 
     async def send(self, topic_name: str, ev: Event) -> None:
         v = self.kafka.codec_version
-        await self.produce(self.out[topic_name].get_topic_name(), events.key(ev),
-                           events.encode(ev, version=v), events.headers(ev, version=v))
+        await self.produce(
+            self.out[topic_name].get_topic_name(),
+            events.key(ev),
+            events.encode(ev, version=v),
+            events.headers(ev, version=v),
+        )
 
-    async def produce(self, topic: str, key: bytes | None, value: bytes,
-                      headers: list[tuple[str, bytes]] | None = None) -> None:
+    async def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         """Hand one record to the worker's producer (in exactly-once mode its transaction's;
         the default partitioner on the key, as Faust's ``Topic.send`` would). Straight to the
         producer, past Faust's topic layer (a future message, its callbacks and sensors per
@@ -278,7 +292,12 @@ class Runtime:
         self.metrics.dead_lettered.inc()
 
     async def dead_letter_value(
-        self, topic_name: str, key: bytes, value: bytes, error: str, *id_parts: str,
+        self,
+        topic_name: str,
+        key: bytes,
+        value: bytes,
+        error: str,
+        *id_parts: str,
         level: int = logging.ERROR,
     ) -> None:
         """Dead-letter bytes that have no Kafka coordinates of their own: a table value that

@@ -109,7 +109,11 @@ class SessionAgent:
     # ---- the stages' output ---------------------------------------------------------------
 
     async def publish(
-        self, key: bytes, state: SessionState, step: Step, record: Any = None,
+        self,
+        key: bytes,
+        state: SessionState,
+        step: Step,
+        record: Any = None,
         consumed: events.Event | None = None,
     ) -> None:
         """``record`` is the Kafka record ``consumed`` came from: left out, it is dead-lettered
@@ -175,8 +179,9 @@ class SessionAgent:
                 "session_id": state.assembly.session_id,
                 "samples": [orjson.loads(events.encode(s)) for s in result.samples],
             }
-            await self.rt.produce(self.group_topic.get_topic_name(), gid.encode(),
-                                  orjson.dumps(body))
+            await self.rt.produce(
+                self.group_topic.get_topic_name(), gid.encode(), orjson.dumps(body)
+            )
         await self.rt.dead_letter_hints(
             key, result.unmatched_hints,
             "the session was assembled and that turn's interaction never arrived",
@@ -235,8 +240,9 @@ class SessionAgent:
         if dirty:
             self.save(key, state)
 
-    async def handle(self, key: bytes, state: SessionState, ev: events.Event, raw_ev: Any
-                     ) -> tuple[bool, list[str]]:
+    async def handle(
+        self, key: bytes, state: SessionState, ev: events.Event, raw_ev: Any
+    ) -> tuple[bool, list[str]]:
         """Apply one record to its session's state: (whether the state changed, the parked
         next states it released, to forget once their verdicts are sent)."""
         rt, stage = self.rt, self.stage

@@ -92,12 +92,22 @@ class Turn:
             text = _cut(content_text(m.get("content")), left)
             left -= len(text)
             msgs.append((str(m.get("role") or ""), text))
-        first = next((content_text(m.get("content")) for m in inter.messages
-                      if m.get("role") == "user"), "")
-        return cls(inter.event_id, inter.session_id, inter.turn, inter.ts_ms,
-                   _cut(first, chars), _cut(last_user_text(inter.messages), chars),
-                   _cut(answer_text(inter), chars), tuple(msgs), at, inter.policy_id,
-                   inter.weight_version)
+        first = next(
+            (content_text(m.get("content")) for m in inter.messages if m.get("role") == "user"), ""
+        )
+        return cls(
+            inter.event_id,
+            inter.session_id,
+            inter.turn,
+            inter.ts_ms,
+            _cut(first, chars),
+            _cut(last_user_text(inter.messages), chars),
+            _cut(answer_text(inter), chars),
+            tuple(msgs),
+            at,
+            inter.policy_id,
+            inter.weight_version,
+        )
 
 
 @dataclass(frozen=True)
@@ -166,7 +176,8 @@ class TaskJoin:
         if inter.turn_type != "main" or not self._mine(inter.session_id):
             return []
         self.turns.setdefault(inter.session_id, {}).setdefault(
-            inter.event_id, Turn.of(inter, at, self.chars))
+            inter.event_id, Turn.of(inter, at, self.chars)
+        )
         waiting = self.waiting.pop(inter.session_id, {})
         out: dict[str, Candidate] = {}
         for o in sorted(waiting.values(), key=lambda o: (o.state.ts_ms, o.state.event_id)):
@@ -178,8 +189,11 @@ class TaskJoin:
         return list(out.values())
 
     def outcome(self, state: NextState, at: At | None = None) -> list[Candidate]:
-        if outcome_vote(state) is None or not self._mine(state.session_id) \
-                or state.event_id in self.joined:
+        if (
+            outcome_vote(state) is None
+            or not self._mine(state.session_id)
+            or state.event_id in self.joined
+        ):
             return []
         o = Outcome(state, at)
         out = self._take(o)
@@ -213,26 +227,37 @@ class TaskJoin:
     def _record(self, s: NextState) -> dict[str, Any]:
         """An outcome as a task keeps it: with the policy version of the turn it judged (the
         session's last known turn for a session outcome)."""
-        turns = sorted(self.turns.get(s.session_id, {}).values(),
-                       key=lambda t: (t.turn, t.ts_ms, t.event_id))
+        turns = sorted(
+            self.turns.get(s.session_id, {}).values(), key=lambda t: (t.turn, t.ts_ms, t.event_id)
+        )
         judged = [t for t in turns if s.scope == "session" or t.turn <= s.turn]
         t = judged[-1] if judged else None
-        return {"outcome_id": s.event_id, "ts_ms": s.ts_ms,
-                "turn": None if s.scope == "session" else s.turn,
-                "vote": outcome_vote(s), "policy_id": t.policy_id if t else None,
-                "weight_version": t.weight_version if t else None}
+        return {
+            "outcome_id": s.event_id,
+            "ts_ms": s.ts_ms,
+            "turn": None if s.scope == "session" else s.turn,
+            "vote": outcome_vote(s),
+            "policy_id": t.policy_id if t else None,
+            "weight_version": t.weight_version if t else None,
+        }
 
     def _join(self, o: Outcome) -> Candidate | None:
         s = o.state
-        turns = [t for t in self.turns.get(s.session_id, {}).values()
-                 if s.scope == "session" or t.turn <= s.turn]
+        turns = [
+            t
+            for t in self.turns.get(s.session_id, {}).values()
+            if s.scope == "session" or t.turn <= s.turn
+        ]
         if not turns:
             return None
         self.joined.add(s.event_id)
         return Candidate(o, tuple(sorted(turns, key=lambda t: (t.turn, t.ts_ms, t.event_id))))
 
-    def feed(self, interactions: Iterable[tuple[Interaction, At | None]],
-             outcomes: Iterable[tuple[NextState, At | None]]) -> list[Candidate]:
+    def feed(
+        self,
+        interactions: Iterable[tuple[Interaction, At | None]],
+        outcomes: Iterable[tuple[NextState, At | None]],
+    ) -> list[Candidate]:
         """A batch read: every interaction first, then the outcomes in order; each task once,
         as it stands after them all."""
         for inter, at in interactions:
@@ -261,11 +286,24 @@ def checker_of(state: NextState, chars: int = CONTENT_CHARS) -> dict[str, Any]:
     or feedback."""
     command = state.detail.get("command") if isinstance(state.detail, dict) else None
     command = command if isinstance(command, str) and command else None
-    kind = ("command" if command and ran_by_liverl(state) else "reported" if command
-            else "feedback" if state.kind == "feedback" else "test_result")
-    doc: dict[str, Any] = {"kind": kind, "command": command if kind == "command" else None,
-           "exit_code": state.exit_code, "score": state.score, "source": state.source,
-           "content": _cut(state.content, chars), "producer": state.producer.component}
+    kind = (
+        "command"
+        if command and ran_by_liverl(state)
+        else "reported"
+        if command
+        else "feedback"
+        if state.kind == "feedback"
+        else "test_result"
+    )
+    doc: dict[str, Any] = {
+        "kind": kind,
+        "command": command if kind == "command" else None,
+        "exit_code": state.exit_code,
+        "score": state.score,
+        "source": state.source,
+        "content": _cut(state.content, chars),
+        "producer": state.producer.component,
+    }
     if kind == "reported":
         doc["reported_command"] = command
     workspace = state.detail.get("workspace") if isinstance(state.detail, dict) else None
@@ -274,22 +312,32 @@ def checker_of(state: NextState, chars: int = CONTENT_CHARS) -> dict[str, Any]:
     return doc
 
 
-async def _votes(judges: Sequence[tuple[str, Judge]], ctx: TurnContext, state: NextState
-                 ) -> list[dict[str, Any]]:
+async def _votes(
+    judges: Sequence[tuple[str, Judge]], ctx: TurnContext, state: NextState
+) -> list[dict[str, Any]]:
     async def one(name: str, j: Judge) -> dict[str, Any]:
         try:
             v = await j.judge(ctx, state)
             vote, why = int(v.score), v.rationale or (v.error or "")
         except Exception as exc:  # noqa: BLE001 - a judge never blocks the pool: it abstains
             vote, why = 0, f"error: {exc}"
-        return {"judge_id": name, "judge_version": str(j.version), "vote": vote,
-                "rationale": _cut(why, RATIONALE_CHARS)}
+        return {
+            "judge_id": name,
+            "judge_version": str(j.version),
+            "vote": vote,
+            "rationale": _cut(why, RATIONALE_CHARS),
+        }
 
     return list(await asyncio.gather(*(one(n, j) for n, j in judges)))
 
 
-def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 8000,
-           loop: asyncio.AbstractEventLoop | None = None) -> events.VerifiedTask:
+def decide(
+    c: Candidate,
+    judges: Sequence[tuple[str, Judge]],
+    *,
+    chars: int = 8000,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> events.VerifiedTask:
     """The task of a candidate with its judges' votes: accepted on a strict majority of +1.
     ``loop``: the one to run the judges on (a judge may hold a client bound to its loop)."""
     final = c.turns[-1]
@@ -302,8 +350,11 @@ def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 80
     spec = ";".join(f"{n}={j.version}" for n, j in judges)
 
     def coords(at: At | None) -> dict[str, Any]:
-        return {"topic": at[0], "partition": at[1], "offset": at[2]} if at else {
-            "topic": None, "partition": None, "offset": None}
+        return (
+            {"topic": at[0], "partition": at[1], "offset": at[2]}
+            if at
+            else {"topic": None, "partition": None, "offset": None}
+        )
 
     return events.VerifiedTask(
         event_id=events.derive_event_id("verified_task", parents, VERSION, spec),
@@ -319,11 +370,16 @@ def decide(c: Candidate, judges: Sequence[tuple[str, Judge]], *, chars: int = 80
         provenance={
             "session_id": c.session_id,
             "outcome_id": s.event_id,
-            "outcome_at": None if c.outcome.at is None else {
-                "topic": c.outcome.at[0], "partition": c.outcome.at[1],
-                "offset": c.outcome.at[2]},
-            "interactions": [{"event_id": t.event_id, "turn": t.turn, **coords(t.at)}
-                             for t in c.turns],
+            "outcome_at": None
+            if c.outcome.at is None
+            else {
+                "topic": c.outcome.at[0],
+                "partition": c.outcome.at[1],
+                "offset": c.outcome.at[2],
+            },
+            "interactions": [
+                {"event_id": t.event_id, "turn": t.turn, **coords(t.at)} for t in c.turns
+            ],
         },
         votes=votes,
         outcomes=list(c.record[-MAX_OUTCOMES:]),
@@ -352,13 +408,20 @@ def revise(task: events.VerifiedTask, c: Candidate) -> events.VerifiedTask:
     spec = task.event_id  # derived from the first decision, judges included
     accepted = task.status != "rejected"
     return dataclasses.replace(
-        task, event_id=events.derive_event_id("verified_task", parents, VERSION, spec),
-        ts_ms=events.now_ms(), parents=parents, status=_status(c, accepted),
-        outcomes=list(c.record[-MAX_OUTCOMES:]))
+        task,
+        event_id=events.derive_event_id("verified_task", parents, VERSION, spec),
+        ts_ms=events.now_ms(),
+        parents=parents,
+        status=_status(c, accepted),
+        outcomes=list(c.record[-MAX_OUTCOMES:]),
+    )
 
 
-def build_judges(names_: Sequence[str], options: dict[str, dict[str, Any]] | None = None,
-                 plugins: Sequence[str] = ()) -> list[tuple[str, Judge]]:
+def build_judges(
+    names_: Sequence[str],
+    options: dict[str, dict[str, Any]] | None = None,
+    plugins: Sequence[str] = (),
+) -> list[tuple[str, Judge]]:
     """The judges by registry name (plug-in modules imported first)."""
     from pipeline.registry import load_plugins
 
@@ -382,8 +445,9 @@ def _decode(raw: bytes | None) -> events.Event | None:
         return None
 
 
-def read_tasks(settings: Connectable, namespace: str | None = None,
-               idle_timeout_s: float = 30.0) -> dict[str, events.VerifiedTask]:
+def read_tasks(
+    settings: Connectable, namespace: str | None = None, idle_timeout_s: float = 30.0
+) -> dict[str, events.VerifiedTask]:
     """The pool as it stands: per task id its latest record (tombstones remove it)."""
     from pipeline.kafka.reader import read_to_end
 
@@ -398,8 +462,13 @@ def read_tasks(settings: Connectable, namespace: str | None = None,
         if isinstance(ev, events.VerifiedTask):
             found[ev.task_id] = ev
 
-    read_to_end(settings, [names.resolve(names.TASKS, namespace)], collect,
-                group_prefix="liverl-tasks-read", idle_timeout_s=idle_timeout_s)
+    read_to_end(
+        settings,
+        [names.resolve(names.TASKS, namespace)],
+        collect,
+        group_prefix="liverl-tasks-read",
+        idle_timeout_s=idle_timeout_s,
+    )
     return found
 
 
@@ -433,8 +502,10 @@ class TaskPool:
         if len(self.judges) % 2 == 0:
             raise ValueError(f"k = {len(self.judges)} judges: k must be odd")
         self.join = TaskJoin(self.session_prefix, self.chars)
-        self.inputs = [names.resolve(names.INTERACTIONS, self.namespace),
-                       names.resolve(names.NEXT_STATES, self.namespace)]
+        self.inputs = [
+            names.resolve(names.INTERACTIONS, self.namespace),
+            names.resolve(names.NEXT_STATES, self.namespace),
+        ]
         self.output = names.resolve(names.TASKS, self.namespace)
         self.published: dict[str, events.VerifiedTask] = {}  # task id -> its latest record
         self._producer: Any = None
@@ -453,8 +524,9 @@ class TaskPool:
         from pipeline.kafka.reader import end_offsets
 
         hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace else "")
-        ends = end_offsets(self.settings, [*self.inputs, self.output],
-                           group_prefix="liverl-tasks-ends", hint=hint)
+        ends = end_offsets(
+            self.settings, [*self.inputs, self.output], group_prefix="liverl-tasks-ends", hint=hint
+        )
         return {(t, p): o for (t, p), o in ends.items() if t != self.output}
 
     def catch_up(self) -> dict[tuple[str, int], int]:
@@ -468,8 +540,9 @@ class TaskPool:
         outcomes: list[tuple[NextState, At | None]] = []
 
         def collect(msg: Any) -> None:
-            if (msg.topic(), msg.partition()) in ends and \
-                    msg.offset() >= ends[(msg.topic(), msg.partition())]:
+            if (msg.topic(), msg.partition()) in ends and msg.offset() >= ends[
+                (msg.topic(), msg.partition())
+            ]:
                 return  # past the ends captured: the follower reads it
             ev = _decode(msg.value())
             if isinstance(ev, Interaction):
@@ -494,8 +567,14 @@ class TaskPool:
             self._publish([c for msg in msgs for c in self.handle(msg)])
 
         try:
-            follow(self.settings, ends, batch, stop or threading.Event(),
-                   group_prefix="liverl-tasks-follow", label="task pool reader")
+            follow(
+                self.settings,
+                ends,
+                batch,
+                stop or threading.Event(),
+                group_prefix="liverl-tasks-follow",
+                label="task pool reader",
+            )
         finally:
             self.close()
 
@@ -505,8 +584,11 @@ class TaskPool:
         sent = False
         for c in {c.task_id: c for c in found}.values():  # the newest of each task
             old = self.published.get(c.task_id)
-            task = (decide(c, self.judges, chars=self.chars, loop=self._loop) if old is None
-                    else revise(old, c))
+            task = (
+                decide(c, self.judges, chars=self.chars, loop=self._loop)
+                if old is None
+                else revise(old, c)
+            )
             if old is not None and task.event_id == old.event_id:
                 self.stats.skipped += 1
                 continue
@@ -544,8 +626,9 @@ class TaskPool:
 # ---- forgetting ------------------------------------------------------------------------------
 
 
-def forget_survey(connection: Connectable, sessions: list[str], present: set[str]
-                  ) -> list[ChangelogHit]:
+def forget_survey(
+    connection: Connectable, sessions: list[str], present: set[str]
+) -> list[ChangelogHit]:
     """``liverl forget``'s part: per tasks topic (live and every replay namespace's copy), the
     keys whose latest task came from one of ``sessions`` (a task holds the session's prompt
     and answer). The topic is compacted, so a tombstone per key (``processors.forget.erase``)
@@ -563,8 +646,7 @@ def forget_survey(connection: Connectable, sessions: list[str], present: set[str
         if key is None:
             return
         ev = None if m.value() is None else _decode(m.value())
-        mine = isinstance(ev, events.VerifiedTask) and \
-            ev.provenance.get("session_id") in wanted
+        mine = isinstance(ev, events.VerifiedTask) and ev.provenance.get("session_id") in wanted
         latest[(m.topic(), m.partition(), key)] = mine
 
     read_to_end(connection, topics, handle, group_prefix=GROUP_PREFIX)

@@ -39,8 +39,9 @@ _LINE = re.compile(
     r"|return[ \t_-]?code)[ \t]*[:=]?[ \t]*" + _CODE + r"[ \t]*\.?[ \t]*$",
     re.IGNORECASE | re.MULTILINE,
 )
-_BRACKET = re.compile(r"\[[ \t]*exit(?:[ \t_-]*code)?[ \t]*[:=]?[ \t]*" + _CODE + r"[ \t]*\]",
-                      re.IGNORECASE)
+_BRACKET = re.compile(
+    r"\[[ \t]*exit(?:[ \t_-]*code)?[ \t]*[:=]?[ \t]*" + _CODE + r"[ \t]*\]", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True, slots=True)

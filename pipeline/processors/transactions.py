@@ -164,8 +164,10 @@ class Transaction:
         try:
             if offsets:
                 await producer.send_offsets_to_transaction(
-                    {AioTP(tp.topic, tp.partition): OffsetAndMetadata(o, "")
-                     for tp, o in offsets.items()},
+                    {
+                        AioTP(tp.topic, tp.partition): OffsetAndMetadata(o, "")
+                        for tp, o in offsets.items()
+                    },
                     self.group_id,
                 )
             await producer.commit_transaction()
@@ -176,7 +178,9 @@ class Transaction:
                 "longer than [processors] transaction_timeout_s (%g s), or another worker "
                 "started with this id (give each worker of app %s on one machine its own "
                 "--worker-index; liverl workers --processes N numbers its children)",
-                self.transactional_id, self.timeout_ms / 1000, self.group_id,
+                self.transactional_id,
+                self.timeout_ms / 1000,
+                self.group_id,
             )
             raise
         await producer.begin_transaction()
@@ -217,8 +221,11 @@ class Producer(producer_buffer.Producer):
     _fenced = False
 
     def _settings_extra(self) -> Mapping[str, Any]:
-        return {"acks": "all", "enable_idempotence": True,
-                "transaction_timeout_ms": transaction_of(self.app).timeout_ms}
+        return {
+            "acks": "all",
+            "enable_idempotence": True,
+            "transaction_timeout_ms": transaction_of(self.app).timeout_ms,
+        }
 
     def _new_producer(self, transactional_id: str | None = None) -> Any:
         return super()._new_producer(transactional_id or transaction_of(self.app).transactional_id)
@@ -264,7 +271,9 @@ class Producer(producer_buffer.Producer):
             "[processors] transaction_timeout_s (%g s), or another worker started with "
             "transactional id %s. The worker stops; the broker aborts what it wrote since its "
             "last commit and its restart reads those records again",
-            exc, txn.timeout_ms / 1000, txn.transactional_id,
+            exc,
+            txn.timeout_ms / 1000,
+            txn.transactional_id,
         )
         asyncio.ensure_future(self.app.crash(cast(BaseException, exc)))
 
@@ -308,8 +317,7 @@ class Consumer(LedgerConsumer):
             return
         while not self.should_stop:
             await self.sleep(txn.idle_commit_s / 2)
-            if txn.dirty and txn.producer is not None \
-                    and txn.lock.idle_for() >= txn.idle_commit_s:
+            if txn.dirty and txn.producer is not None and txn.lock.idle_for() >= txn.idle_commit_s:
                 await self.force_commit()
 
     @Service.task

@@ -51,9 +51,7 @@ _READ_ONLY = tuple(re.compile(p) for p in READ_ONLY_PATTERNS)
 def is_read_only(command: str, patterns: Sequence[re.Pattern[str]] = _READ_ONLY) -> bool:
     """Every part of the command line changes nothing (and none writes a file by ``>``)."""
     parts = [p for p in SEPARATORS.split(command.strip()) if p]
-    return bool(parts) and all(
-        ">" not in p and any(rx.search(p) for rx in patterns) for p in parts
-    )
+    return bool(parts) and all(">" not in p and any(rx.search(p) for rx in patterns) for p in parts)
 
 
 def exit_vote(code: int, command: str | None = None) -> Vote | None:
@@ -75,8 +73,10 @@ def commands_of(state: NextState) -> list[str | None]:
         return [command]
     entries = detail.get("terminal")
     if isinstance(entries, list):
-        return [e.get("command") if isinstance(e, dict) and isinstance(e.get("command"), str)
-                else None for e in entries]
+        return [
+            e.get("command") if isinstance(e, dict) and isinstance(e.get("command"), str) else None
+            for e in entries
+        ]
     return []
 
 
@@ -176,7 +176,10 @@ def all_must_pass(entries: Iterable[R]) -> R | None:
     any failed), the latest of equals; None without any."""
     best: R | None = None
     for e in entries:
-        if best is None or (e.value, -e.ts_ms, e.event_id) < (best.value, -best.ts_ms,
-                                                                 best.event_id):
+        if best is None or (e.value, -e.ts_ms, e.event_id) < (
+            best.value,
+            -best.ts_ms,
+            best.event_id,
+        ):
             best = e
     return best

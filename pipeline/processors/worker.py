@@ -21,8 +21,12 @@ def log_thread_exception(args: threading.ExceptHookArgs) -> None:
         return
     name = args.thread.name if args.thread is not None else "?"
     value = args.exc_value  # carries its own __traceback__
-    log.warning("exception in thread %s: %s", name, args.exc_type.__name__,
-                exc_info=value if value is not None else False)
+    log.warning(
+        "exception in thread %s: %s",
+        name,
+        args.exc_type.__name__,
+        exc_info=value if value is not None else False,
+    )
 
 
 class BoundedShutdownWorker(faust.Worker):

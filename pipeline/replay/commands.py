@@ -99,17 +99,21 @@ def _sessions(values: tuple[str, ...]) -> list[str] | None:
     help="Only these sessions (repeated or comma-separated); each must have an event in the range.",
 )
 @click.option(
-    "--allocate", type=click.Choice(["all", "uniform", "frontier"]), default="all",
+    "--allocate",
+    type=click.Choice(["all", "uniform", "frontier"]),
+    default="all",
     show_default=True,
     help="Replay --budget sessions of the lake's trajectories drawn uniformly or by frontier "
     "sampling (tasks solved near 50 % first) instead of every session; recorded in the "
     "allocations table. Instead of --sessions.",
 )
-@click.option("--budget", type=click.IntRange(min=1), default=None,
-              help="Sessions --allocate draws.")
+@click.option(
+    "--budget", type=click.IntRange(min=1), default=None, help="Sessions --allocate draws."
+)
 @click.option("--allocate-seed", type=int, default=0, show_default=True)
-@click.option("--where", default=None,
-              help="With --allocate: SQL filter on the trajectories rows drawn from.")
+@click.option(
+    "--where", default=None, help="With --allocate: SQL filter on the trajectories rows drawn from."
+)
 @click.option(
     "--speed",
     default="max",
@@ -286,8 +290,16 @@ def replay(
                 highlight=False,
             )
         try:
-            stats = run(settings, manifest, source, starts, speed=pace, keys=keys,
-                        console=console, skip=rederived(manifest.request["topics"]))
+            stats = run(
+                settings,
+                manifest,
+                source,
+                starts,
+                speed=pace,
+                keys=keys,
+                console=console,
+                skip=rederived(manifest.request["topics"]),
+            )
         except KeyboardInterrupt:
             console.print("interrupted: run the same command again to resume")
             sys.exit(130)
@@ -308,8 +320,15 @@ def replay(
 
 
 def _allocated_sessions(
-    settings: Settings, manifest: Any, sessions: list[str] | None, allocate: str,
-    budget: int | None, seed: int, where: str | None, into: str, lake_root: Path | None,
+    settings: Settings,
+    manifest: Any,
+    sessions: list[str] | None,
+    allocate: str,
+    budget: int | None,
+    seed: int,
+    where: str | None,
+    into: str,
+    lake_root: Path | None,
     console: Any,
 ) -> tuple[list[str], str, Any]:
     """The sessions an allocation draws; a replay resumed with the same allocation keeps the
@@ -333,8 +352,10 @@ def _allocated_sessions(
     except OfflineInputError as exc:
         raise click.UsageError(f"--allocate: {exc}") from None
     if not drawn:
-        raise click.UsageError("--allocate: no session in the lake's trajectories"
-                               + (f" where {where}" if where else ""))
+        raise click.UsageError(
+            "--allocate: no session in the lake's trajectories"
+            + (f" where {where}" if where else "")
+        )
     for line in offline.allocation_summary(chosen):
         console.print(line, highlight=False)
     return drawn, spec, chosen

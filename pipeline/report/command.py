@@ -48,8 +48,9 @@ def live_outcomes(settings: Any, policy: str, timeout_s: float = 5.0) -> LiveOut
     from pipeline.versions.rule import require_promoted
 
     try:
-        _log, rows = version_rows(settings, policy, require_promoted=require_promoted(settings),
-                                  timeout_s=timeout_s)
+        _log, rows = version_rows(
+            settings, policy, require_promoted=require_promoted(settings), timeout_s=timeout_s
+        )
     except Exception as exc:  # noqa: BLE001 - the report is the lake's; the broker is extra
         return LiveOutcomes(policy, [], [], f"live outcomes unavailable (broker: {exc})")
     return LiveOutcomes(policy, rows, outcome_lines(rows))
@@ -148,8 +149,10 @@ def report(
         settings = Settings()
     live = live_outcomes(settings, summary.policy or default_policy) if outcomes else None
     if live is not None:
-        click.echo(f"live outcome per version ({live.policy}; sessions it answered with a "
-                   "verified outcome, Wilson 95 % interval):")
+        click.echo(
+            f"live outcome per version ({live.policy}; sessions it answered with a "
+            "verified outcome, Wilson 95 % interval):"
+        )
         for line in live.lines or [live.note or "no version published yet"]:
             click.echo(f"  {line}")
     if no_html:
@@ -160,9 +163,11 @@ def report(
         if live.note:
             page.notes.append(live.note)
     for j in page.judges:
-        click.echo(f"judge {j['judge_id']} ({j['judge_version']}): consistency "
-                   f"{j['consistency']:.3f} ({j['agree']} agree, {j['disagree']} disagree, "
-                   f"{j['abstain']} abstain)" + (f", flagged {j['flags']}x" if j["flags"] else ""))
+        click.echo(
+            f"judge {j['judge_id']} ({j['judge_version']}): consistency "
+            f"{j['consistency']:.3f} ({j['agree']} agree, {j['disagree']} disagree, "
+            f"{j['abstain']} abstain)" + (f", flagged {j['flags']}x" if j["flags"] else "")
+        )
     target = render_html(page, html_out or out.with_suffix(".html"), png=out)
     click.echo(f"html: {target}")
 

@@ -363,6 +363,7 @@ def step_parts(steps: pa.Table) -> list[dict[str, float]]:
         if pairs is not None:
             out.append({k: v for k, v in pairs if v is not None})
         else:
-            out.append({LEGACY_LOSSES[c]: vals[i] for c, vals in legacy.items()
-                        if vals[i] is not None})
+            out.append(
+                {LEGACY_LOSSES[c]: vals[i] for c, vals in legacy.items() if vals[i] is not None}
+            )
     return out

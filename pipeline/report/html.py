@@ -165,10 +165,16 @@ def judge_consistency(matches: list[dict[str, Any]]) -> list[dict[str, Any]]:
         n = int(m["agree"]) + int(m["disagree"]) + int(m["abstain"])
         old = latest.get(key)
         if old is None or (n + c, c) > (old["n"] + old["contradicted"], old["contradicted"]):
-            latest[key] = {"judge_id": key[0], "judge_version": key[1], "n": n,
-                           "contradicted": c,
-                           "agree": m["agree"], "disagree": m["disagree"],
-                           "abstain": m["abstain"], "consistency": m["consistency"]}
+            latest[key] = {
+                "judge_id": key[0],
+                "judge_version": key[1],
+                "n": n,
+                "contradicted": c,
+                "agree": m["agree"],
+                "disagree": m["disagree"],
+                "abstain": m["abstain"],
+                "consistency": m["consistency"],
+            }
         flags[key] = flags.get(key, 0) + bool(m.get("flagged"))
     return [{**row, "flags": flags[k]} for k, row in sorted(latest.items())]
 
@@ -224,13 +230,14 @@ def build_page(
     notes: list[str] = []
     traj = _read(lake, T.TRAJECTORIES, TRAJ_COLUMNS, policy)
     if traj is None:
-
         raise ReportError(f"no trajectories yet at {lake}")
     steps = _read(lake, T.GRADIENT_STEPS, STEP_COLUMNS, policy)
     weights = _read(lake, T.WEIGHTS, WEIGHT_COLUMNS, policy)
     trained = traj.filter(
-        pc.and_(pc.equal(pc.fill_null(traj.column("status"), "trained"), "trained"),
-                pc.is_valid(traj.column("reward")))
+        pc.and_(
+            pc.equal(pc.fill_null(traj.column("status"), "trained"), "trained"),
+            pc.is_valid(traj.column("reward")),
+        )
     )
 
     method_of_step: dict[int, str] = {}
@@ -245,23 +252,29 @@ def build_page(
     scores = _archived(lake, "prm_scores")
     by_judge: list[Series] = []
     if scores is None:
-        notes.append("no archive of prm_scores (run `liverl archive`): rewards by judge "
-                     "are unavailable")
+        notes.append(
+            "no archive of prm_scores (run `liverl archive`): rewards by judge are unavailable"
+        )
     else:
         judge_of = {(s.get("session_id"), s.get("turn")): s.get("judge_id") for s in scores}
-        by_judge = reward_series(trained, lambda r: judge_of.get((r["session_id"], r["turn"])),
-                                 buckets)
+        by_judge = reward_series(
+            trained, lambda r: judge_of.get((r["session_id"], r["turn"])), buckets
+        )
 
     matches = _archived(lake, "judge_consistency")
     if matches is None:
-        notes.append("no archive of judge_consistency (run `liverl judges watch` and "
-                     "`liverl archive`): judges are not checked against outcomes")
+        notes.append(
+            "no archive of judge_consistency (run `liverl judges watch` and "
+            "`liverl archive`): judges are not checked against outcomes"
+        )
     judges = judge_consistency(matches or [])
 
     statuses = _archived(lake, "serving_status")
     if statuses is None:
-        notes.append("no archive of serving_status (run `liverl archive`): when each "
-                     "version went live is unknown")
+        notes.append(
+            "no archive of serving_status (run `liverl archive`): when each "
+            "version went live is unknown"
+        )
     live = went_live(statuses or [], policy)
     versions = version_rows(weights, live) if weights is not None else []
 
@@ -277,8 +290,19 @@ def build_page(
             lag_rows = lag()
         except Exception as exc:  # noqa: BLE001 - any broker failure is a note, not a crash
             notes.append(f"consumer lag unavailable: {exc}")
-    return Page(policy, lake, int(dt.datetime.now(dt.UTC).timestamp() * 1000), by_method,
-                by_judge, versions, minutes, rate, lag_rows, notes, judges)
+    return Page(
+        policy,
+        lake,
+        int(dt.datetime.now(dt.UTC).timestamp() * 1000),
+        by_method,
+        by_judge,
+        versions,
+        minutes,
+        rate,
+        lag_rows,
+        notes,
+        judges,
+    )
 
 
 # ---- rendering ------------------------------------------------------------------------------
@@ -303,7 +327,7 @@ def _svg_lines(series: list[Series], ylabel: str) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg")
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    return svg[svg.index("<svg") :]
 
 
 def _svg_bars(minutes: list[tuple[int, int]]) -> str:
@@ -321,7 +345,7 @@ def _svg_bars(minutes: list[tuple[int, int]]) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg")
     svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+    return svg[svg.index("<svg") :]
 
 
 def _utc(ms: int | None) -> str:

@@ -193,9 +193,7 @@ class Gateway:
         info = self.sessions.resolve(request.headers, doc, caller, messages)
         self.sessions.check_owner(info.session_id, caller)
         durable = self._check_recording(info)
-        prompt_ids = render_prompt(
-            self.backend.tokenizer, messages, req.tools, self._encoder(info)
-        )
+        prompt_ids = render_prompt(self.backend.tokenizer, messages, req.tools, self._encoder(info))
         ctx = self.backend.context_length
         if len(prompt_ids) >= ctx:
             raise ApiError(
@@ -216,7 +214,13 @@ class Gateway:
         )
         self.sessions.claim(info.session_id, info.user_id)
         return Turn(
-            req, info, prompt_ids, params, time.perf_counter(), messages=messages, durable=durable,
+            req,
+            info,
+            prompt_ids,
+            params,
+            time.perf_counter(),
+            messages=messages,
+            durable=durable,
             canary=self.on_canary(info),
         )
 
@@ -284,8 +288,11 @@ class Gateway:
 
     async def run(self, turn: Turn) -> AsyncIterator[list[int]]:
         """Drive the backend on the turn's arm; yields each batch of new token ids."""
-        generation = (self.backend.generate(turn.prompt_ids, turn.params, canary=True)
-                      if turn.canary else self.backend.generate(turn.prompt_ids, turn.params))
+        generation = (
+            self.backend.generate(turn.prompt_ids, turn.params, canary=True)
+            if turn.canary
+            else self.backend.generate(turn.prompt_ids, turn.params)
+        )
         async for item in generation:
             if isinstance(item, Piece):
                 turn.ids += item.token_ids
@@ -422,8 +429,10 @@ class Gateway:
                 await generation
             self.abort(turn)
             raise ApiError(
-                499, "the client closed the connection before the answer",
-                type="invalid_request_error", code="client_closed_request",
+                499,
+                "the client closed the connection before the answer",
+                type="invalid_request_error",
+                code="client_closed_request",
             )
         await generation
         self._still_durable(turn)
@@ -443,9 +452,7 @@ class Gateway:
                 ],
                 "usage": self._usage(turn),
             }
-            return AfterSend(
-                body, headers=self.headers(turn), after=lambda: self.hand_over(turn)
-            )
+            return AfterSend(body, headers=self.headers(turn), after=lambda: self.hand_over(turn))
         except BaseException:  # the answer will not go out: the turn is recorded anyway
             self.hand_over(turn)
             raise
@@ -747,8 +754,7 @@ def create_app(
                 "policy_id": gateway.backend.policy_id,
                 "weight_version": gateway.backend.version,
                 # the canary arm beside it: {version, share of users}, null without one
-                "canary": None if canary is None else {"version": canary[0],
-                                                       "share": canary[1]},
+                "canary": None if canary is None else {"version": canary[0], "share": canary[1]},
                 "replica_id": gateway.cfg.replica_id,
                 "record_backlog": rec.backlog if rec else 0,
                 # answered as recorded, taken by neither the spool nor Kafka yet (in memory)

@@ -78,7 +78,9 @@ class Authenticator:
         found = next((k for h, k in self._keys if hmac.compare_digest(digest, h)), None)
         if found is None:
             raise ApiError(
-                401, "Incorrect API key provided.", type="authentication_error",
+                401,
+                "Incorrect API key provided.",
+                type="authentication_error",
                 code="invalid_api_key",
             )
         key_id = digest[:16]

@@ -83,7 +83,8 @@ def build_app(cfg: ServeSettings, kafka: Connectable, backend: Backend | None = 
             delivery_timeout_s=cfg.delivery_timeout_s,
             client_id=f"liverl-{cfg.replica_id}",
             linger_s=cfg.record_linger_ms / 1000,
-            transactional_id=recorder_transactional_id(cfg) if cfg.transactional_recording
+            transactional_id=recorder_transactional_id(cfg)
+            if cfg.transactional_recording
             else None,
         )
     gateway = Gateway(cfg, backend, recorder)

@@ -30,8 +30,9 @@ def render_prompt(
             messages, tools=tools or None, add_generation_prompt=True, tokenize=False
         )
     except Exception as exc:  # jinja errors from odd but schema-valid messages
-        raise ApiError(400, f"messages cannot be rendered by the chat template: {exc}",
-                       param="messages") from None
+        raise ApiError(
+            400, f"messages cannot be rendered by the chat template: {exc}", param="messages"
+        ) from None
     if encode is not None:
         return encode(text)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])

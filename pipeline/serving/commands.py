@@ -22,9 +22,7 @@ if TYPE_CHECKING:
     import uvicorn
 
 
-def _keys(
-    cli_keys: tuple[str, ...], keys_file: Path | None
-) -> tuple[list[str], list[ApiKey]]:
+def _keys(cli_keys: tuple[str, ...], keys_file: Path | None) -> tuple[list[str], list[ApiKey]]:
     """The keys typed, in ``LIVERL_SERVE_API_KEYS`` and in the keys file, hashed: plain ones
     (a user of their own) and the file's ``<key> <user> [operator]`` lines."""
     keys = list(cli_keys)
@@ -43,9 +41,11 @@ def _keys(
                 raise click.UsageError(f"{keys_file}:{n}: expected '<key> [<user> [operator]]'")
             role = fields[2] if len(fields) == 3 else "user"
             try:
-                entries.append(ApiKey.model_validate(
-                    {"sha256": hash_key(fields[0]), "user": fields[1], "role": role}
-                ))
+                entries.append(
+                    ApiKey.model_validate(
+                        {"sha256": hash_key(fields[0]), "user": fields[1], "role": role}
+                    )
+                )
             except ValueError as exc:
                 raise click.UsageError(f"{keys_file}:{n}: {exc}") from None
     return [hash_key(k) for k in keys], entries  # raw keys go no further than this function
@@ -158,9 +158,7 @@ def shared_socket(host: str, port: int) -> socket.socket:
     over them (a load balancer needs no stickiness: any replica serves any turn)."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise click.UsageError("--reuse-port needs SO_REUSEPORT (Linux, BSD, macOS)")
-    family, kind, proto, _name, addr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM
-    )[0]
+    family, kind, proto, _name, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -203,9 +201,7 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
 @_serve_option("served_model_name", "--served-model-name", help="Name clients send as `model`.")
 @_serve_option("weight_version", "--weight-version")
 @_serve_option("device", "--device")
-@_serve_option(
-    "dtype", "--dtype", type=click.Choice(["float32", "bfloat16", "float16"])
-)
+@_serve_option("dtype", "--dtype", type=click.Choice(["float32", "bfloat16", "float16"]))
 @_serve_option("context_length", "--context-length", type=int)
 @_serve_option("workers", "--workers")
 @click.option(
@@ -229,7 +225,10 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
 )
 @_serve_option("max_body_bytes", "--max-body-bytes")
 @_serve_option(
-    "record", "--no-record", is_flag=True, flag_value=False,
+    "record",
+    "--no-record",
+    is_flag=True,
+    flag_value=False,
     help="Serve without recording interactions.",
 )
 @_serve_option(
@@ -241,11 +240,17 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
     "anyway instead of answering 503 (losses are counted, /healthz says degraded).",
 )
 @_serve_option(
-    "reload", "--no-reload", is_flag=True, flag_value=False,
+    "reload",
+    "--no-reload",
+    is_flag=True,
+    flag_value=False,
     help="Do not follow liverl.weights.v1.",
 )
 @_serve_option(
-    "require_promoted", "--require-promoted/--any-version", default=None, show_default=False,
+    "require_promoted",
+    "--require-promoted/--any-version",
+    default=None,
+    show_default=False,
     help="Load only versions the promotion gate promoted, or every new version. Default: "
     "promoted only while the trainer's gate is on (trainer.gate, on by default).",
 )
@@ -257,7 +262,10 @@ def _serve_option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC],
 )
 @_serve_option("replica_id", "--replica-id")
 @_serve_option(
-    "reuse_port", "--reuse-port", is_flag=True, show_default=False,
+    "reuse_port",
+    "--reuse-port",
+    is_flag=True,
+    show_default=False,
     help="Share host:port with other gateway processes (SO_REUSEPORT; Linux): the kernel "
     "spreads connections over them. Any replica may serve any turn of a session.",
 )
@@ -315,8 +323,9 @@ def serve(
     else:
         keys = cfg.accepted_keys
         operators = sum(k.role == "operator" for k in keys)
-        click.echo(f"{len(keys)} API key(s) configured (stored hashed), {operators} operator(s)",
-                   err=True)
+        click.echo(
+            f"{len(keys)} API key(s) configured (stored hashed), {operators} operator(s)", err=True
+        )
     if not is_loopback(cfg.host) and cfg.open_access:  # pragma: no cover - check() refuses
         sys.exit(2)
     if cfg.record:

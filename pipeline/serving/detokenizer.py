@@ -42,9 +42,12 @@ class Detokenizer:
             self._checked += 1
             slow = self.tokenizer.decode(ids, skip_special_tokens=True)
             if slow != text:
-                log.warning("the tokenizer's fast decode differs from transformers' "
-                            "(%r vs %r); every answer is now decoded by transformers",
-                            text[:80], slow[:80])
+                log.warning(
+                    "the tokenizer's fast decode differs from transformers' "
+                    "(%r vs %r); every answer is now decoded by transformers",
+                    text[:80],
+                    slow[:80],
+                )
                 self._backend = None
                 return slow
         return text

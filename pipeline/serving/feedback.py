@@ -211,9 +211,7 @@ def parse_feedback(doc: Any, max_chars: int) -> FeedbackRequest:
         raise ApiError(400, "feedback needs thumbs, score or text", code="empty_feedback")
     sign = 1 if req.thumbs == "up" else -1
     if req.thumbs is not None and req.score is not None and req.score * sign < 0:
-        raise ApiError(
-            400, f"score {req.score:g} contradicts thumbs {req.thumbs!r}", param="score"
-        )
+        raise ApiError(400, f"score {req.score:g} contradicts thumbs {req.thumbs!r}", param="score")
     return req
 
 

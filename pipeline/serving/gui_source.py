@@ -116,10 +116,12 @@ def flatten(tree: Mapping[str, Any], options: GuiOptions) -> Flat:
         if not isinstance(node, Mapping):
             raise _bad(f"{where} must be an object", "tree")
         if depth > options.max_depth:
-            raise _bad(f"the tree nests deeper than {options.max_depth} levels", "tree",
-                       "tree_too_deep")
-        role, name, value, nid = (_text(node, k, where, options) for k in
-                                  ("role", "name", "value", "id"))
+            raise _bad(
+                f"the tree nests deeper than {options.max_depth} levels", "tree", "tree_too_deep"
+            )
+        role, name, value, nid = (
+            _text(node, k, where, options) for k in ("role", "name", "value", "id")
+        )
         n = seen.get((role, name), 0)
         seen[(role, name)] = n + 1
         key = f"#{nid}" if nid else f"{role}\0{name}\0{n}"
@@ -131,10 +133,12 @@ def flatten(tree: Mapping[str, Any], options: GuiOptions) -> Flat:
             raise _bad(f"{where}.children must be a list", "tree")
         nodes += len(children)
         if nodes > options.max_nodes:  # before any of them is stacked
-            raise _bad(f"the tree has more than {options.max_nodes} nodes", "tree",
-                       "tree_too_large")
-        stack.extend((c, depth + 1, f"{where}.children[{i}]")
-                     for i, c in reversed(list(enumerate(children))))
+            raise _bad(
+                f"the tree has more than {options.max_nodes} nodes", "tree", "tree_too_large"
+            )
+        stack.extend(
+            (c, depth + 1, f"{where}.children[{i}]") for i, c in reversed(list(enumerate(children)))
+        )
     return out, focused
 
 
@@ -145,8 +149,11 @@ def _text(node: Mapping[str, Any], key: str, where: str, options: GuiOptions) ->
     if not isinstance(value, str):
         raise _bad(f"{where}.{key} must be a string", "tree")
     if len(value) > options.max_string_chars:
-        raise _bad(f"{where}.{key} is longer than {options.max_string_chars} characters",
-                   "tree", "text_too_long")
+        raise _bad(
+            f"{where}.{key} is longer than {options.max_string_chars} characters",
+            "tree",
+            "text_too_long",
+        )
     return value
 
 
@@ -177,8 +184,12 @@ def diff_trees(before: Flat, after: Flat, listed: int) -> dict[str, Any]:
     if new_focus:
         role, name, value = new[new_focus]
         was = old.get(new_focus, ("", "", ""))[2]
-        focused = {"role": role, "name": name, "value": value,
-                   "filled": bool(value) and value != was}
+        focused = {
+            "role": role,
+            "name": name,
+            "value": value,
+            "filled": bool(value) and value != was,
+        }
     return summarize(
         [_element(e) for e in appeared],
         [_element(e) for e in disappeared],
@@ -203,8 +214,11 @@ def summarize(
         "appeared": appeared[:listed],
         "disappeared": disappeared[:listed],
         "changed": changed[:listed],
-        "counts": {"appeared": len(appeared), "disappeared": len(disappeared),
-                   "changed": len(changed)},
+        "counts": {
+            "appeared": len(appeared),
+            "disappeared": len(disappeared),
+            "changed": len(changed),
+        },
         "focused": focused,
         "error": error,
         "no_op": no_op,
@@ -245,15 +259,22 @@ class GuiSource:
     def next_states(self, request: SourceRequest) -> list[Any]:
         post = validated(GuiPost, request.body)
         if (post.tree is None) == (post.diff is None):
-            raise ApiError(400, "give either tree (the screen after the action) or diff",
-                           param="tree", code="invalid_value")
+            raise ApiError(
+                400,
+                "give either tree (the screen after the action) or diff",
+                param="tree",
+                code="invalid_value",
+            )
         sid, turn = session_turn(request, post.session_id, post.turn)
         opts = self.options
         if post.tree is not None:
             size = len(orjson.dumps(post.tree))
             if size > opts.max_tree_bytes:
-                raise _bad(f"the tree takes {size} bytes, more than {opts.max_tree_bytes}",
-                           "tree", "tree_too_large")
+                raise _bad(
+                    f"the tree takes {size} bytes, more than {opts.max_tree_bytes}",
+                    "tree",
+                    "tree_too_large",
+                )
             flat = flatten(post.tree, opts)
             before = self.trees.pop(sid, None)
             self.trees[sid] = flat
@@ -272,22 +293,28 @@ class GuiSource:
                 [e.model_dump(exclude={"value"}) for e in d.disappeared],
                 [e.model_dump() for e in d.changed],
                 None if d.focused is None else d.focused.model_dump(),
-                no_op=not (d.appeared or d.disappeared or d.changed
-                           or (d.focused is not None and d.focused.filled)),
+                no_op=not (
+                    d.appeared
+                    or d.disappeared
+                    or d.changed
+                    or (d.focused is not None and d.focused.filled)
+                ),
                 listed=opts.max_listed,
             )
         gui["action"] = post.action.model_dump()
         gui["action_key"] = post.action.key
         if post.goal:
             gui["goal"] = post.goal
-        return [events.NextState(
-            event_id=events.new_event_id(),
-            producer=PRODUCER,
-            session_id=sid,
-            turn=turn,
-            kind="gui",
-            role="tool",
-            content=content_of(post.action, gui)[: request.max_chars],
-            source=opts.source,
-            detail={"gui": gui, "key_id": request.key_id},
-        )]
+        return [
+            events.NextState(
+                event_id=events.new_event_id(),
+                producer=PRODUCER,
+                session_id=sid,
+                turn=turn,
+                kind="gui",
+                role="tool",
+                content=content_of(post.action, gui)[: request.max_chars],
+                source=opts.source,
+                detail={"gui": gui, "key_id": request.key_id},
+            )
+        ]

@@ -113,8 +113,9 @@ def _origin(event: str, p: HookPayload) -> dict[str, Any]:
 def before_submit_prompt(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
     body = {"continue": True}
     if p.prompt is None:
-        raise ApiError(422, "beforeSubmitPrompt needs a prompt", param="prompt",
-                       code="invalid_value")
+        raise ApiError(
+            422, "beforeSubmitPrompt needs a prompt", param="prompt", code="invalid_value"
+        )
     check_text(p.prompt, gateway.cfg.next_state_max_chars, "prompt")
     turn = last_turn(gateway.sessions, sid)
     if turn is None:  # the session's first prompt follows no turn
@@ -135,8 +136,11 @@ def before_submit_prompt(gateway: GatewayApi, sid: str, p: HookPayload) -> HookA
 
 def after_agent_response(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
     # the answer is already the turn's interaction (see the module doc)
-    return HookAnswer({}, sid, reason="afterAgentResponse records nothing: the answer is "
-                      "already the turn's interaction")
+    return HookAnswer(
+        {},
+        sid,
+        reason="afterAgentResponse records nothing: the answer is already the turn's interaction",
+    )
 
 
 def stop(gateway: GatewayApi, sid: str, p: HookPayload) -> HookAnswer:
@@ -219,8 +223,11 @@ async def handle_hook(gateway: GatewayApi, event: str, request: Request) -> JSON
         ns = replace(answer.event, detail={**answer.event.detail, **poster(caller, "hooks")})
         _fresh, repeats, recorded = record_posted(gateway, f"hook:{event}", [ns])
         if repeats:
-            answer = replace(answer, event=None, reason="equal to next state "
-                             f"{repeats[ns.event_id]} already recorded for this turn")
+            answer = replace(
+                answer,
+                event=None,
+                reason=f"equal to next state {repeats[ns.event_id]} already recorded for this turn",
+            )
         elif not recorded:
             answer = replace(answer, event=None, reason="recording is off (record: false)")
         else:

@@ -43,8 +43,13 @@ def meaning(ns: events.NextState) -> str:
     """A digest of what a next state tells the judges."""
     detail = {k: v for k, v in ns.detail.items() if k not in IDENTITY_FIELDS}
     doc: dict[str, Any] = {
-        "kind": ns.kind, "role": ns.role, "content": ns.content, "exit_code": ns.exit_code,
-        "score": ns.score, "scope": ns.scope, "detail": detail,
+        "kind": ns.kind,
+        "role": ns.role,
+        "content": ns.content,
+        "exit_code": ns.exit_code,
+        "score": ns.score,
+        "scope": ns.scope,
+        "detail": detail,
     }
     raw = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS, default=str)
     return hashlib.sha256(raw).hexdigest()[:32]

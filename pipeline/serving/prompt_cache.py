@@ -98,8 +98,9 @@ class PromptCache:
                 return full
         self.hits += 1
         self.saved_chars += start
-        self._store(session_id, text, joined, offsets, start,
-                    entry.cuts[: k + 1], entry.cut_tokens[: k + 1])
+        self._store(
+            session_id, text, joined, offsets, start, entry.cuts[: k + 1], entry.cut_tokens[: k + 1]
+        )
         return out
 
     def forget(self, session_id: str) -> None:

@@ -68,8 +68,10 @@ class ChatRequest(BaseModel):
     def _tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         for tool in v or []:
             fn = tool.get("function")
-            if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(
-                fn.get("name"), str
+            if (
+                tool.get("type") != "function"
+                or not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
             ):
                 raise ValueError("each tool must be {'type': 'function', 'function': {'name'}}")
         return v

@@ -497,8 +497,11 @@ class Recorder:
                         return True
                 else:  # refused ones go as their letters, in the next transaction
                     if failed:
-                        log.warning("%d event(s) not delivered; Kafka unreachable? the "
-                                    "batch's transaction is aborted and sent again", failed)
+                        log.warning(
+                            "%d event(s) not delivered; Kafka unreachable? the "
+                            "batch's transaction is aborted and sent again",
+                            failed,
+                        )
                     step = self._txn(producer, "abort")
                     if step == "ok" and not failed:
                         continue  # only letters to swap in: at once
@@ -561,7 +564,10 @@ class Recorder:
                 topic, key, value, hdrs = unframe(raw)
                 try:
                     producer.send_raw(
-                        topic, value, key=key, headers=hdrs,
+                        topic,
+                        value,
+                        key=key,
+                        headers=hdrs,
                         on_delivery=_mark(status, refused, i),
                     )
                 except KafkaException as exc:
@@ -604,8 +610,11 @@ class Recorder:
             # transaction.max.timeout.ms is 15 min by default.
             extra["transaction.timeout.ms"] = min(max(60_000, 2 * timeout_ms), 900_000)
         return EventProducer(
-            self.kafka, client_id=client_id, transactional_id=tid,
-            error_cb=self._on_client_error, **extra,
+            self.kafka,
+            client_id=client_id,
+            transactional_id=tid,
+            error_cb=self._on_client_error,
+            **extra,
         )
 
     def _on_client_error(self, err: KafkaError) -> None:

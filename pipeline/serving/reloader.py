@@ -193,11 +193,19 @@ class Reloader:
             if self.apply(self.log.manifests[version], cause=self.log.last_action_id):
                 return version
             if i + 1 < len(order):
-                log.warning("%s v%d is not usable; falling back to v%d",
-                            self.log.policy_id, version, order[i + 1])
-        if (not order and self.log.pinned is None and self.log.live(self.require_promoted) is None
-                and self.backend.version != self.base_version
-                and self.backend.version in self.log.manifests):
+                log.warning(
+                    "%s v%d is not usable; falling back to v%d",
+                    self.log.policy_id,
+                    version,
+                    order[i + 1],
+                )
+        if (
+            not order
+            and self.log.pinned is None
+            and self.log.live(self.require_promoted) is None
+            and self.backend.version != self.base_version
+            and self.backend.version in self.log.manifests
+        ):
             self._serve_base()  # what this replica serves was withdrawn, and all before it
         return None
 
@@ -211,8 +219,12 @@ class Reloader:
         if want is None:
             self._drop_canary()
         else:  # a backend given the version it holds only takes the new share
-            self.apply(self.log.manifests[want[0]], cause=self.log.last_action_id,
-                       arm="canary", share=want[1])
+            self.apply(
+                self.log.manifests[want[0]],
+                cause=self.log.last_action_id,
+                arm="canary",
+                share=want[1],
+            )
 
     def _call(self, coro: Any) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -237,25 +249,34 @@ class Reloader:
             log.error("going back to the base of %s failed: %s", self.log.policy_id, error)
         self._report(self.backend.version, "stable", "base", started, error)
 
-    def _report(self, version: int, arm: Literal["stable", "canary"], what: str,
-                started: float, error: str | None) -> None:
+    def _report(
+        self,
+        version: int,
+        arm: Literal["stable", "canary"],
+        what: str,
+        started: float,
+        error: str | None,
+    ) -> None:
         """The ``serving_status`` of a change that loads no manifest (a canary dropped, the
         base served again), caused by the newest operator action."""
         cause = self.log.last_action_id
         parents = [cause] if cause is not None else []
-        self._emit(events.ServingStatus(
-            event_id=events.derive_event_id("serving_status", parents, "serving-1",
-                                            self.replica_id, version, arm, what),
-            producer=PRODUCER,
-            parents=parents,
-            replica_id=self.replica_id,
-            policy_id=self.log.policy_id,
-            version=version,
-            reload_ms=(time.perf_counter() - started) * 1000,
-            ok=error is None,
-            error=error,
-            arm=arm,
-        ))
+        self._emit(
+            events.ServingStatus(
+                event_id=events.derive_event_id(
+                    "serving_status", parents, "serving-1", self.replica_id, version, arm, what
+                ),
+                producer=PRODUCER,
+                parents=parents,
+                replica_id=self.replica_id,
+                policy_id=self.log.policy_id,
+                version=version,
+                reload_ms=(time.perf_counter() - started) * 1000,
+                ok=error is None,
+                error=error,
+                arm=arm,
+            )
+        )
 
     def _emit(self, status: events.ServingStatus) -> None:
         if callable(self.emit):
@@ -263,8 +284,14 @@ class Reloader:
         if callable(self.on_result):
             self.on_result(status.ok)
 
-    def apply(self, ev: events.WeightsPublished, cause: str | None = None, *,
-              arm: Literal["stable", "canary"] = "stable", share: float = 0.0) -> bool:
+    def apply(
+        self,
+        ev: events.WeightsPublished,
+        cause: str | None = None,
+        *,
+        arm: Literal["stable", "canary"] = "stable",
+        share: float = 0.0,
+    ) -> bool:
         """Verify and load one version on an arm (the canary's with ``share``); never raises.
         ``cause``: the operator action that made it the choice, if any, so a version served
         again after a rollback reports a new ``serving_status`` rather than the id of its
@@ -289,18 +316,20 @@ class Reloader:
             now = have[0] if have is not None else now
         # the stable arm's ids are what they were before arms existed
         id_parts: tuple[Any, ...] = (ev.version,) if arm == "stable" else (ev.version, arm)
-        self._emit(events.ServingStatus(
-            event_id=events.derive_event_id(
-                "serving_status", parents, "serving-1", self.replica_id, *id_parts
-            ),
-            producer=PRODUCER,
-            parents=parents,
-            replica_id=self.replica_id,
-            policy_id=ev.policy_id,
-            version=ev.version if error is None else now,
-            reload_ms=ms,
-            ok=error is None,
-            error=error,
-            arm=arm,
-        ))
+        self._emit(
+            events.ServingStatus(
+                event_id=events.derive_event_id(
+                    "serving_status", parents, "serving-1", self.replica_id, *id_parts
+                ),
+                producer=PRODUCER,
+                parents=parents,
+                replica_id=self.replica_id,
+                policy_id=ev.policy_id,
+                version=ev.version if error is None else now,
+                reload_ms=ms,
+                ok=error is None,
+                error=error,
+                arm=arm,
+            )
+        )
         return error is None

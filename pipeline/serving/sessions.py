@@ -97,9 +97,7 @@ def _header_text(name: str, value: str | None) -> str | None:
     except UnicodeDecodeError:
         raise ApiError(400, f"header {name} is not valid UTF-8", param=name) from None
     if len(text) > MAX_ID_CHARS:
-        raise ApiError(
-            400, f"header {name} is longer than {MAX_ID_CHARS} characters", param=name
-        )
+        raise ApiError(400, f"header {name} is longer than {MAX_ID_CHARS} characters", param=name)
     return text
 
 
@@ -138,23 +136,34 @@ class Sessions:
         if given not in ("main", "side"):
             raise ApiError(400, "X-Turn-Type must be 'main' or 'side'", param="X-Turn-Type")
         turn_type: Literal["main", "side"] = "main" if given == "main" else "side"
-        done = _flag("X-Session-Done", headers.get("x-session-done"), body.get("session_done"),
-                     False)
+        done = _flag(
+            "X-Session-Done", headers.get("x-session-done"), body.get("session_done"), False
+        )
         train = _flag("X-Liverl-Train", headers.get("x-liverl-train"), body.get("train"), True)
         group = _header_text("X-Liverl-Group", headers.get("x-liverl-group")) or body.get(
             "group_id"
         )
         if group is not None and (not isinstance(group, str) or not 0 < len(group) <= MAX_ID_CHARS):
-            raise ApiError(400, "X-Liverl-Group / group_id must be a non-empty string of at "
-                           "most 256 characters", param="group_id")
+            raise ApiError(
+                400,
+                "X-Liverl-Group / group_id must be a non-empty string of at most 256 characters",
+                param="group_id",
+            )
         user = _header_text("X-Liverl-User", headers.get("x-liverl-user"))
         if user is not None and not (user.strip() and user.isprintable()):
-            raise ApiError(400, "header X-Liverl-User must be a non-empty printable id of at "
-                           f"most {MAX_ID_CHARS} characters", param="X-Liverl-User")
+            raise ApiError(
+                400,
+                "header X-Liverl-User must be a non-empty printable id of at "
+                f"most {MAX_ID_CHARS} characters",
+                param="X-Liverl-User",
+            )
         if user is not None and user != caller.user and not caller.operator:
-            raise forbidden("X-Liverl-User names another user than this API key's; only an "
-                            "operator key may speak for other users", "X-Liverl-User",
-                            "user_mismatch")
+            raise forbidden(
+                "X-Liverl-User names another user than this API key's; only an "
+                "operator key may speak for other users",
+                "X-Liverl-User",
+                "user_mismatch",
+            )
         named = user if user is not None else (caller.user if caller.keyed else None)
         return TurnInfo(str(session), turn_type, done, train, group, user or caller.user, named)
 
@@ -166,8 +175,12 @@ class Sessions:
         """403 unless ``caller`` may act on the session: its owner, an operator, any
         loopback caller without keys, or anyone for a session this replica has no owner for."""
         if not caller.may_act_for(self._owners.get(session_id)):
-            raise forbidden(f"session {session_id!r} belongs to another user; only its owner "
-                            "or an operator key may use it", "session_id", "session_forbidden")
+            raise forbidden(
+                f"session {session_id!r} belongs to another user; only its owner "
+                "or an operator key may use it",
+                "session_id",
+                "session_forbidden",
+            )
 
     def claim(self, session_id: str, user: str | None) -> None:
         """``user`` owns the session unless someone already does (its first turn opens it)."""

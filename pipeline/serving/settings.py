@@ -46,7 +46,9 @@ class ApiKey(BaseModel):
 
     sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
     user: str | None = Field(
-        default=None, min_length=1, max_length=256,  # sessions.MAX_ID_CHARS
+        default=None,
+        min_length=1,
+        max_length=256,  # sessions.MAX_ID_CHARS
         description="Whose turns this key's are (recorded as user_id); None: the key id.",
     )
     role: Literal["user", "operator"] = "user"

@@ -38,8 +38,12 @@ async def handle_source(
     source = sources.get(name)
     if source is None:
         known = ", ".join(sorted(sources)) or "none ([serve] sources is empty)"
-        raise ApiError(404, f"unknown next-state source {name[:64]!r}; enabled: {known}",
-                       param="source", code="source_not_found")
+        raise ApiError(
+            404,
+            f"unknown next-state source {name[:64]!r}; enabled: {known}",
+            param="source",
+            code="source_not_found",
+        )
     doc = await gateway.read_body(request, gateway.cfg.next_state_max_body_bytes)
     channel = f"source:{name}"
     sr = SourceRequest(
@@ -53,8 +57,9 @@ async def handle_source(
     )
     states = source.next_states(sr)
     if not states:
-        raise ApiError(400, f"the {name} source found no next state in the body",
-                       code="no_next_state")
+        raise ApiError(
+            400, f"the {name} source found no next state in the body", code="no_next_state"
+        )
     who = poster(caller, name)
     for sid in dict.fromkeys(ns.session_id for ns in states):  # a plug-in's own sessions too
         check_owner(gateway, sid, caller)
@@ -63,8 +68,13 @@ async def handle_source(
     _fresh, repeats, recorded = record_posted(gateway, channel, states, dedupe=dedupe)
     data = []
     for ns in states:
-        entry = {"id": repeats.get(ns.event_id, ns.event_id), "session_id": ns.session_id,
-                 "turn": ns.turn, "kind": ns.kind, "score": ns.score}
+        entry = {
+            "id": repeats.get(ns.event_id, ns.event_id),
+            "session_id": ns.session_id,
+            "turn": ns.turn,
+            "kind": ns.kind,
+            "score": ns.score,
+        }
         if ns.event_id in repeats:
             entry["repeat"] = True
         data.append(entry)

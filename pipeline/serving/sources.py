@@ -51,18 +51,30 @@ def session_turn(
 
     sid = session_id or request.session_header
     if not sid:
-        raise ApiError(400, "give session_id (or the X-Session-Id header)",
-                       param="session_id", code="missing_session")
+        raise ApiError(
+            400,
+            "give session_id (or the X-Session-Id header)",
+            param="session_id",
+            code="missing_session",
+        )
     request.check_owner(sid)
     last = request.last_turn(sid)
     if turn == "last" and last is None:
-        raise ApiError(400, f"session {sid!r} has no open turn on this gateway; pass the "
-                       "turn number", param="session_id", code="session_not_found")
+        raise ApiError(
+            400,
+            f"session {sid!r} has no open turn on this gateway; pass the turn number",
+            param="session_id",
+            code="session_not_found",
+        )
     number = last if turn == "last" else turn
     assert number is not None
     if last is not None and number > last:
-        raise ApiError(400, f"turn {number} of session {sid!r} has not been recorded (last "
-                       f"is {last})", param="turn", code="turn_not_found")
+        raise ApiError(
+            400,
+            f"turn {number} of session {sid!r} has not been recorded (last is {last})",
+            param="turn",
+            code="turn_not_found",
+        )
     request.check_room(sid, number)
     return sid, number
 
@@ -130,6 +142,7 @@ class GuiOptions(BaseModel):
     source: str = "gui"
 
 
-register("terminal", _builtin("pipeline.serving.terminal_source", "TerminalSource"),
-         TerminalOptions)
+register(
+    "terminal", _builtin("pipeline.serving.terminal_source", "TerminalSource"), TerminalOptions
+)
 register("gui", _builtin("pipeline.serving.gui_source", "GuiSource"), GuiOptions)

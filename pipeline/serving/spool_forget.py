@@ -73,8 +73,12 @@ def user_sessions(spool: Path, topic: str, user: str) -> set[str]:
                 continue
             with contextlib.suppress(Exception):  # the value is escaped inside the frame
                 t, sid, value = frame_session(payload)
-                if t == topic and sid is not None and needle in value \
-                        and orjson.loads(value).get("user_id") == user:
+                if (
+                    t == topic
+                    and sid is not None
+                    and needle in value
+                    and orjson.loads(value).get("user_id") == user
+                ):
                     found.add(sid)
     return found
 

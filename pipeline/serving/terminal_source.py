@@ -47,23 +47,29 @@ class TerminalSource:
     def next_states(self, request: SourceRequest) -> list[Any]:
         post = validated(TerminalPost, request.body)
         if len(post.output) > request.max_chars:
-            raise ApiError(400, f"output is longer than {request.max_chars} characters",
-                           param="output", code="text_too_long")
+            raise ApiError(
+                400,
+                f"output is longer than {request.max_chars} characters",
+                param="output",
+                code="text_too_long",
+            )
         sid, turn = session_turn(request, post.session_id, post.turn)
         passed = post.exit_code in self.options.passing_exit_codes
         # No score where the code says nothing: timed out, not runnable, or a read-only
         # command (processors/verification.py), whatever passing_exit_codes says.
         says = exit_vote(post.exit_code, post.command or None) is not None
-        return [events.NextState(
-            event_id=events.new_event_id(),
-            producer=PRODUCER,
-            session_id=sid,
-            turn=turn,
-            kind="terminal",
-            role="tool",
-            content=post.output,
-            exit_code=post.exit_code,
-            score=(1.0 if passed else -1.0) if says else None,
-            source=self.options.source,
-            detail={"command": post.command, "key_id": request.key_id},
-        )]
+        return [
+            events.NextState(
+                event_id=events.new_event_id(),
+                producer=PRODUCER,
+                session_id=sid,
+                turn=turn,
+                kind="terminal",
+                role="tool",
+                content=post.output,
+                exit_code=post.exit_code,
+                score=(1.0 if passed else -1.0) if says else None,
+                source=self.options.source,
+                detail={"command": post.command, "key_id": request.key_id},
+            )
+        ]

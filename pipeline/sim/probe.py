@@ -168,8 +168,15 @@ def _pad_id(tokenizer: Any) -> int:
     return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
-def generate(model: Any, tokenizer: Any, questions: Sequence[str], *, max_new_tokens: int = 32,
-             temperature: float = 0.0, seed: int = 0) -> list[str]:
+def generate(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    *,
+    max_new_tokens: int = 32,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[str]:
     """Answers of a local model: greedy at ``temperature == 0``, else plain temperature
     sampling (no top-k/top-p, like the gateway) seeded from ``seed``, so a probe is
     repeatable; the global RNG is left as it was."""
@@ -187,9 +194,13 @@ def generate(model: Any, tokenizer: Any, questions: Sequence[str], *, max_new_to
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     sample = temperature > 0
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=sample,
-        temperature=temperature if sample else None, top_k=0 if sample else None,
-        top_p=1.0 if sample else None, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=temperature if sample else None,
+        top_k=0 if sample else None,
+        top_p=1.0 if sample else None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad,
     )
     was_training = model.training
     model.eval()
@@ -203,13 +214,15 @@ def generate(model: Any, tokenizer: Any, questions: Sequence[str], *, max_new_to
     return [tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in out]
 
 
-def fluency(base_model: Any, tokenizer: Any, questions: Sequence[str],
-            answers: Sequence[str]) -> float:
+def fluency(
+    base_model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str]
+) -> float:
     """Mean over all answer tokens of log p_base(token | chat prompt, earlier answer tokens).
 
     Gibberish scores far lower than language under the frozen base, whatever model wrote
     it. Raises ValueError when the answers hold no tokens (nothing to measure)."""
     import torch
+
     if len(questions) != len(answers):
         raise ValueError("one answer per question")
     device = _device(base_model)
@@ -242,18 +255,26 @@ def fluency(base_model: Any, tokenizer: Any, questions: Sequence[str],
     return total / count
 
 
-def _fluency_or_none(base_model: Any, tokenizer: Any, questions: Sequence[str],
-                     answers: Sequence[str]) -> float | None:
+def _fluency_or_none(
+    base_model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str]
+) -> float | None:
     try:
         return fluency(base_model, tokenizer, questions, answers)
     except ValueError:  # only empty answers: nothing to score
         return None
 
 
-def probe_model(model: Any, tokenizer: Any, *, base_model: Any = None,
-                items: Sequence[ProbeItem] = PROBE, max_new_tokens: int = 32,
-                samples_per_item: int = 1, temperature: float = 0.7,
-                seed: int = 0) -> ProbeResult:
+def probe_model(
+    model: Any,
+    tokenizer: Any,
+    *,
+    base_model: Any = None,
+    items: Sequence[ProbeItem] = PROBE,
+    max_new_tokens: int = 32,
+    samples_per_item: int = 1,
+    temperature: float = 0.7,
+    seed: int = 0,
+) -> ProbeResult:
     """Greedy answers -> ``correct``; with ``base_model``, sampled answers -> ``fluency``."""
     questions = [it.question for it in items]
     greedy = generate(model, tokenizer, questions, max_new_tokens=max_new_tokens)
@@ -262,15 +283,26 @@ def probe_model(model: Any, tokenizer: Any, *, base_model: Any = None,
     score: float | None = None
     if base_model is not None:
         asked = [q for q in questions for _ in range(samples_per_item)]
-        samples = generate(model, tokenizer, asked, max_new_tokens=max_new_tokens,
-                           temperature=temperature, seed=seed)
+        samples = generate(
+            model,
+            tokenizer,
+            asked,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
         score = _fluency_or_none(base_model, tokenizer, asked, samples)
     return ProbeResult(correct, len(items), score, greedy, samples)
 
 
-def probe_endpoint(ask: Callable[[str, float], str], *, base_model: Any = None,
-                   tokenizer: Any = None, items: Sequence[ProbeItem] = PROBE,
-                   temperature: float = 0.7) -> ProbeResult:
+def probe_endpoint(
+    ask: Callable[[str, float], str],
+    *,
+    base_model: Any = None,
+    tokenizer: Any = None,
+    items: Sequence[ProbeItem] = PROBE,
+    temperature: float = 0.7,
+) -> ProbeResult:
     """The probe through any chat endpoint: ``ask(question, temperature)`` returns the
     answer text; greedy is temperature 0. Sampled answers are asked (and scored) only when
     ``base_model`` and ``tokenizer`` are given."""

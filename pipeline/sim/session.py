@@ -83,8 +83,11 @@ def run_session(
     if thumbs and train:
         # while the session is open, so "last" names turn 0 and the reward waits for it
         rated = "up" if judgement.satisfied else "down"
-        client.post("/feedback", cast_to=httpx.Response,
-                    body={"session_id": session_id, "turn": "last", "thumbs": rated})
+        client.post(
+            "/feedback",
+            cast_to=httpx.Response,
+            body={"session_id": session_id, "turn": "last", "thumbs": rated},
+        )
     replied_at = 0.0
     if send_reply:
         replied_at = time.time()

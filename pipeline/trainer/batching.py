@@ -93,9 +93,7 @@ class Batcher:
             return False
         _, full = self._prefix_size()
         now = self.clock()
-        idle = (
-            publish_now and self.idle_s > 0 and now - self.buffer[-1].arrived >= self.idle_s
-        )
+        idle = publish_now and self.idle_s > 0 and now - self.buffer[-1].arrived >= self.idle_s
         return full or idle or now - self.buffer[0].arrived >= self.max_wait_s
 
     def take(self) -> list[Record[Sample]]:

@@ -65,8 +65,6 @@ def version_dir(root: Path, policy: str, version: int) -> Path:
     return policy_dir(root, policy) / f"v{version}"
 
 
-
-
 def _describe(base: Path, paths: list[Path]) -> list[dict[str, Any]]:
     out = []
     for p in sorted(paths):
@@ -133,7 +131,8 @@ def write_version(
         manifest.trainer_files = _describe(tmp, trainer)
         (tmp / MANIFEST).write_bytes(manifest.to_json())
         publish_folder(
-            tmp, target,
+            tmp,
+            target,
             before_rename=None if on_stage is None else lambda: on_stage("before_rename"),
         )
     except BaseException:

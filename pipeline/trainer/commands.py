@@ -62,11 +62,15 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
 @_option("lora_r", "--lora-r", help="LoRA rank.")
 @_option("lora_alpha", "--lora-alpha")
 @_option(
-    "method", "--method",
+    "method",
+    "--method",
     help="Training method: rl, opd, hybrid, or one registered by a --plugin module.",
 )
 @_option(
-    "plugins", "--plugin", multiple=True, show_default=False,
+    "plugins",
+    "--plugin",
+    multiple=True,
+    show_default=False,
     help="Python module imported before training; it may register methods and loss parts "
     "(pipeline/trainer/methods.py). Repeatable.",
 )
@@ -82,19 +86,27 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
     "where",
     "--where",
     help="With --from-delta: SQL filter on its rows (DuckDB), e.g. \"policy_id = 'default' "
-    "AND reward <> 0\".",
+    'AND reward <> 0".',
 )
 @_option(
-    "allocate", "--allocate", type=click.Choice(["all", "uniform", "frontier"]),
+    "allocate",
+    "--allocate",
+    type=click.Choice(["all", "uniform", "frontier"]),
     help="With --from-delta: train on every selected row, or on --budget of them drawn "
     "uniformly or by frontier sampling (tasks solved near 50 % get the most; recorded per "
     "row in the lake's allocations table).",
 )
-@_option("allocate_budget", "--budget", type=click.IntRange(min=1),
-         help="Rows --allocate uniform|frontier draws.")
+@_option(
+    "allocate_budget",
+    "--budget",
+    type=click.IntRange(min=1),
+    help="Rows --allocate uniform|frontier draws.",
+)
 @_option("allocate_seed", "--allocate-seed", help="Seed of the allocation's draws.")
 @click.option(
-    "--namespace", default=None, help="Train in replay namespace NAME: its samples topic, "
+    "--namespace",
+    default=None,
+    help="Train in replay namespace NAME: its samples topic, "
     "groups and weights (<state_dir>/replay/NAME/); never the live ones.",
 )
 @_option(  # the field's default is a placeholder that under_state_dir() relocates
@@ -105,82 +117,161 @@ def _option(field: str, *param_decls: str, **attrs: Any) -> Callable[[FC], FC]:
     help="Default: <state_dir>/weights.",
 )
 @_option(
-    "lake_root", "--lake-root", type=click.Path(path_type=Path), default=None,
+    "lake_root",
+    "--lake-root",
+    type=click.Path(path_type=Path),
+    default=None,
     help="Default: <state_dir>/lake.",
 )
 @_option("batch_max_samples", "--batch-samples")
 @_option("batch_max_tokens", "--batch-tokens", help="Bound on padded tokens per batch.")
-@_option("batch_max_wait_s", "--batch-wait",
-         help="Longest a buffered sample waits for its batch to fill.")
-@_option("batch_idle_s", "--batch-idle",
-         help="Train what is buffered once no sample arrived for this long (0: off).")
-@_option("lr", "--lr", type=float,
-         help=f"Learning rate [default: {_sci(LORA_LR)} with LoRA, {_sci(FULL_LR)} for full "
-         "fine-tuning].")
+@_option(
+    "batch_max_wait_s",
+    "--batch-wait",
+    help="Longest a buffered sample waits for its batch to fill.",
+)
+@_option(
+    "batch_idle_s",
+    "--batch-idle",
+    help="Train what is buffered once no sample arrived for this long (0: off).",
+)
+@_option(
+    "lr",
+    "--lr",
+    type=float,
+    help=f"Learning rate [default: {_sci(LORA_LR)} with LoRA, {_sci(FULL_LR)} for full "
+    "fine-tuning].",
+)
 @_option("teacher", "--teacher")
 @_option("hint_selection", "--hint-selection")
 @_option("opd_loss", "--opd-loss")
-@_option("kl_coef", "--kl-coef",
-         help="Weight of the KL to the frozen reference added to the loss (0: off).")
+@_option(
+    "kl_coef",
+    "--kl-coef",
+    help="Weight of the KL to the frozen reference added to the loss (0: off).",
+)
 @_option("w_rl", "--w-rl")
 @_option("w_opd", "--w-opd")
 @_option("staleness", "--staleness")
-@_option("old_logprobs", "--old-logprobs",
-         help="PPO ratio reference: the engine's recorded log-probs, or the trainer's own "
-         "recomputation (slime's default).")
+@_option(
+    "old_logprobs",
+    "--old-logprobs",
+    help="PPO ratio reference: the engine's recorded log-probs, or the trainer's own "
+    "recomputation (slime's default).",
+)
 @_option("max_staleness", "--max-staleness")
-@_option("ppo_epochs", "--ppo-epochs", type=click.IntRange(min=1),
-         help="Optimizer updates per batch, clipped against the sampling log-probs.")
-@_option("lr_warmup_steps", "--lr-warmup-steps", type=click.IntRange(min=0),
-         help="Linear learning-rate warm-up over this many updates (0: none).")
-@_option("rl_baseline", "--rl-baseline",
-         help="Binary RL advantage A = r - b: the batch's mean reward, or none (A = r).")
-@_option("hybrid_combine", "--hybrid-combine",
-         help="hybrid: RL and OPD advantages added per token in one clip, or the two losses "
-         "summed.")
+@_option(
+    "ppo_epochs",
+    "--ppo-epochs",
+    type=click.IntRange(min=1),
+    help="Optimizer updates per batch, clipped against the sampling log-probs.",
+)
+@_option(
+    "lr_warmup_steps",
+    "--lr-warmup-steps",
+    type=click.IntRange(min=0),
+    help="Linear learning-rate warm-up over this many updates (0: none).",
+)
+@_option(
+    "rl_baseline",
+    "--rl-baseline",
+    help="Binary RL advantage A = r - b: the batch's mean reward, or none (A = r).",
+)
+@_option(
+    "hybrid_combine",
+    "--hybrid-combine",
+    help="hybrid: RL and OPD advantages added per token in one clip, or the two losses summed.",
+)
 @_option("publish_every_steps", "--publish-every-steps", help="Steps that make a version due.")
-@_option("publish_every_s", "--publish-every-s",
-         help="Age of pending steps that makes a version due.")
-@_option("publish_max_overhead", "--publish-max-overhead",
-         help="Largest share of wall time spent publishing; 1 publishes every due version "
-         "at once.")
-@_option("gate", "--gate/--no-gate",
-         help="Promote a version only by fresh rollouts and judges' votes against the live "
-         "one (held-out prompts and the capability probe); gateways serve promoted versions.")
-@_option("gate_holdout", "--gate-holdout",
-         help="Fraction of samples held out from training for the gate.")
-@_option("gate_tolerance", "--gate-tolerance",
-         help="Tie margin of the hint and reward judges (nats per token).")
-@_option("gate_eval_samples", "--gate-eval-samples",
-         help="Newest distinct held-out prompts each candidate answers freshly.")
-@_option("gate_min_samples", "--gate-min-samples",
-         help="Fewer held-out prompts: no verdict yet (the version stays candidate).")
-@_option("gate_probe_file", "--gate-probe-file", type=click.Path(dir_okay=False, exists=True,
-         path_type=Path),
-         help="Your own capability probe (JSON lines: question, answers or pattern).")
-@_option("gate_probe_tolerance", "--gate-probe-tolerance",
-         help="Probe questions a candidate may lose against live before it is rejected.")
-@_option("gate_fluency_tolerance", "--gate-fluency-tolerance",
-         help="Fluency drop (nats per token of sampled answers under the base) allowed.")
-@_option("gate_on_reject", "--gate-on-reject",
-         help="rollback: after a rejection, train on from the live version's weights and "
-         "optimizer state; continue: from the rejected candidate.")
+@_option(
+    "publish_every_s", "--publish-every-s", help="Age of pending steps that makes a version due."
+)
+@_option(
+    "publish_max_overhead",
+    "--publish-max-overhead",
+    help="Largest share of wall time spent publishing; 1 publishes every due version at once.",
+)
+@_option(
+    "gate",
+    "--gate/--no-gate",
+    help="Promote a version only by fresh rollouts and judges' votes against the live "
+    "one (held-out prompts and the capability probe); gateways serve promoted versions.",
+)
+@_option(
+    "gate_holdout",
+    "--gate-holdout",
+    help="Fraction of samples held out from training for the gate.",
+)
+@_option(
+    "gate_tolerance",
+    "--gate-tolerance",
+    help="Tie margin of the hint and reward judges (nats per token).",
+)
+@_option(
+    "gate_eval_samples",
+    "--gate-eval-samples",
+    help="Newest distinct held-out prompts each candidate answers freshly.",
+)
+@_option(
+    "gate_min_samples",
+    "--gate-min-samples",
+    help="Fewer held-out prompts: no verdict yet (the version stays candidate).",
+)
+@_option(
+    "gate_probe_file",
+    "--gate-probe-file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Your own capability probe (JSON lines: question, answers or pattern).",
+)
+@_option(
+    "gate_probe_tolerance",
+    "--gate-probe-tolerance",
+    help="Probe questions a candidate may lose against live before it is rejected.",
+)
+@_option(
+    "gate_fluency_tolerance",
+    "--gate-fluency-tolerance",
+    help="Fluency drop (nats per token of sampled answers under the base) allowed.",
+)
+@_option(
+    "gate_on_reject",
+    "--gate-on-reject",
+    help="rollback: after a rejection, train on from the live version's weights and "
+    "optimizer state; continue: from the rejected candidate.",
+)
 @_option("device", "--device")
 @_option("precision", "--precision")
 @_option("gradient_checkpointing", "--gradient-checkpointing/--no-gradient-checkpointing")
-@_option("nproc", "--nproc", type=click.IntRange(min=1),
-         help="Processes training the policy data-parallel (spawned by this command; rank "
-         "r on cuda:r, or all on the CPU); rank 0 alone reads Kafka and publishes.")
-@_option("dist_backend", "--dist-backend",
-         help="With --nproc > 1: auto is nccl on CUDA, gloo on the CPU.")
-@_option("follow_serving", "--follow-serving/--no-follow-serving",
-         help="After an operator's rollback, pin or promote, train on from the version that "
-         "serves (its weights and optimizer state).")
-@_option("while_pinned", "--while-pinned",
-         help="While a version is pinned: pause (samples wait for unpin) or train (from the "
-         "pinned version; its candidates do not serve while the pin holds).")
-@_option("metrics_port", "--metrics-port", type=int,
-         help="Serve Prometheus metrics (liverl_trainer_*) on this port.")
+@_option(
+    "nproc",
+    "--nproc",
+    type=click.IntRange(min=1),
+    help="Processes training the policy data-parallel (spawned by this command; rank "
+    "r on cuda:r, or all on the CPU); rank 0 alone reads Kafka and publishes.",
+)
+@_option(
+    "dist_backend",
+    "--dist-backend",
+    help="With --nproc > 1: auto is nccl on CUDA, gloo on the CPU.",
+)
+@_option(
+    "follow_serving",
+    "--follow-serving/--no-follow-serving",
+    help="After an operator's rollback, pin or promote, train on from the version that "
+    "serves (its weights and optimizer state).",
+)
+@_option(
+    "while_pinned",
+    "--while-pinned",
+    help="While a version is pinned: pause (samples wait for unpin) or train (from the "
+    "pinned version; its candidates do not serve while the pin holds).",
+)
+@_option(
+    "metrics_port",
+    "--metrics-port",
+    type=int,
+    help="Serve Prometheus metrics (liverl_trainer_*) on this port.",
+)
 @_option("metrics_host", "--metrics-host", help="Interface the metrics server binds to.")
 @_option(
     "exit_when_idle_s",

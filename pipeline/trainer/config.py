@@ -38,7 +38,8 @@ class TrainerSettings(BaseModel):
     )
     method: Method = Field(
         # opd learned fastest in bench/learning.py (docs/benchmarks.md)
-        default="opd", validate_default=True,  # so plugins load even for the default method
+        default="opd",
+        validate_default=True,  # so plugins load even for the default method
         description="Training method: opd (default), hybrid, rl or one a plugin registers.",
     )
     method_options: dict[str, Any] = Field(
@@ -97,7 +98,13 @@ class TrainerSettings(BaseModel):
     lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     lora_target_modules: list[str] = Field(
         default_factory=lambda: [
-            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
         ],
         description="Projection names adapted (all attention and MLP ones of Llama/Qwen).",
     )
@@ -119,19 +126,22 @@ class TrainerSettings(BaseModel):
         "log-probs, or the trainer's own recomputation (detached).",
     )
     kl_coef: float = Field(
-        default=0.0, ge=0.0,
+        default=0.0,
+        ge=0.0,
         description="Weight of the KL to the frozen reference (k3 estimator) added to the "
         "loss; 0 leaves it out (OpenClaw-RL's launchers train without it).",
     )
     eps: float = EPS
     eps_high: float = EPS_HIGH
     lr_warmup_steps: int = Field(
-        default=4, ge=0,
+        default=4,
+        ge=0,
         description="Linear learning-rate warm-up over this many optimizer updates (0: none): "
         "Adam's first updates move every LoRA entry by about lr whatever the gradient.",
     )
     ppo_epochs: int = Field(
-        default=4, ge=1,
+        default=4,
+        ge=1,
         description="Optimizer updates per batch (PPO epochs): the clip (eps, eps_high) against "
         "the sampling log-probs bounds how far they go.",
     )
@@ -187,7 +197,9 @@ class TrainerSettings(BaseModel):
         "promoted versions (serve.require_promoted follows this by default).",
     )
     canary_share: float = Field(
-        default=0.1, ge=0.0, le=1.0,
+        default=0.1,
+        ge=0.0,
+        le=1.0,
         description="Share of users (a stable hash of user id, else session id) a new servable "
         "version serves first, as a canary beside the previous version, until it is rolled "
         "out (liverl versions rollout, or the canary decider) or withdrawn; stamped on the "
@@ -198,23 +210,27 @@ class TrainerSettings(BaseModel):
         default=0.1, ge=0.0, lt=1.0, description="Fraction of samples held out from training."
     )
     gate_eval_samples: int = Field(
-        default=4, ge=0,
+        default=4,
+        ge=0,
         description="Newest distinct held-out prompts answered freshly by each candidate.",
     )
     gate_min_samples: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="Fewer held-out prompts: no verdict, version stays candidate (and is not "
         "served). 0: the capability probe alone can decide.",
     )
     gate_tolerance: float = Field(
-        default=0.01, ge=0.0,
+        default=0.01,
+        ge=0.0,
         description="Tie margin of the hint and reward judges (nats per token).",
     )
     gate_probe: bool = Field(
         default=True, description="Judge candidates on the capability probe too."
     )
     gate_probe_questions: int = Field(
-        default=8, ge=0,
+        default=8,
+        ge=0,
         description="How many of the probe's questions (the first ones) each verdict asks; "
         "0: all. Every question is two rollouts of each candidate: on 2 CPU cores that is "
         "the gate's cost.",
@@ -225,11 +241,13 @@ class TrainerSettings(BaseModel):
         "pipeline/sim/probe.py: load_probe) instead of the built-in 20 questions.",
     )
     gate_probe_tolerance: int = Field(
-        default=1, ge=0,
+        default=1,
+        ge=0,
         description="Largest drop in probe questions answered right vs live before rejection.",
     )
     gate_fluency_tolerance: float = Field(
-        default=1.0, ge=0.0,
+        default=1.0,
+        ge=0.0,
         description="Largest drop of mean fluency (log-prob per token of sampled answers under "
         "the frozen base) vs live before rejection, nats per token. A collapse reads -2.7 to "
         "-8.8 against the base's -1.05; a concise style alone read -1.65 after one OPD step "
@@ -237,12 +255,15 @@ class TrainerSettings(BaseModel):
         "gibberish, not a preference.",
     )
     gate_fluency_margin: float = Field(
-        default=0.5, ge=0.0,
+        default=0.5,
+        ge=0.0,
         description="Fluency difference per prompt counted as a tie: one sampled answer per "
         "prompt varies by a few tenths of a nat on its own.",
     )
     gate_min_decided: float = Field(
-        default=0.5, ge=0.0, le=1.0,
+        default=0.5,
+        ge=0.0,
+        le=1.0,
         description="Share of the verdict's prompts that some judge must have decided (compared "
         "two scores, a tie within the margin included, or found an answer that says nothing); "
         "fewer (and always none) is no decision: the version stays a candidate, never "
@@ -253,13 +274,15 @@ class TrainerSettings(BaseModel):
     # so a small loss at every step passes each time and adds up; these hold every candidate
     # against a fixed reference, the base model, on the same prompts (gate.py: budget).
     gate_budget_probe: int = Field(
-        default=1, ge=0,
+        default=1,
+        ge=0,
         description="Most probe questions a candidate may answer right fewer than the base "
         "model does on the same questions, however many steps the loss took (the learning "
         "target: the probe within one question of the base).",
     )
     gate_budget_fluency: float = Field(
-        default=0.75, ge=0.0,
+        default=0.75,
+        ge=0.0,
         description="Most mean fluency (nats per token) a candidate may lose against the base "
         "model's on the same prompts. Short answers read lower per token by themselves: "
         "learning runs for the concise preference read 0.41-0.64 below the base on the "
@@ -269,13 +292,17 @@ class TrainerSettings(BaseModel):
         "several nats below.",
     )
     gate_budget_relevance: float = Field(
-        default=0.25, ge=0.0, le=1.0,
+        default=0.25,
+        ge=0.0,
+        le=1.0,
         description="Most share of held-out prompts whose sampled answer is on topic (the "
         "on_topic reader) a candidate may lose against the base model's: with the default 4 "
         "held-out prompts, one more answer off topic than the base's.",
     )
     gate_max_new_tokens: int = Field(
-        default=16, ge=1, le=512,
+        default=16,
+        ge=1,
+        le=512,
         description="Longest fresh answer (tokens): each one costs a forward pass of every "
         "rollout of the verdict.",
     )
@@ -329,7 +356,8 @@ class TrainerSettings(BaseModel):
 
     # data parallelism (docs/architecture.md#distributed-training; pipeline/trainer/distributed.py)
     nproc: int = Field(
-        default=1, ge=1,
+        default=1,
+        ge=1,
         description="Processes training the policy together (rank r on cuda:r, or all on the "
         "CPU); rank 0 alone reads Kafka and publishes. 1: a single process.",
     )
@@ -337,7 +365,8 @@ class TrainerSettings(BaseModel):
         default="auto", description="auto: nccl on CUDA, gloo on the CPU."
     )
     dist_timeout_s: float = Field(
-        default=300.0, gt=0.0,
+        default=300.0,
+        gt=0.0,
         description="Longest a rank waits for the others in a gradient all-reduce (a hung "
         "rank) before the step fails.",
     )
@@ -359,12 +388,15 @@ class TrainerSettings(BaseModel):
         "while the pin holds).",
     )
     progress_every_s: float = Field(
-        default=10.0, gt=0.0,
+        default=10.0,
+        gt=0.0,
         description="Seconds between progress lines (a step summary, the gate's 'prompt i "
         "of n, ETA') in the log and trainer_status events.",
     )
     metrics_port: int | None = Field(
-        default=None, ge=0, le=65535,
+        default=None,
+        ge=0,
+        le=65535,
         description="Serve Prometheus metrics (liverl_trainer_*) on this port (None: off).",
     )
     metrics_host: str = Field(
@@ -403,8 +435,10 @@ class TrainerSettings(BaseModel):
         if self.nproc == 1:
             return self
         if self.device.startswith("cuda:"):
-            raise ValueError(f"nproc {self.nproc} puts rank r on cuda:r: give device 'cuda' or "
-                             f"'auto', not {self.device!r}")
+            raise ValueError(
+                f"nproc {self.nproc} puts rank r on cuda:r: give device 'cuda' or "
+                f"'auto', not {self.device!r}"
+            )
         if not self.device.startswith(("cuda", "auto")):  # cpu (or mps): gloo
             if self.dist_backend == "nccl":
                 raise ValueError("the nccl backend needs CUDA devices: use gloo on the CPU")
@@ -450,4 +484,3 @@ class TrainerSettings(BaseModel):
         if self.lake_root == defaults.lake_root:
             update["lake_root"] = Path(state_dir) / "lake"
         return self.model_copy(update=update)
-

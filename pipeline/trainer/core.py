@@ -47,6 +47,7 @@ class DataParallel(Protocol):
         rank's chosen hints by row."""
         ...
 
+
 MAX_HINTS = 3
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -302,8 +303,14 @@ class TrainerCore:
         self, model: Any, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
     ) -> torch.Tensor:
         """Logits predicting each response token, ``[B, R_max, V]`` (right-padded)."""
-        return scoring.response_logits(model, prompts, responses, pad_id=self.pad_id,
-                                       device=self.device, autocast_dtype=self.autocast_dtype)
+        return scoring.response_logits(
+            model,
+            prompts,
+            responses,
+            pad_id=self.pad_id,
+            device=self.device,
+            autocast_dtype=self.autocast_dtype,
+        )
 
     def _teacher_model(self) -> Any:
         return self.reference if self.reference is not None else self.model
@@ -341,8 +348,10 @@ class TrainerCore:
             if not s.hints:
                 continue
             mine = [
-                (teacher_prompt(s.prompt_token_ids, h, self.tokenizer, self.markers),
-                 s.response_token_ids)
+                (
+                    teacher_prompt(s.prompt_token_ids, h, self.tokenizer, self.markers),
+                    s.response_token_ids,
+                )
                 for h in s.hints[:MAX_HINTS]
             ]
             longest = max(len(p) + len(r) for p, r in [*seqs, *mine])
@@ -354,7 +363,10 @@ class TrainerCore:
         return out
 
     def _choose_hint(
-        self, sample: Sample, teacher: torch.Tensor, student_logp: torch.Tensor,
+        self,
+        sample: Sample,
+        teacher: torch.Tensor,
+        student_logp: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, str]:
         """Teacher log-probs ``[R, V]`` of the chosen hint(s) and the (most used) hint text."""
@@ -397,8 +409,11 @@ class TrainerCore:
         if current_version != self.version_seen:
             self.version_seen, self.steps_on_version = current_version, 0
         lag = self.steps_on_version
-        ref = (self._reference_logprobs(samples, b.active, b.rmax, b.tokens)
-               if self.cfg.kl_coef > 0 else None)
+        ref = (
+            self._reference_logprobs(samples, b.active, b.rmax, b.tokens)
+            if self.cfg.kl_coef > 0
+            else None
+        )
         epochs = max(1, self.cfg.ppo_epochs)
         first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None] | None = None
         clock = _Clock()
@@ -485,12 +500,27 @@ class TrainerCore:
             )  # fmt: skip
             baseline, batch_mean = base, float(mean)
         return _Batch(
-            samples=samples, rmax=rmax, tokens=tokens, rewards=rewards, versions=versions,
+            samples=samples,
+            rmax=rmax,
+            tokens=tokens,
+            rewards=rewards,
+            versions=versions,
             valid=pad([[1.0] * len(s.response_token_ids) for s in samples], torch.float32),
             behavior=pad([s.behavior_logprobs for s in samples], torch.float32),
-            lag_v=lag_v, stale=stale, held_list=held_list, has_hint=has_hint, rl_ok=rl_ok,
-            usable=usable, keep=usable & fresh_enough, mask_rl=mask_rl, mask_opd=mask_opd,
-            rows=rows, norm=norm, baseline=baseline, batch_mean=batch_mean, method=method,
+            lag_v=lag_v,
+            stale=stale,
+            held_list=held_list,
+            has_hint=has_hint,
+            rl_ok=rl_ok,
+            usable=usable,
+            keep=usable & fresh_enough,
+            mask_rl=mask_rl,
+            mask_opd=mask_opd,
+            rows=rows,
+            norm=norm,
+            baseline=baseline,
+            batch_mean=batch_mean,
+            method=method,
             options=methods.options(cfg.method, cfg.method_options),
             mine=torch.ones(bsz, dtype=torch.bool, device=dev),
             trained_tokens=int(norm.sum().item()),
@@ -527,9 +557,14 @@ class TrainerCore:
         uses_rl, uses_opd = b.method.uses("rl"), b.method.uses("opd")
         b.outcomes = [
             SampleOutcome(
-                status="trained" if b.keep[i] else "stale_dropped" if b.usable[i]
-                else HELD_OUT if b.held_list[i]
-                else "no_hint" if uses_opd and not uses_rl and b.rl_ok[i] and not b.has_hint[i]
+                status="trained"
+                if b.keep[i]
+                else "stale_dropped"
+                if b.usable[i]
+                else HELD_OUT
+                if b.held_list[i]
+                else "no_hint"
+                if uses_opd and not uses_rl and b.rl_ok[i] and not b.has_hint[i]
                 else "masked",
                 staleness=int(b.lag_v[i]),
             )
@@ -537,8 +572,12 @@ class TrainerCore:
         ]
 
     def _loss_parts(
-        self, b: _Batch, logits: torch.Tensor, logp_cur: torch.Tensor,
-        ref: torch.Tensor | None, clock: _Clock,
+        self,
+        b: _Batch,
+        logits: torch.Tensor,
+        logp_cur: torch.Tensor,
+        ref: torch.Tensor | None,
+        clock: _Clock,
     ) -> tuple[dict[str, L.LossOutput], L.LossOutput]:
         """Each loss part of the method, their combination, and the KL to the reference."""
         cfg = self.cfg
@@ -547,25 +586,44 @@ class TrainerCore:
         for name in b.method.parts:
             part = methods.PARTS[name]
             t1 = time.perf_counter()
-            parts[name] = part.fn(methods.StepInputs(
-                core=self, cfg=cfg, samples=b.samples, resp_logits=logits, tokens=b.tokens,
-                logp=logp_cur, logp_old=b.logp_old, rewards=b.rewards,
-                mask=b.mask_rl if part.mask == "rl" else b.mask_opd, weights=b.weights,
-                outcomes=b.outcomes, rows=b.rows, norm=b.norm, baseline=b.baseline,
-                batch_mean=b.batch_mean,
-                options=b.options,
-            ))
+            parts[name] = part.fn(
+                methods.StepInputs(
+                    core=self,
+                    cfg=cfg,
+                    samples=b.samples,
+                    resp_logits=logits,
+                    tokens=b.tokens,
+                    logp=logp_cur,
+                    logp_old=b.logp_old,
+                    rewards=b.rewards,
+                    mask=b.mask_rl if part.mask == "rl" else b.mask_opd,
+                    weights=b.weights,
+                    outcomes=b.outcomes,
+                    rows=b.rows,
+                    norm=b.norm,
+                    baseline=b.baseline,
+                    batch_mean=b.batch_mean,
+                    options=b.options,
+                )
+            )
             if part.mask == "opd":  # the OPD mask's parts run the teacher
                 clock.teacher += time.perf_counter() - t1
         out = b.method.combine(parts, cfg)
         if ref is not None:
             rows, norm = b.rows, b.norm
-            kl = L.kl_to_reference(logp_cur[rows], ref[rows], (norm * b.mine[:, None])[rows],
-                                   aggregate=cfg.aggregate, norm_mask=norm[rows])
+            kl = L.kl_to_reference(
+                logp_cur[rows],
+                ref[rows],
+                (norm * b.mine[:, None])[rows],
+                aggregate=cfg.aggregate,
+                norm_mask=norm[rows],
+            )
             parts["kl"] = kl
             total = out.loss + cfg.kl_coef * kl.loss
-            out = L.LossOutput(total, {**out.metrics, "kl_ref": kl.metrics["kl_ref"],
-                                       "loss": float(total.detach())})
+            out = L.LossOutput(
+                total,
+                {**out.metrics, "kl_ref": kl.metrics["kl_ref"], "loss": float(total.detach())},
+            )
         return parts, out
 
     def _backward_and_step(
@@ -597,9 +655,16 @@ class TrainerCore:
         return grad_norm
 
     def _report(
-        self, b: _Batch, first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None],
-        last_parts: dict[str, L.LossOutput], grad_norms: list[float], epochs: int, lag: int,
-        current_version: int, t0: float, clock: _Clock,
+        self,
+        b: _Batch,
+        first: tuple[dict[str, L.LossOutput], L.LossOutput, float | None],
+        last_parts: dict[str, L.LossOutput],
+        grad_norms: list[float],
+        epochs: int,
+        lag: int,
+        current_version: int,
+        t0: float,
+        clock: _Clock,
     ) -> StepResult:
         """The step as reported: its first (on-policy) epoch, the last epoch's drift from it,
         and, across ranks, the whole batch's figures."""
@@ -611,20 +676,27 @@ class TrainerCore:
         t2 = t3 - clock.optimizer - clock.sync  # forward, teacher, backward (all epochs)
         self.step += 1
         if epochs > 1:
-            out = L.LossOutput(out.loss, {
-                **out.metrics, "epochs": float(len(grad_norms)),
-                "grad_norm_last": grad_norms[-1] if grad_norms else 0.0,
-                "approx_kl_last": last_main.metrics.get("approx_kl", 0.0),
-                "clip_fraction_last": last_main.metrics.get("clip_fraction", 0.0),
-            })
-        timings = {"compute_s": t2 - t0, "optimizer_s": clock.optimizer,
-                   "teacher_s": clock.teacher}
+            out = L.LossOutput(
+                out.loss,
+                {
+                    **out.metrics,
+                    "epochs": float(len(grad_norms)),
+                    "grad_norm_last": grad_norms[-1] if grad_norms else 0.0,
+                    "approx_kl_last": last_main.metrics.get("approx_kl", 0.0),
+                    "clip_fraction_last": last_main.metrics.get("clip_fraction", 0.0),
+                },
+            )
+        timings = {"compute_s": t2 - t0, "optimizer_s": clock.optimizer, "teacher_s": clock.teacher}
         drift = b.drift
         if self.dist is not None:
-            numerators = {"rl": b.mask_rl[b.rows], "opd": b.mask_opd[b.rows],
-                          "kl": (b.norm * b.mine[:, None])[b.rows]}
-            out, drift = self._combine_ranks(b.method, parts, out, drift, b.outcomes, b.mine,
-                                             numerators)
+            numerators = {
+                "rl": b.mask_rl[b.rows],
+                "opd": b.mask_opd[b.rows],
+                "kl": (b.norm * b.mine[:, None])[b.rows],
+            }
+            out, drift = self._combine_ranks(
+                b.method, parts, out, drift, b.outcomes, b.mine, numerators
+            )
             timings["sync_s"] = clock.sync + time.perf_counter() - t3
         losses = {name: part.metrics["loss"] for name, part in parts.items()}
         losses["total"] = out.metrics["loss"]
@@ -671,27 +743,36 @@ class TrainerCore:
                 return tokens["kl"]
             return tokens[prefix if prefix in tokens else method.main]
 
-        local = {f"part/{name}/{k}": (v, tokens.get(name, tokens["kl"]))
-                 for name, part in parts.items() for k, v in part.metrics.items()}
+        local = {
+            f"part/{name}/{k}": (v, tokens.get(name, tokens["kl"]))
+            for name, part in parts.items()
+            for k, v in part.metrics.items()
+        }
         local.update({f"out/{k}": (v, weight(k)) for k, v in out.metrics.items()})
         count = drift.get("logprob_drift_tokens", 0.0)
         local.update({f"drift/{k}": (v, count) for k, v in drift.items()})
-        hints = {b: o.selected_hint for b, o in enumerate(outcomes)
-                 if bool(mine[b]) and o.selected_hint is not None}
+        hints = {
+            b: o.selected_hint
+            for b, o in enumerate(outcomes)
+            if bool(mine[b]) and o.selected_hint is not None
+        }
         merged, chosen = self.dist.combine(local, hints)
         for b, text in chosen.items():
             outcomes[b].selected_hint = text
 
         def section(name: str) -> dict[str, float]:
             head = f"{name}/"
-            return {k[len(head):]: v for k, v in merged.items() if k.startswith(head)}
+            return {k[len(head) :]: v for k, v in merged.items() if k.startswith(head)}
 
         for name, part in parts.items():
             part.metrics = section(f"part/{name}")
         return L.LossOutput(out.loss, section("out")), section("drift")
 
     def _active_logits(
-        self, samples: Sequence[Sample], active: torch.Tensor, rmax: int,
+        self,
+        samples: Sequence[Sample],
+        active: torch.Tensor,
+        rmax: int,
         model: Any | None = None,
     ) -> torch.Tensor:
         """Response logits ``[B, rmax, V]``: computed for active rows, zeros elsewhere."""
@@ -710,8 +791,11 @@ class TrainerCore:
                 [samples[i].prompt_token_ids for i in idx],
                 [samples[i].response_token_ids for i in idx],
             )
-            out = out.index_copy(0, torch.tensor(idx, device=self.device),
-                                 torch.nn.functional.pad(sub, (0, 0, 0, rmax - sub.shape[1])))
+            out = out.index_copy(
+                0,
+                torch.tensor(idx, device=self.device),
+                torch.nn.functional.pad(sub, (0, 0, 0, rmax - sub.shape[1])),
+            )
         return out
 
     def _reference_logprobs(
@@ -736,8 +820,7 @@ class TrainerCore:
 
     def _warm_up_lr(self) -> None:
         """Set the learning rate of the coming update (:func:`losses.warmup_factor`)."""
-        lr = self.cfg.learning_rate * L.warmup_factor(self.updates_done(),
-                                                      self.cfg.lr_warmup_steps)
+        lr = self.cfg.learning_rate * L.warmup_factor(self.updates_done(), self.cfg.lr_warmup_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
@@ -824,8 +907,7 @@ class TrainerCore:
         with torch.no_grad():
             if self._teacher_cache is None or len(self._teacher_cache) != len(samples):
                 self._teacher_cache = self._teacher_logits(
-                    [s if t else replace(s, hints=[])
-                     for s, t in zip(samples, trains, strict=True)]
+                    [s if t else replace(s, hints=[]) for s, t in zip(samples, trains, strict=True)]
                 )
             teachers = self._teacher_cache
             for b, s in enumerate(samples):
@@ -843,18 +925,33 @@ class TrainerCore:
         w = None if weights is None else weights[rows]
         if cfg.opd_loss == "token":
             out = L.opd_loss(
-                logp_cur[rows], logp_old[rows], teacher_tok[rows], mask_opd[rows],
-                clip_c=cfg.opd_clip, eps=cfg.eps, eps_high=cfg.eps_high,
-                aggregate=cfg.aggregate, weights=w, norm_mask=norm[rows],
+                logp_cur[rows],
+                logp_old[rows],
+                teacher_tok[rows],
+                mask_opd[rows],
+                clip_c=cfg.opd_clip,
+                eps=cfg.eps,
+                eps_high=cfg.eps_high,
+                aggregate=cfg.aggregate,
+                weights=w,
+                norm_mask=norm[rows],
             )
         else:
             cur_k = L.gather_vocab(logp_full, indices)[rows]
             # Behavior log-probs exist only for sampled tokens, so the top-k ratio is taken
             # against the current epoch's policy (ρ_v = 1: no trust region across epochs).
             out = L.topk_opd_loss(
-                cur_k, cur_k.detach(), teacher_k[rows], mask_opd[rows],
-                subset_mask=subset[rows], clip_c=cfg.opd_clip, eps=cfg.eps,
-                eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=w, norm_mask=norm[rows],
+                cur_k,
+                cur_k.detach(),
+                teacher_k[rows],
+                mask_opd[rows],
+                subset_mask=subset[rows],
+                clip_c=cfg.opd_clip,
+                eps=cfg.eps,
+                eps_high=cfg.eps_high,
+                aggregate=cfg.aggregate,
+                weights=w,
+                norm_mask=norm[rows],
             )
         # what hybrid's advantage combine reuses: the sampled tokens under the teacher
         out.inputs.update(teacher_logp=teacher_tok[rows], mask=mask_opd[rows])
@@ -876,8 +973,10 @@ def _with_adapter(model: Any, cfg: TrainerSettings, weights_dir: Path | None) ->
 
     if weights_dir is not None:
         if not is_adapter_version(weights_dir):
-            raise ValueError(f"{weights_dir} holds full weights, not a LoRA adapter; "
-                             "train it with --adapter full")
+            raise ValueError(
+                f"{weights_dir} holds full weights, not a LoRA adapter; "
+                "train it with --adapter full"
+            )
         return PeftModel.from_pretrained(model, weights_dir, is_trainable=True)
     config = LoraConfig(
         r=cfg.lora_r,

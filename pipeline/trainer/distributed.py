@@ -99,8 +99,9 @@ class RankGroup:
     ) -> RankGroup:
         """Join the default group (gradients; ``timeout_s`` bounds a wait on a hung rank) and
         a gloo group for objects. Every rank calls this in the same order."""
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+        )
         control = dist.new_group(backend="gloo", timeout=IDLE_FOREVER)
         return cls(rank, world, control, crash_at=_crash_step(rank))
 
@@ -174,10 +175,12 @@ class RankGroup:
         present = torch.tensor([float(p.grad is not None) for p in params], device=device)
         dist.all_reduce(present)
         for bucket in _buckets(params):
-            flat = torch.cat([
-                (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                for p in bucket
-            ])
+            flat = torch.cat(
+                [
+                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                    for p in bucket
+                ]
+            )
             dist.all_reduce(flat)
             at = 0
             for p in bucket:
@@ -232,8 +235,10 @@ def _buckets(params: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
     bucket: list[torch.Tensor] = []
     size = 0
     for p in params:
-        if bucket and (size + p.numel() > BUCKET_ELEMENTS
-                       or (p.dtype, p.device) != (bucket[0].dtype, bucket[0].device)):
+        if bucket and (
+            size + p.numel() > BUCKET_ELEMENTS
+            or (p.dtype, p.device) != (bucket[0].dtype, bucket[0].device)
+        ):
             yield bucket
             bucket, size = [], 0
         bucket.append(p)
@@ -273,8 +278,9 @@ def _worker(rank: int, port: int, cfg: TrainerSettings, parent: int) -> None:
     _cpu_threads(cfg)
     if _uses_cuda(cfg):
         torch.cuda.set_device(rank)
-    store = dist.TCPStore(HOST, port, cfg.nproc, is_master=False,
-                          timeout=timedelta(seconds=cfg.dist_timeout_s))
+    store = dist.TCPStore(
+        HOST, port, cfg.nproc, is_master=False, timeout=timedelta(seconds=cfg.dist_timeout_s)
+    )
     group = RankGroup.connect(rank, cfg.nproc, store, backend_for(cfg), cfg.dist_timeout_s)
     core: TrainerCore | None = None
     while True:
@@ -327,10 +333,13 @@ class _Watch:
                     p.kill()
             rank = "?" if dead is None else self.workers.index(dead) + 1
             status = None if dead is None else dead.exitcode
-            os.write(2, (
-                f"liverl train: rank {rank} exited (status {status}): stopping every "
-                "rank; steps not published yet are trained again after a restart\n"
-            ).encode())
+            os.write(
+                2,
+                (
+                    f"liverl train: rank {rank} exited (status {status}): stopping every "
+                    "rank; steps not published yet are trained again after a restart\n"
+                ).encode(),
+            )
             os._exit(1)
 
 
@@ -343,12 +352,19 @@ def spawn_ranks(cfg: TrainerSettings, echo: Callable[[str], None]) -> Iterator[R
     world = cfg.nproc
     backend = backend_for(cfg)
     _cpu_threads(cfg)
-    store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=cfg.dist_timeout_s))
+    store = dist.TCPStore(
+        HOST,
+        0,
+        world,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=cfg.dist_timeout_s),
+    )
     ctx = mp.get_context("spawn")
     workers = [
-        ctx.Process(target=_worker, args=(r, store.port, cfg, os.getpid()),
-                    name=f"liverl-train-rank{r}")
+        ctx.Process(
+            target=_worker, args=(r, store.port, cfg, os.getpid()), name=f"liverl-train-rank{r}"
+        )
         for r in range(1, world)
     ]
     for p in workers:

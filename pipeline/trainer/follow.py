@@ -54,11 +54,16 @@ class Decision:
     def line(self, policy: str) -> str:
         """The log line that says why ("v7 serves after rollback by alice: …")."""
         a = self.action
-        why = "" if a is None else f" after {a.kind} by {a.by}" + (
-            f" ({a.reason})" if a.reason else "")
+        why = (
+            ""
+            if a is None
+            else f" after {a.kind} by {a.by}" + (f" ({a.reason})" if a.reason else "")
+        )
         if self.kind == "pause":
-            return (f"{policy} pinned at v{self.version}{why}: training paused (samples wait "
-                    "for unpin; trainer.while_pinned = \"pause\")")
+            return (
+                f"{policy} pinned at v{self.version}{why}: training paused (samples wait "
+                'for unpin; trainer.while_pinned = "pause")'
+            )
         if self.version == 0:
             return f"the base model serves{why}: training goes on from the base"
         return f"v{self.version} serves{why}: training goes on from v{self.version}"
@@ -104,8 +109,12 @@ def decide(
     acted_at = next(i for i, ev in enumerate(log.events) if ev.event_id == action.event_id)
     at = current
     seen = set()
-    while (at is not None and at != serving and at not in seen
-           and announced.get(at, len(log.events)) > acted_at):
+    while (
+        at is not None
+        and at != serving
+        and at not in seen
+        and announced.get(at, len(log.events)) > acted_at
+    ):
         seen.add(at)  # trained since the action: walk back to what it trained on from
         at = parents.get(at, log.manifests[at].parent if at in log.manifests else None)
     if at == serving:
@@ -117,8 +126,14 @@ class WeightsFollower:
     """The weights topic, read from its start and then polled without waiting: a one-shot
     reader (assign, no group, no commit), so following moves nobody's offsets."""
 
-    def __init__(self, connection: Connectable, policy: str, *, topic: str = names.WEIGHTS,
-                 catch_up_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        connection: Connectable,
+        policy: str,
+        *,
+        topic: str = names.WEIGHTS,
+        catch_up_s: float = 30.0,
+    ) -> None:
         from pipeline.kafka.reader import one_shot_reader
 
         self.log = VersionLog(policy)

@@ -115,11 +115,21 @@ class Progress(Protocol):
 
     def __call__(self, done: int, total: int, whose: str) -> None: ...
 
+
 VERDICT_FILE = "verdict.json"
 VERDICT_DONE = "verdict.done"
 _COLUMNS = [
-    "event_id", "session_id", "prompt_token_ids", "response_token_ids", "loss_mask", "reward",
-    "hints", "weight_version", "step", "source_partition", "source_offset",
+    "event_id",
+    "session_id",
+    "prompt_token_ids",
+    "response_token_ids",
+    "loss_mask",
+    "reward",
+    "hints",
+    "weight_version",
+    "step",
+    "source_partition",
+    "source_offset",
 ]
 JUDGES = ("validity", "capability", "fluency", "relevance", "hint", "reward", "llm")
 VALIDITY = "validity"  # an empty, degenerate or unscored answer loses its prompt, unweighted
@@ -150,8 +160,10 @@ def read_verdict(directory: Path) -> dict[str, Any] | None:
 
 def write_verdict(directory: Path, verdict: dict[str, Any]) -> None:
     """Atomic and durable: a crash leaves the old verdict or the new one."""
-    atomic_write(directory / ck.TRAINER_DIR / VERDICT_FILE,
-                 orjson.dumps(verdict, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
+    atomic_write(
+        directory / ck.TRAINER_DIR / VERDICT_FILE,
+        orjson.dumps(verdict, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2),
+    )
 
 
 def prompt_id(ids: Sequence[int]) -> str:
@@ -202,9 +214,16 @@ class Scored:
 
     def row(self, i: int) -> tuple[Any, ...]:
         """Prompt ``i``'s scores in field order: what the live cache keeps per prompt."""
-        return (self.greedy[i], self.text[i], self.sampled_text[i], self.correct[i],
-                self.fluency[i], self.hint[i], self.recorded[i],
-                self.sampled[i] if i < len(self.sampled) else [])
+        return (
+            self.greedy[i],
+            self.text[i],
+            self.sampled_text[i],
+            self.correct[i],
+            self.fluency[i],
+            self.hint[i],
+            self.recorded[i],
+            self.sampled[i] if i < len(self.sampled) else [],
+        )
 
 
 def tally(values: Sequence[int], weights: Sequence[float] | None = None) -> int:
@@ -294,8 +313,12 @@ def answer_defect(text: str, ids: Sequence[int] | None = None) -> str | None:
         return "no words"
     words = text.split()
     chars = [c for c in text if not c.isspace()]
-    if _repeats(list(ids or ())) or _repeats(words) or _loops(words) or (
-            len(words) == 1 and _repeats(chars)):
+    if (
+        _repeats(list(ids or ()))
+        or _repeats(words)
+        or _loops(words)
+        or (len(words) == 1 and _repeats(chars))
+    ):
         return "degenerate"
     return None
 
@@ -340,18 +363,24 @@ def _say(x: float | None) -> str:
     return str(x) if x is None or not math.isfinite(x) else _fmt(x)
 
 
-def budget(candidate: Figures, reference: Figures,
-           cfg: TrainerSettings) -> tuple[list[str], dict[str, Any]]:
+def budget(
+    candidate: Figures, reference: Figures, cfg: TrainerSettings
+) -> tuple[list[str], dict[str, Any]]:
     """(reasons, figures): the candidate's loss against the fixed reference per metric, each
     within its ``gate_budget_*`` or a reason to reject. The live comparison alone lets a
     small loss pass at every step and add up; this one is cumulative. A figure that is
     missing or not finite on either side is unknown: no check on that metric, said in
     ``gate_budget_unknown`` (a candidate's unmeasured fluency fails in :func:`decide`)."""
-    limits: dict[str, float] = {"probe": cfg.gate_budget_probe,
-                                "fluency": cfg.gate_budget_fluency,
-                                "relevance": cfg.gate_budget_relevance}
-    units = {"probe": "questions right", "fluency": "nats/token",
-             "relevance": "share of held-out answers on topic"}
+    limits: dict[str, float] = {
+        "probe": cfg.gate_budget_probe,
+        "fluency": cfg.gate_budget_fluency,
+        "relevance": cfg.gate_budget_relevance,
+    }
+    units = {
+        "probe": "questions right",
+        "fluency": "nats/token",
+        "relevance": "share of held-out answers on topic",
+    }
     reasons: list[str] = []
     unknown: list[str] = []
     out: dict[str, Any] = {"gate_reference": "base"}
@@ -361,16 +390,17 @@ def budget(candidate: Figures, reference: Figures,
         out[f"gate_budget_{name}"] = limit
         if not finite(ref) or not finite(cand):
             out[f"gate_budget_{name}_left"] = None
-            unknown.append(f"{name}: reference {_say(ref)}, candidate {_say(cand)}: "
-                           "not checked")
+            unknown.append(f"{name}: reference {_say(ref)}, candidate {_say(cand)}: not checked")
             continue
         loss = ref - cand
         left = limit - loss
         out[f"gate_budget_{name}_left"] = round(left, 6)
         if left < -_BUDGET_EPS:
-            reasons.append(f"{name} {_fmt(cand)} vs reference (base) {_fmt(ref)} {units[name]}: "
-                           f"lost {_fmt(loss)}, over the budget of {_fmt(limit)} "
-                           f"(gate_budget_{name})")
+            reasons.append(
+                f"{name} {_fmt(cand)} vs reference (base) {_fmt(ref)} {units[name]}: "
+                f"lost {_fmt(loss)}, over the budget of {_fmt(limit)} "
+                f"(gate_budget_{name})"
+            )
     out["gate_budget_unknown"] = unknown
     return reasons, out
 
@@ -402,8 +432,9 @@ def decide(
         if forced:
             sides.append(min(forced))
         else:
-            sides.append(tally([int(v["vote"]) for v in rest],
-                               [weights.get(v["judge"], 1.0) for v in rest]))
+            sides.append(
+                tally([int(v["vote"]) for v in rest], [weights.get(v["judge"], 1.0) for v in rest])
+            )
         decided += bool(forced) or any(not v.get("abstained", False) for v in rest)
     won, lost = sides.count(1), sides.count(-1)
     reasons = []
@@ -411,26 +442,36 @@ def decide(
         reasons.append(f"live preferred on {lost} of {len(sides)} prompts (candidate on {won})")
     cand_ok, live_ok = probe_correct
     if cand_ok < live_ok - cfg.gate_probe_tolerance:
-        reasons.append(f"capability probe {cand_ok} correct vs live {live_ok} "
-                       f"(tolerance {cfg.gate_probe_tolerance})")
+        reasons.append(
+            f"capability probe {cand_ok} correct vs live {live_ok} "
+            f"(tolerance {cfg.gate_probe_tolerance})"
+        )
     f_c, f_l = fluency
     if not finite(f_c) or not finite(f_l):
         # A fluency that cannot be measured fails the check: skipping it let a candidate that
         # answers nothing (fluency None) or scores NaN through.
-        reasons.append(f"fluency not measured: candidate {f_c}, live {f_l} nats/token "
-                       "(a failed check)")
+        reasons.append(
+            f"fluency not measured: candidate {f_c}, live {f_l} nats/token (a failed check)"
+        )
     elif f_c is not None and f_l is not None and f_c < f_l - cfg.gate_fluency_tolerance:
-        reasons.append(f"fluency {f_c:.3f} vs live {f_l:.3f} nats/token "
-                       f"(tolerance {cfg.gate_fluency_tolerance})")
+        reasons.append(
+            f"fluency {f_c:.3f} vs live {f_l:.3f} nats/token "
+            f"(tolerance {cfg.gate_fluency_tolerance})"
+        )
     spent: dict[str, Any] = {}
     if candidate is not None and reference is not None:
         over, spent = budget(candidate, reference, cfg)
         reasons += over
     need = max(1, math.ceil(cfg.gate_min_decided * len(by_prompt)))
     figures: dict[str, Any] = {
-        "gate_prompts": len(by_prompt), "gate_won": won, "gate_lost": lost,
-        "gate_tied": len(sides) - won - lost, "gate_decided": decided,
-        "gate_min_decided": need, "gate_reasons": reasons, **spent,
+        "gate_prompts": len(by_prompt),
+        "gate_won": won,
+        "gate_lost": lost,
+        "gate_tied": len(sides) - won - lost,
+        "gate_decided": decided,
+        "gate_min_decided": need,
+        "gate_reasons": reasons,
+        **spent,
     }
     if weights:
         figures["gate_judge_weights"] = weights
@@ -444,8 +485,9 @@ def decide(
     if decided < need:
         # Judges that abstain are no evidence either way: the candidate is neither promoted
         # nor rejected, and stays a candidate (never served).
-        figures["gate_no_decision"] = (f"{decided} of {len(by_prompt)} prompts decided, "
-                                       f"fewer than {need} (gate_min_decided)")
+        figures["gate_no_decision"] = (
+            f"{decided} of {len(by_prompt)} prompts decided, fewer than {need} (gate_min_decided)"
+        )
         return NO_DECISION, figures
     return "promoted", figures
 
@@ -455,20 +497,31 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def figures_of(prompts: Sequence[EvalPrompt], correct: Sequence[bool | None],
-            fluency: Sequence[float | None], on_topic: Sequence[float | None]) -> Figures:
+def figures_of(
+    prompts: Sequence[EvalPrompt],
+    correct: Sequence[bool | None],
+    fluency: Sequence[float | None],
+    on_topic: Sequence[float | None],
+) -> Figures:
     """A model's :class:`Figures` from its per-prompt scores on ``prompts``."""
     probe = [bool(c) for p, c in zip(prompts, correct, strict=True) if p.item is not None]
     judged = [t for t in on_topic if t is not None]
-    return Figures(probe=sum(probe) if probe else None, fluency=_mean(fluency),
-                   relevance=sum(judged) / len(judged) if judged else None)
+    return Figures(
+        probe=sum(probe) if probe else None,
+        fluency=_mean(fluency),
+        relevance=sum(judged) / len(judged) if judged else None,
+    )
 
 
 def scored_figures(prompts: Sequence[EvalPrompt], s: Scored) -> Figures:
     """:func:`figures_of` for fresh answers: relevance read from the sampled answers."""
     texts = [s.sampled_text[i] if i < len(s.sampled_text) else "" for i in range(len(prompts))]
-    return figures_of(prompts, s.correct, s.fluency,
-                   [relevant(p.request, t) for p, t in zip(prompts, texts, strict=True)])
+    return figures_of(
+        prompts,
+        s.correct,
+        s.fluency,
+        [relevant(p.request, t) for p, t in zip(prompts, texts, strict=True)],
+    )
 
 
 def _reference_key(p: EvalPrompt) -> str:
@@ -497,11 +550,11 @@ class Gate:
     baseline_version: int = field(default=0, init=False)
     seeded_upto: int | None = field(default=None, init=False)
     _live: dict[tuple[int, tuple[str, str, str]], tuple[Any, ...]] = field(
-        default_factory=dict, init=False, repr=False)
+        default_factory=dict, init=False, repr=False
+    )
     _base: Any | None = field(default=None, init=False, repr=False)
     llm: Any | None = field(default=None, init=False, repr=False)  # gate_llm.LlmJudge
-    _last: tuple[int, list[EvalPrompt], Scored] | None = field(default=None, init=False,
-                                                              repr=False)
+    _last: tuple[int, list[EvalPrompt], Scored] | None = field(default=None, init=False, repr=False)
     # The base model's per-prompt figures (REFERENCE_FILE), read on first use.
     _reference: dict[str, dict[str, Any]] | None = field(default=None, init=False, repr=False)
 
@@ -516,8 +569,9 @@ class Gate:
     _to_answer: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.probe_items = (P.load_probe(self.cfg.gate_probe_file)
-                            if self.cfg.gate_probe_file else P.PROBE)
+        self.probe_items = (
+            P.load_probe(self.cfg.gate_probe_file) if self.cfg.gate_probe_file else P.PROBE
+        )
         judge_weights(self.cfg)  # a bad consistency file fails at start, not at a verdict
         # Every held-out turn is kept (a prompt is judged freshly, whatever its reward); the
         # newest distinct prompts are the evaluation set.
@@ -525,8 +579,11 @@ class Gate:
         if self.cfg.gate_llm_url:
             from pipeline.trainer.gate_llm import LlmJudge
 
-            self.llm = LlmJudge(self.cfg.gate_llm_url, self.cfg.gate_llm_model,
-                                timeout_s=self.cfg.gate_llm_timeout_s)
+            self.llm = LlmJudge(
+                self.cfg.gate_llm_url,
+                self.cfg.gate_llm_model,
+                timeout_s=self.cfg.gate_llm_timeout_s,
+            )
 
     # ---- state -------------------------------------------------------------------------
 
@@ -573,8 +630,11 @@ class Gate:
     def follow(self, core: Any, version: int) -> None:
         """``version`` (0: the base) serves now by an operator's action: it becomes the live
         baseline whatever the verdicts said (the trainer trains on from it)."""
-        directory = (None if version == 0
-                     else ck.version_dir(self.cfg.weights_root, self.cfg.policy, version))
+        directory = (
+            None
+            if version == 0
+            else ck.version_dir(self.cfg.weights_root, self.cfg.policy, version)
+        )
         self.baseline = self._load(core, directory)
         self.baseline_version = version
         self._live.clear()
@@ -608,19 +668,32 @@ class Gate:
                 continue
             seen.add(pid)
             hints = list(row.get("hints") or [])
-            out.append(EvalPrompt(
-                prompt_id=pid, source="held_out", ids=ids,
-                text=core.tokenizer.decode(ids, skip_special_tokens=True)[-300:],
-                response=[int(i) for i in row["response_token_ids"]],
-                reward=float(row["reward"] or 0.0), hint=hints[0] if hints else None,
-                session_id=row.get("session_id"), request=_request(core, ids),
-            ))
+            out.append(
+                EvalPrompt(
+                    prompt_id=pid,
+                    source="held_out",
+                    ids=ids,
+                    text=core.tokenizer.decode(ids, skip_special_tokens=True)[-300:],
+                    response=[int(i) for i in row["response_token_ids"]],
+                    reward=float(row["reward"] or 0.0),
+                    hint=hints[0] if hints else None,
+                    session_id=row.get("session_id"),
+                    request=_request(core, ids),
+                )
+            )
         if self.cfg.gate_probe:
             count = self.cfg.gate_probe_questions or len(self.probe_items)
             for item in self.probe_items[:count]:
                 ids = P.chat_prompt_ids(core.tokenizer, item.question)
-                out.append(EvalPrompt(prompt_id=prompt_id(ids), source="probe", ids=ids,
-                                      text=item.question, item=item))
+                out.append(
+                    EvalPrompt(
+                        prompt_id=prompt_id(ids),
+                        source="probe",
+                        ids=ids,
+                        text=item.question,
+                        item=item,
+                    )
+                )
         return out
 
     # ---- rollouts and scores -----------------------------------------------------------
@@ -637,8 +710,7 @@ class Gate:
             self._base = core.load_snapshot(None)
         return self._base, contextlib.nullcontext()
 
-    def _answering(self, wants: Sequence[int], n: int,
-                   whose: str) -> Callable[[list[int]], None]:
+    def _answering(self, wants: Sequence[int], n: int, whose: str) -> Callable[[list[int]], None]:
         """The hook :func:`R.generate` calls as answers end: a prompt is answered once its
         greedy (where wanted) and sampled answers both ended."""
         rows_left = [1] * n
@@ -652,12 +724,15 @@ class Gate:
                 if rows_left[i] == 0:
                     self._answered += 1
                     if self.on_progress is not None:
-                        self.on_progress(self._answered, max(self._to_answer, self._answered),
-                                         whose)
+                        self.on_progress(
+                            self._answered, max(self._to_answer, self._answered), whose
+                        )
+
         return ended
 
-    def _score(self, core: Any, model: Any, prompts: Sequence[EvalPrompt],
-               whose: str = "candidate") -> Scored:
+    def _score(
+        self, core: Any, model: Any, prompts: Sequence[EvalPrompt], whose: str = "candidate"
+    ) -> Scored:
         cfg = self.cfg
         ids = [p.ids for p in prompts]
         kw: dict[str, Any] = {"pad_id": core.pad_id, "device": core.device}
@@ -665,22 +740,32 @@ class Gate:
         n = len(ids)
         # Greedy answers only where a judge reads them (the probe, hinted prompts, the LLM);
         # sampled answers everywhere (fluency). One pass for both.
-        wants = [i for i, p in enumerate(prompts)
-                 if p.item is not None or p.hint or self.llm is not None]
-        both = R.generate(model, [*[ids[i] for i in wants], *ids], eos_ids=eos,
-                          seeds=[0] * len(wants) + [cfg.seed * 7919 + p.seed for p in prompts],
-                          max_new_tokens=cfg.gate_max_new_tokens,
-                          temperature=[0.0] * len(wants) + [cfg.gate_temperature] * n,
-                          on_finished=self._answering(wants, n, whose), **kw)
+        wants = [
+            i for i, p in enumerate(prompts) if p.item is not None or p.hint or self.llm is not None
+        ]
+        both = R.generate(
+            model,
+            [*[ids[i] for i in wants], *ids],
+            eos_ids=eos,
+            seeds=[0] * len(wants) + [cfg.seed * 7919 + p.seed for p in prompts],
+            max_new_tokens=cfg.gate_max_new_tokens,
+            temperature=[0.0] * len(wants) + [cfg.gate_temperature] * n,
+            on_finished=self._answering(wants, n, whose),
+            **kw,
+        )
         greedy: list[list[int]] = [[] for _ in prompts]
         for i, answer in zip(wants, both[: len(wants)], strict=True):
             greedy[i] = answer
-        sampled = both[len(wants):]
+        sampled = both[len(wants) :]
         recorded_at = [i for i, p in enumerate(prompts) if p.response and p.reward != 0.0]
         recorded: list[float | None] = [None] * len(prompts)
         if recorded_at:
-            got = R.mean_logprobs(model, [ids[i] for i in recorded_at],
-                                  [prompts[i].response for i in recorded_at], **kw)
+            got = R.mean_logprobs(
+                model,
+                [ids[i] for i in recorded_at],
+                [prompts[i].response for i in recorded_at],
+                **kw,
+            )
             for i, v in zip(recorded_at, got, strict=True):
                 recorded[i] = v
         base, ctx = self._base_model(core)
@@ -689,8 +774,10 @@ class Gate:
         with ctx:
             fluency = R.mean_logprobs(base, ids, sampled, **kw)
             if hinted_at:
-                teach = [teacher_prompt(ids[i], prompts[i].hint or "", core.tokenizer,
-                                        core.markers) for i in hinted_at]
+                teach = [
+                    teacher_prompt(ids[i], prompts[i].hint or "", core.tokenizer, core.markers)
+                    for i in hinted_at
+                ]
                 answers = [greedy[i] for i in hinted_at]
                 with_hint = R.mean_logprobs(base, teach, answers, **kw)
                 plain = R.mean_logprobs(base, [ids[i] for i in hinted_at], answers, **kw)
@@ -698,11 +785,17 @@ class Gate:
                     hint[i] = None if a is None or b is None else a - b
         text = [core.tokenizer.decode(g, skip_special_tokens=True) for g in greedy]
         return Scored(
-            greedy=greedy, text=text,
+            greedy=greedy,
+            text=text,
             sampled_text=[core.tokenizer.decode(s, skip_special_tokens=True) for s in sampled],
-            correct=[None if p.item is None else P.is_correct(p.item, t)
-                     for p, t in zip(prompts, text, strict=True)],
-            fluency=fluency, hint=hint, recorded=recorded, sampled=[list(a) for a in sampled],
+            correct=[
+                None if p.item is None else P.is_correct(p.item, t)
+                for p, t in zip(prompts, text, strict=True)
+            ],
+            fluency=fluency,
+            hint=hint,
+            recorded=recorded,
+            sampled=[list(a) for a in sampled],
         )
 
     def _live_scores(self, core: Any, prompts: Sequence[EvalPrompt]) -> Scored:
@@ -713,9 +806,9 @@ class Gate:
             for i, p in enumerate(missing):
                 self._live[(self.baseline_version, p.key)] = got.row(i)
         rows = [self._live[(self.baseline_version, p.key)] for p in prompts]
-        cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)] if rows else [
-            [] for _ in range(8)
-        ]
+        cols: list[list[Any]] = (
+            [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(8)]
+        )
         return Scored(*cols)
 
     # ---- the fixed reference: the base model -------------------------------------------
@@ -727,8 +820,13 @@ class Gate:
         """What the cached reference is valid for: the base model and every setting its fresh
         answers and their reading depend on (another one discards the cache)."""
         cfg = self.cfg
-        return {"model": str(cfg.model), "seed": cfg.seed, "temperature": cfg.gate_temperature,
-                "max_new_tokens": cfg.gate_max_new_tokens, "on_topic": OnTopicJudge.version}
+        return {
+            "model": str(cfg.model),
+            "seed": cfg.seed,
+            "temperature": cfg.gate_temperature,
+            "max_new_tokens": cfg.gate_max_new_tokens,
+            "on_topic": OnTopicJudge.version,
+        }
 
     def _reference_rows(self) -> dict[str, dict[str, Any]]:
         if self._reference is None:
@@ -749,8 +847,10 @@ class Gate:
             del rows[key]  # the oldest prompts first: the evaluation set has moved on
         path = self.reference_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, orjson.dumps({"base": self.reference_base(), "rows": rows},
-                                        option=orjson.OPT_INDENT_2))
+        atomic_write(
+            path,
+            orjson.dumps({"base": self.reference_base(), "rows": rows}, option=orjson.OPT_INDENT_2),
+        )
 
     def reference(self, core: Any, prompts: Sequence[EvalPrompt], live: Scored) -> Figures:
         """The base model's figures on ``prompts``, the fixed reference of the budget: each
@@ -777,29 +877,48 @@ class Gate:
                 }
             self._save_reference(set(keys))
         got_rows = [rows[k] for k in keys]
-        return figures_of(prompts, [r.get("correct") for r in got_rows],
-                       [r.get("fluency") for r in got_rows], [r.get("on_topic") for r in got_rows])
+        return figures_of(
+            prompts,
+            [r.get("correct") for r in got_rows],
+            [r.get("fluency") for r in got_rows],
+            [r.get("on_topic") for r in got_rows],
+        )
 
     # ---- evaluation --------------------------------------------------------------------
 
-    def votes(self, prompts: Sequence[EvalPrompt], cand: Scored,
-              live: Scored) -> list[dict[str, Any]]:
+    def votes(
+        self, prompts: Sequence[EvalPrompt], cand: Scored, live: Scored
+    ) -> list[dict[str, Any]]:
         """Every judge's vote on every prompt it applies to; ``abstained`` marks a vote cast
         without two comparable scores (it decides nothing)."""
         cfg = self.cfg
         out: list[dict[str, Any]] = []
 
-        def add(i: int, judge: str, v: int, c: float | None, li: float | None,
-                abstained: bool = False, **detail: Any) -> None:
+        def add(
+            i: int,
+            judge: str,
+            v: int,
+            c: float | None,
+            li: float | None,
+            abstained: bool = False,
+            **detail: Any,
+        ) -> None:
             p = prompts[i]
-            out.append({
-                "prompt_id": p.prompt_id, "source": p.source, "judge": judge, "vote": v,
-                "candidate_score": c if finite(c) else None,
-                "live_score": li if finite(li) else None,
-                "candidate_answer": cand.text[i][:ANSWER_CHARS],
-                "live_answer": live.text[i][:ANSWER_CHARS], "session_id": p.session_id,
-                "abstained": abstained, **({"detail": detail} if detail else {}),
-            })
+            out.append(
+                {
+                    "prompt_id": p.prompt_id,
+                    "source": p.source,
+                    "judge": judge,
+                    "vote": v,
+                    "candidate_score": c if finite(c) else None,
+                    "live_score": li if finite(li) else None,
+                    "candidate_answer": cand.text[i][:ANSWER_CHARS],
+                    "live_answer": live.text[i][:ANSWER_CHARS],
+                    "session_id": p.session_id,
+                    "abstained": abstained,
+                    **({"detail": detail} if detail else {}),
+                }
+            )
 
         for i, p in enumerate(prompts):
             wants_greedy = p.item is not None or bool(p.hint) or self.llm is not None
@@ -808,31 +927,50 @@ class Gate:
             if mine or theirs:
                 # An answer that says nothing loses its prompt (the live version's too: the
                 # candidate answered where it did not), whatever the other judges say below.
-                add(i, VALIDITY, -1 if mine else 1, None, None,
-                    candidate=mine, live=theirs)
+                add(i, VALIDITY, -1 if mine else 1, None, None, candidate=mine, live=theirs)
             if p.item is not None:
                 c, li = float(bool(cand.correct[i])), float(bool(live.correct[i]))
                 add(i, "capability", int(c - li), c, li)
-            add(i, "fluency", vote(cand.fluency[i], live.fluency[i], cfg.gate_fluency_margin),
-                cand.fluency[i], live.fluency[i],
-                abstained=not judged(cand.fluency[i], live.fluency[i]))
+            add(
+                i,
+                "fluency",
+                vote(cand.fluency[i], live.fluency[i], cfg.gate_fluency_margin),
+                cand.fluency[i],
+                live.fluency[i],
+                abstained=not judged(cand.fluency[i], live.fluency[i]),
+            )
             # Relevance (held-out prompts with content words): the sampled answer on the
             # request's topic or not, by the on_topic reader.
-            mine_on = relevant(p.request, cand.sampled_text[i] if i < len(cand.sampled_text)
-                               else "")
-            theirs_on = relevant(p.request, live.sampled_text[i] if i < len(live.sampled_text)
-                                 else "")
+            mine_on = relevant(
+                p.request, cand.sampled_text[i] if i < len(cand.sampled_text) else ""
+            )
+            theirs_on = relevant(
+                p.request, live.sampled_text[i] if i < len(live.sampled_text) else ""
+            )
             if mine_on is not None or theirs_on is not None:
-                add(i, "relevance", vote(mine_on, theirs_on, 0.0), mine_on, theirs_on,
-                    abstained=not judged(mine_on, theirs_on))
+                add(
+                    i,
+                    "relevance",
+                    vote(mine_on, theirs_on, 0.0),
+                    mine_on,
+                    theirs_on,
+                    abstained=not judged(mine_on, theirs_on),
+                )
             if p.hint:
-                add(i, "hint", vote(cand.hint[i], live.hint[i], cfg.gate_tolerance),
-                    cand.hint[i], live.hint[i], abstained=not judged(cand.hint[i], live.hint[i]))
+                add(
+                    i,
+                    "hint",
+                    vote(cand.hint[i], live.hint[i], cfg.gate_tolerance),
+                    cand.hint[i],
+                    live.hint[i],
+                    abstained=not judged(cand.hint[i], live.hint[i]),
+                )
             if cand.recorded[i] is not None and live.recorded[i] is not None:
                 c = p.reward * float(cand.recorded[i] or 0.0)
                 li = p.reward * float(live.recorded[i] or 0.0)
-                add(i, "reward", vote(c, li, cfg.gate_tolerance), c, li,
-                    abstained=not judged(c, li))
+                add(
+                    i, "reward", vote(c, li, cfg.gate_tolerance), c, li, abstained=not judged(c, li)
+                )
             if self.llm is not None:
                 said = self.llm.judge(p.text, cand.text[i], live.text[i])
                 add(i, "llm", said or 0, None, None, abstained=said is None)
@@ -843,6 +981,7 @@ class Gate:
         """Why prompt ``i``'s answers in ``s`` answer nothing: the sampled answer (every
         prompt has one), the greedy one where a judge reads it, and with ``scored`` its
         fluency (missing, NaN or infinite: an answer the judges cannot score)."""
+
         def at(xs: Sequence[Any], default: Any) -> Any:
             return xs[i] if i < len(xs) else default
 
@@ -878,8 +1017,10 @@ class Gate:
         held = sum(p.source == "held_out" for p in prompts)
         self.skipped = None
         if held < self.cfg.gate_min_samples or not prompts:
-            self.skipped = (f"{held} held-out prompt(s), fewer than gate_min_samples "
-                            f"({self.cfg.gate_min_samples}): stays a candidate")
+            self.skipped = (
+                f"{held} held-out prompt(s), fewer than gate_min_samples "
+                f"({self.cfg.gate_min_samples}): stays a candidate"
+            )
             return None
         assert self.baseline is not None
         self._answered, self._to_answer = 0, self.to_answer(prompts)
@@ -888,13 +1029,16 @@ class Gate:
         self._last = (version, prompts, cand)
         votes = self.votes(prompts, cand, live)
         probe_at = [i for i, p in enumerate(prompts) if p.item is not None]
-        probe = (sum(bool(cand.correct[i]) for i in probe_at),
-                 sum(bool(live.correct[i]) for i in probe_at))
+        probe = (
+            sum(bool(cand.correct[i]) for i in probe_at),
+            sum(bool(live.correct[i]) for i in probe_at),
+        )
         fluency = (_mean(cand.fluency), _mean(live.fluency))
         reference = self.reference(core, prompts, live)
         mine, theirs = scored_figures(prompts, cand), scored_figures(prompts, live)
-        status, figures = decide(votes, probe, fluency, self.cfg, self.consistency,
-                                 candidate=mine, reference=reference)
+        status, figures = decide(
+            votes, probe, fluency, self.cfg, self.consistency, candidate=mine, reference=reference
+        )
         return {
             "status": status,
             "votes": votes,
@@ -925,12 +1069,14 @@ def verdict_line(version: int, verdict: dict[str, Any]) -> str:
         x = m.get(key)
         return f"{x:.2f}" if isinstance(x, int | float) and math.isfinite(x) else "?"
 
-    line = (f"gate v{version}: {verdict['status']} against live v{m.get('gate_live_version', 0)}"
-            f" ({m.get('gate_won', 0)} won, {m.get('gate_lost', 0)} lost, "
-            f"{m.get('gate_tied', 0)} tied of {m.get('gate_prompts', 0)} prompts; probe "
-            f"{m.get('gate_probe_correct', '?')}/{m.get('gate_probe_n', '?')} vs "
-            f"{m.get('gate_live_probe_correct', '?')}; fluency {num('gate_fluency')} vs "
-            f"{num('gate_live_fluency')}) in {num('gate_eval_s')} s")
+    line = (
+        f"gate v{version}: {verdict['status']} against live v{m.get('gate_live_version', 0)}"
+        f" ({m.get('gate_won', 0)} won, {m.get('gate_lost', 0)} lost, "
+        f"{m.get('gate_tied', 0)} tied of {m.get('gate_prompts', 0)} prompts; probe "
+        f"{m.get('gate_probe_correct', '?')}/{m.get('gate_probe_n', '?')} vs "
+        f"{m.get('gate_live_probe_correct', '?')}; fluency {num('gate_fluency')} vs "
+        f"{num('gate_live_fluency')}) in {num('gate_eval_s')} s"
+    )
     reasons = list(m.get("gate_reasons") or [])
     if m.get("gate_no_decision"):
         reasons.append(str(m["gate_no_decision"]))

@@ -49,8 +49,7 @@ class LlmJudge:
             "model": self.model,
             "temperature": 0,
             "max_tokens": 4,
-            "messages": [{"role": "user",
-                          "content": PROMPT.format(question=question, a=a, b=b)}],
+            "messages": [{"role": "user", "content": PROMPT.format(question=question, a=a, b=b)}],
         }
         try:
             reply = self._post(body)
@@ -66,8 +65,12 @@ class LlmJudge:
         return 1 if first_wins != flip else -1
 
     def _post(self, body: dict[str, Any]) -> str:
-        req = urllib.request.Request(self.url, data=orjson.dumps(body), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url,
+            data=orjson.dumps(body),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
             doc = orjson.loads(resp.read(1 << 20))
         return str(doc["choices"][0]["message"]["content"] or "")

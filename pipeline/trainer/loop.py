@@ -73,7 +73,10 @@ class LoopStats:
     duplicates: int = 0  # samples whose id was already trained (upstream re-sends)
     timings: dict[str, float] = field(
         default_factory=lambda: {
-            "compute_s": 0.0, "optimizer_s": 0.0, "publish_s": 0.0, "poll_s": 0.0,
+            "compute_s": 0.0,
+            "optimizer_s": 0.0,
+            "publish_s": 0.0,
+            "poll_s": 0.0,
         }
     )
     verdicts: dict[int, str] = field(default_factory=dict)
@@ -140,9 +143,11 @@ class TrainerLoop:
         try:
             server = metrics.serve(cfg.metrics_host, cfg.metrics_port)
         except OSError as exc:
-            raise SystemExit(f"trainer metrics: cannot listen on {cfg.metrics_host}:"
-                             f"{cfg.metrics_port} ({exc.strerror or exc}); set another "
-                             "trainer.metrics_port") from exc
+            raise SystemExit(
+                f"trainer metrics: cannot listen on {cfg.metrics_host}:"
+                f"{cfg.metrics_port} ({exc.strerror or exc}); set another "
+                "trainer.metrics_port"
+            ) from exc
         self.progress.metrics = metrics
         self.echo(f"metrics on http://{cfg.metrics_host}:{cfg.metrics_port}/metrics")
         return status, server
@@ -239,8 +244,9 @@ class TrainerLoop:
 
         status, server = self._visible()
         gate = self._gate(cfg)
-        publisher = Publisher(cfg, producer, commit, self.on_stage, gate=gate,
-                              progress=self.progress)
+        publisher = Publisher(
+            cfg, producer, commit, self.on_stage, gate=gate, progress=self.progress
+        )
         follower = None
         try:
             core, version, offsets = self._recover(publisher)
@@ -270,36 +276,43 @@ class TrainerLoop:
         newest = ck.newest_valid(cfg.weights_root, cfg.policy, lambda _v, _r: None)
         allocation = offline.Allocation(cfg.allocate, cfg.allocate_budget, cfg.allocate_seed)
         table_version = offline.pinned_version(
-            newest.input_topic if newest else None, cfg.from_delta or "", cfg.where,
+            newest.input_topic if newest else None,
+            cfg.from_delta or "",
+            cfg.where,
             allocation.spec,
         )
-        selection = offline.select(cfg.lake_root, cfg.from_delta or "", cfg.where,
-                                   version=table_version)
+        selection = offline.select(
+            cfg.lake_root, cfg.from_delta or "", cfg.where, version=table_version
+        )
         drawn_from = selection.rows.num_rows
         # Drawn the same way again on a resume: same rows, same seed, same table version.
         selection = offline.allocate(selection, allocation, policy_id=cfg.policy)
         for line in offline.allocation_summary(selection):
             self.echo(line)
         if offline.record_allocation(cfg.lake_root, selection):
-            self.echo(f"allocation of {selection.rows.num_rows} of {drawn_from} row(s) "
-                      "recorded in the lake's allocations table")
+            self.echo(
+                f"allocation of {selection.rows.num_rows} of {drawn_from} row(s) "
+                "recorded in the lake's allocations table"
+            )
         # The selection stands for the input topic in manifests (resume, refusal).
         self.cfg = cfg = cfg.model_copy(update={"input_topic": selection.input_name})
-        self.echo(f"offline: {selection.rows.num_rows} row(s) of {cfg.from_delta} "
-                  f"v{selection.table_version}" + (f" where {cfg.where}" if cfg.where else ""))
+        self.echo(
+            f"offline: {selection.rows.num_rows} row(s) of {cfg.from_delta} "
+            f"v{selection.table_version}" + (f" where {cfg.where}" if cfg.where else "")
+        )
         producer = EventProducer(self.settings, client_id=f"liverl-trainer-{cfg.policy}")
         source = offline.DeltaSource(selection, cfg.policy)
         gate = self._gate(cfg)
-        publisher = Publisher(cfg, producer, lambda _offsets: None, self.on_stage, gate=gate,
-                              progress=self.progress)
+        publisher = Publisher(
+            cfg, producer, lambda _offsets: None, self.on_stage, gate=gate, progress=self.progress
+        )
         # An offline policy's versions serve like any other's: a pin pauses the run, a
         # rollback makes it train on from what serves (trainer.follow_serving).
         follower = WeightsFollower(self.settings, cfg.policy) if cfg.follow_serving else None
         try:
             core, version, offsets = self._recover(publisher)
             source.seek(offsets.get(0, 0))
-            self._loop(core, version, {0: source.position}, source, producer, publisher,
-                       follower)
+            self._loop(core, version, {0: source.position}, source, producer, publisher, follower)
         finally:
             if follower is not None:
                 follower.close()
@@ -317,8 +330,12 @@ class TrainerLoop:
         follower: WeightsFollower | None = None,
     ) -> None:
         cfg = self.cfg
-        batcher = Batcher(cfg.batch_max_samples, cfg.batch_max_tokens, cfg.batch_max_wait_s,
-                          idle_s=cfg.batch_idle_s)
+        batcher = Batcher(
+            cfg.batch_max_samples,
+            cfg.batch_max_tokens,
+            cfg.batch_max_wait_s,
+            idle_s=cfg.batch_idle_s,
+        )
         limit = min(cfg.batch_max_tokens, core.max_positions)
         trainer_id = Producer(component="trainer", version=cfg.config_version)
         traj_rows: list[dict[str, Any]] = []
@@ -331,14 +348,19 @@ class TrainerLoop:
         while not self._stop:
             if follower is not None and (self._polled_actions(follower) or acted):
                 acted = False
-                decision = decide(follower.log, version, self.parents,
-                                  require_promoted=self.require_promoted,
-                                  while_pinned=cfg.while_pinned)
+                decision = decide(
+                    follower.log,
+                    version,
+                    self.parents,
+                    require_promoted=self.require_promoted,
+                    while_pinned=cfg.while_pinned,
+                )
                 if decision.kind != "keep" and step_rows:
                     # Steps trained before the action are published first: their samples
                     # are consumed once, under the lineage they were trained on.
-                    version = self._publish(core, version, polled, batcher, producer,
-                                            publisher, traj_rows, step_rows)
+                    version = self._publish(
+                        core, version, polled, batcher, producer, publisher, traj_rows, step_rows
+                    )
                     core, version = self._after_verdict(core, version, publisher)
                     traj_rows, step_rows = [], []
                     last_publish = next_allowed = time.monotonic()
@@ -373,17 +395,25 @@ class TrainerLoop:
                 # History is off-policy, never stale (offline.py): one poll holds several
                 # batches stamped with the poll's version, so a later batch would look
                 # versions old and be dropped.
-                stale = ([0] * len(records) if isinstance(consumer, DeltaSource) else
-                         [self._staleness(r.event.behavior_weight_version, version)
-                          for r in records])
+                stale = (
+                    [0] * len(records)
+                    if isinstance(consumer, DeltaSource)
+                    else [
+                        self._staleness(r.event.behavior_weight_version, version) for r in records
+                    ]
+                )
                 t_step = time.perf_counter()
                 if self.dist is not None:
                     self.dist.send_step([r.event for r in records], version, stale)
                 result = core.train_step([r.event for r in records], version, stale)
                 self._account(result)
-                self.progress.stepped(step=result.step, samples=result.samples,
-                                      loss=float(result.losses["total"]),
-                                      seconds=time.perf_counter() - t_step, version=version)
+                self.progress.stepped(
+                    step=result.step,
+                    samples=result.samples,
+                    loss=float(result.losses["total"]),
+                    seconds=time.perf_counter() - t_step,
+                    version=version,
+                )
                 now_ms = events.now_ms()
                 traj_rows += trajectory_rows(records, result, core.tokenizer)
                 step_rows.append(step_row(cfg, result, batcher.next_offsets(polled), now_ms))
@@ -398,14 +428,16 @@ class TrainerLoop:
             )
             if step_rows and due and time.monotonic() >= next_allowed:
                 started = time.monotonic()
-                version = self._publish(core, version, polled, batcher, producer, publisher,
-                                        traj_rows, step_rows)
+                version = self._publish(
+                    core, version, polled, batcher, producer, publisher, traj_rows, step_rows
+                )
                 core, version = self._after_verdict(core, version, publisher)
                 traj_rows, step_rows = [], []
                 last_publish = time.monotonic()
                 self.progress.held(version, core.step)
-                next_allowed = next_publish_at(last_publish, last_publish - started,
-                                               publisher.last_gate_s, f)
+                next_allowed = next_publish_at(
+                    last_publish, last_publish - started, publisher.last_gate_s, f
+                )
             if drained and not batcher:
                 self.echo("offline: every selected row consumed")
                 break
@@ -414,8 +446,9 @@ class TrainerLoop:
                 self.echo(f"idle for {idle_s}s: exiting")
                 break
         if step_rows:  # stop or idle exit: keep the finished steps
-            version = self._publish(core, version, polled, batcher, producer, publisher,
-                                    traj_rows, step_rows)
+            version = self._publish(
+                core, version, polled, batcher, producer, publisher, traj_rows, step_rows
+            )
         self.echo(f"stopped at v{version}, step {core.step}")
 
     def _polled_actions(self, follower: WeightsFollower) -> bool:
@@ -445,9 +478,10 @@ class TrainerLoop:
         if self.paused:
             self.paused = False
             self.progress.resumed(
-                f"{cfg.policy} unpinned" + (f": v{decision.version} serves"
-                                            if decision.version is not None else "")
-                + "; training resumes")
+                f"{cfg.policy} unpinned"
+                + (f": v{decision.version} serves" if decision.version is not None else "")
+                + "; training resumes"
+            )
         if decision.kind != "switch" or decision.version is None:
             return core, version
         target = decision.version
@@ -459,8 +493,10 @@ class TrainerLoop:
             return core, 0
         directory = ck.version_dir(cfg.weights_root, cfg.policy, target)
         if not (directory / ck.MANIFEST).is_file():
-            self.echo(f"v{target} serves but its folder {directory} is not here: training "
-                      f"goes on from v{version}")
+            self.echo(
+                f"v{target} serves but its folder {directory} is not here: training "
+                f"goes on from v{version}"
+            )
             log.error("cannot follow %s v%d: no folder at %s", cfg.policy, target, directory)
             return core, version
         core = self._load_core(directory, core.step)
@@ -494,8 +530,11 @@ class TrainerLoop:
         live version as the current one, so staleness and drift count from the weights the
         trainer holds. ``continue`` keeps training the rejected candidate."""
         gate = publisher.gate
-        if (gate is None or publisher.verdicts.get(version) != "rejected"
-                or self.cfg.gate_on_reject != "rollback"):
+        if (
+            gate is None
+            or publisher.verdicts.get(version) != "rejected"
+            or self.cfg.gate_on_reject != "rollback"
+        ):
             return core, version
         live = gate.baseline_version
         step = core.step
@@ -528,8 +567,14 @@ class TrainerLoop:
             batcher.add(rec)
             return
         letter = DeadLetter.wrap(
-            rec.value, topic=rec.topic, partition=rec.partition, offset=rec.offset,
-            error=reason, producer=trainer_id, key=rec.key, headers=rec.headers,
+            rec.value,
+            topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            error=reason,
+            producer=trainer_id,
+            key=rec.key,
+            headers=rec.headers,
         )
         producer.send(names.DLQ, letter, key=rec.key)
         self.stats.dead_lettered += 1
@@ -564,8 +609,11 @@ class TrainerLoop:
             trajectories=traj_rows,
             steps=step_rows,
             created_ms=events.now_ms(),
-            metrics={"reward_mean": sum(rewards) / len(rewards), "samples": len(traj_rows),
-                     "method": self.cfg.method},  # `liverl versions list` shows it
+            metrics={
+                "reward_mean": sum(rewards) / len(rewards),
+                "samples": len(traj_rows),
+                "method": self.cfg.method,
+            },  # `liverl versions list` shows it
         )
         self._newest = manifest.version
         self.parents[manifest.version] = manifest.parent

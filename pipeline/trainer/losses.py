@@ -262,8 +262,9 @@ def binary_rl_advantages(
     :func:`row_baselines` (``rl_baseline``). ``rewards`` ``[B]``, ``loss_mask`` ``[B, T]`` →
     ``[B, T]``.
     """
-    r = rewards.to(torch.float32) - torch.as_tensor(baseline, dtype=torch.float32,
-                                                    device=rewards.device)
+    r = rewards.to(torch.float32) - torch.as_tensor(
+        baseline, dtype=torch.float32, device=rewards.device
+    )
     return r.unsqueeze(-1) * loss_mask.to(torch.float32)
 
 
@@ -477,11 +478,29 @@ def hybrid_advantage_loss(
 
     ``l_t = max(−ρ_t·A_t, −clip(ρ_t, 1 − ε, 1 + ε_hi)·A_t)`` over ``m = max(m^rl, m^opd)``.
     """
-    advantages = hybrid_advantages(rewards, rl_mask, teacher_logp, logp_old, opd_mask,
-                                   w_rl=w_rl, w_opd=w_opd, clip_c=clip_c, baseline=baseline)
+    advantages = hybrid_advantages(
+        rewards,
+        rl_mask,
+        teacher_logp,
+        logp_old,
+        opd_mask,
+        w_rl=w_rl,
+        w_opd=w_opd,
+        clip_c=clip_c,
+        baseline=baseline,
+    )
     mask = torch.maximum(rl_mask.to(torch.float32), opd_mask.to(torch.float32))
-    return ppo_clip_loss(logp_cur, logp_old, advantages, mask, eps=eps, eps_high=eps_high,
-                         aggregate=aggregate, weights=weights, norm_mask=norm_mask)
+    return ppo_clip_loss(
+        logp_cur,
+        logp_old,
+        advantages,
+        mask,
+        eps=eps,
+        eps_high=eps_high,
+        aggregate=aggregate,
+        weights=weights,
+        norm_mask=norm_mask,
+    )
 
 
 def warmup_factor(updates_done: int, warmup_steps: int) -> float:
@@ -519,8 +538,10 @@ def kl_to_reference(
     per_token = torch.exp(diff) - diff - 1.0
     m = mask.to(per_token.dtype)
     loss = masked_aggregate(per_token, m, aggregate, norm_mask)
-    return LossOutput(loss=loss, metrics={"loss": float(loss.detach()),
-                                          "kl_ref": _token_mean(per_token.detach(), m)})
+    return LossOutput(
+        loss=loss,
+        metrics={"loss": float(loss.detach()), "kl_ref": _token_mean(per_token.detach(), m)},
+    )
 
 
 # ---------------------------------------------------------------------------

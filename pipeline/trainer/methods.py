@@ -139,7 +139,11 @@ def _sum(parts: dict[str, LossOutput], _cfg: MethodSettings) -> LossOutput:
 
 
 def register_method(
-    name: str, parts: Sequence[str], *, combine: Combine | None = None, main: str | None = None,
+    name: str,
+    parts: Sequence[str],
+    *,
+    combine: Combine | None = None,
+    main: str | None = None,
     options: type[BaseModel] = NoOptions,
 ) -> Method:
     """A method training ``parts`` (registered first), added up by ``combine`` (default: the
@@ -147,8 +151,10 @@ def register_method(
     ``options`` validates ``[trainer.method_options]``, which its parts get as ``x.options``."""
     unknown = [p for p in parts if p not in PARTS]
     if not parts or unknown:
-        raise ValueError(f"method {name!r}: unknown loss part(s) {unknown or '(none given)'}; "
-                         f"known: {', '.join(sorted(PARTS))}")
+        raise ValueError(
+            f"method {name!r}: unknown loss part(s) {unknown or '(none given)'}; "
+            f"known: {', '.join(sorted(PARTS))}"
+        )
     method = Method(name, tuple(parts), combine or _sum, main or parts[0], options)
     METHODS.register(name, method, options)
     return method
@@ -178,23 +184,46 @@ def binary_rl(x: StepInputs) -> LossOutput:
 
     cfg = x.cfg
     out = L.binary_rl_loss(
-        x.logp[x.rows], x.logp_old[x.rows], x.rewards[x.rows], x.mask[x.rows], eps=cfg.eps,
-        eps_high=cfg.eps_high, aggregate=cfg.aggregate, weights=x.take(x.weights),
-        norm_mask=x.norm[x.rows], baseline=x.row_baseline(),
+        x.logp[x.rows],
+        x.logp_old[x.rows],
+        x.rewards[x.rows],
+        x.mask[x.rows],
+        eps=cfg.eps,
+        eps_high=cfg.eps_high,
+        aggregate=cfg.aggregate,
+        weights=x.take(x.weights),
+        norm_mask=x.norm[x.rows],
+        baseline=x.row_baseline(),
     )
     out.metrics["baseline"] = x.batch_mean if _per_row(x.baseline) else float(x.baseline)
     # what hybrid's advantage combine reuses
-    out.inputs.update(logp=x.logp[x.rows], logp_old=x.logp_old[x.rows],
-                      rewards=x.rewards[x.rows], mask=x.mask[x.rows], weights=x.take(x.weights),
-                      norm=x.norm[x.rows], baseline=x.row_baseline())
+    out.inputs.update(
+        logp=x.logp[x.rows],
+        logp_old=x.logp_old[x.rows],
+        rewards=x.rewards[x.rows],
+        mask=x.mask[x.rows],
+        weights=x.take(x.weights),
+        norm=x.norm[x.rows],
+        baseline=x.row_baseline(),
+    )
     return out
 
 
 @register_part("opd", mask="opd")
 def on_policy_distillation(x: StepInputs) -> LossOutput:
     """OPD: the hinted teacher's per-token advantage (needs the core's teacher passes)."""
-    return x.core._opd_part(x.samples, x.resp_logits, x.tokens, x.logp, x.logp_old, x.mask,
-                            x.weights, x.outcomes, x.rows, x.norm)
+    return x.core._opd_part(
+        x.samples,
+        x.resp_logits,
+        x.tokens,
+        x.logp,
+        x.logp_old,
+        x.mask,
+        x.weights,
+        x.outcomes,
+        x.rows,
+        x.norm,
+    )
 
 
 def _hybrid(parts: dict[str, LossOutput], cfg: MethodSettings) -> LossOutput:
@@ -208,13 +237,27 @@ def _hybrid(parts: dict[str, LossOutput], cfg: MethodSettings) -> LossOutput:
     if cfg.hybrid_combine != "advantage" or "teacher_logp" not in opd:
         return out
     joint = L.hybrid_advantage_loss(
-        rl["logp"], rl["logp_old"], rl["rewards"], rl["mask"], opd["teacher_logp"],
-        opd["mask"], w_rl=cfg.w_rl, w_opd=cfg.w_opd, clip_c=cfg.opd_clip,
-        baseline=rl["baseline"], eps=cfg.eps, eps_high=cfg.eps_high, aggregate=cfg.aggregate,
-        weights=rl["weights"], norm_mask=rl["norm"],
+        rl["logp"],
+        rl["logp_old"],
+        rl["rewards"],
+        rl["mask"],
+        opd["teacher_logp"],
+        opd["mask"],
+        w_rl=cfg.w_rl,
+        w_opd=cfg.w_opd,
+        clip_c=cfg.opd_clip,
+        baseline=rl["baseline"],
+        eps=cfg.eps,
+        eps_high=cfg.eps_high,
+        aggregate=cfg.aggregate,
+        weights=rl["weights"],
+        norm_mask=rl["norm"],
     )
-    metrics = {**out.metrics, **{f"joint/{k}": v for k, v in joint.metrics.items()},
-               "loss": joint.metrics["loss"]}
+    metrics = {
+        **out.metrics,
+        **{f"joint/{k}": v for k, v in joint.metrics.items()},
+        "loss": joint.metrics["loss"],
+    }
     return L.LossOutput(joint.loss, metrics)
 
 

@@ -89,8 +89,9 @@ class Selection:
         return f"{PREFIX}{self.table}@v{self.table_version}/{digest}"
 
 
-def select(lake_root: Path, table: str, where: str | None, *,
-           version: int | None = None) -> Selection:
+def select(
+    lake_root: Path, table: str, where: str | None, *, version: int | None = None
+) -> Selection:
     """The rows to train on (at table ``version``, default newest), deduplicated by event
     id, in a fixed order."""
     import duckdb
@@ -99,8 +100,9 @@ def select(lake_root: Path, table: str, where: str | None, *,
     from pipeline.lake.reading import dataset
 
     if table not in TABLES:
-        raise OfflineInputError(f"--from-delta {table!r}: only {', '.join(TABLES)} can be "
-                                "trained from")
+        raise OfflineInputError(
+            f"--from-delta {table!r}: only {', '.join(TABLES)} can be trained from"
+        )
     uri = str(Path(lake_root) / table)
     if not DeltaTable.is_deltatable(uri):
         raise OfflineInputError(f"no Delta table {table!r} at {uri}")
@@ -169,9 +171,14 @@ class DeltaSource:
         end = min(self.position + max_records, self.selection.rows.num_rows)
         rows = self.selection.rows.slice(self.position, end - self.position).to_pylist()
         records: list[Record[Event]] = [
-            Record(topic=self.topic, partition=0, offset=self.position + i,
-                   key=row["session_id"].encode(), timestamp_ms=row["ts_ms"],
-                   event=to_sample(row, self.policy, self.behavior_version))
+            Record(
+                topic=self.topic,
+                partition=0,
+                offset=self.position + i,
+                key=row["session_id"].encode(),
+                timestamp_ms=row["ts_ms"],
+                event=to_sample(row, self.policy, self.behavior_version),
+            )
             for i, row in enumerate(rows)
         ]
         self.position = end
@@ -195,8 +202,9 @@ def task_keys(rows: pa.Table) -> list[str]:
     return [first[sid][1] for sid in sessions]
 
 
-def allocate(selection: Selection, allocation: Allocation, *, policy_id: str = "",
-             now_ms: int | None = None) -> Selection:
+def allocate(
+    selection: Selection, allocation: Allocation, *, policy_id: str = "", now_ms: int | None = None
+) -> Selection:
     """The selection narrowed to ``allocation.budget`` rows (kept in the selection's order),
     with the allocation behind each row (:data:`pipeline.lake.tables.ALLOCATIONS_SCHEMA`)."""
     import random
@@ -233,13 +241,19 @@ def allocate(selection: Selection, allocation: Allocation, *, policy_id: str = "
     record = pa.Table.from_pylist(
         [
             {
-                "input": "", "policy_id": policy_id, "position": pos,
+                "input": "",
+                "policy_id": policy_id,
+                "position": pos,
                 "event_id": rows.column("event_id")[i].as_py(),
                 "session_id": rows.column("session_id")[i].as_py(),
-                "turn": rows.column("turn")[i].as_py(), "task": tasks[i],
-                "allocation": allocation.policy, "task_rows": len(by_task[tasks[i]]),
-                "task_success_rate": success[tasks[i]].rate, "task_weight": weights[tasks[i]],
-                "task_allocated": counts[tasks[i]], "ts_ms": at,
+                "turn": rows.column("turn")[i].as_py(),
+                "task": tasks[i],
+                "allocation": allocation.policy,
+                "task_rows": len(by_task[tasks[i]]),
+                "task_success_rate": success[tasks[i]].rate,
+                "task_weight": weights[tasks[i]],
+                "task_allocated": counts[tasks[i]],
+                "ts_ms": at,
             }  # fmt: skip
             for pos, i in enumerate(chosen)
         ],
@@ -293,8 +307,9 @@ def allocation_summary(selection: Selection, top: int = 10) -> list[str]:
     return lines
 
 
-def pinned_version(manifest_input: str | None, table: str, where: str | None,
-                   spec: str = "") -> int | None:
+def pinned_version(
+    manifest_input: str | None, table: str, where: str | None, spec: str = ""
+) -> int | None:
     """The table version a resumed run must read: the one its newest manifest consumed.
 
     None when nothing was published yet or the manifest is another input (the caller's
@@ -302,7 +317,7 @@ def pinned_version(manifest_input: str | None, table: str, where: str | None,
     """
     if not manifest_input or not manifest_input.startswith(f"{PREFIX}{table}@v"):
         return None
-    head, _, digest = manifest_input[len(PREFIX):].partition("/")
+    head, _, digest = manifest_input[len(PREFIX) :].partition("/")
     if digest != _digest(where, spec):
         return None
     return int(head.rsplit("@v", 1)[1])

@@ -72,8 +72,9 @@ class Progress:
 
     # ---- what happens -------------------------------------------------------------------
 
-    def held(self, version: int, step: int, detail: str | None = None, *,
-             announce: bool = False) -> None:
+    def held(
+        self, version: int, step: int, detail: str | None = None, *, announce: bool = False
+    ) -> None:
         """The trainer holds ``version``'s weights (start, a switch, a rollback);
         ``announce`` sends a status event even when the state did not change."""
         self.version, self.step = version, step
@@ -84,14 +85,16 @@ class Progress:
             self.metrics.step.labels(self.policy).set(step)
         self._set("training" if self.state != "paused" else "paused", force=announce)
 
-    def stepped(self, *, step: int, samples: int, loss: float, seconds: float,
-                version: int) -> None:
+    def stepped(
+        self, *, step: int, samples: int, loss: float, seconds: float, version: int
+    ) -> None:
         """One optimizer step: a line each, an event at most every ``every_s``."""
         self.step, self.version, self.loss = step, version, loss
         self.samples += samples
         self.last_step_ms = self.wall_ms()
-        self.echo(f"step {step}: loss {loss:.4f}, {samples} samples, {seconds:.2f} s "
-                  f"(on v{version})")
+        self.echo(
+            f"step {step}: loss {loss:.4f}, {samples} samples, {seconds:.2f} s (on v{version})"
+        )
         if self.metrics is not None:
             m = self.metrics
             m.step.labels(self.policy).set(step)
@@ -106,9 +109,11 @@ class Progress:
         self._judging_t0 = self.clock()
         self.done = self.total = None
         self.eta = None
-        self.echo(f"gate v{version}: judging (fresh answers of the live version, the "
-                  "candidate and the base; progress every "
-                  f"{self.every_s:g} s)")
+        self.echo(
+            f"gate v{version}: judging (fresh answers of the live version, the "
+            "candidate and the base; progress every "
+            f"{self.every_s:g} s)"
+        )
         self._said_at = self.clock()
         self._set("judging")
 
@@ -128,8 +133,11 @@ class Progress:
             self._send(due_only=True)
 
     def judged(self, version: int, verdict: dict[str, Any] | None, why: str | None) -> None:
-        line = (verdict_line(version, verdict) if verdict is not None
-                else f"gate v{version}: no verdict: {why or 'unknown'}")
+        line = (
+            verdict_line(version, verdict)
+            if verdict is not None
+            else f"gate v{version}: no verdict: {why or 'unknown'}"
+        )
         self.echo(line)
         self.detail = line
         self.judging_version = self.judging_since_ms = None

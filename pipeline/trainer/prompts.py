@@ -60,8 +60,11 @@ def last_user_ids(prompt: Sequence[int], markers: ChatMarkers) -> list[int] | No
     at = hint_insert_position(prompt, markers)
     for i in range(min(at, len(prompt)) - 1, -1, -1):
         if prompt[i] == start:
-            if tuple(prompt[i + 1 : i + 1 + len(user)]) == user and at < len(prompt) \
-                    and prompt[at] == end:
+            if (
+                tuple(prompt[i + 1 : i + 1 + len(user)]) == user
+                and at < len(prompt)
+                and prompt[at] == end
+            ):
                 return list(prompt[i + 1 + len(user) : at])
             return None
     return None

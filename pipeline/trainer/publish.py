@@ -68,6 +68,8 @@ class Judging(Protocol):
     def judging(self, version: int) -> None: ...
 
     def judged(self, version: int, verdict: dict[str, Any] | None, why: str | None) -> None: ...
+
+
 TRAJ_FILE = "trajectories.parquet"
 STEPS_FILE = "gradient_steps.parquet"
 
@@ -243,9 +245,7 @@ class Publisher:
         weights = T.to_table(T.WEIGHTS, [self._weights_row(manifest, directory)])
         parts = ((T.TRAJECTORIES, traj), (T.GRADIENT_STEPS, steps), (T.WEIGHTS, weights))
         for name, table in parts:
-            self.tables[name].append_once(
-                table, app_id=self.cfg.app_id, version=manifest.version
-            )
+            self.tables[name].append_once(table, app_id=self.cfg.app_id, version=manifest.version)
             self.on_stage(f"after_delta_{name}")
         if self.producer is not None and not ck.events_done(directory):
             step_events = [self._step_event(row) for row in steps.to_pylist()]
@@ -294,23 +294,31 @@ class Publisher:
                 self.progress.judged(manifest.version, verdict, None)
         self.on_stage("after_verdict_file")
         candidate = self._weights_event(manifest, directory, []).event_id
-        votes = [(self._vote_event(manifest, candidate, v, verdict), v)
-                 for v in verdict.get("votes", [])]
+        votes = [
+            (self._vote_event(manifest, candidate, v, verdict), v) for v in verdict.get("votes", [])
+        ]
         if votes:
-            rows = [T.gate_vote_row(e, v.get("candidate_answer", ""), v.get("live_answer", ""),
-                                    v.get("session_id")) for e, v in votes]
+            rows = [
+                T.gate_vote_row(
+                    e, v.get("candidate_answer", ""), v.get("live_answer", ""), v.get("session_id")
+                )
+                for e, v in votes
+            ]
             self.tables[T.GATE_VOTES].append_once(
-                T.to_table(T.GATE_VOTES, rows), app_id=f"{self.cfg.app_id}/gate-votes",
+                T.to_table(T.GATE_VOTES, rows),
+                app_id=f"{self.cfg.app_id}/gate-votes",
                 version=manifest.version,
             )
         self.on_stage("after_delta_votes")
         if verdict["status"] == "promoted" and gate.baseline_version < manifest.version:
             gate.promote(core, manifest.version)
         self.verdicts[manifest.version] = verdict["status"]
-        row = self._weights_row(manifest, directory, verdict["status"], verdict["metrics"],
-                                verdict["ts_ms"])
+        row = self._weights_row(
+            manifest, directory, verdict["status"], verdict["metrics"], verdict["ts_ms"]
+        )
         self.tables[T.WEIGHTS].append_once(
-            T.to_table(T.WEIGHTS, [row]), app_id=f"{self.cfg.app_id}/gate",
+            T.to_table(T.WEIGHTS, [row]),
+            app_id=f"{self.cfg.app_id}/gate",
             version=manifest.version,
         )
         self.on_stage("after_delta_verdict")
@@ -319,8 +327,12 @@ class Publisher:
             for vote_event, _ in votes:
                 self.producer.send(names.GATE_VOTES, vote_event, key=self.cfg.policy)
             event = self._weights_event(
-                manifest, directory, [candidate], status=verdict["status"],
-                metrics=verdict["metrics"], ts_ms=verdict["ts_ms"],
+                manifest,
+                directory,
+                [candidate],
+                status=verdict["status"],
+                metrics=verdict["metrics"],
+                ts_ms=verdict["ts_ms"],
             )
             self.producer.send(names.WEIGHTS, event, key=self.cfg.policy)
             self.producer.flush()
@@ -336,9 +348,16 @@ class Publisher:
         the same ids."""
         live = int(verdict.get("metrics", {}).get("gate_live_version", 0))
         return GateVote(
-            event_id=derive_event_id("gate_vote", [candidate], self.cfg.config_version,
-                                     m.policy_id, m.version, vote["source"], vote["prompt_id"],
-                                     vote["judge"]),
+            event_id=derive_event_id(
+                "gate_vote",
+                [candidate],
+                self.cfg.config_version,
+                m.policy_id,
+                m.version,
+                vote["source"],
+                vote["prompt_id"],
+                vote["judge"],
+            ),
             ts_ms=int(verdict["ts_ms"]),
             producer=self.producer_id,
             parents=[candidate],

@@ -52,8 +52,11 @@ def generate(
     weights once per step, so one batch of 2n rows costs far less than two of n. Left-padded
     batches of ``batch``. ``on_finished`` is told the indices of the prompts whose answers
     ended at each decoding step (the gate's progress), cheaply: one call per step."""
-    temps = ([float(temperature)] * len(prompts) if isinstance(temperature, (int, float))
-             else [float(t) for t in temperature])
+    temps = (
+        [float(temperature)] * len(prompts)
+        if isinstance(temperature, (int, float))
+        else [float(t) for t in temperature]
+    )
     out: list[list[int]] = []
     stop = set(int(e) for e in eos_ids)
     with evaluating(model):
@@ -70,13 +73,19 @@ def generate(
             pos = (attn.cumsum(-1) - 1).clamp(min=0)
             answers: list[list[int]] = [[] for _ in chunk]
             done = [False] * len(chunk)
-            gens = [_generator(seed, start + b) if seeds is None
-                    else _generator(seeds[start + b], 0) for b in range(len(chunk))]
+            gens = [
+                _generator(seed, start + b) if seeds is None else _generator(seeds[start + b], 0)
+                for b in range(len(chunk))
+            ]
             step_ids, step_pos, mask = ids, pos, attn
             told = [False] * len(chunk)
 
-            def tell(told: list[bool] = told, done: list[bool] = done, start: int = start,
-                     everything: bool = False) -> None:
+            def tell(
+                told: list[bool] = told,
+                done: list[bool] = done,
+                start: int = start,
+                everything: bool = False,
+            ) -> None:
                 ended = [b for b in range(len(told)) if not told[b] and (everything or done[b])]
                 for b in ended:
                     told[b] = True
@@ -84,8 +93,13 @@ def generate(
                     on_finished([start + b for b in ended])
 
             for _ in range(max_new_tokens):
-                res = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                            past_key_values=past, use_cache=True)
+                res = model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=step_pos,
+                    past_key_values=past,
+                    use_cache=True,
+                )
                 past = res.past_key_values
                 logits = res.logits[:, -1, :].float()
                 nxt = []
@@ -136,8 +150,13 @@ def mean_logprobs(
     with evaluating(model):
         for start in range(0, len(todo), batch):
             idx = todo[start : start + batch]
-            logits = response_logits(model, [prompts[i] for i in idx],
-                                     [responses[i] for i in idx], pad_id=pad_id, device=device)
+            logits = response_logits(
+                model,
+                [prompts[i] for i in idx],
+                [responses[i] for i in idx],
+                pad_id=pad_id,
+                device=device,
+            )
             rmax = logits.shape[1]
             tok = torch.zeros((len(idx), rmax), dtype=torch.long)
             mask = torch.zeros((len(idx), rmax))

@@ -45,8 +45,11 @@ def response_logits(
         attn[b, : n + m] = 1
         pos[b, :m] = torch.arange(n - 1, n - 1 + m)
     ids, attn, pos = ids.to(device), attn.to(device), pos.to(device)
-    ctx = (contextlib.nullcontext() if autocast_dtype is None
-           else torch.autocast(device.type, dtype=autocast_dtype))
+    ctx = (
+        contextlib.nullcontext()
+        if autocast_dtype is None
+        else torch.autocast(device.type, dtype=autocast_dtype)
+    )
     with ctx:
         logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits
     return logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float()

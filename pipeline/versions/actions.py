@@ -26,22 +26,34 @@ PRODUCER = Producer(component="versions", version=__version__)
 ID_VERSION = "versions-1"  # bump if the id's inputs change
 
 
-def _same_command(ev: WeightsPublished, kind: str, asked: int | None, by: str,
-                  reason: str | None) -> bool:
+def _same_command(
+    ev: WeightsPublished, kind: str, asked: int | None, by: str, reason: str | None
+) -> bool:
     a = ev.action or {}
-    return (a.get("kind") == kind and a.get("by") == by and a.get("reason") == reason
-            and (asked is None or ev.version == asked))
+    return (
+        a.get("kind") == kind
+        and a.get("by") == by
+        and a.get("reason") == reason
+        and (asked is None or ev.version == asked)
+    )
 
 
-def action_id(log: VersionLog, kind: str, asked: int | None, by: str,
-              reason: str | None) -> tuple[str, list[str]]:
+def action_id(
+    log: VersionLog, kind: str, asked: int | None, by: str, reason: str | None
+) -> tuple[str, list[str]]:
     """The command's event id and its parents (the basis, if any)."""
-    basis = next((ev for ev in reversed(log.events)
-                  if ev.action is not None and not _same_command(ev, kind, asked, by, reason)),
-                 None)
+    basis = next(
+        (
+            ev
+            for ev in reversed(log.events)
+            if ev.action is not None and not _same_command(ev, kind, asked, by, reason)
+        ),
+        None,
+    )
     parents = [basis.event_id] if basis is not None else []
-    return derive_event_id("weights_action", parents, ID_VERSION, log.policy_id, kind,
-                           asked, by, reason), parents
+    return derive_event_id(
+        "weights_action", parents, ID_VERSION, log.policy_id, kind, asked, by, reason
+    ), parents
 
 
 def known(log: VersionLog, version: int) -> None:
@@ -49,8 +61,10 @@ def known(log: VersionLog, version: int) -> None:
     if version not in log.manifests:
         known = sorted(log.manifests)
         listed = f"v{known[0]}..v{known[-1]}" if known else "none yet"
-        raise VersionError(f"policy {log.policy_id} has no version {version} (published: "
-                           f"{listed}; liverl versions list --policy {log.policy_id})")
+        raise VersionError(
+            f"policy {log.policy_id} has no version {version} (published: "
+            f"{listed}; liverl versions list --policy {log.policy_id})"
+        )
 
 
 def target(log: VersionLog, kind: str, asked: int | None, *, require_promoted: bool) -> int:
@@ -64,51 +78,68 @@ def target(log: VersionLog, kind: str, asked: int | None, *, require_promoted: b
         return log.pinned
     if kind == "rollback":
         if log.pinned is not None:
-            raise VersionError(f"policy {log.policy_id} is pinned at v{log.pinned}: unpin it "
-                               "first, or pin the version that should serve")
+            raise VersionError(
+                f"policy {log.policy_id} is pinned at v{log.pinned}: unpin it "
+                "first, or pin the version that should serve"
+            )
         live = log.live(require_promoted)
         if asked is None:
             previous = log.previous(require_promoted)
             if previous is None:
                 now = f"v{live}" if live is not None else "the base"
-                raise VersionError(f"policy {log.policy_id}: no servable version older than "
-                                   f"the live one ({now})")
+                raise VersionError(
+                    f"policy {log.policy_id}: no servable version older than the live one ({now})"
+                )
             return previous
         known(log, asked)
         if live is not None and asked >= live:
-            raise VersionError(f"v{asked} is not older than the live v{live}: a rollback goes "
-                               "back (pin N serves any version)")
+            raise VersionError(
+                f"v{asked} is not older than the live v{live}: a rollback goes "
+                "back (pin N serves any version)"
+            )
         status = log.status.get(asked)
         if status == "rejected" or (require_promoted and status != "promoted"):
-            raise VersionError(f"v{asked} is {status}: the gateways would not "
-                               f"serve it; promote it first (liverl versions promote {asked})")
+            raise VersionError(
+                f"v{asked} is {status}: the gateways would not "
+                f"serve it; promote it first (liverl versions promote {asked})"
+            )
         return asked
     assert asked is not None
     known(log, asked)
     if kind == "rollout":
         if asked in log.withdrawn:
-            raise VersionError(f"v{asked} is withdrawn: promote it (liverl versions promote "
-                               f"{asked}) to serve it again")
+            raise VersionError(
+                f"v{asked} is withdrawn: promote it (liverl versions promote "
+                f"{asked}) to serve it again"
+            )
         if not (log.servable(asked, require_promoted) and log.pending(asked, require_promoted)):
             canary = log.canary(require_promoted)
             now = f"the canary is v{canary[0]}" if canary is not None else "there is no canary"
             raise VersionError(f"v{asked} is not a canary ({now}): nothing to roll out")
         return asked
     if kind == "withdraw":
-        if asked in log.withdrawn and all(u in log.withdrawn for u in log.manifests
-                                          if u > asked):
+        if asked in log.withdrawn and all(u in log.withdrawn for u in log.manifests if u > asked):
             raise VersionError(f"v{asked} and every newer version are withdrawn already")
         return asked
     if kind == "pin" and log.status.get(asked) == "rejected":
-        raise VersionError(f"v{asked} was rejected by the promotion gate: promote it first "
-                           f"(liverl versions promote {asked}) if it should serve anyway")
+        raise VersionError(
+            f"v{asked} was rejected by the promotion gate: promote it first "
+            f"(liverl versions promote {asked}) if it should serve anyway"
+        )
     return asked
 
 
-def action_event(log: VersionLog, kind: str, asked: int | None, *, by: str,
-                 reason: str | None, require_promoted: bool,
-                 ts_ms: int | None = None,
-                 figures: dict[str, Any] | None = None) -> WeightsPublished | None:
+def action_event(
+    log: VersionLog,
+    kind: str,
+    asked: int | None,
+    *,
+    by: str,
+    reason: str | None,
+    require_promoted: bool,
+    ts_ms: int | None = None,
+    figures: dict[str, Any] | None = None,
+) -> WeightsPublished | None:
     """The event to send for the command, or None when the log holds it already (a retry).
     ``figures``: an automatic decision's numbers, kept on the event (not in its id).
     Raises VersionError when the command cannot apply."""
@@ -117,15 +148,34 @@ def action_event(log: VersionLog, kind: str, asked: int | None, *, by: str,
         return None
     version = target(log, kind, asked, require_promoted=require_promoted)
     status = "promoted" if kind == "promote" else None
-    return manifest_action(log, version, event_id=event_id, parents=parents, producer=PRODUCER,
-                           ts_ms=ts_ms, status=status,
-                           action={"kind": kind, "by": by, "reason": reason,
-                                   **({"figures": figures} if figures is not None else {})})
+    return manifest_action(
+        log,
+        version,
+        event_id=event_id,
+        parents=parents,
+        producer=PRODUCER,
+        ts_ms=ts_ms,
+        status=status,
+        action={
+            "kind": kind,
+            "by": by,
+            "reason": reason,
+            **({"figures": figures} if figures is not None else {}),
+        },
+    )
 
 
-def manifest_action(log: VersionLog, version: int, *, event_id: str, parents: list[str],
-                    producer: Producer, action: dict[str, Any], ts_ms: int | None = None,
-                    status: str | None = None) -> WeightsPublished:
+def manifest_action(
+    log: VersionLog,
+    version: int,
+    *,
+    event_id: str,
+    parents: list[str],
+    producer: Producer,
+    action: dict[str, Any],
+    ts_ms: int | None = None,
+    status: str | None = None,
+) -> WeightsPublished:
     """An action on ``version`` as a ``weights`` event: the version's manifest (its first
     event) with ``action`` set, so a reader of the log alone can load what it names. Shared
     by operator commands and the canary decider. ``status``: the folded one unless given."""

@@ -67,9 +67,12 @@ def worse(candidate: OutcomeRate, reference: OutcomeRate, margin: float) -> floa
 
 def arm_figures(prefix: str, o: OutcomeRate) -> dict[str, Figure]:
     a, b = beta(o)
-    return {f"{prefix}_sessions": o.total, f"{prefix}_passed": o.passed,
-            f"{prefix}_rate": None if o.rate is None else round(o.rate, 6),
-            f"{prefix}_mean": round(posterior.mean(a, b), 6)}
+    return {
+        f"{prefix}_sessions": o.total,
+        f"{prefix}_passed": o.passed,
+        f"{prefix}_rate": None if o.rate is None else round(o.rate, 6),
+        f"{prefix}_mean": round(posterior.mean(a, b), 6),
+    }
 
 
 def starved_after(share: float, cfg: CanarySettings) -> int | None:
@@ -80,44 +83,55 @@ def starved_after(share: float, cfg: CanarySettings) -> int | None:
     return math.ceil(cfg.max_sessions * (1 - share) / share)
 
 
-def decide(canary: OutcomeRate, stable: OutcomeRate, cfg: CanarySettings,
-           share: float | None = None) -> Verdict:
+def decide(
+    canary: OutcomeRate, stable: OutcomeRate, cfg: CanarySettings, share: float | None = None
+) -> Verdict:
     """Rollout, wait or withdraw for a canary against the stable arm (rules in the module
     docstring), with every number that decided it. ``share``: the canary's share of the
     traffic (rule 0 needs it)."""
     p = worse(canary, stable, cfg.margin)
     mean_c, mean_s = posterior.mean(*beta(canary)), posterior.mean(*beta(stable))
     figures: dict[str, Figure] = {
-        **arm_figures("canary", canary), **arm_figures("stable", stable),
-        "p_worse": round(p, 6), "p_not_worse": round(1.0 - p, 6), "margin": cfg.margin,
-        "min_sessions": cfg.min_sessions, "max_sessions": cfg.max_sessions,
+        **arm_figures("canary", canary),
+        **arm_figures("stable", stable),
+        "p_worse": round(p, 6),
+        "p_not_worse": round(1.0 - p, 6),
+        "margin": cfg.margin,
+        "min_sessions": cfg.min_sessions,
+        "max_sessions": cfg.max_sessions,
         "withdraw_probability": cfg.withdraw_probability,
         "rollout_probability": cfg.rollout_probability,
     }
-    said = (f"canary {canary.passed}/{canary.total}, stable {stable.passed}/{stable.total}, "
-            f"P(canary < stable - {cfg.margin:g}) = {p:.4f}")
+    said = (
+        f"canary {canary.passed}/{canary.total}, stable {stable.passed}/{stable.total}, "
+        f"P(canary < stable - {cfg.margin:g}) = {p:.4f}"
+    )
 
     def verdict(kind: Decision, rule: str, why: str) -> Verdict:
         return Verdict(kind, f"{said}: {why}", {**figures, "rule": rule})
 
     starved = starved_after(share, cfg) if share is not None else None
     if starved is not None and canary.total < cfg.min_sessions and stable.total >= starved:
-        return verdict("withdraw", "no_canary_traffic",
-                       f"the stable arm had {stable.total} >= {starved} sessions while the "
-                       f"canary had {canary.total} < {cfg.min_sessions} at a {share:g} share: "
-                       "no replica serves it")
+        return verdict(
+            "withdraw",
+            "no_canary_traffic",
+            f"the stable arm had {stable.total} >= {starved} sessions while the "
+            f"canary had {canary.total} < {cfg.min_sessions} at a {share:g} share: "
+            "no replica serves it",
+        )
     fewest = min(canary.total, stable.total)
     if fewest < cfg.min_sessions:
-        return verdict("wait", "min_sessions",
-                       f"{fewest} < {cfg.min_sessions} sessions in an arm")
+        return verdict("wait", "min_sessions", f"{fewest} < {cfg.min_sessions} sessions in an arm")
     if p >= cfg.withdraw_probability:
         return verdict("withdraw", "withdraw_probability", f">= {cfg.withdraw_probability:g}")
     if 1.0 - p >= cfg.rollout_probability:
-        return verdict("rollout", "rollout_probability",
-                       f"1 - that >= {cfg.rollout_probability:g}")
+        return verdict("rollout", "rollout_probability", f"1 - that >= {cfg.rollout_probability:g}")
     if canary.total >= cfg.max_sessions:
         kind: Decision = "rollout" if mean_c >= mean_s - cfg.margin else "withdraw"
-        return verdict(kind, "max_sessions",
-                       f"{canary.total} >= {cfg.max_sessions} canary sessions; posterior "
-                       f"means {mean_c:.4f} vs {mean_s:.4f}")
+        return verdict(
+            kind,
+            "max_sessions",
+            f"{canary.total} >= {cfg.max_sessions} canary sessions; posterior "
+            f"means {mean_c:.4f} vs {mean_s:.4f}",
+        )
     return verdict("wait", "undecided", "neither threshold reached")

@@ -60,13 +60,22 @@ def _size(n: int) -> str:
 
 def _gate(r: dict[str, Any]) -> tuple[str, str, str]:
     g = r["gate"]
-    votes = (f"{r['status']} {g.get('gate_won', 0)}-{g.get('gate_lost', 0)}-"
-             f"{g.get('gate_tied', 0)}" if g else r["status"])
-    probe = (f"{g['gate_probe_correct']}/{g.get('gate_probe_n', '?')} "
-             f"(live {g.get('gate_live_probe_correct', '?')})"
-             if "gate_probe_correct" in g else "-")
-    fluency = (f"{g['gate_fluency']:.2f} (live {g.get('gate_live_fluency', 0):.2f})"
-               if isinstance(g.get("gate_fluency"), int | float) else "-")
+    votes = (
+        f"{r['status']} {g.get('gate_won', 0)}-{g.get('gate_lost', 0)}-{g.get('gate_tied', 0)}"
+        if g
+        else r["status"]
+    )
+    probe = (
+        f"{g['gate_probe_correct']}/{g.get('gate_probe_n', '?')} "
+        f"(live {g.get('gate_live_probe_correct', '?')})"
+        if "gate_probe_correct" in g
+        else "-"
+    )
+    fluency = (
+        f"{g['gate_fluency']:.2f} (live {g.get('gate_live_fluency', 0):.2f})"
+        if isinstance(g.get("gate_fluency"), int | float)
+        else "-"
+    )
     return votes, probe, fluency
 
 
@@ -89,14 +98,18 @@ def _now(log: VersionLog, require_promoted: bool) -> str:
     return now
 
 
-def _table(ctx: click.Context, policy: str, outcomes: bool) -> tuple[VersionLog,
-                                                                      list[dict[str, Any]]]:
+def _table(
+    ctx: click.Context, policy: str, outcomes: bool
+) -> tuple[VersionLog, list[dict[str, Any]]]:
     settings = _settings(ctx)
-    log, table_rows = reading.version_rows(settings, policy, outcomes=outcomes,
-                                           require_promoted=_require_promoted(settings))
+    log, table_rows = reading.version_rows(
+        settings, policy, outcomes=outcomes, require_promoted=_require_promoted(settings)
+    )
     if not log.manifests:
-        raise VersionError(f"policy {policy} has no published version on the weights topic "
-                           "(liverl train publishes them)")
+        raise VersionError(
+            f"policy {policy} has no published version on the weights topic "
+            "(liverl train publishes them)"
+        )
     return log, table_rows
 
 
@@ -106,10 +119,10 @@ def _echo_json(doc: Any) -> None:
     click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
 
 
-policy_option = click.option("--policy", default=None,
-                             help="The policy [default: trainer.policy].")
-format_option = click.option("--format", "fmt", type=click.Choice(["table", "json"]),
-                             default="table", show_default=True)
+policy_option = click.option("--policy", default=None, help="The policy [default: trainer.policy].")
+format_option = click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
 
 
 @click.group("versions")
@@ -128,8 +141,12 @@ def versions() -> None:
 @versions.command("list")
 @policy_option
 @format_option
-@click.option("--outcomes/--no-outcomes", default=True, show_default=True,
-              help="Read the samples topic for each version's live outcome rate.")
+@click.option(
+    "--outcomes/--no-outcomes",
+    default=True,
+    show_default=True,
+    help="Read the samples topic for each version's live outcome rate.",
+)
 @click.pass_context
 def list_command(ctx: click.Context, policy: str | None, fmt: str, outcomes: bool) -> None:
     """Every version: parent, optimizer steps, samples, method, the gate's verdict (votes
@@ -147,18 +164,39 @@ def list_command(ctx: click.Context, policy: str | None, fmt: str, outcomes: boo
     pinned = f", pinned at v{log.pinned}" if log.pinned is not None else ""
     now = _now(log, _require_promoted(_settings(ctx)))
     table = Table(title=f"{policy}: {len(table_rows)} versions, {now} should serve{pinned}")
-    for col in ("v", "parent", "steps", "samples", "method", "gate votes", "probe", "fluency",
-                "served since", "until", "outcome rate (95% CI)", "size", ""):
+    for col in (
+        "v",
+        "parent",
+        "steps",
+        "samples",
+        "method",
+        "gate votes",
+        "probe",
+        "fluency",
+        "served since",
+        "until",
+        "outcome rate (95% CI)",
+        "size",
+        "",
+    ):
         table.add_column(col)
     for r in table_rows:
         votes, probe, fluency = _gate(r)
         table.add_row(
-            str(r["version"]), "-" if r["parent"] is None else str(r["parent"]),
+            str(r["version"]),
+            "-" if r["parent"] is None else str(r["parent"]),
             "-" if r["steps"] is None else str(r["steps"]),
-            "-" if r["samples"] is None else str(r["samples"]), r["method"] or "-", votes,
-            probe, fluency, _when(r["served_since_ms"]),
+            "-" if r["samples"] is None else str(r["samples"]),
+            r["method"] or "-",
+            votes,
+            probe,
+            fluency,
+            _when(r["served_since_ms"]),
             _when(r["served_until_ms"]) if r["served_since_ms"] is not None else "-",
-            rate_text(r["outcomes"]) if outcomes else "-", _size(r["size_bytes"]), _flags(r))
+            rate_text(r["outcomes"]) if outcomes else "-",
+            _size(r["size_bytes"]),
+            _flags(r),
+        )
     console.print(table)
 
 
@@ -166,11 +204,16 @@ def list_command(ctx: click.Context, policy: str | None, fmt: str, outcomes: boo
 @click.argument("version", type=int)
 @policy_option
 @format_option
-@click.option("--outcomes/--no-outcomes", default=True, show_default=True,
-              help="Read the samples topic for the version's live outcome rate.")
+@click.option(
+    "--outcomes/--no-outcomes",
+    default=True,
+    show_default=True,
+    help="Read the samples topic for the version's live outcome rate.",
+)
 @click.pass_context
-def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
-                 outcomes: bool) -> None:
+def show_command(
+    ctx: click.Context, version: int, policy: str | None, fmt: str, outcomes: bool
+) -> None:
     """One version in full: its row, its lineage (samples -> optimizer steps -> version, back
     through its parents), the sessions it trained on (from its folder's trajectories, when
     the folder is readable here) and the operator actions that named it."""
@@ -181,22 +224,43 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
     actions.known(log, version)
     row = next(r for r in table_rows if r["version"] == version)
     by_version = {r["version"]: r for r in table_rows}
-    chain = [{"version": v, "samples": by_version[v]["samples"], "steps": by_version[v]["steps"],
-              "step": by_version[v]["step"]} for v in lineage(log, version)]
+    chain = [
+        {
+            "version": v,
+            "samples": by_version[v]["samples"],
+            "steps": by_version[v]["steps"],
+            "step": by_version[v]["step"],
+        }
+        for v in lineage(log, version)
+    ]
     try:
         sessions = reading.trained_sessions(local_dir(row["uri"]))
     except Exception:  # noqa: BLE001 - a remote uri or an unreadable file: say unknown
         sessions = None
-    doc = {**row, "lineage": chain, "sessions": sessions,
-           "actions": [{"kind": a.kind, "by": a.by, "reason": a.reason, "ts_ms": a.ts_ms,
-                        "event_id": a.event_id, "figures": a.figures}
-                       for a in log.actions if a.version == version]}
+    doc = {
+        **row,
+        "lineage": chain,
+        "sessions": sessions,
+        "actions": [
+            {
+                "kind": a.kind,
+                "by": a.by,
+                "reason": a.reason,
+                "ts_ms": a.ts_ms,
+                "event_id": a.event_id,
+                "figures": a.figures,
+            }
+            for a in log.actions
+            if a.version == version
+        ],
+    }
     if fmt == "json":
         _echo_json(doc)
         return
     votes, probe, fluency = _gate(row)
-    as_canary = ("; as canary on: " + ", ".join(row["canary_replicas"])
-                 if row["canary_replicas"] else "")
+    as_canary = (
+        "; as canary on: " + ", ".join(row["canary_replicas"]) if row["canary_replicas"] else ""
+    )
     lines = [
         f"{policy} v{version} ({row['status']}; {_flags(row)})",
         f"  parent      {'base' if row['parent'] is None else 'v' + str(row['parent'])}",
@@ -211,9 +275,13 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
         f" (now on: {', '.join(row['replicas']) or 'no replica'}{as_canary})",
         f"  outcomes    {rate_text(row['outcomes']) if outcomes else '(not read)'}",
         f"  size        {_size(row['size_bytes'])} at {row['uri']}",
-        "  lineage     " + " <- ".join(
+        "  lineage     "
+        + " <- ".join(
             f"v{c['version']} ({c['samples'] if c['samples'] is not None else '?'} samples, "
-            f"{c['steps'] if c['steps'] is not None else '?'} steps)" for c in chain) + " <- base",
+            f"{c['steps'] if c['steps'] is not None else '?'} steps)"
+            for c in chain
+        )
+        + " <- base",
     ]
     if sessions is None:
         lines.append("  sessions    unknown (the version folder is not readable here)")
@@ -221,21 +289,30 @@ def show_command(ctx: click.Context, version: int, policy: str | None, fmt: str,
         lines.append(f"  sessions    {len(sessions)} trained on:")
         lines += [f"    {sid} ({n} turns)" for sid, n in sorted(sessions.items())]
     for a in doc["actions"]:
-        lines.append(f"  {a['kind']:<11} {_when(a['ts_ms'])} by {a['by']}: "
-                     f"{a['reason'] or '(no reason given)'} [{a['event_id']}]")
+        lines.append(
+            f"  {a['kind']:<11} {_when(a['ts_ms'])} by {a['by']}: "
+            f"{a['reason'] or '(no reason given)'} [{a['event_id']}]"
+        )
         if a["figures"]:
             lines.append("              " + ", ".join(f"{k}={v}" for k, v in a["figures"].items()))
     click.echo("\n".join(lines))
 
 
-def _act(ctx: click.Context, kind: str, version: int | None, policy: str | None,
-         by: str | None, reason: str | None) -> None:
+def _act(
+    ctx: click.Context,
+    kind: str,
+    version: int | None,
+    policy: str | None,
+    by: str | None,
+    reason: str | None,
+) -> None:
     settings = _settings(ctx)
     policy = _policy(ctx, policy)
     who = by or getpass.getuser()
     log = reading.weights_log(settings, policy)
-    event = actions.action_event(log, kind, version, by=who, reason=reason,
-                                 require_promoted=_require_promoted(settings))
+    event = actions.action_event(
+        log, kind, version, by=who, reason=reason, require_promoted=_require_promoted(settings)
+    )
     if event is None:
         done = actions.action_id(log, kind, version, who, reason)[0]
         click.echo(f"already in the log (event {done}): not sent again")
@@ -245,11 +322,14 @@ def _act(ctx: click.Context, kind: str, version: int | None, policy: str | None,
     except Exception as exc:  # noqa: BLE001 - Kafka's or the config's: say it, exit non-zero
         raise click.ClickException(
             f"{kind} v{event.version} not confirmed: {exc}. Run the same command again: it "
-            "is sent once whatever the number of tries") from exc
+            "is sent once whatever the number of tries"
+        ) from exc
     log.add(event)
     now = _now(log, _require_promoted(settings))
-    click.echo(f"{kind} v{event.version} of {policy} by {who} (event {event.event_id}); "
-               f"{now} should serve now")
+    click.echo(
+        f"{kind} v{event.version} of {policy} by {who} (event {event.event_id}); "
+        f"{now} should serve now"
+    )
 
 
 by_option = click.option("--by", default=None, help="Who acts [default: the OS user].")
@@ -262,8 +342,9 @@ reason_option = click.option("--reason", default=None, help="Why, for the audit 
 @by_option
 @reason_option
 @click.pass_context
-def promote_command(ctx: click.Context, version: int, policy: str | None, by: str | None,
-                    reason: str | None) -> None:
+def promote_command(
+    ctx: click.Context, version: int, policy: str | None, by: str | None, reason: str | None
+) -> None:
     """Count VERSION as promoted whatever the gate said (a withdrawn one comes back); it
     serves if it is the newest servable version and nothing is pinned."""
     _act(ctx, "promote", version, policy, by, reason)
@@ -275,8 +356,9 @@ def promote_command(ctx: click.Context, version: int, policy: str | None, by: st
 @by_option
 @reason_option
 @click.pass_context
-def pin_command(ctx: click.Context, version: int, policy: str | None, by: str | None,
-                reason: str | None) -> None:
+def pin_command(
+    ctx: click.Context, version: int, policy: str | None, by: str | None, reason: str | None
+) -> None:
     """Serve VERSION until unpin, whatever is published or promoted meanwhile (a version the
     gate rejected must be promoted first)."""
     _act(ctx, "pin", version, policy, by, reason)
@@ -287,22 +369,28 @@ def pin_command(ctx: click.Context, version: int, policy: str | None, by: str | 
 @by_option
 @reason_option
 @click.pass_context
-def unpin_command(ctx: click.Context, policy: str | None, by: str | None,
-                  reason: str | None) -> None:
+def unpin_command(
+    ctx: click.Context, policy: str | None, by: str | None, reason: str | None
+) -> None:
     """End the pin: the newest servable version serves again."""
     _act(ctx, "unpin", None, policy, by, reason)
 
 
 @versions.command("rollback")
-@click.option("--to", "to", type=int, default=None,
-              help="The version to go back to [default: the newest servable one older than "
-                   "the live one].")
+@click.option(
+    "--to",
+    "to",
+    type=int,
+    default=None,
+    help="The version to go back to [default: the newest servable one older than the live one].",
+)
 @policy_option
 @by_option
 @reason_option
 @click.pass_context
-def rollback_command(ctx: click.Context, to: int | None, policy: str | None, by: str | None,
-                     reason: str | None) -> None:
+def rollback_command(
+    ctx: click.Context, to: int | None, policy: str | None, by: str | None, reason: str | None
+) -> None:
     """Serve an older version: every version newer than it is withdrawn (never served again
     unless promoted), and versions published afterwards serve as usual."""
     _act(ctx, "rollback", to, policy, by, reason)
@@ -314,8 +402,9 @@ def rollback_command(ctx: click.Context, to: int | None, policy: str | None, by:
 @by_option
 @reason_option
 @click.pass_context
-def rollout_command(ctx: click.Context, version: int, policy: str | None, by: str | None,
-                    reason: str | None) -> None:
+def rollout_command(
+    ctx: click.Context, version: int, policy: str | None, by: str | None, reason: str | None
+) -> None:
     """Serve the canary VERSION to everyone now (it becomes the stable version), whatever
     its outcomes so far; the next waiting version, if any, becomes the canary."""
     _act(ctx, "rollout", version, policy, by, reason)
@@ -327,8 +416,9 @@ def rollout_command(ctx: click.Context, version: int, policy: str | None, by: st
 @by_option
 @reason_option
 @click.pass_context
-def withdraw_command(ctx: click.Context, version: int, policy: str | None, by: str | None,
-                     reason: str | None) -> None:
+def withdraw_command(
+    ctx: click.Context, version: int, policy: str | None, by: str | None, reason: str | None
+) -> None:
     """Never serve VERSION, nor any newer version published so far, again (unless promoted):
     its users, canary or not, go back to the newest servable version below it, or the base."""
     _act(ctx, "withdraw", version, policy, by, reason)
@@ -336,21 +426,37 @@ def withdraw_command(ctx: click.Context, version: int, policy: str | None, by: s
 
 @versions.command("canary")
 @policy_option
-@click.option("--namespace", default=None,
-              help="Decide on replay namespace NAME's weights and samples topics, not the live "
-                   "ones [default: kafka.namespace].")
-@field_option(CanarySettings, "watch_action", "--watch-action",
-              help="On a drop the watch finds: withdraw (an event) or alert (a warning and a "
-                   "metric only).")
-@field_option(CanarySettings, "metrics_port", "--metrics-port", type=click.IntRange(0, 65535),
-              help="Serve liverl_canary_* and liverl_watch_* here (no authentication).")
-@field_option(CanarySettings, "metrics_host", "--metrics-host",
-              help="Interface the metrics server binds to.")
-@click.option("--once", is_flag=True,
-              help="Catch up, evaluate once (sending a decision if one is due), and exit.")
+@click.option(
+    "--namespace",
+    default=None,
+    help="Decide on replay namespace NAME's weights and samples topics, not the live "
+    "ones [default: kafka.namespace].",
+)
+@field_option(
+    CanarySettings,
+    "watch_action",
+    "--watch-action",
+    help="On a drop the watch finds: withdraw (an event) or alert (a warning and a metric only).",
+)
+@field_option(
+    CanarySettings,
+    "metrics_port",
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve liverl_canary_* and liverl_watch_* here (no authentication).",
+)
+@field_option(
+    CanarySettings, "metrics_host", "--metrics-host", help="Interface the metrics server binds to."
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Catch up, evaluate once (sending a decision if one is due), and exit.",
+)
 @click.pass_context
-def canary_command(ctx: click.Context, policy: str | None, namespace: str | None,
-                   once: bool, **options: Any) -> None:
+def canary_command(
+    ctx: click.Context, policy: str | None, namespace: str | None, once: bool, **options: Any
+) -> None:
     """Judge canaries by their live outcomes, and watch the serving version for a drop.
 
     Follows liverl.weights.v1 and liverl.samples.v1 (at start: from their beginning). While a
@@ -389,8 +495,7 @@ def canary_command(ctx: click.Context, policy: str | None, namespace: str | None
         from pipeline.replay import namespace as nsmod
 
         nsmod.check_name(namespace)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     server = None
     if cfg.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -400,14 +505,20 @@ def canary_command(ctx: click.Context, policy: str | None, namespace: str | None
         except OSError as exc:
             raise click.ClickException(
                 f"metrics server: cannot listen on {cfg.metrics_host}:{cfg.metrics_port} "
-                f"({exc.strerror or exc}); pass another --metrics-port") from exc
+                f"({exc.strerror or exc}); pass another --metrics-port"
+            ) from exc
     stop = threading.Event()
     if not once:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
     policy = _policy(ctx, policy)
-    runner = CanaryRunner(settings, cfg, policy_id=policy,
-                          require_promoted=_require_promoted(settings), namespace=namespace)
+    runner = CanaryRunner(
+        settings,
+        cfg,
+        policy_id=policy,
+        require_promoted=_require_promoted(settings),
+        namespace=namespace,
+    )
     try:
         runner.run(stop, once=once)
     except LookupError as exc:
@@ -416,6 +527,11 @@ def canary_command(ctx: click.Context, policy: str | None, namespace: str | None
         if server is not None:
             server.shutdown()
             server.server_close()
-    click.echo(f"{policy}: {len(runner.sent)} decision(s) sent"
-               + "".join(f"; {e.action['by']} {e.action['kind']} v{e.version}"
-                         for e in runner.sent if e.action is not None))
+    click.echo(
+        f"{policy}: {len(runner.sent)} decision(s) sent"
+        + "".join(
+            f"; {e.action['by']} {e.action['kind']} v{e.version}"
+            for e in runner.sent
+            if e.action is not None
+        )
+    )

@@ -72,17 +72,29 @@ def decision_id(policy_id: str, version: int, by: Deciders, parents: list[str]) 
     return derive_event_id("weights_decision", parents, ID_VERSION, policy_id, version, by)
 
 
-def decision_event(log: VersionLog, kind: Literal["rollout", "withdraw"], version: int, *,
-                   by: Deciders, reason: str, figures: dict[str, canary_rule.Figure],
-                   ts_ms: int | None = None) -> WeightsPublished:
+def decision_event(
+    log: VersionLog,
+    kind: Literal["rollout", "withdraw"],
+    version: int,
+    *,
+    by: Deciders,
+    reason: str,
+    figures: dict[str, canary_rule.Figure],
+    ts_ms: int | None = None,
+) -> WeightsPublished:
     """The ``weights`` event of a decision: the version's manifest with ``action = {kind,
     by, reason, figures}``, as an operator's action copies it (``actions.action_event``). Its
     parent is the version's first event (the candidate's), which every reader has."""
     parents = [log.manifests[version].event_id]
-    return manifest_action(log, version, event_id=decision_id(log.policy_id, version, by, parents),
-                           parents=parents, producer=PRODUCER, ts_ms=ts_ms,
-                           action={"kind": kind, "by": by, "reason": reason,
-                                   "figures": figures})
+    return manifest_action(
+        log,
+        version,
+        event_id=decision_id(log.policy_id, version, by, parents),
+        parents=parents,
+        producer=PRODUCER,
+        ts_ms=ts_ms,
+        action={"kind": kind, "by": by, "reason": reason, "figures": figures},
+    )
 
 
 @dataclass(frozen=True)
@@ -123,8 +135,15 @@ class Decider:
         self._ids.add(ev.event_id)
         return True
 
-    def add_sample(self, version: int, session: str, outcome: float | None,
-                   ts_ms: int, judged: float | None = None, turn: int = 0) -> bool:
+    def add_sample(
+        self,
+        version: int,
+        session: str,
+        outcome: float | None,
+        ts_ms: int,
+        judged: float | None = None,
+        turn: int = 0,
+    ) -> bool:
         """Fold one sample of this policy (``reading.sample_outcome``'s fields)."""
         return self.book.add(self.policy_id, version, session, outcome, ts_ms, judged, turn)
 
@@ -135,9 +154,10 @@ class Decider:
         rollback to an older version starts its watch window afresh. Sessions forgotten."""
         stable, _canary = arms(self.log, self.require_promoted)
         floor = stable if stable is not None else 0
-        parent = (self.log.manifests[stable].parent if stable in self.log.manifests else None)
+        parent = self.log.manifests[stable].parent if stable in self.log.manifests else None
         keep = {0, floor, arm_version(parent)} | {
-            v for v in self.log.manifests if v > floor and v not in self.log.withdrawn}
+            v for v in self.log.manifests if v > floor and v not in self.log.withdrawn
+        }
         # sessions of versions not announced yet (samples can arrive before the event)
         keep |= {v for v in self.book.by_version if v not in self.log.manifests}
         return self.book.keep_only(keep)
@@ -160,41 +180,65 @@ class Decider:
             return Step("idle")
         return self._watch(stable, ts_ms=ts_ms)
 
-    def _canary(self, stable: int | None, version: int, share: float, *,
-                ts_ms: int | None) -> Step:
+    def _canary(self, stable: int | None, version: int, share: float, *, ts_ms: int | None) -> Step:
         ref = arm_version(stable)
         # both arms over the same period: since the canary became servable (its servable
         # event's time), whether or not any replica managed to serve it
         since = self.log.servable_since(version, self.require_promoted)
         pinned = pinned_periods(self.log)  # no arms then: everyone met the pin
         stable_arm = self.book.rate(ref, since_ms=since, excluding=pinned)
-        verdict = canary_rule.decide(self.book.rate(version, excluding=pinned), stable_arm,
-                                     self.cfg, share)
-        figures = {**verdict.figures, "canary_version": version, "stable_version": ref,
-                   "canary_share": share, "since_ms": since}
+        verdict = canary_rule.decide(
+            self.book.rate(version, excluding=pinned), stable_arm, self.cfg, share
+        )
+        figures = {
+            **verdict.figures,
+            "canary_version": version,
+            "stable_version": ref,
+            "canary_share": share,
+            "since_ms": since,
+        }
         verdict = Verdict(verdict.kind, verdict.reason, figures)
         event = None
         if verdict.kind != "wait":
-            event = self._unsent(decision_event(self.log, verdict.kind, version, by="canary",
-                                                reason=verdict.reason, figures=figures,
-                                                ts_ms=ts_ms))
+            event = self._unsent(
+                decision_event(
+                    self.log,
+                    verdict.kind,
+                    version,
+                    by="canary",
+                    reason=verdict.reason,
+                    figures=figures,
+                    ts_ms=ts_ms,
+                )
+            )
         return Step("canary", version, ref, share, verdict, event)
 
     def _watch(self, stable: int, *, ts_ms: int | None) -> Step:
         parent = arm_version(self.log.manifests[stable].parent)
         n = self.cfg.watch_window
-        verdict = watch_rule.check(self.book.window(stable, n), self.book.window(parent, n),
-                                   self.cfg)
-        verdict = Verdict(verdict.kind, verdict.reason,
-                          {**verdict.figures, "serving_version": stable,
-                           "parent_version": parent})
+        verdict = watch_rule.check(
+            self.book.window(stable, n), self.book.window(parent, n), self.cfg
+        )
+        verdict = Verdict(
+            verdict.kind,
+            verdict.reason,
+            {**verdict.figures, "serving_version": stable, "parent_version": parent},
+        )
         if verdict.kind != "withdraw":
             return Step("watch", stable, parent, verdict=verdict)
         if self.cfg.watch_action == "alert":
             first = stable not in self.alerted
             self.alerted.add(stable)
             return Step("watch", stable, parent, verdict=verdict, alert=first)
-        event = self._unsent(decision_event(self.log, "withdraw", stable, by="watch",
-                                            reason=verdict.reason, figures=verdict.figures,
-                                            ts_ms=ts_ms))
+        event = self._unsent(
+            decision_event(
+                self.log,
+                "withdraw",
+                stable,
+                by="watch",
+                reason=verdict.reason,
+                figures=verdict.figures,
+                ts_ms=ts_ms,
+            )
+        )
         return Step("watch", stable, parent, verdict=verdict, event=event)

@@ -26,9 +26,14 @@ def outcome_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         flags = ",".join(f for f in ("live", "pinned", "withdrawn") if r[f])
-        served = ("never served" if r["served_since_ms"] is None else
-                  f"served {_utc(r['served_since_ms'])} .. "
-                  f"{_utc(r['served_until_ms']) if r['served_until_ms'] else 'now'}")
-        out.append(f"v{r['version']} ({r['status']}{', ' + flags if flags else ''}): {served};"
-                   f" live outcome {rate_text(r['outcomes'])}")
+        served = (
+            "never served"
+            if r["served_since_ms"] is None
+            else f"served {_utc(r['served_since_ms'])} .. "
+            f"{_utc(r['served_until_ms']) if r['served_until_ms'] else 'now'}"
+        )
+        out.append(
+            f"v{r['version']} ({r['status']}{', ' + flags if flags else ''}): {served};"
+            f" live outcome {rate_text(r['outcomes'])}"
+        )
     return out

@@ -52,8 +52,10 @@ def _continued_fraction(x: float, a: float, b: float) -> float:
     h = d
     for m in range(1, _CF_MAX_ITER):
         m2 = 2 * m
-        for num in (m * (b - m) * x / ((a + m2 - 1) * (a + m2)),
-                    -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1))):
+        for num in (
+            m * (b - m) * x / ((a + m2 - 1) * (a + m2)),
+            -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > _CF_TINY else _CF_TINY)
             c = 1.0 + num / c
@@ -85,8 +87,9 @@ def sd(a: float, b: float) -> float:
     return math.sqrt(a * b / (n * n * (n + 1)))
 
 
-def _simpson(f: Callable[[float], float], lo: float, hi: float,
-             n: int = SIMPSON_INTERVALS) -> float:
+def _simpson(
+    f: Callable[[float], float], lo: float, hi: float, n: int = SIMPSON_INTERVALS
+) -> float:
     if hi <= lo:
         return 0.0
     h = (hi - lo) / n

@@ -25,8 +25,9 @@ TRAJECTORIES = Path("trainer") / "trajectories.parquet"
 TIMEOUT_S = 30.0  # a partition that yields nothing this long fails the read (ReadError)
 
 
-def _decoded(topic: str, expected: str, connection: Connectable,
-             timeout_s: float = TIMEOUT_S) -> list[Any]:
+def _decoded(
+    topic: str, expected: str, connection: Connectable, timeout_s: float = TIMEOUT_S
+) -> list[Any]:
     out: list[Any] = []
 
     def handle(msg: Any) -> None:
@@ -34,22 +35,29 @@ def _decoded(topic: str, expected: str, connection: Connectable,
         with contextlib.suppress(events.EventValidationError):
             out.append(events.decode(msg.value(), expected_type=expected))
 
-    read_to_end(connection, [topic], handle, group_prefix="liverl-versions-",
-                idle_timeout_s=timeout_s)
+    read_to_end(
+        connection, [topic], handle, group_prefix="liverl-versions-", idle_timeout_s=timeout_s
+    )
     return out
 
 
-def weights_log(connection: Connectable, policy_id: str,
-                timeout_s: float = TIMEOUT_S) -> VersionLog:
+def weights_log(
+    connection: Connectable, policy_id: str, timeout_s: float = TIMEOUT_S
+) -> VersionLog:
     log = VersionLog(policy_id)
     for ev in _decoded(names.WEIGHTS, "weights", connection, timeout_s):
         log.add(ev)
     return log
 
 
-def version_rows(connection: Connectable, policy_id: str, *, require_promoted: bool,
-                 outcomes: bool = True,
-                 timeout_s: float = TIMEOUT_S) -> tuple[VersionLog, list[dict[str, Any]]]:
+def version_rows(
+    connection: Connectable,
+    policy_id: str,
+    *,
+    require_promoted: bool,
+    outcomes: bool = True,
+    timeout_s: float = TIMEOUT_S,
+) -> tuple[VersionLog, list[dict[str, Any]]]:
     """The folded log and one row per version (``table.rows``): serving times from the
     replicas' reports and, with ``outcomes``, each version's live outcome rate from the
     samples. What ``liverl versions list`` and ``liverl report`` both show."""
@@ -57,8 +65,11 @@ def version_rows(connection: Connectable, policy_id: str, *, require_promoted: b
     if not log.manifests:  # nothing to rate: the samples topic, the largest, is not read
         return log, []
     serving = served(policy_id, serving_statuses(connection, timeout_s))
-    rates = (outcome_rates(policy_id, sample_outcomes(connection, policy_id, timeout_s))
-             if outcomes else {})
+    rates = (
+        outcome_rates(policy_id, sample_outcomes(connection, policy_id, timeout_s))
+        if outcomes
+        else {}
+    )
     return log, rows(log, serving, rates, require_promoted=require_promoted)
 
 
@@ -75,13 +86,15 @@ def trainer_statuses(connection: Connectable) -> list[events.TrainerStatus]:
     return _decoded(names.TRAINER_STATUS, "trainer_status", connection)
 
 
-def serving_statuses(connection: Connectable,
-                     timeout_s: float = TIMEOUT_S) -> list[events.ServingStatus]:
+def serving_statuses(
+    connection: Connectable, timeout_s: float = TIMEOUT_S
+) -> list[events.ServingStatus]:
     return _decoded(names.SERVING_STATUS, "serving_status", connection, timeout_s)
 
 
-def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float | None, int,
-                                                                float | None, int] | None:
+def sample_outcome(
+    raw: bytes | None, policy_id: str
+) -> tuple[int, str, float | None, int, float | None, int] | None:
     """``(behavior_weight_version, session_id, outcome, ts_ms, judged, turn)`` of one sample
     record of the policy, None for anything else. ``judged`` is the turn's judged score,
     reward minus the path part (``penalty``), when the reward is not a group-normalised
@@ -95,18 +108,28 @@ def sample_outcome(raw: bytes | None, policy_id: str) -> tuple[int, str, float |
             return None
         outcome = doc.get("outcome")
         reward, penalty = doc.get("reward"), doc.get("penalty") or 0.0
-        judged = (float(reward) - float(penalty)
-                  if isinstance(reward, int | float) and isinstance(penalty, int | float)
-                  and not doc.get("normalized") else None)
-        return (int(doc["behavior_weight_version"]), str(doc["session_id"]),
-                float(outcome) if isinstance(outcome, int | float) else None,
-                int(doc.get("ts_ms") or 0), judged, int(doc.get("turn") or 0))
+        judged = (
+            float(reward) - float(penalty)
+            if isinstance(reward, int | float)
+            and isinstance(penalty, int | float)
+            and not doc.get("normalized")
+            else None
+        )
+        return (
+            int(doc["behavior_weight_version"]),
+            str(doc["session_id"]),
+            float(outcome) if isinstance(outcome, int | float) else None,
+            int(doc.get("ts_ms") or 0),
+            judged,
+            int(doc.get("turn") or 0),
+        )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
 
 
-def sample_outcomes(connection: Connectable, policy_id: str,
-                    timeout_s: float = TIMEOUT_S) -> list[tuple[str, int, str, float | None]]:
+def sample_outcomes(
+    connection: Connectable, policy_id: str, timeout_s: float = TIMEOUT_S
+) -> list[tuple[str, int, str, float | None]]:
     """``(policy_id, behavior_weight_version, session_id, outcome)`` of every sample of the
     policy (:func:`sample_outcome` reads each)."""
     out: list[tuple[str, int, str, float | None]] = []
@@ -116,8 +139,13 @@ def sample_outcomes(connection: Connectable, policy_id: str,
         if got is not None:
             out.append((policy_id, *got[:3]))
 
-    read_to_end(connection, [names.SAMPLES], handle, group_prefix="liverl-versions-",
-                idle_timeout_s=timeout_s)
+    read_to_end(
+        connection,
+        [names.SAMPLES],
+        handle,
+        group_prefix="liverl-versions-",
+        idle_timeout_s=timeout_s,
+    )
     return out
 
 
@@ -131,8 +159,9 @@ def trained_sessions(folder: Path) -> dict[str, int] | None:
 
     table = pq.read_table(path, columns=["session_id", "status"])
     out: dict[str, int] = {}
-    for sid, status in zip(table.column("session_id").to_pylist(),
-                           table.column("status").to_pylist(), strict=True):
+    for sid, status in zip(
+        table.column("session_id").to_pylist(), table.column("status").to_pylist(), strict=True
+    ):
         if status == "trained":
             out[sid] = out.get(sid, 0) + 1
     return out

@@ -38,10 +38,17 @@ class CanaryRunner:
     """One policy's decider on the broker. ``run(stop)`` catches up, then follows until
     ``stop`` is set (``once``: returns after the catch-up's evaluation)."""
 
-    def __init__(self, settings: Connectable, cfg: CanarySettings, *, policy_id: str,
-                 require_promoted: bool, namespace: str | None = None,
-                 metrics: DecisionMetrics | None = None,
-                 on_step: Callable[[Step], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Connectable,
+        cfg: CanarySettings,
+        *,
+        policy_id: str,
+        require_promoted: bool,
+        namespace: str | None = None,
+        metrics: DecisionMetrics | None = None,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.cfg = cfg
         self.decider = Decider(policy_id, cfg, require_promoted)
@@ -78,8 +85,7 @@ class CanaryRunner:
         from pipeline.kafka.reader import end_offsets, read_to_end
 
         topics = [self.weights_topic, self.samples_topic]
-        hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace
-                                        else "")
+        hint = "liverl topics apply" + (f" --namespace {self.namespace}" if self.namespace else "")
         ends = end_offsets(self.settings, topics, group_prefix="liverl-canary-ends", hint=hint)
         read_to_end(self.settings, topics, self.handle, group_prefix="liverl-canary-")
         return ends
@@ -88,8 +94,12 @@ class CanaryRunner:
         from pipeline.kafka.reader import follow
 
         ends = self.catch_up()
-        log.info("canary decider for %s caught up: %d version(s), %d session(s) with outcomes",
-                 self.policy_id, len(self.decider.log.manifests), self.decider.book.count())
+        log.info(
+            "canary decider for %s caught up: %d version(s), %d session(s) with outcomes",
+            self.policy_id,
+            len(self.decider.log.manifests),
+            self.decider.book.count(),
+        )
         try:
             self.evaluate()
             if once:
@@ -99,8 +109,14 @@ class CanaryRunner:
                 if sum(self.handle(m) for m in msgs):  # every record folded, then judged
                     self.evaluate()
 
-            follow(self.settings, ends, batch, stop or threading.Event(),
-                   group_prefix="liverl-canary-follow", label="canary decider")
+            follow(
+                self.settings,
+                ends,
+                batch,
+                stop or threading.Event(),
+                group_prefix="liverl-canary-follow",
+                label="canary decider",
+            )
         finally:
             self.close()
 
@@ -129,8 +145,15 @@ class CanaryRunner:
         self.decider.mark_sent(ev)  # not sent again before it is read back
         self.sent.append(ev)
         kind, by = ev.action["kind"], ev.action["by"]
-        log.warning("%s %s v%d of %s (event %s): %s", by, kind, ev.version, ev.policy_id,
-                    ev.event_id, ev.action.get("reason"))
+        log.warning(
+            "%s %s v%d of %s (event %s): %s",
+            by,
+            kind,
+            ev.version,
+            ev.policy_id,
+            ev.event_id,
+            ev.action.get("reason"),
+        )
         if by == "canary":
             self.metrics.decisions.labels(self.policy_id, kind).inc()
         else:
@@ -147,16 +170,26 @@ class CanaryRunner:
         if step.alert:
             self.metrics.watch_alerts.labels(self.policy_id).inc()
             assert step.verdict is not None
-            log.warning("watch: v%s of %s dropped against its parent (alert only, "
-                        "canary.watch_action = alert): %s", step.version, self.policy_id,
-                        step.verdict.reason)
+            log.warning(
+                "watch: v%s of %s dropped against its parent (alert only, "
+                "canary.watch_action = alert): %s",
+                step.version,
+                self.policy_id,
+                step.verdict.reason,
+            )
         what = (step.mode, step.version, step.reference)
-        if waiting and (what != self._logged
-                        or sessions - self._logged_sessions >= self.cfg.wait_log_sessions):
+        if waiting and (
+            what != self._logged or sessions - self._logged_sessions >= self.cfg.wait_log_sessions
+        ):
             assert step.verdict is not None
             self._logged, self._logged_sessions = what, sessions
-            log.info("%s v%s of %s: wait (%s)", step.mode, step.version, self.policy_id,
-                     step.verdict.reason)
+            log.info(
+                "%s v%s of %s: wait (%s)",
+                step.mode,
+                step.version,
+                self.policy_id,
+                step.verdict.reason,
+            )
         if self.on_step is not None:
             self.on_step(step)
 

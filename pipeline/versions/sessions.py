@@ -47,8 +47,16 @@ class SessionBook:
     by_version: dict[int, dict[str, tuple[int, float]]] = field(default_factory=dict)
     _signals: dict[tuple[int, str], _Signals] = field(default_factory=dict, repr=False)
 
-    def add(self, policy_id: str, version: int, session: str, outcome: float | None,
-            ts_ms: int, judged: float | None = None, turn: int = 0) -> bool:
+    def add(
+        self,
+        policy_id: str,
+        version: int,
+        session: str,
+        outcome: float | None,
+        ts_ms: int,
+        judged: float | None = None,
+        turn: int = 0,
+    ) -> bool:
         """Fold one sample's verified outcome and judged score; False when the session's
         outcome is unchanged (another policy's sample, nothing to count, or the same)."""
         if policy_id != self.policy_id:
@@ -80,8 +88,12 @@ class SessionBook:
         rows = [(self.policy_id, version, sid, outcome) for sid, outcome in chosen]
         return outcome_rates(self.policy_id, rows).get(version, OutcomeRate(0, 0))
 
-    def rate(self, version: int, since_ms: int | None = None,
-             excluding: Sequence[tuple[int, int | None]] = ()) -> OutcomeRate:
+    def rate(
+        self,
+        version: int,
+        since_ms: int | None = None,
+        excluding: Sequence[tuple[int, int | None]] = (),
+    ) -> OutcomeRate:
         """The version's sessions, those that began at ``since_ms`` or later if given, and
         outside every ``[start, end)`` period of ``excluding`` (end None: still open)."""
         sessions = self.by_version.get(version, {})
@@ -89,8 +101,14 @@ class SessionBook:
         def outside(ts: int) -> bool:
             return not any(start <= ts and (end is None or ts < end) for start, end in excluding)
 
-        return self._rate(version, [(sid, o) for sid, (ts, o) in sessions.items()
-                                    if (since_ms is None or ts >= since_ms) and outside(ts)])
+        return self._rate(
+            version,
+            [
+                (sid, o)
+                for sid, (ts, o) in sessions.items()
+                if (since_ms is None or ts >= since_ms) and outside(ts)
+            ],
+        )
 
     def window(self, version: int, last: int) -> OutcomeRate:
         """The version's ``last`` most recent sessions (by first sample time, then id)."""

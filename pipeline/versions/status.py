@@ -54,8 +54,9 @@ def serving_line(log: VersionLog, require_promoted: bool) -> str:
     return parts[0] + (" (" + "; ".join(parts[1:]) + ")" if parts[1:] else "")
 
 
-def canary_line(log: VersionLog, require_promoted: bool, now_ms: int,
-                figures: Mapping[str, Any] | None = None) -> str | None:
+def canary_line(
+    log: VersionLog, require_promoted: bool, now_ms: int, figures: Mapping[str, Any] | None = None
+) -> str | None:
     """The canary rollout's state: "canary vN at 10 % since …, waiting behind it: …", then
     each arm's sessions and outcome rate and the decider's probability (``figures``: what
     :meth:`Decider.evaluate` would decide now; None when not computed). None: no canary."""
@@ -64,26 +65,38 @@ def canary_line(log: VersionLog, require_promoted: bool, now_ms: int,
         return None
     version, share = arm
     since = log.servable_since(version, require_promoted)
-    waiting = [v for v in sorted(log.manifests) if v > version
-               and log.servable(v, require_promoted) and log.pending(v, require_promoted)]
-    line = (f"  canary: v{version} at {share:.0%} of users since {_clock(since)} "
-            f"({_ago(since, now_ms)})")
+    waiting = [
+        v
+        for v in sorted(log.manifests)
+        if v > version and log.servable(v, require_promoted) and log.pending(v, require_promoted)
+    ]
+    line = (
+        f"  canary: v{version} at {share:.0%} of users since {_clock(since)} "
+        f"({_ago(since, now_ms)})"
+    )
     if waiting:
         line += f"; waiting behind it: {_versions(waiting)}"
     if figures:
+
         def arm_text(name: str) -> str:
-            n, passed, rate = (figures.get(f"{name}_sessions"), figures.get(f"{name}_passed"),
-                               figures.get(f"{name}_rate"))
+            n, passed, rate = (
+                figures.get(f"{name}_sessions"),
+                figures.get(f"{name}_passed"),
+                figures.get(f"{name}_rate"),
+            )
             return f"{name} {passed}/{n}" + (f" ({rate:.0%})" if rate is not None else "")
 
-        line += (f"; sessions with outcomes: {arm_text('canary')}, {arm_text('stable')}, "
-                 f"P(canary worse) {figures.get('p_worse', float('nan')):.2f}, "
-                 f"{figures.get('rule', '?')}")
+        line += (
+            f"; sessions with outcomes: {arm_text('canary')}, {arm_text('stable')}, "
+            f"P(canary worse) {figures.get('p_worse', float('nan')):.2f}, "
+            f"{figures.get('rule', '?')}"
+        )
     return line
 
 
-def canary_figures(connection: Any, log: VersionLog, cfg: Any,
-                   require_promoted: bool) -> dict[str, Any] | None:
+def canary_figures(
+    connection: Any, log: VersionLog, cfg: Any, require_promoted: bool
+) -> dict[str, Any] | None:
     """What the canary decider would decide now for ``log``'s canary (reads the samples
     topic: only called when there is a canary). None without a canary."""
     if log.canary(require_promoted) is None:
@@ -92,8 +105,9 @@ def canary_figures(connection: Any, log: VersionLog, cfg: Any,
 
     from .runner import CanaryRunner
 
-    runner = CanaryRunner(connection, cfg, policy_id=log.policy_id,
-                          require_promoted=require_promoted)
+    runner = CanaryRunner(
+        connection, cfg, policy_id=log.policy_id, require_promoted=require_promoted
+    )
     for ev in log.events:  # the log shown, already read
         runner.decider.add_weights(ev)
     # the samples, folded by the decider's own reader
@@ -109,27 +123,43 @@ def trainer_line(status: events.TrainerStatus | None, now_ms: int) -> str:
     heard = f"heard {_ago(status.ts_ms, now_ms)}"
     if status.state == "judging" and status.judging_version is not None:
         since = status.judging_since_ms or status.ts_ms
-        progress = (f", prompt {status.prompts_done} of {status.prompts_total}"
-                    if status.prompts_total else "")
+        progress = (
+            f", prompt {status.prompts_done} of {status.prompts_total}"
+            if status.prompts_total
+            else ""
+        )
         eta = f", ETA {status.eta_s:.0f} s" if status.eta_s is not None else ""
-        return (f"  trainer: judging v{status.judging_version} since {_clock(since)} "
-                f"({_ago(since, now_ms)}){progress}{eta}; on v{status.version}, step "
-                f"{status.step} ({heard})")
+        return (
+            f"  trainer: judging v{status.judging_version} since {_clock(since)} "
+            f"({_ago(since, now_ms)}){progress}{eta}; on v{status.version}, step "
+            f"{status.step} ({heard})"
+        )
     if status.state == "paused":
-        return (f"  trainer: paused while v{status.pinned_version} is pinned; on "
-                f"v{status.version}, step {status.step} ({heard})")
+        return (
+            f"  trainer: paused while v{status.pinned_version} is pinned; on "
+            f"v{status.version}, step {status.step} ({heard})"
+        )
     if status.state == "stopped":
-        return (f"  trainer: stopped at v{status.version}, step {status.step}, "
-                f"{status.samples} samples trained ({heard})")
+        return (
+            f"  trainer: stopped at v{status.version}, step {status.step}, "
+            f"{status.samples} samples trained ({heard})"
+        )
     loss = f", loss {status.loss:.4f}" if status.loss is not None else ""
-    return (f"  trainer: training on v{status.version}, step {status.step}, last step "
-            f"{_ago(status.last_step_ms, now_ms)}{loss}, {status.samples} samples since start "
-            f"({heard})")
+    return (
+        f"  trainer: training on v{status.version}, step {status.step}, last step "
+        f"{_ago(status.last_step_ms, now_ms)}{loss}, {status.samples} samples since start "
+        f"({heard})"
+    )
 
 
-def policy_lines(log: VersionLog, status: events.TrainerStatus | None, *,
-                 require_promoted: bool, now_ms: int,
-                 canary: Mapping[str, Any] | None = None) -> list[str]:
+def policy_lines(
+    log: VersionLog,
+    status: events.TrainerStatus | None,
+    *,
+    require_promoted: bool,
+    now_ms: int,
+    canary: Mapping[str, Any] | None = None,
+) -> list[str]:
     """One policy: what serves, the canary (``canary``: the decider's figures), the trainer,
     and the trainer's last word (the verdict or the operator action it followed)."""
     lines = [serving_line(log, require_promoted)]
@@ -150,8 +180,9 @@ def newest_by_policy(statuses: Iterable[events.TrainerStatus]) -> dict[str, even
     return out
 
 
-def policy_states(connection: Any, *, require_promoted: bool,
-                  now_ms: int | None = None, canary_cfg: Any = None) -> list[str]:
+def policy_states(
+    connection: Any, *, require_promoted: bool, now_ms: int | None = None, canary_cfg: Any = None
+) -> list[str]:
     """Every policy seen on the weights or trainer_status topics, folded and formatted
     (``canary_cfg``: the ``[canary]`` settings, to show a running canary's figures)."""
     from . import reading
@@ -162,8 +193,12 @@ def policy_states(connection: Any, *, require_promoted: bool,
     out: list[str] = []
     for policy in sorted(set(logs) | set(trainers)):
         log = logs.get(policy) or VersionLog(policy)
-        figures = (canary_figures(connection, log, canary_cfg, require_promoted)
-                   if canary_cfg is not None else None)
-        out += policy_lines(log, trainers.get(policy), require_promoted=require_promoted,
-                            now_ms=now, canary=figures)
+        figures = (
+            canary_figures(connection, log, canary_cfg, require_promoted)
+            if canary_cfg is not None
+            else None
+        )
+        out += policy_lines(
+            log, trainers.get(policy), require_promoted=require_promoted, now_ms=now, canary=figures
+        )
     return out

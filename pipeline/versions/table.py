@@ -127,9 +127,17 @@ class VersionLog:
             return True
         kind = str(ev.action.get("kind"))
         figures = ev.action.get("figures")
-        self.actions.append(Action(kind, v, str(ev.action.get("by")), ev.action.get("reason"),
-                                   ev.ts_ms, ev.event_id,
-                                   figures if isinstance(figures, dict) else None))
+        self.actions.append(
+            Action(
+                kind,
+                v,
+                str(ev.action.get("by")),
+                ev.action.get("reason"),
+                ev.ts_ms,
+                ev.event_id,
+                figures if isinstance(figures, dict) else None,
+            )
+        )
         self.status.setdefault(v, ev.status)
         if kind == "promote":
             self.status[v] = "promoted"
@@ -192,9 +200,13 @@ class VersionLog:
         bad = set(failed)
         if self.pinned is not None:
             return [self.pinned] if self.pinned in self.manifests and self.pinned not in bad else []
-        return [v for v in sorted(self.manifests, reverse=True)
-                if v not in bad and self.servable(v, require_promoted)
-                and not self.pending(v, require_promoted)]
+        return [
+            v
+            for v in sorted(self.manifests, reverse=True)
+            if v not in bad
+            and self.servable(v, require_promoted)
+            and not self.pending(v, require_promoted)
+        ]
 
     def live(self, require_promoted: bool) -> int | None:
         """The stable version: what serves everyone outside the canary (None: the base
@@ -209,8 +221,11 @@ class VersionLog:
             return None
         stable = self.live(require_promoted)
         for v in sorted(self.manifests):
-            if (stable is None or v > stable) and self.servable(v, require_promoted) \
-                    and self.pending(v, require_promoted):
+            if (
+                (stable is None or v > stable)
+                and self.servable(v, require_promoted)
+                and self.pending(v, require_promoted)
+            ):
                 return v, self.share(v, require_promoted)
         return None
 
@@ -246,8 +261,10 @@ def served(policy_id: str, statuses: Iterable[ServingStatus]) -> dict[int, Serve
     arm), until the first successful load of another version on an arm it served, after its
     last load (None while a replica's newest report on some arm is still this version).
     Failed reloads change nothing."""
-    ok = sorted((s for s in statuses if s.policy_id == policy_id and s.ok),
-                key=lambda s: (s.ts_ms, s.replica_id))
+    ok = sorted(
+        (s for s in statuses if s.policy_id == policy_id and s.ok),
+        key=lambda s: (s.ts_ms, s.replica_id),
+    )
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     arms: dict[int, set[str]] = {}
@@ -261,10 +278,14 @@ def served(policy_id: str, statuses: Iterable[ServingStatus]) -> dict[int, Serve
     for v, since in first.items():
         on = tuple(sorted({r for (r, _arm), cv in current.items() if cv == v}))
         # a dropped canary arm reports the stable version: that is no canary
-        canary_on = tuple(sorted(r for (r, arm), cv in current.items() if cv == v
-                                 and arm == "canary" and current.get((r, "stable")) != v))
-        later = [s.ts_ms for s in ok
-                 if s.version != v and s.arm in arms[v] and s.ts_ms >= last[v]]
+        canary_on = tuple(
+            sorted(
+                r
+                for (r, arm), cv in current.items()
+                if cv == v and arm == "canary" and current.get((r, "stable")) != v
+            )
+        )
+        later = [s.ts_ms for s in ok if s.version != v and s.arm in arms[v] and s.ts_ms >= last[v]]
         until = None if on or not later else min(later)
         out[v] = Served(since, until, on, canary_on)
     return out
@@ -305,9 +326,17 @@ def outcome_rates(
     return {v: OutcomeRate(p, n) for v, (p, n) in tally.items()}
 
 
-GATE_FIGURES = ("gate_won", "gate_lost", "gate_tied", "gate_probe_correct",
-                "gate_live_probe_correct", "gate_probe_n", "gate_fluency", "gate_live_fluency",
-                "gate_live_version")
+GATE_FIGURES = (
+    "gate_won",
+    "gate_lost",
+    "gate_tied",
+    "gate_probe_correct",
+    "gate_live_probe_correct",
+    "gate_probe_n",
+    "gate_fluency",
+    "gate_live_fluency",
+    "gate_live_version",
+)
 
 
 def rows(
@@ -326,43 +355,61 @@ def rows(
     out = []
     for v in sorted(log.manifests):
         m = log.manifests[v]
-        parent_step = (0 if m.parent is None  # trained from the base
-                       else log.manifests[m.parent].step if m.parent in log.manifests else None)
+        parent_step = (
+            0
+            if m.parent is None  # trained from the base
+            else log.manifests[m.parent].step
+            if m.parent in log.manifests
+            else None
+        )
         verdict = log.verdicts.get(v)
-        gate = {k: verdict.metrics[k] for k in GATE_FIGURES
-                if verdict is not None and k in verdict.metrics}
+        gate = {
+            k: verdict.metrics[k]
+            for k in GATE_FIGURES
+            if verdict is not None and k in verdict.metrics
+        }
         s = serving.get(v, Served())
         o = outcomes.get(v)
         interval = o.interval if o is not None else None
-        out.append({
-            "version": v,
-            "parent": m.parent,
-            "step": m.step,
-            "steps": m.step - parent_step if parent_step is not None else None,
-            "samples": m.metrics.get("samples"),
-            "method": m.metrics.get("method"),
-            "status": log.status.get(v, m.status),
-            "gate": gate,
-            "gate_ts_ms": verdict.ts_ms if verdict is not None else None,
-            "published_ms": m.ts_ms,
-            "served_since_ms": s.since_ms,
-            "served_until_ms": s.until_ms,
-            "replicas": list(s.replicas),
-            "canary_replicas": list(s.canary_on),
-            "outcomes": None if o is None else {
-                "passed": o.passed, "total": o.total, "rate": o.rate,
-                "ci95": list(interval) if interval is not None else None},
-            "size_bytes": sum(int(f["bytes"]) for f in m.files),
-            "uri": m.uri,
-            "live": v == live,
-            # the share of users it serves as the canary now (None: not the canary)
-            "canary": canary[1] if canary is not None and canary[0] == v else None,
-            # a canary, or waiting its turn as one (a pin or an older canary first)
-            "pending": (v not in log.withdrawn and log.servable(v, require_promoted)
-                        and log.pending(v, require_promoted)),
-            "pinned": v == log.pinned,
-            "withdrawn": v in log.withdrawn,
-        })
+        out.append(
+            {
+                "version": v,
+                "parent": m.parent,
+                "step": m.step,
+                "steps": m.step - parent_step if parent_step is not None else None,
+                "samples": m.metrics.get("samples"),
+                "method": m.metrics.get("method"),
+                "status": log.status.get(v, m.status),
+                "gate": gate,
+                "gate_ts_ms": verdict.ts_ms if verdict is not None else None,
+                "published_ms": m.ts_ms,
+                "served_since_ms": s.since_ms,
+                "served_until_ms": s.until_ms,
+                "replicas": list(s.replicas),
+                "canary_replicas": list(s.canary_on),
+                "outcomes": None
+                if o is None
+                else {
+                    "passed": o.passed,
+                    "total": o.total,
+                    "rate": o.rate,
+                    "ci95": list(interval) if interval is not None else None,
+                },
+                "size_bytes": sum(int(f["bytes"]) for f in m.files),
+                "uri": m.uri,
+                "live": v == live,
+                # the share of users it serves as the canary now (None: not the canary)
+                "canary": canary[1] if canary is not None and canary[0] == v else None,
+                # a canary, or waiting its turn as one (a pin or an older canary first)
+                "pending": (
+                    v not in log.withdrawn
+                    and log.servable(v, require_promoted)
+                    and log.pending(v, require_promoted)
+                ),
+                "pinned": v == log.pinned,
+                "withdrawn": v in log.withdrawn,
+            }
+        )
     return out
 
 

@@ -25,18 +25,29 @@ def check(serving: OutcomeRate, parent: OutcomeRate, cfg: CanarySettings) -> Ver
     """``withdraw`` on a significant drop, else ``wait``, with the numbers."""
     p = worse(serving, parent, cfg.margin)
     figures: dict[str, Figure] = {
-        **arm_figures("serving", serving), **arm_figures("parent", parent),
-        "p_drop": round(p, 6), "margin": cfg.margin, "window": cfg.watch_window,
-        "min_sessions": cfg.watch_min_sessions, "watch_probability": cfg.watch_probability,
+        **arm_figures("serving", serving),
+        **arm_figures("parent", parent),
+        "p_drop": round(p, 6),
+        "margin": cfg.margin,
+        "window": cfg.watch_window,
+        "min_sessions": cfg.watch_min_sessions,
+        "watch_probability": cfg.watch_probability,
     }
-    said = (f"serving {serving.passed}/{serving.total}, parent {parent.passed}/{parent.total} "
-            f"(last {cfg.watch_window} each), P(serving < parent - {cfg.margin:g}) = {p:.4f}")
+    said = (
+        f"serving {serving.passed}/{serving.total}, parent {parent.passed}/{parent.total} "
+        f"(last {cfg.watch_window} each), P(serving < parent - {cfg.margin:g}) = {p:.4f}"
+    )
     fewest = min(serving.total, parent.total)
     if fewest < cfg.watch_min_sessions:
-        return Verdict("wait", f"{said}: {fewest} < {cfg.watch_min_sessions} sessions on a "
-                       "side", {**figures, "rule": "min_sessions"})
+        return Verdict(
+            "wait",
+            f"{said}: {fewest} < {cfg.watch_min_sessions} sessions on a side",
+            {**figures, "rule": "min_sessions"},
+        )
     if p >= cfg.watch_probability:
-        return Verdict("withdraw", f"{said}: >= {cfg.watch_probability:g}",
-                       {**figures, "rule": "watch_probability"})
-    return Verdict("wait", f"{said}: < {cfg.watch_probability:g}",
-                   {**figures, "rule": "undecided"})
+        return Verdict(
+            "withdraw",
+            f"{said}: >= {cfg.watch_probability:g}",
+            {**figures, "rule": "watch_probability"},
+        )
+    return Verdict("wait", f"{said}: < {cfg.watch_probability:g}", {**figures, "rule": "undecided"})

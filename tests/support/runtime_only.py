@@ -125,6 +125,7 @@ if __name__ == "__main__":
 
         try:
             import pytest  # noqa: F401  (dev-only: must be refused)
+
             control = "imported"
         except ModuleNotFoundError as exc:
             control = str(exc)

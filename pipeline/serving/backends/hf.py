@@ -197,8 +197,9 @@ class HFBackend:
                 return
             triple = self._live if version == self._live[1] else self._load(path, version)
             self._canary = (triple, share)
-            log.info("policy %s: canary v%d for %.0f%% of users", self.policy_id, version,
-                     share * 100)
+            log.info(
+                "policy %s: canary v%d for %.0f%% of users", self.policy_id, version, share * 100
+            )
 
     async def drop_canary(self) -> None:
         """No canary: its users are answered by the stable arm from their next request
@@ -210,8 +211,7 @@ class HFBackend:
         withdrawn)."""
         with self._reload_lock:
             self._live = self._initial
-        log.info("policy %s now serving its base weights (v%d)", self.policy_id,
-                 self._initial[1])
+        log.info("policy %s now serving its base weights (v%d)", self.policy_id, self._initial[1])
 
     def _load(self, path: Path, version: int) -> tuple[Any, int, lora.Adapter | None]:
         if lora.is_adapter_dir(path):
@@ -225,8 +225,9 @@ class HFBackend:
                 f"adapter v{version} was trained on another base model (fingerprint "
                 f"{expected[:12]}, serving {self.base_fingerprint[:12]} from {self.model_path})"
             )
-        adapter = lora.load_adapter(path, version, device=self.device,
-                                    dtype=next(self._base.parameters()).dtype)
+        adapter = lora.load_adapter(
+            path, version, device=self.device, dtype=next(self._base.parameters()).dtype
+        )
         lora.check_fits(self._base, adapter)
         lora.wrap_targets(self._base, adapter)  # a no-op after the first adapter
         return self._base, version, adapter

@@ -46,8 +46,9 @@ class Adapter:
     target_modules: frozenset[str]
 
 
-def load_adapter(path: Path, version: int, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | None = None) -> Adapter:
+def load_adapter(
+    path: Path, version: int, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> Adapter:
     """Read a peft LoRA folder; refuse variants this server does not compute (DoRA, biases)."""
     from safetensors.torch import load_file
 
@@ -152,10 +153,14 @@ def active(adapter: Adapter | None) -> Iterator[None]:
 
 
 def adapter_bytes(adapter: Adapter) -> int:
-    return sum(a.numel() * a.element_size() + b.numel() * b.element_size()
-               for a, b in adapter.weights.values())
+    return sum(
+        a.numel() * a.element_size() + b.numel() * b.element_size()
+        for a, b in adapter.weights.values()
+    )
 
 
 def describe(adapter: Any) -> str:
-    return (f"LoRA v{adapter.version}: {len(adapter.weights)} layers, scale {adapter.scale:g}, "
-            f"{adapter_bytes(adapter) / 1e6:.1f} MB")
+    return (
+        f"LoRA v{adapter.version}: {len(adapter.weights)} layers, scale {adapter.scale:g}, "
+        f"{adapter_bytes(adapter) / 1e6:.1f} MB"
+    )

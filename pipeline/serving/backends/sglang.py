@@ -88,13 +88,14 @@ class StreamDecoder:
             # 200-token answer cost 20,000 comparisons (as much CPU as parsing its events);
             # the first and the last one seen tell a stream that does not extend ours.
             seen = len(self.ids)
-            if len(pairs) < seen or (seen > 0 and (
-                int(pairs[0][1]) != self.ids[0] or int(pairs[seen - 1][1]) != self.ids[-1]
-            )):
+            if len(pairs) < seen or (
+                seen > 0
+                and (int(pairs[0][1]) != self.ids[0] or int(pairs[seen - 1][1]) != self.ids[-1])
+            ):
                 raise SGLangError(
                     "SGLang stream events do not repeat the tokens already sent: is the "
                     "server started with --incremental-streaming-output? Set "
-                    "serve.sglang_stream = \"incremental\" (or \"auto\")"
+                    'serve.sglang_stream = "incremental" (or "auto")'
                 )
             pairs = pairs[seen:]
             if output_ids is not None:
@@ -340,8 +341,11 @@ class SGLangBackend:
         await self._unload_unused()
 
     async def _load_full(self, path: Path, weight_version: str) -> None:
-        body = {"model_path": str(path), "weight_version": weight_version,
-                "abort_all_requests": False}
+        body = {
+            "model_path": str(path),
+            "weight_version": weight_version,
+            "abort_all_requests": False,
+        }
         await self._admin("/update_weights_from_disk", body)
 
     def _adapters_lock(self) -> asyncio.Lock:
@@ -371,8 +375,11 @@ class SGLangBackend:
         except orjson.JSONDecodeError:
             data = {}
         if status != 200 or not isinstance(data, dict) or not data.get("success"):
-            detail = (data.get("error_message") or data.get("message")) if isinstance(
-                data, dict) else None
+            detail = (
+                (data.get("error_message") or data.get("message"))
+                if isinstance(data, dict)
+                else None
+            )
             raise SGLangError(f"{path.lstrip('/')} failed: {detail or _text(raw)}")
 
     def _session(self) -> aiohttp.ClientSession:
@@ -384,9 +391,7 @@ class SGLangBackend:
             # trust_env looks them and ~/.netrc up on a worker thread for every request, two
             # thread hops that cost ~0.3 ms of latency each on a busy 2-core machine.
             self._proxy = env_proxy(self.url)
-            self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            )
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
             self._http_loop = loop
         return self._http
 
@@ -408,8 +413,7 @@ class SGLangBackend:
             for name in [n for n in self._loaded if n not in keep and self._in_use[n] <= 0]:
                 self._loaded.discard(name)
                 try:
-                    status, _raw = await self._post("/unload_lora_adapter",
-                                                    {"lora_name": name})
+                    status, _raw = await self._post("/unload_lora_adapter", {"lora_name": name})
                     if status != 200:
                         log.warning("unload of adapter %s answered %s", name, status)
                 except SGLangError as exc:  # the server keeps an extra adapter; harmless
