@@ -67,8 +67,9 @@ def _settings(ctx: click.Context) -> Settings:
     "judge",
     "--judge",
     help="Judge name: replies (reply patterns + sentiment, with hints), "
-    "rules (phrase lists), llm (PRM behind an OpenAI-compatible API), or one a "
-    "--plugin module registers; its options: [processors.judge_options].",
+    "rules (phrase lists), llm (PRM behind an OpenAI-compatible API), answer and on_topic "
+    "(read the answer itself), panel (several judges voting, weighted by their consistency), "
+    "or one a --plugin module registers; its options: [processors.judge_options].",
 )
 @field_option(
     ProcessorSettings,
