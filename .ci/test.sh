@@ -12,6 +12,8 @@ trap stop_broker EXIT
 .venv/bin/ruff check pipeline tests bench
 .venv/bin/ruff format --check pipeline tests bench
 .venv/bin/mypy pipeline
+# The package layers (pyproject.toml [tool.importlinter]).
+.venv/bin/lint-imports
 # Every runtime import is a runtime dependency (tests/test_runtime_only.py proves it running).
 .venv/bin/deptry .
 .venv/bin/python -m pytest "$@"

@@ -97,27 +97,3 @@ def test_only_the_command_layer_imports_the_composed_settings() -> None:
     runtime = {m for m in importers if m not in COMMAND_LAYER and not m.endswith(".commands")}
     assert runtime == set()
     assert {"pipeline.cli", "pipeline.processors.commands"} <= importers  # the check sees them
-
-
-def test_the_kafka_layer_is_a_leaf_below_the_components() -> None:
-    """The Kafka layer (clients, broker, topics, tap's reader) imports only events, the
-    shared errors, the file helpers and where the contracts are; its one command module is
-    the CLI's."""
-    g = graph()
-    # pipeline.contracts: where the topic specs and schemas are (a leaf: no pipeline import)
-    allowed = (
-        "pipeline.kafka",
-        "pipeline.events",
-        "pipeline.errors",
-        "pipeline.durable",
-        "pipeline.contracts",
-    )
-    above = {
-        (m, d)
-        for m, deps in g.items()
-        if m.startswith("pipeline.kafka") and m != "pipeline.kafka.commands"
-        for d in deps
-        if not d.startswith(allowed)
-    }
-    assert above == set()
-    assert "pipeline.replay.namespace" in g["pipeline.kafka.commands"]  # the check sees it
