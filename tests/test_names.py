@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import pytest
 from pydantic import ValidationError
 
 from pipeline.kafka import names
 from pipeline.replay import namespace as nsmod
+from pipeline.replay.errors import NamespaceNameError
 from pipeline.settings import Settings
 from tests.conftest import create_topic
 
@@ -39,7 +39,7 @@ def test_namespace_setting_validated_and_read_from_env(monkeypatch: pytest.Monke
         Settings()
     monkeypatch.delenv("LIVERL_KAFKA_NAMESPACE")
     assert Settings().kafka.namespace is None
-    with pytest.raises(click.BadParameter, match="not a namespace name"):
+    with pytest.raises(NamespaceNameError, match="not a namespace name"):
         nsmod.check_name("a.b")
 
 

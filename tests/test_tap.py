@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-import click
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -28,7 +27,7 @@ def test_parse_since_durations_and_iso() -> None:
     assert parse_since("30s", now) == now - 30_000
     assert parse_since("2026-05-01T12:00:00Z") == 1777636800000
     assert parse_since("2026-05-01T12:00:00") == 1777636800000  # naive = UTC
-    with pytest.raises(click.BadParameter):
+    with pytest.raises(TapError, match="^--since: 'yesterday' is neither"):
         parse_since("yesterday")
 
 

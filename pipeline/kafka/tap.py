@@ -10,6 +10,7 @@ Records that do not decode are shown as such, never a crash.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -17,11 +18,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import click
 import orjson
 
 from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.errors import TapError, TopicMissing
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     pass
@@ -44,10 +46,9 @@ def parse_since(value: str, now_ms: int | None = None) -> int:
     try:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a duration (e.g. 30s, 10m, 2h, 1d) nor an ISO time "
-            "(e.g. 2026-05-01T12:00:00Z)",
-            param_hint="--since",
+        raise TapError(
+            f"--since: {value!r} is neither a duration (e.g. 30s, 10m, 2h, 1d) nor an ISO time "
+            "(e.g. 2026-05-01T12:00:00Z)"
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
@@ -293,7 +294,7 @@ def tap_records(
                     continue
                 if err.fatal():
                     raise KafkaException(err)
-                click.echo(f"warning: {err}", err=True)
+                log.warning("tap: %s", err)
                 continue
             _topic, p, offset = coordinates(msg)
             if not follow:

@@ -13,5 +13,18 @@ class DeliveryFailed(ReplayError):
     """Replayed records were not acknowledged by the target cluster."""
 
 
+class ReplayArgumentError(ReplayError):
+    """An argument of replay or diff that cannot be read or met (a time, a speed, a topic
+    the broker lacks, a range the archive lacks): a usage error, exit status 2."""
+
+    exit_code = 2
+
+
 class NamespaceError(LiverlError):
     """A namespace is not there, or cannot be used as asked."""
+
+
+class NamespaceNameError(NamespaceError):
+    """A name that cannot be a namespace: a usage error, exit status 2."""
+
+    exit_code = 2

@@ -16,11 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
-import click
-
 from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, HasConnection, KafkaSettings, connection_of
-from pipeline.replay.errors import NamespaceError
+from pipeline.replay.errors import NamespaceError, NamespaceNameError
 
 
 class Namespaceable(HasConnection, Protocol):
@@ -44,10 +42,9 @@ _NAME = re.compile(names.NAMESPACE_PATTERN)
 def check_name(name: str) -> str:
     """``name`` if it can be a namespace (letters, digits, ``_``, ``-``; no dots)."""
     if not _NAME.match(name):
-        raise click.BadParameter(
+        raise NamespaceNameError(
             f"{name!r} is not a namespace name: 1-64 letters, digits, '_' or '-', starting with "
-            "a letter or digit (no dots: replay.NAME. must split back)",
-            param_hint="NAME",
+            "a letter or digit (no dots: replay.NAME. must split back)"
         )
     return name
 

@@ -41,13 +41,12 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-import click
 import orjson
 
 from pipeline.durable import atomic_write
 from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, connection_of
-from pipeline.replay.errors import DeliveryFailed, ReplayError
+from pipeline.replay.errors import DeliveryFailed, ReplayArgumentError, ReplayError
 
 H_TOPIC = "liverl-replay-topic"
 H_PARTITION = "liverl-replay-partition"
@@ -100,10 +99,9 @@ def parse_time(value: str, option: str = "--since", now: int | None = None) -> i
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a duration ago (30s, 10m, 2h, 1d, 1w), 'now', nor an ISO-8601 "
-            "time (2026-05-01T12:00:00Z)",
-            param_hint=option,
+        raise ReplayArgumentError(
+            f"{option}: {value!r} is neither a duration ago (30s, 10m, 2h, 1d, 1w), 'now', nor "
+            "an ISO-8601 time (2026-05-01T12:00:00Z)"
         ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
@@ -129,8 +127,8 @@ def parse_speed(value: str) -> float | None:
     match = _SPEED.match(text)
     factor = float(match.group(1)) if match else 0.0
     if factor <= 0:
-        raise click.BadParameter(
-            f"{value!r}: use max, or a positive factor such as 1x or 10x", param_hint="--speed"
+        raise ReplayArgumentError(
+            f"--speed: {value!r}: use max, or a positive factor such as 1x or 10x"
         )
     return factor
 
@@ -354,7 +352,7 @@ class KafkaSource:
                 found[topic] = parts
         if missing:
             bootstrap = connection_of(self.settings).bootstrap
-            raise click.UsageError(
+            raise ReplayArgumentError(
                 f"topic(s) {', '.join(missing)} not on the broker ({bootstrap}); "
                 "`liverl topics apply` creates them"
             )
@@ -511,7 +509,7 @@ class DeltaSource:
                     columns=["partition", "offset", "timestamp_ms", "key", "payload", "headers"],
                 )
             except archive.ArchiveError as exc:
-                raise click.UsageError(exc.message) from None
+                raise ReplayArgumentError(exc.message) from None
         return self._tables[topic]
 
     def spans(
