@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import click
 import orjson
 import pyarrow as pa
 import pytest
@@ -38,7 +37,6 @@ from pipeline.lake.archive import (
     read_archived,
     table_name,
 )
-from pipeline.lake.commands import resolve_topics
 from pipeline.lake.writer import MultiAppender
 from pipeline.settings import Settings
 from tests.conftest import create_topic
@@ -112,7 +110,12 @@ def test_a_task_is_archived_under_the_session_it_came_from() -> None:
 
 
 def test_resolve_topics_short_full_comma_and_unknown() -> None:
+    """The one resolver of --topics (archive, replay): short or full names, in order, once."""
     from pipeline.kafka import names
+    from pipeline.kafka.errors import TopicNameError
+
+    def resolve_topics(values: tuple[str, ...]) -> list[str]:
+        return names.resolve_topics(values, others=True)  # the archive's: others pass on
 
     assert resolve_topics(()) == list(names.ALL)
     assert resolve_topics(("interactions,liverl.rewards.v1", "dlq", "interactions")) == [
@@ -121,10 +124,14 @@ def test_resolve_topics_short_full_comma_and_unknown() -> None:
         "liverl.dlq.v1",
     ]
     assert resolve_topics(("replay.x.liverl.rewards.v1",)) == ["replay.x.liverl.rewards.v1"]
-    with pytest.raises(click.UsageError, match="unknown topic 'interaction'.*interactions"):
+    with pytest.raises(TopicNameError, match="unknown topic 'interaction'.*interactions"):
         resolve_topics(("interaction",))
-    with pytest.raises(click.UsageError, match="empty topic name"):
+    with pytest.raises(TopicNameError, match="empty topic name"):
         resolve_topics(("interactions,",))
+    # replay's: a name outside the specs is refused, not passed on
+    with pytest.raises(TopicNameError, match="unknown topic 'replay.x.liverl.rewards.v1'"):
+        names.resolve_topics(("replay.x.liverl.rewards.v1",), ["liverl.rewards.v1"])
+    assert names.resolve_topics(("rewards",), ["liverl.rewards.v1"]) == ["liverl.rewards.v1"]
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,12 @@ class DeliveryError(LiverlError, RuntimeError):
         super().__init__(f"{len(failures)} record(s) not delivered: {shown}{more}")
 
 
+class TopicNameError(LiverlError, ValueError):
+    """A topic named on the command line that is not one (unknown, empty): exit status 2."""
+
+    exit_code = 2
+
+
 class TapError(LiverlError):
     """A tap cannot read what was asked (unknown topic, bad --since)."""
 

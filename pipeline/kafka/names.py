@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pipeline.contracts import contracts_dir
@@ -35,6 +37,47 @@ def _declared(specs_dir: Path = SPECS_DIR) -> tuple[str, ...]:
 
 
 ALL = _declared()
+
+_VERSIONED = re.compile(r"^liverl\.([A-Za-z0-9_-]+)\.v([0-9]+)$")
+
+
+def short_name(topic: str) -> str:
+    """``liverl.interactions.v1`` -> ``interactions`` (a v2 -> ``interactions_v2``); other
+    names, short ones included, are kept as they are. The one short form: what the command
+    line accepts for a topic and what the archive names its table."""
+    m = _VERSIONED.match(topic)
+    if m is None:
+        return topic
+    return m[1] if m[2] == "1" else f"{m[1]}_v{m[2]}"
+
+
+def resolve_topics(
+    values: Iterable[str], known: Sequence[str] = ALL, *, others: bool = False
+) -> list[str]:
+    """``--topics`` values (repeatable, comma-separated, full or short names) to topic names
+    of ``known``, in the order given, each once; none given: all of ``known``. With
+    ``others``, a dotted or dashed name outside ``known`` (a test's or a namespace's topic)
+    is passed on for the broker to confirm; otherwise an unknown name is an error."""
+    from pipeline.kafka.errors import TopicNameError
+
+    given = list(values)
+    if not given:
+        return list(known)
+    out: list[str] = []
+    for value in given:
+        for name in (part.strip() for part in value.split(",")):
+            if not name:
+                raise TopicNameError(f"empty topic name in --topics {value!r}")
+            matches = [t for t in known if name in (t, short_name(t))]
+            if matches:
+                out.append(matches[0])
+            elif others and ("." in name or "-" in name):
+                out.append(name)
+            else:
+                listed = ", ".join(short_name(t) for t in known)
+                raise TopicNameError(f"unknown topic {name!r}; known topics: {listed}")
+    return list(dict.fromkeys(out))
+
 
 # ---- namespaces: a second pipeline on the same cluster (docs/architecture.md#replay-and-
 # namespaces). Every topic and consumer group of namespace N is the live name behind one

@@ -22,6 +22,7 @@ import orjson
 
 from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.kafka.errors import TapError, TopicMissing
+from pipeline.kafka.names import short_name
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +60,6 @@ def spec_types(connection: Connectable) -> dict[str, str]:
     from pipeline.kafka.consumer import expected_types_from_specs
 
     return expected_types_from_specs(connection)
-
-
-def short_name(topic: str) -> str:
-    """``liverl.interactions.v1`` -> ``interactions``."""
-    parts = topic.split(".")
-    return parts[1] if len(parts) == 3 and parts[0] == "liverl" else topic
 
 
 def known_list(known: list[str]) -> str:

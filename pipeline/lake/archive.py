@@ -24,7 +24,6 @@ was sent, and validity is each consumer's business (its dead letters are archive
 from __future__ import annotations
 
 import gc
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +38,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.kafka import names
 from pipeline.kafka.connection import Connectable, connection_of
 from pipeline.lake.errors import ArchiveError, ArchiveStopped, MissingTopics
 from pipeline.lake.writer import MultiAppender
@@ -69,19 +69,14 @@ ARCHIVE_SCHEMA = pa.schema(
     ]
 )
 _DAY_MS = 86_400_000
-_VERSIONED = re.compile(r"^liverl\.([A-Za-z0-9_-]+)\.v([0-9]+)$")
 
 
 # ---- locations and reading -------------------------------------------------------------------
 
 
 def table_name(topic: str) -> str:
-    """``liverl.interactions.v1`` -> ``interactions`` (a v2 -> ``interactions_v2``); other
-    names, short ones included, are kept as they are."""
-    m = _VERSIONED.match(topic)
-    if m is None:
-        return topic
-    return m[1] if m[2] == "1" else f"{m[1]}_v{m[2]}"
+    """The archive's table of ``topic``: its short name (``names.short_name``)."""
+    return names.short_name(topic)
 
 
 def archive_path(lake_root: str | Path, topic: str) -> Path:

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -30,33 +30,6 @@ from pipeline.lake.errors import ArchiveStopped, SqlError
 from pipeline.lake.sql import run_query, table_counts
 from pipeline.settings import Settings
 from pipeline.trainer.config import TrainerSettings
-
-
-def resolve_topics(given: Sequence[str], known: Sequence[str] = names.ALL) -> list[str]:
-    """``--topics`` values (comma-separated, repeatable; full or short names) to topic names.
-
-    A dotted or dashed name that is not one of liverl's topics (a test or replay topic) is
-    passed on for the broker to confirm; anything else unknown is a usage error.
-    """
-    if not given:
-        return list(known)
-    out: list[str] = []
-    for value in given:
-        for name in (part.strip() for part in value.split(",")):
-            if not name:
-                raise click.UsageError(f"empty topic name in --topics {value!r}")
-            if name in known:
-                out.append(name)
-                continue
-            matches = [t for t in known if table_name(t) == name]
-            if len(matches) == 1:
-                out.append(matches[0])
-            elif "." in name or "-" in name:
-                out.append(name)
-            else:
-                listed = ", ".join(table_name(t) for t in known)
-                raise click.UsageError(f"unknown topic {name!r}; known topics: {listed}")
-    return list(dict.fromkeys(out))
 
 
 @contextlib.contextmanager
@@ -194,7 +167,10 @@ def _archive(
     settings: Settings = obj.get("settings") or Settings()
     # In a replay namespace (LIVERL_KAFKA_NAMESPACE) the topics are the namespace's copies;
     # their tables keep the full name (events/replay.NAME.liverl.…), apart from the live ones.
-    topics = [names.resolve(t, settings.kafka.namespace) for t in resolve_topics(topic_args)]
+    topics = [
+        names.resolve(t, settings.kafka.namespace)
+        for t in names.resolve_topics(topic_args, others=True)
+    ]
     lake = lake if lake is not None else default_lake(ctx)
     archiver = Archiver(
         settings,

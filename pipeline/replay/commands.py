@@ -43,26 +43,6 @@ def _known_topics(settings: Settings) -> dict[str, tuple[str, int]]:
     return {s.name: (s.key, s.partitions) for s in specs}
 
 
-def resolve_topics(values: tuple[str, ...], known: list[str]) -> list[str]:
-    """Full or short names (``interactions``), repeated or comma-separated, in spec order."""
-    from pipeline.kafka.tap import short_name
-
-    wanted: list[str] = []
-    for value in values:
-        for name in (v.strip() for v in value.split(",")):
-            if not name:
-                continue
-            matches = [t for t in known if name in (t, short_name(t))]
-            if not matches:
-                listed = ", ".join(sorted(short_name(t) for t in known))
-                raise click.UsageError(f"unknown topic {name!r}; known topics: {listed}")
-            if matches[0] not in wanted:
-                wanted.append(matches[0])
-    if not wanted:
-        raise click.UsageError("--topics names no topic")
-    return wanted
-
-
 def _sessions(values: tuple[str, ...]) -> list[str] | None:
     out = sorted({s.strip() for v in values for s in v.split(",") if s.strip()})
     return out or None
@@ -183,7 +163,7 @@ def replay(
     settings = _settings(ctx)
     nsmod.check_name(into)
     specs = _known_topics(settings)
-    topics = resolve_topics(topic_args, list(specs))
+    topics = names.resolve_topics(topic_args, list(specs))
     pace = parse_speed(speed)
     since_ms = parse_time(since, "--since") if since is not None else None
     until_ms = parse_time(until, "--until") if until is not None else None
