@@ -3,8 +3,10 @@ trains, lands in Delta's ``losses`` map and in ``liverl report``, with no librar
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pytest
@@ -144,3 +146,31 @@ def test_toy_method_lands_in_delta_and_the_report(
     assert result.exit_code == 0, result.output
     _x, series = _step_series(load(tmp_path / "lake", policy, None).steps)
     assert "part:toy" in series and len(series["part:toy"]) == 2
+
+
+def test_demo_takes_any_registered_method_and_refuses_an_unknown_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``liverl demo --method`` was a fixed choice of the three built-ins: a plug-in method
+    could be trained by ``liverl up`` but not demonstrated."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+    from pipeline.demo import loop
+
+    started: list[str] = []
+
+    def no_loop(cfg: loop.LoopConfig) -> Any:  # the check happens before any loop starts
+        started.append(cfg.method)
+        raise loop.LoopError("not started in this test")
+
+    monkeypatch.setattr(loop, "running_loop", no_loop)
+    for k in [k for k in os.environ if k.startswith("LIVERL_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("LIVERL_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("LIVERL_TRAINER_PLUGINS", '["tests.toy_method"]')
+    out = CliRunner().invoke(cli, ["demo", "--quick", "--method", "nosuch"])
+    assert out.exit_code == 2 and "nosuch" in out.output and "toy" in out.output, out.output
+    assert started == []
+    out = CliRunner().invoke(cli, ["demo", "--quick", "--method", "toy"])
+    assert started == ["toy"], out.output

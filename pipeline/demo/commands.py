@@ -18,10 +18,10 @@ import click
 )
 @click.option(
     "--method",
-    type=click.Choice(["rl", "opd", "hybrid"]),
     default="opd",
     show_default=True,
-    help="Training method of the demo's trainer.",
+    help="Training method of the demo's trainer: rl, opd, hybrid, or one a [trainer] plugins "
+    "module registers.",
 )
 @click.option(
     "--preference",
@@ -159,6 +159,14 @@ def demo(
     if url is not None and policy is None:
         raise click.UsageError("--url needs --policy (the served model name)")
     settings: Settings = (ctx.obj or {}).get("settings") or Settings()
+    if url is None:  # a running gateway's trainer has its own method
+        from pipeline.trainer import methods
+
+        try:  # an unknown method fails here, not in the loop's trainer log minutes later
+            methods.load_plugins(settings.trainer.plugins)
+            methods.get(method)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--method") from None
     cfg = DemoConfig(
         method=method,
         preference=preference,
