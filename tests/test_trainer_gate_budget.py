@@ -334,14 +334,16 @@ def test_a_chain_of_small_losses_stops_when_the_budget_is_spent(
 def test_the_issue_chain_with_the_default_budgets(tiny: Path, tmp_path: Path) -> None:
     """The issue's drift at the default settings: each step 0.25 nats/token less fluent (a
     tie within the 0.5 margin, within the 1.0 tolerance) and one more answer off topic (one
-    prompt of 12 lost). The relevance budget (0.25: one answer) stops v2; the fluency budget
-    (0.75) leaves it: learning the concise preference reads as much below the base on topic."""
+    prompt of 12 lost). The relevance budget (0.25: one answer) stops v2, the fluency budget
+    (0.4) would have stopped v2 as well."""
     h = Harness(tiny, tmp_path)
     h.figures["base"] = BASE
     first = h.judge(1, -1.25, 6, 1)
     second = h.judge(2, -1.5, 6, 2)
     assert (first["status"], second["status"]) == ("promoted", "rejected")
     assert second["metrics"]["gate_reasons"] == [
+        "fluency -1.5 vs reference (base) -1 nats/token: lost 0.5, over the budget of 0.4 "
+        "(gate_budget_fluency)",
         "relevance 0.5 vs reference (base) 1 share of held-out answers on topic: lost 0.5, "
         "over the budget of 0.25 (gate_budget_relevance)",
     ]
