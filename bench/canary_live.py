@@ -23,9 +23,8 @@ import statistics
 import time
 from pathlib import Path
 
-from pipeline.demo.canary_drill import Phase, run_drill
-from pipeline.demo.loop import LoopConfig, running_loop
-from pipeline.models.tiny import ensure_tiny_model
+from pipeline.demo.canary_drill import Phase, loop_config, run_drill
+from pipeline.demo.loop import running_loop
 from pipeline.settings import Settings
 from pipeline.stack import free_port
 
@@ -48,13 +47,7 @@ def row(p: Phase) -> dict:
 
 def one(i: int, args: argparse.Namespace, state: Path) -> dict:
     policy = f"drill-{time.strftime('%H%M%S')}-{i}"
-    cfg = LoopConfig(
-        policy=policy,
-        state_dir=state,
-        model="tiny",
-        without=("trainer", "judges", "archive"),
-        gateways=args.gateways,
-    )
+    cfg = loop_config(policy, state, gateways=args.gateways)
     t0 = time.monotonic()
     with running_loop(cfg) as loop:
         settings = Settings()
@@ -64,7 +57,6 @@ def one(i: int, args: argparse.Namespace, state: Path) -> dict:
             trainer,
             loop.url,
             policy,
-            ensure_tiny_model(),
             share=args.share,
             rate=args.rate,
             seed=i,
@@ -104,12 +96,18 @@ def table(runs: list[dict]) -> str:
         )
     rolled = sum(r["good"]["decision"] == "rollout" for r in runs)
     withdrawn = sum(r["harmful"]["decision"] == "withdraw" for r in runs)
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
     lines.append(
-        f"\ngood rolled out {rolled}/{len(runs)}, median {median(runs, 'good', 'seconds')} s, "
-        f"{median(runs, 'good', 'sessions')} sessions; harmful withdrawn {withdrawn}/{len(runs)},"
-        f" median exposure {median(runs, 'harmful', 'exposure')}, "
-        f"{median(runs, 'harmful', 'on_candidate')} sessions on it, "
-        f"{median(runs, 'harmful', 'seconds')} s"
+        f"\ngood rolled out {rolled}/{len(runs)}, median "
+        f"{fmt(median(runs, 'good', 'seconds'), '.0f')} s, "
+        f"{fmt(median(runs, 'good', 'sessions'), '.0f')} sessions; harmful withdrawn "
+        f"{withdrawn}/{len(runs)}, median exposure "
+        f"{fmt(median(runs, 'harmful', 'exposure'), '.1%')}, "
+        f"{fmt(median(runs, 'harmful', 'on_candidate'), '.0f')} sessions on it, "
+        f"{fmt(median(runs, 'harmful', 'seconds'), '.0f')} s"
     )
     return "\n".join(lines)
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from pipeline.demo.canary_drill import ENGLISH, FRENCH, DrillUsers, fit, run_drill
-from pipeline.demo.loop import LoopConfig, running_loop
+from pipeline.demo.canary_drill import ENGLISH, FRENCH, DrillUsers, fit, loop_config, run_drill
+from pipeline.demo.loop import running_loop
 from pipeline.settings import Settings
 from pipeline.sim import PREFERENCES
 from pipeline.stack import free_port
@@ -75,18 +75,11 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
         monkeypatch.delenv(key)  # the session broker's bootstrap must not leak in
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    from pipeline.models.tiny import ensure_tiny_model
 
     policy = f"drill-{unique}"
     metrics = free_port()  # the trainer's (left out); the canary decider's is the next
-    cfg = LoopConfig(
-        policy=policy,
-        state_dir=tmp_path / "state",
-        model="tiny",
-        without=("trainer", "judges", "archive"),
-        gateways=2,
-        start_timeout_s=300,
-        extra_args=("--metrics-port", str(metrics)),
+    cfg = loop_config(
+        policy, tmp_path / "state", start_timeout_s=300, extra_args=("--metrics-port", str(metrics))
     )
     with running_loop(cfg) as loop:
         settings = Settings()
@@ -96,7 +89,6 @@ def test_a_good_version_rolls_out_and_a_french_one_is_withdrawn_within_its_share
             trainer,
             loop.url,
             policy,
-            ensure_tiny_model(),
             share=SHARE,
             rate=4.0,
             max_sessions=400,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.demo.loop import LoopConfig
 from pipeline.kafka.connection import Connectable
 from pipeline.sim import PREFERENCES, QUESTIONS, Question, SimUser, run_session
 from pipeline.trainer.config import TrainerSettings
@@ -296,12 +297,33 @@ class DrillResult:
     actions: Counter[tuple[str, int]]  # (kind, version) -> events on the weights topic
 
 
+def loop_config(
+    policy: str,
+    state_dir: Path,
+    *,
+    gateways: int = 2,
+    extra_args: tuple[str, ...] = (),
+    start_timeout_s: float = 600.0,
+) -> LoopConfig:
+    """The ``liverl up`` the drill runs against: the tiny model, ``gateways`` replicas, the
+    workers and the canary decider; no trainer (the drill publishes), judges or archive."""
+    return LoopConfig(
+        policy=policy,
+        state_dir=state_dir,
+        model="tiny",
+        without=("trainer", "judges", "archive"),
+        gateways=gateways,
+        extra_args=extra_args,
+        start_timeout_s=start_timeout_s,
+    )
+
+
 def run_drill(
     connection: Connectable,
     trainer: TrainerSettings,
     url: str,
     policy: str,
-    model_dir: Path,
+    model_dir: Path | None = None,
     *,
     share: float,
     rate: float = 4.0,
@@ -309,7 +331,12 @@ def run_drill(
     max_sessions: int = 600,
 ) -> DrillResult:
     """Both phases against the loop serving ``policy`` at ``url`` (its OpenAI base URL);
-    ``trainer``: the loop's trainer settings, resolved under its state dir."""
+    ``trainer``: the loop's trainer settings, resolved under its state dir; ``model_dir``:
+    the loop's model (default: the tiny model, as :func:`loop_config` starts it)."""
+    if model_dir is None:
+        from pipeline.models.tiny import ensure_tiny_model
+
+        model_dir = ensure_tiny_model()
     versions = DrillVersions(connection, trainer, policy, model_dir, share)
     users = DrillUsers(url, policy, rate=rate, seed=seed)
     watch = DecisionWatch(connection, policy)
