@@ -38,6 +38,7 @@ from pipeline.kafka.connection import Connectable
 from pipeline.sim import PREFERENCES, QUESTIONS, Question, SimUser, run_session
 from pipeline.trainer.config import TrainerSettings
 from pipeline.versions.reading import weights_log
+from pipeline.versions.table import Action
 
 DRILL_QUESTIONS: tuple[Question, ...] = tuple(QUESTIONS[:3])
 # What each version answers (greedy), by question text.
@@ -178,7 +179,7 @@ class DecisionWatch:
 
     def __init__(self, connection: Connectable, policy: str, every_s: float = 1.0) -> None:
         self.connection, self.policy, self.every_s = connection, policy, every_s
-        self.found: dict[int, Any] = {}  # version -> Action
+        self.found: dict[int, Action] = {}  # version -> its first rollout or withdraw
         self.counts: Counter[tuple[str, int]] = Counter()  # (kind, version) -> events
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drill-decisions", daemon=True)
