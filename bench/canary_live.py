@@ -76,7 +76,12 @@ def one(i: int, args: argparse.Namespace, state: Path) -> dict:
 
 
 def median(runs: list[dict], phase: str, key: str) -> float | None:
-    values = [r[phase][key] for r in runs if r[phase][key] is not None]
+    """Over the runs whose ``phase`` reached a decision (an undecided one has no exposure)."""
+    values = [
+        r[phase][key]
+        for r in runs
+        if r[phase]["decision"] is not None and r[phase][key] is not None
+    ]
     return statistics.median(values) if values else None
 
 
@@ -127,7 +132,12 @@ def main() -> None:
         help="the most sessions a phase sends before giving up on a decision",
     )
     ap.add_argument("--gateways", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path(".liverl/bench-canary-live.json"))
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path(".liverl/bench-canary-live.json"),
+        help="runs are appended here; use one file per configuration",
+    )
     ap.add_argument(
         "--table-only",
         action="store_true",

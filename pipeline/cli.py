@@ -449,6 +449,11 @@ def up(
             if name in without:
                 continue
             at = (metrics_hosts[name], metrics_port + offset)
+            if "gateway" not in without and at[1] == port:  # free now, the gateway's soon
+                _fail(
+                    f"--metrics-port {metrics_port} puts the {name}'s metrics on the "
+                    f"gateway's port {port}; pass another --metrics-port"
+                )
             if (problem := stack.port_problem(*at)) is not None:
                 _fail(f"{problem} ({name} metrics); pass another --metrics-port")
     _pull_model(model)

@@ -122,7 +122,9 @@ def test_key_phrase_must_be_in_hint() -> None:
         ("I had a café before bed.", True),  # one French marker: an English answer
         ("Couchez-vous chaque soir à la même heure.", False),  # accents and function words
         ("Gardez une bouteille d'eau sur votre bureau.", False),  # une, sur, votre
-        ("Commencez par courir dix minutes, trois fois par semaine.", False),  # par, fois
+        ("Commencez par courir dix minutes, trois fois par semaine.", False),  # dix, trois…
+        ("Pour the tea, then sit with your son.", True),  # English homographs of French words
+        ("Pour a ton of water, est. two liters, pas de deux.", True),
         ("I had a café au lait.", False),  # café and au: two markers
         ("", False),
         ("123 456", False),  # no word

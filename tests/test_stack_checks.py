@@ -118,3 +118,14 @@ def test_up_refuses_a_taken_metrics_port_before_it_starts_kafka(tmp_path: Path) 
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
     assert "(canary metrics); pass another --metrics-port" in result.output
     assert no_broker_started(env)
+
+
+def test_up_refuses_metrics_ports_that_take_the_gateways(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    port = stack.free_port()
+    result = CliRunner().invoke(
+        cli, ["up", "--port", str(port), "--metrics-port", str(port - 1)], env=env
+    )
+    assert result.exit_code == 1, result.output
+    assert f"puts the canary's metrics on the gateway's port {port}" in result.output
+    assert no_broker_started(env)

@@ -23,7 +23,6 @@ topic, and the gateways follow.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import time
@@ -167,6 +166,8 @@ class Phase:
     on_candidate: int  # of them, answered by the candidate
     satisfied: dict[int, list[int]] = field(default_factory=dict)  # version -> [yes, all]
     after: Counter[int] = field(default_factory=Counter)  # versions answering afterwards
+    after_replicas: Counter[str] = field(default_factory=Counter)  # gateways that answered them
+    error: str | None = None  # no decision: the last failed read of the weights log, if any
 
     @property
     def exposure(self) -> float:
@@ -181,14 +182,18 @@ class DecisionWatch:
         self.connection, self.policy, self.every_s = connection, policy, every_s
         self.found: dict[int, Action] = {}  # version -> its first rollout or withdraw
         self.counts: Counter[tuple[str, int]] = Counter()  # (kind, version) -> events
+        self.error: str | None = None  # the last read's failure (None after a good read)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="drill-decisions", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            with contextlib.suppress(Exception):  # a slow read is retried at the next tick
+            try:  # a failed read is retried at the next tick, and kept for the report
                 self.refresh()
+                self.error = None
+            except Exception as exc:  # noqa: BLE001
+                self.error = f"{type(exc).__name__}: {exc}"
 
     def refresh(self) -> None:
         log = weights_log(self.connection, self.policy, timeout_s=10)
@@ -207,11 +212,28 @@ class DrillUsers:
     """The users' side: one new English-speaking user per session, at ``rate`` sessions/s."""
 
     def __init__(self, url: str, policy: str, *, rate: float = 4.0, seed: int = 0) -> None:
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
-        self.client = OpenAI(base_url=url, api_key="drill", max_retries=0, timeout=60)
+        # A new connection per request (Connection: close): gateway replicas share one port
+        # (SO_REUSEPORT) and the kernel picks one per connection, so a kept-alive connection
+        # would pin every session to one replica and leave the other untested.
+        http = DefaultHttpxClient(event_hooks={"response": [self._seen]})
+        self.client = OpenAI(
+            base_url=url,
+            api_key="drill",
+            max_retries=0,
+            timeout=60,
+            http_client=http,
+            default_headers={"Connection": "close"},
+        )
         self.policy, self.rate, self.seed = policy, rate, seed
         self.count = 0
+        self.last_replicas: set[str] = set()  # the replicas that answered the last session
+
+    def _seen(self, response: Any) -> None:
+        replica = response.headers.get("x-liverl-replica")
+        if replica:
+            self.last_replicas.add(replica)
 
     def session(self) -> tuple[float, int | None, bool]:
         """(start wall time, the version that answered, whether the user was satisfied)."""
@@ -224,6 +246,7 @@ class DrillUsers:
             seed=self.seed,
         )
         started = time.time()
+        self.last_replicas = set()
         turn = run_session(
             self.client,
             self.policy,
@@ -283,11 +306,14 @@ def run_phase(
         on_candidate=sum(v == version for _, v, _ in before),
         satisfied=satisfied,
     )
-    if action is not None:
+    if action is None:
+        phase.error = watch.error
+    else:
         time.sleep(settle_s)
         for _ in range(after):
             _, v, _ = users.session()
             phase.after[v if v is not None else -1] += 1
+            phase.after_replicas.update(users.last_replicas)
     return phase
 
 
@@ -308,7 +334,9 @@ def loop_config(
 ) -> LoopConfig:
     """The ``liverl up`` the drill runs against: the tiny model, ``gateways`` replicas, the
     workers and the canary decider; no trainer (the drill publishes), judges or archive."""
+    # The drill publishes with the gate off: the gateways must serve candidates too.
     return LoopConfig(
+        extra_env={"LIVERL_TRAINER_GATE": "false"},
         policy=policy,
         state_dir=state_dir,
         model="tiny",

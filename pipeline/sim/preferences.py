@@ -24,7 +24,7 @@ Definitions (all on the answer text as returned by the model, surrounding whites
     no numbered or bulleted lines at all (plain prose).
 ``english``
     has a word, and fewer than two French markers: words from :data:`FRENCH_WORDS` (French
-    function words that are not English words) and words with a French accent
+    words that are not English words) and words with a French accent
     (:data:`FRENCH_LETTERS`), so an English answer with one French word ("café") passes.
     The canary drill's users (pipeline/demo/canary_drill.py) hold it against a version that
     replies in French.
@@ -59,12 +59,13 @@ _JARGON_WORDS = """
     nutrients optimum efficacy efficacious proficiency proficient
 """
 JARGON: frozenset[str] = frozenset(_JARGON_WORDS.split())
-# French function words that are not English words (whole lowercase words): two in one answer
-# make it French for the ``english`` preference.
+# French words that are not English words (whole lowercase words; homographs such as "pour",
+# "son", "ton", "par", "pas", "est", "tout", "la" left out): two in one answer make it French
+# for the ``english`` preference.
 _FRENCH_WORDS = """
-    le la les un une des du au aux et est sont vous nous je tu il elle ils elles pour avec
-    dans sur votre vos notre nos mon ma mes ton ta tes son sa ses ce cette ces qui que quoi
-    pas ne bien chaque fois heure soir jour tous toutes tout très aussi mais donc par
+    le les un une des du au aux et sont vous nous je tu il elle ils elles avec dans sur votre
+    vos notre nos mes tes sa ses ce cette ces qui que quoi ne bien chaque fois heure soir
+    jour tous toutes très aussi mais donc trois dix semaine eau
 """
 FRENCH_WORDS: frozenset[str] = frozenset(_FRENCH_WORDS.split())
 FRENCH_LETTERS = frozenset("àâæçéèêëîïôœùûüÿ")
