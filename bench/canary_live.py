@@ -42,6 +42,8 @@ def row(p: Phase) -> dict:
         "p_worse": figures.get("p_worse"),
         "satisfied": {str(k): v for k, v in p.satisfied.items()},
         "after": {str(k): v for k, v in p.after.items()},
+        "after_replicas": dict(p.after_replicas),
+        "error": p.error,
     }
 
 
