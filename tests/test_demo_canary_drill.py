@@ -154,12 +154,10 @@ def operate(settings: Settings, users: DrillUsers, policy: str) -> dict[str, int
         for _, version, _ in users.paced():
             answered.append((version, frozenset(users.last_replicas)))
             window = answered[-6:]
+            last = {v for v, _ in window}
             both = set().union(*(r for _, r in window)) == REPLICAS
-            if (len(window) == 6 and both and {v for v, _ in window} == {expected}) or len(
-                answered
-            ) >= 80:
+            settled = len(window) == 6 and both and last == {expected}
+            if settled or len(answered) >= 80:
                 break
-        last = {v for v, _ in answered[-6:]}
-        both = set().union(*(r for _, r in answered[-6:])) == REPLICAS
         seen[" ".join(command)] = last.pop() if len(last) == 1 and both else None
     return seen
